@@ -1,0 +1,1 @@
+"""GPU kernels (numba-CUDA) and the device memory arena; an install extra (`streamer[gpu]`)."""

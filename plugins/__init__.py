@@ -1,0 +1,1 @@
+"""Analyses that consume event alignments (CpG methylation, eventalign, frequencies)."""

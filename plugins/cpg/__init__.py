@@ -1,0 +1,1 @@
+"""CpG methylation calling with the nanopolish profile HMM."""

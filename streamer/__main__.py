@@ -1,0 +1,3 @@
+from streamer.cli import main
+
+raise SystemExit(main())

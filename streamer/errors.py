@@ -1,0 +1,39 @@
+"""One root exception, with subclasses that name what went wrong and where.
+
+Bad input data never raises past a batch: readers and stages turn it into a
+`SkipReason` for that read. These exceptions are for conditions that stop a
+command (a missing reference, a malformed model, a bad config).
+"""
+
+from __future__ import annotations
+
+
+class StreamerError(Exception):
+    """Root of every error streamer raises on purpose."""
+
+
+class InputError(StreamerError):
+    """An input file is missing, unreadable or malformed.
+
+    The message names the file, and the read or line where it applies.
+    """
+
+    def __init__(self, path, reason: str, read_id: str | None = None, line: int | None = None):
+        self.path = str(path)
+        self.reason = reason
+        self.read_id = read_id
+        self.line = line
+        where = self.path
+        if line is not None:
+            where += f":{line}"
+        if read_id is not None:
+            where += f" (read {read_id})"
+        super().__init__(f"{where}: {reason}")
+
+
+class ModelError(InputError):
+    """A pore model file is malformed."""
+
+
+class ConfigError(StreamerError):
+    """The configuration is invalid; the message carries the key path."""
