@@ -1,0 +1,29 @@
+"""Why a read produced no result: every read ends in calls or in one of these."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class Skip(IntEnum):
+    """Per-read outcome codes, stored as int8 in batch arrays (0 means the read went through)."""
+
+    OK = 0
+    UNMAPPED = 1
+    LOW_MAPQ = 2
+    SECONDARY = 3
+    NO_BASECALL = 4
+    NO_SIGNAL = 5
+    BAD_SIGNAL_FILE = 6
+    NO_EVENTS = 7
+    SHORT_READ = 8
+    OVERSEGMENTED = 9
+    ALIGNMENT_FAILED = 10
+    RECALIBRATION_FAILED = 11
+    QC_FAILED = 12
+    NO_CPG = 13
+    SPLICED = 14
+
+    @property
+    def label(self) -> str:
+        return self.name.lower().replace("_", " ")
