@@ -1,0 +1,127 @@
+"""The batch record: reads packed into flat arrays, filled in stage by stage.
+
+`ReadInput` is what a source hands over for one alignment record (Python objects,
+built once per read at the edge); `pack` turns a list of them into a `ReadBatch`
+whose arrays the numba stages work on. Field meanings: docs/design.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from streamer.skips import Skip
+
+# CIGAR operation codes as pysam/htslib number them.
+CIGAR_M, CIGAR_I, CIGAR_D, CIGAR_N, CIGAR_S, CIGAR_H, CIGAR_P, CIGAR_EQ, CIGAR_X = range(9)
+
+
+@dataclass
+class ReadInput:
+    """One alignment record with its basecalls, signal and reference span."""
+
+    read_id: str
+    seq: str  # basecalled read as sequenced
+    signal_pa: np.ndarray  # float32 picoamperes
+    sample_rate: float
+    ref_name: str
+    ref_start: int  # 0-based, inclusive
+    ref_end: int  # 0-based, exclusive
+    rc: bool  # aligned to the reverse strand
+    cigar: np.ndarray  # int32[n_ops, 2]: (op, length) as pysam's cigartuples
+    ref_seq: str  # reference[ref_start:ref_end], upper case
+    signal_path: str = ""  # where the signal came from (reports, eventalign summary)
+
+
+def _concat(parts, dtype):
+    off = np.zeros(len(parts) + 1, dtype=np.int64)
+    if parts:
+        np.cumsum([len(p) for p in parts], out=off[1:])
+        flat = np.concatenate(parts).astype(dtype, copy=False) if off[-1] else np.zeros(0, dtype)
+    else:
+        flat = np.zeros(0, dtype)
+    return flat, off
+
+
+def _ascii(s: str) -> np.ndarray:
+    return np.frombuffer(s.encode("ascii"), dtype=np.uint8)
+
+
+@dataclass
+class ReadBatch:
+    """Flat arrays for n alignment records; later stages fill the empty fields."""
+
+    read_ids: list[str]
+    ref_names: list[str]
+    signal_paths: list[str]
+    seq: np.ndarray
+    seq_off: np.ndarray
+    signal: np.ndarray
+    signal_off: np.ndarray
+    sample_rate: np.ndarray
+    ref_start: np.ndarray
+    ref_end: np.ndarray
+    rc: np.ndarray
+    cigar: np.ndarray  # int32[total_ops, 2]
+    cigar_off: np.ndarray
+    ref_seq: np.ndarray
+    ref_seq_off: np.ndarray
+    status: np.ndarray
+    # filled by the stages
+    ev_start: np.ndarray | None = None
+    ev_length: np.ndarray | None = None
+    ev_mean: np.ndarray | None = None
+    ev_stdv: np.ndarray | None = None
+    ev_off: np.ndarray | None = None
+    shift: np.ndarray | None = None
+    scale: np.ndarray | None = None
+    var: np.ndarray | None = None
+    aln_kmer: np.ndarray | None = None
+    aln_event: np.ndarray | None = None
+    aln_off: np.ndarray | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return len(self.read_ids)
+
+    @property
+    def n_bases(self) -> int:
+        return int(self.seq_off[-1])
+
+    def read_seq(self, i: int) -> str:
+        return self.seq[self.seq_off[i] : self.seq_off[i + 1]].tobytes().decode()
+
+    def fail(self, i: int, reason: Skip) -> None:
+        if self.status[i] == Skip.OK:
+            self.status[i] = reason
+
+
+def pack(reads: list[ReadInput]) -> ReadBatch:
+    """Pack reads into one batch of flat arrays."""
+    seq, seq_off = _concat([_ascii(r.seq) for r in reads], np.uint8)
+    signal, signal_off = _concat([np.asarray(r.signal_pa, dtype=np.float32) for r in reads], np.float32)
+    cigar_parts = [np.asarray(r.cigar, dtype=np.int32).reshape(-1, 2) for r in reads]
+    cigar_off = np.zeros(len(reads) + 1, dtype=np.int64)
+    np.cumsum([len(c) for c in cigar_parts], out=cigar_off[1:])
+    cigar = np.concatenate(cigar_parts) if cigar_parts else np.zeros((0, 2), np.int32)
+    ref_seq, ref_seq_off = _concat([_ascii(r.ref_seq) for r in reads], np.uint8)
+    return ReadBatch(
+        read_ids=[r.read_id for r in reads],
+        ref_names=[r.ref_name for r in reads],
+        signal_paths=[r.signal_path for r in reads],
+        seq=seq,
+        seq_off=seq_off,
+        signal=signal,
+        signal_off=signal_off,
+        sample_rate=np.array([r.sample_rate for r in reads], dtype=np.float64),
+        ref_start=np.array([r.ref_start for r in reads], dtype=np.int64),
+        ref_end=np.array([r.ref_end for r in reads], dtype=np.int64),
+        rc=np.array([r.rc for r in reads], dtype=np.bool_),
+        cigar=cigar.astype(np.int32, copy=False),
+        cigar_off=cigar_off,
+        ref_seq=ref_seq,
+        ref_seq_off=ref_seq_off,
+        status=np.zeros(len(reads), dtype=np.int8),
+    )

@@ -1,0 +1,1 @@
+"""Sub-commands of `streamer`, discovered by `streamer.cli`."""
