@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import IntEnum
 
 
@@ -27,3 +28,16 @@ class Skip(IntEnum):
     @property
     def label(self) -> str:
         return self.name.lower().replace("_", " ")
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A read that produced no result, why, and where (file and detail for the log line)."""
+
+    read_id: str
+    reason: Skip
+    detail: str = ""
+
+    def message(self) -> str:
+        tail = f": {self.detail}" if self.detail else ""
+        return f"read {self.read_id}: skipped ({self.reason.label}){tail}"

@@ -1,0 +1,80 @@
+"""Join alignments, basecalls, signal and reference into batches of `ReadInput`.
+
+Batches are capped by K reads and B bases, counted over the records that go on,
+as f5c does. Every record that cannot go on leaves as a `Skipped` with its reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+from streamer.batch import ReadInput
+from streamer.errors import InputError
+from streamer.io.alignments import Alignment
+from streamer.io.fast5 import SignalRecord
+from streamer.io.index import SignalIndex
+from streamer.io.reference import Reference
+from streamer.io.signal import read_signal
+from streamer.skips import Skip, Skipped
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    """K: most alignment records per batch; B: most read bases per batch."""
+
+    max_reads: int = 512
+    max_bases: int = 5_000_000
+
+
+def make_read_input(aln: Alignment, seq: str, sig: SignalRecord, ref: Reference, signal_path: str = "") -> ReadInput:
+    return ReadInput(
+        read_id=aln.read_id,
+        seq=seq,
+        signal_pa=sig.to_pa(),
+        sample_rate=float(sig.sample_rate),
+        ref_name=aln.ref_name,
+        ref_start=aln.ref_start,
+        ref_end=aln.ref_end,
+        rc=aln.rc,
+        cigar=aln.cigar,
+        ref_seq=ref.fetch(aln.ref_name, aln.ref_start, aln.ref_end),
+        signal_path=signal_path,
+    )
+
+
+def offline_batches(
+    records: Iterable[tuple[str, Alignment | None, Skip]],
+    basecalls: Mapping[str, str],
+    index: SignalIndex,
+    ref: Reference,
+    limits: BatchLimits,
+) -> Iterator[tuple[list[ReadInput], list[Skipped]]]:
+    """Yield (reads, skipped) per batch from BAM records in file order."""
+    reads: list[ReadInput] = []
+    skipped: list[Skipped] = []
+    bases = 0
+    for read_id, aln, verdict in records:
+        if aln is None:
+            skipped.append(Skipped(read_id, verdict))
+            continue
+        seq = basecalls.get(read_id)
+        if seq is None:
+            skipped.append(Skipped(read_id, Skip.NO_BASECALL, "not in the reads file"))
+            continue
+        path = index.lookup(read_id)
+        if path is None:
+            skipped.append(Skipped(read_id, Skip.NO_SIGNAL, "not found in the signal files"))
+            continue
+        try:
+            sig = read_signal(path, read_id)
+        except InputError as exc:
+            skipped.append(Skipped(read_id, Skip.BAD_SIGNAL_FILE, str(exc)))
+            continue
+        reads.append(make_read_input(aln, seq, sig, ref, str(path)))
+        bases += len(seq)
+        if len(reads) >= limits.max_reads or bases >= limits.max_bases:
+            yield reads, skipped
+            reads, skipped, bases = [], [], 0
+    if reads or skipped:
+        yield reads, skipped

@@ -1,0 +1,98 @@
+"""Read id -> signal file index (what `f5c index` builds), cached beside the reads file.
+
+The cache records each signal file's size and modification time; it is rebuilt when the
+set of signal files or any of them changes, so a stale index is never used.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+from streamer.errors import InputError
+from streamer.io.signal import find_signal_files, signal_read_ids
+
+log = logging.getLogger(__name__)
+
+INDEX_SUFFIX = ".streamer-index.tsv"
+
+
+def index_path_for(reads_file: str | Path) -> Path:
+    return Path(str(reads_file) + INDEX_SUFFIX)
+
+
+def _fingerprint(files: list[Path]) -> list[list]:
+    return [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+
+
+class SignalIndex:
+    """Where each read's signal lives; also the files that could not be read, with the reason."""
+
+    def __init__(self, paths: dict[str, Path], fingerprint: list[list], bad_files: dict[str, str]):
+        self.paths = paths
+        self.fingerprint = fingerprint
+        self.bad_files = bad_files
+
+    def lookup(self, read_id: str) -> Path | None:
+        return self.paths.get(read_id)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    @classmethod
+    def build(cls, files: list[Path]) -> "SignalIndex":
+        paths: dict[str, Path] = {}
+        bad: dict[str, str] = {}
+        for f in files:
+            try:
+                ids = signal_read_ids(f)
+            except InputError as exc:
+                log.warning("%s", exc)
+                bad[str(f)] = exc.reason
+                continue
+            for rid in ids:
+                paths.setdefault(rid, f.resolve())
+        return cls(paths, _fingerprint(files), bad)
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "w") as fh:
+            fh.write("#" + json.dumps({"files": self.fingerprint, "bad_files": self.bad_files}) + "\n")
+            for rid, p in self.paths.items():
+                fh.write(f"{rid}\t{p}\n")
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: Path) -> "SignalIndex":
+        with open(path) as fh:
+            header = json.loads(fh.readline()[1:])
+            paths = {}
+            for line in fh:
+                rid, _, p = line.rstrip("\n").partition("\t")
+                paths[rid] = Path(p)
+        return cls(paths, header["files"], header.get("bad_files", {}))
+
+
+def open_index(reads_file: str | Path, signal: list[str | Path] | None = None) -> SignalIndex:
+    """The index for `reads_file`: loaded from its cache if still valid, else built from `signal`."""
+    cache = index_path_for(reads_file)
+    files = find_signal_files(signal) if signal else None
+    if cache.is_file():
+        try:
+            idx = SignalIndex.load(cache)
+        except (OSError, ValueError, KeyError) as exc:
+            log.warning("%s: unreadable index cache (%s); rebuilding", cache, exc)
+        else:
+            if files is None or idx.fingerprint == _fingerprint(files):
+                return idx
+            log.info("%s: signal files changed; rebuilding the index", cache)
+    if files is None:
+        raise InputError(reads_file, "no signal index: pass --signal DIR (or run `streamer index`)")
+    idx = SignalIndex.build(files)
+    try:
+        idx.save(cache)
+    except OSError as exc:
+        log.warning("%s: cannot cache the index (%s); continuing without", cache, exc.strerror)
+    return idx

@@ -1,0 +1,80 @@
+"""Reference sequences: random access through a FASTA index, or held in memory.
+
+Plain or bgzip-compressed FASTA is read through htslib's faidx (building the `.fai`
+when it can); a plain-gzip FASTA cannot be indexed and is loaded into memory once.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+from pathlib import Path
+
+import pysam
+
+from streamer.errors import InputError
+
+log = logging.getLogger(__name__)
+
+
+class Reference:
+    """`fetch(name, start, end)` returns upper-case reference bases, 0-based half-open."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise InputError(self.path, "reference FASTA not found")
+        self._faidx: pysam.FastaFile | None = None
+        self._seqs: dict[str, str] = {}
+        try:
+            self._faidx = pysam.FastaFile(str(self.path))
+        except (OSError, ValueError):
+            self._load_in_memory()
+
+    def _load_in_memory(self) -> None:
+        with open(self.path, "rb") as fh:
+            opener = gzip.open if fh.read(2) == b"\x1f\x8b" else open
+        log.info("%s cannot be indexed (plain gzip?): loading it into memory", self.path)
+        name, parts = None, []
+        try:
+            with opener(self.path, "rt") as fh:
+                for line in fh:
+                    if line.startswith(">"):
+                        if name is not None:
+                            self._seqs[name] = "".join(parts).upper()
+                        name, parts = line[1:].split()[0], []
+                    else:
+                        parts.append(line.strip())
+        except (OSError, EOFError, UnicodeDecodeError) as exc:
+            raise InputError(self.path, f"cannot read reference: {exc}") from exc
+        if name is not None:
+            self._seqs[name] = "".join(parts).upper()
+        if not self._seqs:
+            raise InputError(self.path, "no sequences in reference FASTA")
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._faidx.references) if self._faidx is not None else list(self._seqs)
+
+    def length(self, name: str) -> int:
+        if self._faidx is not None:
+            return self._faidx.get_reference_length(name)
+        return len(self._seqs[name])
+
+    def fetch(self, name: str, start: int, end: int) -> str:
+        try:
+            if self._faidx is not None:
+                return self._faidx.fetch(name, start, end).upper()
+            return self._seqs[name][start:end]
+        except KeyError:
+            raise InputError(self.path, f"contig {name!r} is not in the reference") from None
+
+    def close(self) -> None:
+        if self._faidx is not None:
+            self._faidx.close()
+
+    def __enter__(self) -> "Reference":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

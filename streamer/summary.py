@@ -1,0 +1,69 @@
+"""Counts a run reports: reads and bases processed, calls made, every skip by reason."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from streamer.skips import Skip
+
+
+@dataclass
+class RunSummary:
+    started: float = field(default_factory=time.monotonic)
+    reads_in: int = 0  # alignment records considered
+    reads_called: int = 0  # records that reached the end of the pipeline
+    bases: int = 0  # bases of the records sent through the pipeline
+    calls: int = 0  # call rows written
+    skipped: Counter = field(default_factory=Counter)
+    stage_seconds: Counter = field(default_factory=Counter)
+
+    def skip(self, reason: Skip, n: int = 1) -> None:
+        self.skipped[reason.label] += n
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def as_dict(self) -> dict:
+        elapsed = self.elapsed
+        return {
+            "reads_in": self.reads_in,
+            "reads_called": self.reads_called,
+            "reads_skipped": sum(self.skipped.values()),
+            "skipped_by_reason": dict(sorted(self.skipped.items())),
+            "bases": self.bases,
+            "calls": self.calls,
+            "elapsed_s": round(elapsed, 3),
+            "bases_per_s": round(self.bases / elapsed, 1) if elapsed > 0 else 0.0,
+            "reads_per_s": round(self.reads_called / elapsed, 2) if elapsed > 0 else 0.0,
+            "stage_seconds": {k: round(v, 3) for k, v in sorted(self.stage_seconds.items())},
+        }
+
+    def progress_line(self) -> str:
+        d = self.as_dict()
+        return (
+            f"{d['reads_in']} reads, {d['reads_called']} called, {d['reads_skipped']} skipped, "
+            f"{d['calls']} calls, {d['bases_per_s'] / 1e3:.1f} kbases/s"
+        )
+
+    def report(self) -> str:
+        d = self.as_dict()
+        lines = [
+            f"reads considered: {d['reads_in']}",
+            f"reads called:     {d['reads_called']}",
+            f"reads skipped:    {d['reads_skipped']}",
+        ]
+        lines += [f"  {reason}: {n}" for reason, n in d["skipped_by_reason"].items()]
+        lines += [
+            f"calls written:    {d['calls']}",
+            f"bases processed:  {d['bases']}",
+            f"wall time:        {d['elapsed_s']:.2f} s ({d['bases_per_s']:.0f} bases/s, {d['reads_per_s']:.1f} reads/s)",
+        ]
+        total = sum(self.stage_seconds.values())
+        if total > 0:
+            lines.append("time by stage:    " + ", ".join(
+                f"{k} {v:.2f}s ({100 * v / total:.0f}%)" for k, v in sorted(self.stage_seconds.items())
+            ))
+        return "\n".join(lines)
