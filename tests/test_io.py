@@ -1,0 +1,66 @@
+import gzip
+
+import pytest
+
+from streamer.errors import InputError
+from streamer.io.alignments import AlignmentFilter, iter_alignments
+from streamer.io.fastx import iter_fastx, load_basecalls
+from streamer.io.reference import Reference
+from streamer.skips import Skip
+
+from conftest import READ1
+
+
+def test_fasta_plain_and_gzip(ecoli, tmp_path):
+    plain = dict(iter_fastx(ecoli / "reads.fasta"))
+    assert len(plain) == 8 and READ1 in plain
+    gz = tmp_path / "reads.fa.gz"
+    gz.write_bytes(gzip.compress((ecoli / "reads.fasta").read_bytes()))
+    assert dict(iter_fastx(gz)) == plain
+
+
+def test_fastq_and_wanted_subset(tmp_path):
+    fq = tmp_path / "r.fastq.gz"
+    with gzip.open(fq, "wt") as fh:
+        fh.write("@r1 runid=x\nACGTacgt\n+\nIIIIIIII\n@r2\nGGGG\n+\nIIII\n")
+    assert load_basecalls(fq) == {"r1": "ACGTACGT", "r2": "GGGG"}
+    assert load_basecalls(fq, wanted={"r2"}) == {"r2": "GGGG"}
+
+
+def test_unreadable_basecalls_name_the_file(tmp_path):
+    bad = tmp_path / "bad.fastq.gz"
+    bad.write_bytes(gzip.compress(b"@r1\nACGT\n+\nIIII\n")[:-10])
+    with pytest.raises(InputError, match="bad.fastq.gz"):
+        list(iter_fastx(bad))
+
+
+def test_reference_from_plain_gzip_and_from_faidx(reference_path, tmp_path):
+    ref = Reference(reference_path)
+    assert ref.names == ["NC_000913.3"] and ref.length("NC_000913.3") == 4641652
+    window = ref.fetch("NC_000913.3", 521678, 521700)
+    plain = tmp_path / "ref.fa"
+    plain.write_bytes(gzip.decompress(reference_path.read_bytes()))
+    with Reference(plain) as indexed:
+        assert indexed.fetch("NC_000913.3", 521678, 521700) == window
+    with pytest.raises(InputError, match="not in the reference"):
+        ref.fetch("chrX", 0, 10)
+    with pytest.raises(InputError, match="not found"):
+        Reference(tmp_path / "missing.fa")
+
+
+def test_alignment_filter_like_f5c(ecoli):
+    recs = list(iter_alignments(ecoli / "reads.bam", AlignmentFilter()))
+    assert len(recs) == 9  # 8 reads; one with a supplementary record far from its primary
+    assert all(v == Skip.OK for _, _, v in recs)
+    fwd = next(a for rid, a, _ in recs if rid == READ1)
+    assert (fwd.ref_name, fwd.ref_start, fwd.rc) == ("NC_000913.3", 521678, False)
+    assert fwd.cigar.shape[1] == 2 and fwd.ref_end > fwd.ref_start
+    strict = list(iter_alignments(ecoli / "reads.bam", AlignmentFilter(min_mapq=61)))
+    assert {v for _, _, v in strict} == {Skip.LOW_MAPQ}
+
+
+def test_corrupt_bam_names_the_file(tmp_path):
+    bad = tmp_path / "bad.bam"
+    bad.write_bytes(b"not a bam at all")
+    with pytest.raises(InputError, match="bad.bam"):
+        list(iter_alignments(bad, AlignmentFilter()))
