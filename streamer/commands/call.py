@@ -1,0 +1,105 @@
+"""`streamer call`: call CpG methylation once over finished files (like `f5c call-methylation`)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import queue
+import sys
+import threading
+from contextlib import ExitStack
+from pathlib import Path
+
+from streamer.assemble import BatchLimits, offline_batches
+from streamer.io.alignments import AlignmentFilter, iter_alignments
+from streamer.io.fastx import load_basecalls
+from streamer.io.index import open_index
+from streamer.io.reference import Reference
+from streamer.pipeline import Pipeline, PipelineOptions
+from streamer.skips import Skipped
+from streamer.summary import RunSummary
+
+NAME = "call"
+HELP = "call CpG methylation on finished signal, basecall and alignment files"
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-r", "--reads", required=True, type=Path, help="basecalls (FASTA/FASTQ, plain or gzip)")
+    p.add_argument("-b", "--bam", required=True, type=Path, help="reads aligned to the reference (BAM)")
+    p.add_argument("-g", "--genome", required=True, type=Path, help="reference FASTA")
+    p.add_argument("--signal", nargs="+", metavar="DIR_OR_FILE",
+                   help="signal files or folders (default: the index cached beside --reads)")
+    p.add_argument("-o", "--output", type=Path, help="call-methylation TSV (default: stdout)")
+    p.add_argument("-t", "--threads", type=int, default=PipelineOptions.threads, help="CPU threads [%(default)s]")
+    p.add_argument("-K", "--batchsize", type=int, default=BatchLimits.max_reads, help="most reads per batch [%(default)s]")
+    p.add_argument("-B", "--max-bases", type=int, default=BatchLimits.max_bases, help="most bases per batch [%(default)s]")
+    p.add_argument("--min-mapq", type=int, default=AlignmentFilter.min_mapq, help="minimum mapping quality [%(default)s]")
+    p.add_argument("--secondary", choices=("yes", "no"), default="no", help="use secondary alignments [%(default)s]")
+    p.add_argument("--kmer-model", type=Path, help="nucleotide pore model file (default: r9.4 450bps 6-mer)")
+    p.add_argument("--meth-model", type=Path, help="CpG methylation pore model file (default: r9.4 450bps 6-mer)")
+
+
+def _prefetch(batches, depth: int = 2):
+    """Assemble the next batches on a thread while the current one computes (the stages release the GIL)."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    done = object()
+
+    def fill():
+        try:
+            for item in batches:
+                q.put(item)
+        except BaseException as exc:  # re-raised in the consumer, with its traceback
+            q.put(exc)
+        q.put(done)
+
+    threading.Thread(target=fill, name="batch-loader", daemon=True).start()
+    while (item := q.get()) is not done:
+        if isinstance(item, BaseException):
+            raise item
+        yield item
+
+
+def _report(skipped: list[Skipped], summary: RunSummary) -> None:
+    for s in skipped:
+        log.info("%s", s.message())
+        summary.skip(s.reason)
+
+
+def run(args: argparse.Namespace) -> int:
+    options = PipelineOptions(threads=args.threads, kmer_model=args.kmer_model, meth_model=args.meth_model)
+    limits = BatchLimits(max_reads=args.batchsize, max_bases=args.max_bases)
+    filt = AlignmentFilter(min_mapq=args.min_mapq, secondary=args.secondary == "yes")
+    summary = RunSummary()
+    pipeline = Pipeline(options)
+    progress = sys.stderr.isatty()
+    with ExitStack() as stack:
+        ref = stack.enter_context(Reference(args.genome))
+        wanted = {rid for rid, aln, _ in iter_alignments(args.bam, filt) if aln is not None}
+        basecalls = load_basecalls(args.reads, wanted)
+        index = open_index(args.reads, args.signal)
+        for path, reason in index.bad_files.items():
+            log.warning("%s: unreadable signal file, its reads are reported as missing signal: %s", path, reason)
+        out = stack.enter_context(open(args.output, "w")) if args.output else sys.stdout
+        out.write(Pipeline.TSV_HEADER)
+        records = iter_alignments(args.bam, filt)
+        for reads, skipped in _prefetch(offline_batches(records, basecalls, index, ref, limits)):
+            summary.reads_in += len(reads) + len(skipped)
+            _report(skipped, summary)
+            if not reads:
+                continue
+            result = pipeline.process(reads)
+            _report(result.skipped, summary)
+            out.writelines(result.tsv_rows())
+            out.flush()
+            summary.reads_called += result.n_reads - len(result.skipped)
+            summary.bases += result.n_bases
+            summary.calls += result.n_calls
+            summary.stage_seconds.update(result.timings)
+            if progress:
+                print(f"\r{summary.progress_line()}", end="", file=sys.stderr, flush=True)
+    if progress:
+        print(file=sys.stderr)
+    print(summary.report(), file=sys.stderr)
+    return 0
