@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import queue
 import sys
@@ -37,6 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-B", "--max-bases", type=int, default=BatchLimits.max_bases, help="most bases per batch [%(default)s]")
     p.add_argument("--min-mapq", type=int, default=AlignmentFilter.min_mapq, help="minimum mapping quality [%(default)s]")
     p.add_argument("--secondary", choices=("yes", "no"), default="no", help="use secondary alignments [%(default)s]")
+    p.add_argument("--stats-json", type=Path, help="also write the run summary as JSON to this file")
     p.add_argument("--kmer-model", type=Path, help="nucleotide pore model file (default: r9.4 450bps 6-mer)")
     p.add_argument("--meth-model", type=Path, help="CpG methylation pore model file (default: r9.4 450bps 6-mer)")
 
@@ -102,4 +104,6 @@ def run(args: argparse.Namespace) -> int:
     if progress:
         print(file=sys.stderr)
     print(summary.report(), file=sys.stderr)
+    if args.stats_json:
+        args.stats_json.write_text(json.dumps(summary.as_dict(), indent=2) + "\n")
     return 0

@@ -1,0 +1,43 @@
+import shutil
+
+import pytest
+
+from streamer.errors import InputError
+from streamer.io.index import SignalIndex, index_path_for, open_index
+
+from conftest import READ1
+
+
+@pytest.fixture
+def run(ecoli, tmp_path):
+    shutil.copytree(ecoli / "fast5", tmp_path / "fast5")
+    shutil.copy(ecoli / "reads.fasta", tmp_path / "reads.fasta")
+    return tmp_path
+
+
+def test_index_built_cached_and_reused(run):
+    idx = open_index(run / "reads.fasta", [run / "fast5"])
+    assert len(idx) == 8 and idx.lookup(READ1).parent == (run / "fast5").resolve()
+    assert index_path_for(run / "reads.fasta").is_file()
+    again = open_index(run / "reads.fasta")  # no --signal: the cache answers
+    assert again.paths == idx.paths
+
+
+def test_index_rebuilt_when_signal_files_change(run):
+    open_index(run / "reads.fasta", [run / "fast5"])
+    victim = sorted((run / "fast5").glob("*.fast5"))[0]
+    victim.unlink()
+    idx = open_index(run / "reads.fasta", [run / "fast5"])
+    assert len(idx) == 7
+
+
+def test_corrupt_signal_file_is_recorded_not_fatal(run):
+    (run / "fast5" / "broken.fast5").write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 100)
+    idx = SignalIndex.build(sorted((run / "fast5").glob("*.fast5")))
+    assert len(idx) == 8
+    assert list(idx.bad_files) == [str(run / "fast5" / "broken.fast5")]
+
+
+def test_no_index_and_no_signal_is_a_clear_error(run):
+    with pytest.raises(InputError, match="no signal index"):
+        open_index(run / "reads.fasta")
