@@ -1,0 +1,182 @@
+"""FAST5 signal reading: single-read, multi-read and VBZ-compressed files, into picoamperes.
+
+Layouts (told apart by structure, not by the `file_version` attribute, which old tools
+set inconsistently):
+- single-read: `/Raw/Reads/Read_N/Signal`, read id in `Read_N`'s `read_id` attribute,
+  calibration in `/UniqueGlobalKey/channel_id`;
+- multi-read: one `/read_<id>` group per read with `Raw/Signal` and `channel_id`.
+
+Every HDF5 failure (missing, truncated or corrupt file, undecodable chunk, missing
+group) surfaces as `InputError` naming the file and read, so callers can skip the
+read or file instead of crashing on an h5py traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+import vbz_h5py_plugin  # noqa: F401  (importing registers the VBZ filter with HDF5)
+
+from streamer.errors import InputError
+
+log = logging.getLogger(__name__)
+
+_SINGLE_ROOT = "Raw/Reads"
+_SINGLE_CHANNEL = "UniqueGlobalKey/channel_id"
+_MULTI_PREFIX = "read_"
+_VBZ_FILTER_ID = 32020
+_CALIBRATION = ("digitisation", "offset", "range", "sampling_rate")
+
+
+@dataclass(frozen=True, eq=False)
+class SignalRecord:
+    """One read's raw ADC signal and the channel calibration that turns it into pA."""
+
+    read_id: str
+    raw: np.ndarray  # int16 ADC samples
+    digitisation: float
+    offset: float
+    range: float
+    sample_rate: float
+
+    def to_pa(self) -> np.ndarray:
+        """Picoamperes as float32, rounded exactly as f5c rounds them.
+
+        f5c reads the calibration attributes as float32, forms `range / digitisation`
+        once in float32 and then computes `(raw + offset) * raw_unit` per sample in
+        float32; events downstream depend on these exact bits.
+        """
+        raw_unit = np.float32(self.range) / np.float32(self.digitisation)
+        pa = self.raw.astype(np.float32)
+        pa += np.float32(self.offset)
+        pa *= raw_unit
+        return pa
+
+
+def fast5_read_ids(path: str | Path) -> list[str]:
+    """Read ids held by a FAST5 file, in the file's (name) order."""
+    with _open(path) as f:
+        return [read_id for read_id, _ in _read_groups(path, f)]
+
+
+def iter_fast5(path: str | Path) -> Iterator[SignalRecord]:
+    """Yield every read of a FAST5 file; the file stays open only while iterating."""
+    with _open(path) as f:
+        for read_id, locate in _read_groups(path, f):
+            yield _load(path, f, read_id, locate)
+
+
+def read_fast5(path: str | Path, read_id: str) -> SignalRecord:
+    """Load one read by id; `InputError` if the file does not hold it."""
+    with _open(path) as f:
+        for rid, locate in _read_groups(path, f, want=read_id):
+            if rid == read_id:
+                return _load(path, f, rid, locate)
+    raise InputError(path, "read not found in this FAST5 file", read_id=read_id)
+
+
+def _open(path: str | Path) -> h5py.File:
+    try:
+        return h5py.File(path, "r")
+    except OSError as exc:
+        raise InputError(path, _open_failure(exc)) from exc
+
+
+def _open_failure(exc: OSError) -> str:
+    msg = str(exc)
+    if isinstance(exc, FileNotFoundError):
+        return "no such file"
+    if isinstance(exc, IsADirectoryError):
+        return "is a directory, not a FAST5 file"
+    if isinstance(exc, PermissionError):
+        return "permission denied"
+    if "truncated file" in msg:
+        return "truncated HDF5 file (incomplete copy, or still being written)"
+    if "file signature not found" in msg:
+        return "not an HDF5 file (corrupt, or not FAST5)"
+    return f"cannot open as HDF5 ({msg})"
+
+
+# A read's location: (signal dataset path, calibration group path).
+_Locate = tuple[str, str]
+
+
+def _read_groups(path, f: h5py.File, want: str | None = None) -> Iterator[tuple[str, _Locate]]:
+    """(read id, (signal path, calibration path)) for each read, without loading signal.
+
+    With `want`, a multi-read file is probed directly for that read's group instead
+    of listing all of them.
+    """
+    try:
+        if _SINGLE_ROOT in f:
+            log.debug("%s: single-read layout", path)
+            for name in f[_SINGLE_ROOT]:
+                group = f[f"{_SINGLE_ROOT}/{name}"]
+                if "read_id" not in group.attrs:
+                    raise InputError(path, f"/{_SINGLE_ROOT}/{name} has no read_id attribute")
+                yield _text(group.attrs["read_id"]), (f"/{_SINGLE_ROOT}/{name}/Signal", f"/{_SINGLE_CHANNEL}")
+            return
+        if want is not None:
+            names = [_MULTI_PREFIX + want] if _MULTI_PREFIX + want in f else []
+        else:
+            names = [n for n in f if n.startswith(_MULTI_PREFIX)]
+        if not names and want is None:
+            if "UniqueGlobalKey" in f:
+                raise InputError(path, "single-read FAST5 without raw signal (no /Raw/Reads group)")
+            if "file_version" not in f.attrs:
+                raise InputError(path, "HDF5 file without FAST5 structure (no reads, no file_version)")
+        log.debug("%s: multi-read layout, %d read groups", path, len(names))
+        for name in names:
+            yield name[len(_MULTI_PREFIX) :], (f"/{name}/Raw/Signal", f"/{name}/channel_id")
+    except (OSError, KeyError, RuntimeError, ValueError) as exc:
+        raise InputError(path, f"cannot list reads ({exc})") from exc
+
+
+def _load(path, f: h5py.File, read_id: str, locate: _Locate) -> SignalRecord:
+    signal_path, channel_path = locate
+    try:
+        if signal_path not in f:
+            raise InputError(path, f"no raw signal ({signal_path} missing)", read_id=read_id)
+        dset = f[signal_path]
+        if not isinstance(dset, h5py.Dataset) or dset.ndim != 1 or dset.dtype != np.int16:
+            raise InputError(path, f"{signal_path} is not a 1-D int16 signal", read_id=read_id)
+        try:
+            raw = dset[()]
+        except OSError as exc:
+            raise InputError(path, _read_failure(dset, exc), read_id=read_id) from exc
+        if channel_path not in f:
+            raise InputError(path, f"no channel calibration ({channel_path} missing)", read_id=read_id)
+        attrs = f[channel_path].attrs
+        missing = [k for k in _CALIBRATION if k not in attrs]
+        if missing:
+            raise InputError(path, f"{channel_path} lacks {', '.join(missing)}", read_id=read_id)
+        cal = {k: float(np.asarray(attrs[k]).reshape(-1)[0]) for k in _CALIBRATION}
+    except (OSError, KeyError, RuntimeError, ValueError, TypeError) as exc:
+        raise InputError(path, f"unreadable read ({exc})", read_id=read_id) from exc
+    if not all(np.isfinite(v) for v in cal.values()) or cal["digitisation"] == 0:
+        raise InputError(path, f"invalid channel calibration {cal}", read_id=read_id)
+    return SignalRecord(
+        read_id=read_id,
+        raw=raw,
+        digitisation=cal["digitisation"],
+        offset=cal["offset"],
+        range=cal["range"],
+        sample_rate=cal["sampling_rate"],
+    )
+
+
+def _read_failure(dset: h5py.Dataset, exc: OSError) -> str:
+    plist = dset.id.get_create_plist()
+    filters = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
+    if _VBZ_FILTER_ID in filters:
+        return f"cannot decode VBZ-compressed signal; corrupt data or VBZ plugin not loaded ({exc})"
+    return f"cannot read raw signal; corrupt or truncated data ({exc})"
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

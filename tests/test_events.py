@@ -1,0 +1,167 @@
+"""Event detection: exact agreement with f5c 1.1, edge cases, and batch = per-read."""
+
+from __future__ import annotations
+
+import gzip
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from streamer.events import DNA_PARAMS, RNA_PARAMS, EventParams, detect_events
+from streamer.io.fast5 import fast5_read_ids, iter_fast5, read_fast5
+
+DATA = Path(__file__).parent / "data" / "ecoli"
+READ1 = "fa9ad683-35c5-4dad-a3af-de7a86b1ffa8"
+REGION = Path("/work/shared/data/ecoli_2kb_region")
+needs_region = pytest.mark.skipif(not (REGION / "fast5_files").is_dir(), reason="shared E. coli data absent")
+
+
+def _events(signal, params=DNA_PARAMS):
+    signal = np.asarray(signal, dtype=np.float32)
+    return detect_events(signal, np.array([0, len(signal)]), params)
+
+
+def _pack(signals):
+    off = np.zeros(len(signals) + 1, np.int64)
+    np.cumsum([len(s) for s in signals], out=off[1:])
+    return np.concatenate(signals).astype(np.float32), off
+
+
+def _find(fast5_dir: Path, read_id: str):
+    for path in sorted(fast5_dir.glob("*.fast5")):
+        if read_id in fast5_read_ids(path):
+            return read_fast5(path, read_id)
+    raise AssertionError(f"{read_id} not in {fast5_dir}")
+
+
+def _check_tiling(ev_off, ev_start, ev_length, signal_off):
+    """Events of each read are contiguous, non-empty and cover the read exactly."""
+    for r in range(len(signal_off) - 1):
+        n = signal_off[r + 1] - signal_off[r]
+        st = ev_start[ev_off[r] : ev_off[r + 1]]
+        ln = ev_length[ev_off[r] : ev_off[r + 1]].astype(np.int64)
+        if n == 0:
+            assert len(st) == 0
+            continue
+        assert st[0] == 0 and np.all(ln >= 1)
+        assert np.array_equal(st[1:], st[:-1] + ln[:-1]) and st[-1] + ln[-1] == n
+
+
+def test_read1_matches_f5c_exactly():
+    rows = re.findall(r"\{([^}]*)\}", (DATA / "read1.events.exp").read_text())
+    exp = np.array([[float(v) for v in row.split(",")[:4]] for row in rows])
+    pa = _find(DATA / "fast5", READ1).to_pa()
+    ev_off, start, length, mean, stdv = _events(pa)
+    assert ev_off.tolist() == [0, len(exp)]
+    assert np.array_equal(start, exp[:, 0].astype(np.int64))
+    assert np.array_equal(length, exp[:, 1])
+    np.testing.assert_allclose(mean, exp[:, 2], rtol=0, atol=1e-4)
+    np.testing.assert_allclose(stdv, exp[:, 3], rtol=0, atol=1e-4)
+    # f5c prints %f: agree on every printed digit.
+    assert [f"{v:f}" for v in mean] == [f"{v:f}" for v in exp[:, 2]]
+    assert [f"{v:f}" for v in stdv] == [f"{v:f}" for v in exp[:, 3]]
+
+
+def test_output_types():
+    out = _events(np.linspace(80, 120, 100))
+    assert [a.dtype for a in out] == [np.int64, np.int64, np.float32, np.float32, np.float32]
+
+
+def test_clean_step_gives_one_boundary():
+    ev_off, start, length, mean, stdv = _events(np.r_[np.full(50, 100.0), np.full(50, 120.0)])
+    assert start.tolist() == [0, 50] and length.tolist() == [50, 50]
+    assert mean.tolist() == [100, 120] and stdv.tolist() == [0, 0]
+
+
+def test_noisy_steps_are_boundaries():
+    levels = np.repeat([80.0, 110.0, 90.0], 60)
+    noisy = levels + np.random.default_rng(3).normal(0, 0.3, len(levels))
+    _, start, length, mean, stdv = _events(noisy)
+    assert {60, 120} <= set(start.tolist())
+    seg = [noisy[s : s + int(n)] for s, n in zip(start, length)]
+    np.testing.assert_allclose(mean, [s.mean() for s in seg], rtol=1e-5)
+    # f5c's one-pass float32 variance loses ~1e-3 pA^2 to cancellation at 100 pA.
+    np.testing.assert_allclose(stdv, [s.std() for s in seg], rtol=0, atol=0.01)
+
+
+def test_short_window_alone_when_long_window_does_not_fit():
+    # 8 samples: 2*w1 <= n < 2*w2, so only the short detector has t values.
+    _, start, _, mean, _ = _events(np.r_[np.full(4, 100.0), np.full(4, 120.0)])
+    assert start.tolist() == [0, 4] and mean.tolist() == [100, 120]
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 6, 13, 200])
+def test_flat_or_short_signal_is_one_event(n):
+    ev_off, start, length, mean, stdv = _events(np.full(n, 91.25))
+    assert ev_off.tolist() == [0, 1]
+    assert (start[0], length[0], mean[0], stdv[0]) == (0, n, np.float32(91.25), 0)
+
+
+def test_empty_batch_and_empty_read():
+    ev_off, start, *_ = detect_events(np.zeros(0, np.float32), np.zeros(1, np.int64))
+    assert ev_off.tolist() == [0] and len(start) == 0
+    ev_off, start, length, *_ = detect_events(np.full(10, 5.0, np.float32), np.array([0, 0, 10, 10]))
+    assert ev_off.tolist() == [0, 0, 1, 1] and start.tolist() == [0] and length.tolist() == [10]
+
+
+def test_batch_equals_one_read_at_a_time():
+    signals = [r.to_pa() for path in sorted((DATA / "fast5").glob("*.fast5")) for r in iter_fast5(path)]
+    signals.insert(2, np.zeros(0, np.float32))
+    signals.insert(4, np.full(5, 70.0, np.float32))
+    signal, signal_off = _pack(signals)
+    ev_off, start, length, mean, stdv = detect_events(signal, signal_off)
+    _check_tiling(ev_off, start, length, signal_off)
+    for r, s in enumerate(signals):
+        one = _events(s)
+        sl = slice(ev_off[r], ev_off[r + 1])
+        for batch_part, single in zip((start, length, mean, stdv), one[1:]):
+            assert np.array_equal(batch_part[sl], single)
+
+
+def test_rna_params_segment_coarser():
+    pa = _find(DATA / "fast5", READ1).to_pa()
+    assert 0 < _events(pa, RNA_PARAMS)[0][-1] < _events(pa, DNA_PARAMS)[0][-1]
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="float32"):
+        detect_events(np.zeros(10, np.float64), np.array([0, 10]))
+    with pytest.raises(ValueError, match="within the signal"):
+        detect_events(np.zeros(10, np.float32), np.array([0, 11]))
+    with pytest.raises(ValueError, match="window"):
+        EventParams(w1=0)
+
+
+@needs_region
+def test_region_reads_all_segment_sanely():
+    records = [r for path in sorted((REGION / "fast5_files").glob("*.fast5")) for r in iter_fast5(path)]
+    assert len(records) == 112
+    signal, signal_off = _pack([r.to_pa() for r in records])
+    ev_off, start, length, mean, stdv = detect_events(signal, signal_off)
+    _check_tiling(ev_off, start, length, signal_off)
+    per_sample = np.diff(ev_off) / np.diff(signal_off)
+    assert np.all((per_sample > 0.05) & (per_sample < 0.5))
+    assert np.all((mean > 0) & (mean < 400)) and np.all(np.isfinite(stdv)) and np.all(stdv >= 0)
+
+
+@needs_region
+def test_region_events_match_f5c_eventalign():
+    """f5c's eventalign (--signal-index) gives each aligned event's sample span, mean and stdv."""
+    expected: dict[str, list[tuple[int, str, str, int, int]]] = {}
+    with gzip.open(REGION / "expected" / "f5c-1.1" / "eventalign.first3reads.tsv.gz", "rt") as fh:
+        header = next(fh).rstrip("\n").split("\t")
+        for line in fh:
+            c = dict(zip(header, line.rstrip("\n").split("\t")))
+            span = (int(c["start_idx"]), int(c["end_idx"]))
+            row = (int(c["event_index"]), c["event_level_mean"], c["event_stdv"], *span)
+            expected.setdefault(c["read_name"], []).append(row)
+    assert len(expected) == 3
+    for read_id, rows in expected.items():
+        _, start, length, mean, stdv = _events(_find(REGION / "fast5_files", read_id).to_pa())
+        idx = np.array([r[0] for r in rows])
+        assert np.array_equal(start[idx], [r[3] for r in rows])
+        assert np.array_equal(start[idx] + length[idx].astype(np.int64), [r[4] for r in rows])
+        assert [f"{v:.2f}" for v in mean[idx]] == [r[1] for r in rows]
+        assert [f"{v:.3f}" for v in stdv[idx]] == [r[2] for r in rows]
