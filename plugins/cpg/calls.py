@@ -1,0 +1,207 @@
+"""CpG methylation calls for a batch, and their nanopolish/f5c call-methylation TSV rows.
+
+`call_methylation` takes a batch whose events, recalibrated scalings, ABEA pairs and alignment
+fields are filled. It plans the scored windows of every read in parallel (event-to-reference
+map, CpG groups, bounding events), then scores all (read, window) jobs of the batch in one
+parallel pass, so long and short reads share the cores evenly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numba
+import numpy as np
+
+from streamer.batch import ReadBatch
+from streamer.plugins.cpg.hmm import HmmParams, pack_model, pack_scalings, score_windows
+from streamer.plugins.cpg.logsum import LOGSUM_TABLE
+from streamer.plugins.cpg.lookup import (
+    CLOSEST_EVENT_SEARCH,
+    batch_events_per_base,
+    event_reference_map,
+    is_spliced,
+    kmer_first_event,
+)
+from streamer.plugins.cpg.sites import (
+    DISAMBIGUATE,
+    MAX_SPAN,
+    MIN_EVENT_SPAN,
+    MIN_SEPARATION,
+    cpg_sites,
+    read_windows,
+)
+from streamer.poremodel import METHYL_CPG, NUCLEOTIDE, PoreModel
+from streamer.skips import Skip
+
+CALLS_HEADER = (
+    "chromosome\tstrand\tstart\tend\tread_name\tlog_lik_ratio\tlog_lik_methylated"
+    "\tlog_lik_unmethylated\tnum_calling_strands\tnum_motifs\tsequence\n"
+)
+
+# Per-read outcomes of planning.
+_PLAN_OK, _PLAN_SPLICED = 0, 1
+
+
+@dataclass
+class MethCalls:
+    """One row per scored CpG group, ordered by read, then reference position."""
+
+    read: np.ndarray  # int64: index of the alignment record in the batch
+    start: np.ndarray  # int64: 0-based reference position of the group's first C
+    end: np.ndarray  # int64: 0-based reference position of the group's last C
+    strand: np.ndarray  # int8: +1 forward, -1 reverse
+    llr: np.ndarray  # float64: ll_meth - ll_unmeth
+    ll_meth: np.ndarray  # float64
+    ll_unmeth: np.ndarray  # float64
+    num_motifs: np.ndarray  # int32: CpGs in the group
+    sequence: list[str]  # reference from k-1 before the first C to k after the last C
+
+    def __len__(self) -> int:
+        return len(self.read)
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def _count_sites(ref_seq, ref_seq_off, status):
+    n = status.shape[0]
+    out = np.zeros(n, np.int64)
+    for i in numba.prange(n):
+        if status[i] == 0:
+            out[i] = cpg_sites(ref_seq[ref_seq_off[i] : ref_seq_off[i + 1]]).shape[0]
+    return out
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def _plan_windows(
+    ref_seq, ref_seq_off, ref_start, rc, cigar, cigar_off, seq_off, aln_kmer, aln_event, aln_off, status,
+    slot_off, k, search, min_separation, max_span, min_event_span,
+):  # fmt: skip
+    """Fill each read's slots (sized by its CpG count) with its kept windows; returns the
+    per-slot arrays, the number kept per read and a per-read planning outcome."""
+    n = status.shape[0]
+    total = slot_off[n]
+    first = np.empty(total, np.int64)
+    last = np.empty(total, np.int64)
+    n_sites = np.empty(total, np.int64)
+    e1 = np.empty(total, np.int64)
+    e2 = np.empty(total, np.int64)
+    kept = np.zeros(n, np.int64)
+    outcome = np.zeros(n, np.int8)
+    for i in numba.prange(n):
+        if status[i] != 0 or slot_off[i + 1] == slot_off[i]:
+            continue
+        cig = cigar[cigar_off[i] : cigar_off[i + 1]]
+        if is_spliced(cig):
+            outcome[i] = _PLAN_SPLICED
+            continue
+        read_len = seq_off[i + 1] - seq_off[i]
+        a0, a1 = aln_off[i], aln_off[i + 1]
+        first_event = kmer_first_event(aln_kmer[a0:a1], aln_event[a0:a1], read_len - k + 1)
+        map_ref, map_event = event_reference_map(cig, ref_start[i], rc[i], read_len, k, first_event, search)
+        f, l, s, x1, x2 = read_windows(
+            ref_seq[ref_seq_off[i] : ref_seq_off[i + 1]], ref_start[i], map_ref, map_event,
+            min_separation, max_span, min_event_span,
+        )  # fmt: skip
+        o = slot_off[i]
+        m = f.shape[0]
+        first[o : o + m] = f
+        last[o : o + m] = l
+        n_sites[o : o + m] = s
+        e1[o : o + m] = x1
+        e2[o : o + m] = x2
+        kept[i] = m
+    return first, last, n_sites, e1, e2, kept, outcome
+
+
+def call_methylation(
+    batch: ReadBatch,
+    kmer_model: PoreModel,
+    meth_model: PoreModel,
+    events_per_base: np.ndarray | None = None,
+    *,
+    params: HmmParams = HmmParams(),
+    min_separation: int = MIN_SEPARATION,
+    max_span: int = MAX_SPAN,
+    min_event_span: int = MIN_EVENT_SPAN,
+    event_search: int = CLOSEST_EVENT_SEARCH,
+) -> MethCalls:
+    """Score every CpG group of every read with status 0, as f5c call-methylation does.
+
+    `kmer_model` is the model ABEA aligned with (its k places events on the reference);
+    `meth_model` (alphabet ACGMT) scores both hypotheses, as in nanopolish and f5c.
+    `events_per_base` (float64[n]) defaults to f5c's (max event - min event) / k-mers from the
+    ABEA pairs. Reads left with no call get status NO_CPG (SPLICED for N in the CIGAR).
+    """
+    if kmer_model.alphabet != NUCLEOTIDE or meth_model.alphabet != METHYL_CPG or kmer_model.k != meth_model.k:
+        raise ValueError("call_methylation needs a nucleotide model and a CpG (ACGMT) model of the same k")
+    k = kmer_model.k
+    if events_per_base is None:
+        events_per_base = batch_events_per_base(batch.seq_off, batch.aln_event, batch.aln_off, k)
+    events_per_base = np.asarray(events_per_base, dtype=np.float64)
+    # A read without a positive event rate cannot set the HMM's stay probability.
+    status = batch.status.copy()
+    status[(status == Skip.OK) & ~(events_per_base > 0)] = Skip.QC_FAILED
+    ref = DISAMBIGUATE[batch.ref_seq]
+
+    n_slots = _count_sites(ref, batch.ref_seq_off, status)
+    slot_off = np.zeros(batch.n + 1, np.int64)
+    np.cumsum(n_slots, out=slot_off[1:])
+    first, last, n_sites, e1, e2, kept, outcome = _plan_windows(
+        ref, batch.ref_seq_off, batch.ref_start, batch.rc, batch.cigar, batch.cigar_off, batch.seq_off,
+        batch.aln_kmer, batch.aln_event, batch.aln_off, status, slot_off,
+        k, event_search, min_separation, max_span, min_event_span,
+    )  # fmt: skip
+    slot_rank = np.arange(slot_off[-1]) - np.repeat(slot_off[:-1], n_slots)
+    take = slot_rank < np.repeat(kept, n_slots)
+    first, last, n_sites, e1, e2 = first[take], last[take], n_sites[take], e1[take], e2[take]
+    job_read = np.repeat(np.arange(batch.n, dtype=np.int64), kept)
+    span_len = np.diff(batch.ref_seq_off)[job_read]
+    w0 = first - min_separation
+    w1 = np.minimum(last + min_separation + 1, span_len)
+
+    ll_u, ll_m = score_windows(
+        job_read, w0, w1, e1, e2, ref, batch.ref_seq_off, batch.rc, batch.ev_mean, batch.ev_off,
+        pack_scalings(batch.scale, batch.shift, batch.var), events_per_base, k,
+        pack_model(meth_model.level_mean, meth_model.level_stdv), params.as_array(), LOGSUM_TABLE,
+    )  # fmt: skip
+
+    for i in np.flatnonzero((batch.status == Skip.OK) & (kept == 0)):
+        if status[i] != Skip.OK:
+            batch.fail(int(i), Skip(status[i]))
+        elif outcome[i] == _PLAN_SPLICED:
+            batch.fail(int(i), Skip.SPLICED)
+        else:
+            batch.fail(int(i), Skip.NO_CPG)
+
+    base = batch.ref_seq_off[job_read]
+    sequence = [
+        ref[b + max(f - k + 1, 0) : b + min(l + k, s)].tobytes().decode()
+        for b, f, l, s in zip(base.tolist(), first.tolist(), last.tolist(), span_len.tolist())
+    ]
+    ll_m64 = ll_m.astype(np.float64)
+    ll_u64 = ll_u.astype(np.float64)
+    return MethCalls(
+        read=job_read,
+        start=batch.ref_start[job_read] + first,
+        end=batch.ref_start[job_read] + last,
+        strand=np.where(batch.rc[job_read], -1, 1).astype(np.int8),
+        llr=ll_m64 - ll_u64,
+        ll_meth=ll_m64,
+        ll_unmeth=ll_u64,
+        num_motifs=n_sites.astype(np.int32),
+        sequence=sequence,
+    )
+
+
+def format_calls(calls: MethCalls, read_ids: Sequence[str], ref_names: Sequence[str]) -> str:
+    """The calls as call-methylation TSV rows (no header), formatted exactly as f5c prints them."""
+    rows = []
+    for j in range(len(calls)):
+        r = int(calls.read[j])
+        rows.append(
+            f"{ref_names[r]}\t{'-' if calls.strand[j] < 0 else '+'}\t{calls.start[j]}\t{calls.end[j]}\t"
+            f"{read_ids[r]}\t{calls.llr[j]:.2f}\t{calls.ll_meth[j]:.2f}\t{calls.ll_unmeth[j]:.2f}\t"
+            f"1\t{calls.num_motifs[j]}\t{calls.sequence[j]}\n"
+        )
+    return "".join(rows)

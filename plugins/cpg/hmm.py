@@ -1,0 +1,263 @@
+"""nanopolish's profile HMM forward algorithm (R9), scoring a reference window against events.
+
+Each k-mer of the window is a block of three states: M (an event matches the k-mer), B (a bad
+event, emitted with log-probability 0) and K (the k-mer is skipped, silent). Events before and
+after the window's own may be clipped to a background emission, so the window can start and end
+at any event. The score is log P(events | window).
+
+To agree with nanopolish and f5c to their printed precision the arithmetic is theirs: float32
+cells and emissions, transition and flank probabilities computed in double and stored as
+float32, HMMER's table log-sum, and the same order of summation. Every step is a small `njit`
+helper taking scalars and arrays only, so a numba-CUDA kernel can call the same code; a job is
+one window of one read, and `score_windows` runs all jobs of a batch in parallel.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import astuple, dataclass
+
+import numba
+import numpy as np
+from numba import prange
+
+from streamer.plugins.cpg.logsum import flogsum
+
+# Offsets of the three states inside a block.
+STATE_K, STATE_B, STATE_M = 0, 1, 2
+N_STATES = 3
+
+# Indices into the transition vector from `block_transitions`.
+T_MM_SELF, T_MB, T_MK, T_MM_NEXT, T_BB, T_BK, T_BM_NEXT, T_BM_SELF, T_KK, T_KM = range(10)
+
+# Indices into the parameter vector (`HmmParams.as_array`).
+P_SKIP, P_SKIP_SELF, P_BAD, P_BAD_SELF, P_START_TO_CLIP, P_CLIP_SELF, P_BACKGROUND = range(7)
+
+# Indices into the per-read scalings rows (`pack_scalings`).
+S_SCALE, S_SHIFT, S_VAR, S_LOG_VAR = range(4)
+
+
+@dataclass(frozen=True)
+class HmmParams:
+    """Transition and clipping probabilities of the methylation HMM (nanopolish's defaults)."""
+
+    p_skip: float = 0.0025
+    p_skip_self: float = 0.3
+    p_bad: float = 0.001
+    p_bad_self: float = 0.001
+    start_to_clip: float = 0.5
+    clip_self: float = 0.9
+    background: float = -3.0  # log-probability of an event emitted by the clip state
+
+    def as_array(self) -> np.ndarray:
+        return np.array(astuple(self), dtype=np.float64)
+
+
+def pack_model(level_mean: np.ndarray, level_stdv: np.ndarray) -> np.ndarray:
+    """float32[3, n_kmers]: level mean, stdv and log stdv (log taken in double, as the tools cache it)."""
+    stdv = np.asarray(level_stdv, dtype=np.float32)
+    log_stdv = np.log(stdv.astype(np.float64)).astype(np.float32)
+    return np.stack([np.asarray(level_mean, dtype=np.float32), stdv, log_stdv])
+
+
+def pack_scalings(scale: np.ndarray, shift: np.ndarray, var: np.ndarray) -> np.ndarray:
+    """float32[n, 4]: scale, shift, var and log var per read."""
+    var32 = np.asarray(var, dtype=np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_var = np.log(var32.astype(np.float64)).astype(np.float32)
+    return np.stack(
+        [np.asarray(scale, dtype=np.float32), np.asarray(shift, dtype=np.float32), var32, log_var], axis=1
+    )
+
+
+@numba.njit(nogil=True, cache=True)
+def _log32(x):
+    """log in double of a float32, rounded back to float32 (C's `float y = log(x)`)."""
+    return np.float32(math.log(np.float64(x)))
+
+
+@numba.njit(nogil=True, cache=True)
+def block_transitions(events_per_base, params):
+    """float32[10] log transition probabilities, the same for every block of a read.
+
+    The probability of staying on a k-mer follows the read's speed: 1 - 1 / events per base.
+    """
+    one = np.float32(1.0)
+    p_stay = np.float32(1.0 - 1.0 / events_per_base)
+    p_skip = np.float32(params[P_SKIP])
+    p_bad = np.float32(params[P_BAD])
+    p_bad_self = np.float32(params[P_BAD_SELF])
+    p_skip_self = np.float32(params[P_SKIP_SELF])
+    p_mm_next = one - p_stay - p_skip - p_bad
+    p_b_leave = (one - p_bad_self) / np.float32(3.0)
+    t = np.empty(10, np.float32)
+    t[T_MM_SELF] = _log32(p_stay)
+    t[T_MB] = _log32(p_bad)
+    t[T_MK] = _log32(p_skip)
+    t[T_MM_NEXT] = _log32(p_mm_next)
+    t[T_BB] = _log32(p_bad_self)
+    t[T_BK] = _log32(p_b_leave)
+    t[T_BM_NEXT] = _log32(p_b_leave)
+    t[T_BM_SELF] = _log32(p_b_leave)
+    t[T_KK] = _log32(p_skip_self)
+    t[T_KM] = _log32(one - p_skip_self)
+    return t
+
+
+@numba.njit(nogil=True, cache=True)
+def clip_flanks(n_events, params, pre, post):
+    """Fill pre[i] (the first i events clipped) and post[i] (events after i clipped), float32[n_events]."""
+    to_clip = params[P_START_TO_CLIP]
+    clip_self = params[P_CLIP_SELF]
+    background = np.float64(np.float32(params[P_BACKGROUND]))
+    pre[0] = np.float32(math.log(1.0 - to_clip))
+    post[n_events - 1] = np.float32(math.log(1.0 - to_clip))
+    if n_events > 1:
+        pre[1] = np.float32(math.log(to_clip) + background + math.log(1.0 - clip_self))
+        post[n_events - 2] = np.float32(math.log(to_clip) + background + math.log(1.0 - clip_self))
+    for i in range(2, n_events):
+        pre[i] = np.float32(math.log(clip_self) + background + np.float64(pre[i - 1]))
+    for i in range(n_events - 3, -1, -1):
+        post[i] = np.float32(math.log(clip_self) + background + np.float64(post[i + 1]))
+
+
+@numba.njit(nogil=True, cache=True)
+def base_digit(seq, w0, length, pos, rc, methylated):
+    """Digit (A0 C1 G2 M3 T4) of base `pos` of the window seq[w0:w0+length], or of its reverse
+    complement; with `methylated`, every C of a CG in that strand's window is M."""
+    if rc:
+        b = seq[w0 + length - 1 - pos]
+        if b == 67:  # C -> G
+            return 2
+        if b == 71:  # G -> C, methylated if the forward base before it is C
+            q = length - 1 - pos
+            return 3 if methylated and q > 0 and seq[w0 + q - 1] == 67 else 1
+        return 4 if b == 65 else 0  # A -> T, T -> A
+    b = seq[w0 + pos]
+    if b == 67:
+        return 3 if methylated and pos + 1 < length and seq[w0 + pos + 1] == 71 else 1
+    if b == 71:
+        return 2
+    return 4 if b == 84 else 0
+
+
+@numba.njit(nogil=True, cache=True)
+def window_kmer_rank(seq, w0, length, ki, k, rc, methylated):
+    """Base-5 rank of k-mer `ki` of the window in the read's orientation.
+
+    On the reverse strand k-mer ki is the reverse complement of forward k-mer ki, so blocks
+    keep reference order while events run backwards.
+    """
+    r = 0
+    start = length - ki - k if rc else ki
+    for j in range(k):
+        r = r * 5 + base_digit(seq, w0, length, start + j, rc, methylated)
+    return r
+
+
+@numba.njit(nogil=True, cache=True)
+def log_normal_pdf(x, mean, stdv, log_stdv):
+    """float32 log N(x; mean, stdv) with the tools' truncated constant."""
+    a = (x - mean) / stdv
+    return np.float32(-0.918938) - log_stdv + np.float32(-0.5) * a * a
+
+
+@numba.njit(nogil=True, cache=True)
+def match_emission(level, rank, model, scalings):
+    """Log-probability that event `level` came from k-mer `rank`: N(scale*mu + shift, stdv*var)."""
+    mean = scalings[S_SCALE] * model[0, rank] + scalings[S_SHIFT]
+    stdv = model[1, rank] * scalings[S_VAR]
+    log_stdv = model[2, rank] + scalings[S_LOG_VAR]
+    return log_normal_pdf(level, mean, stdv, log_stdv)
+
+
+@numba.njit(nogil=True, cache=True)
+def sum6(x0, x1, x2, x3, x4, x5, table):
+    """Log-sum of six terms in the tools' order."""
+    s = flogsum(x0, x1, table)
+    s = flogsum(s, x2, table)
+    s = flogsum(s, x3, table)
+    s = flogsum(s, x4, table)
+    return flogsum(s, x5, table)
+
+
+@numba.njit(nogil=True, cache=True)
+def profile_forward(
+    seq, w0, length, rc, methylated, ev_mean, e_start, e_stop, k, model, scalings, trans, params, table
+):
+    """log P(events e_start..e_stop | window seq[w0:w0+length]) under the profile HMM, float32.
+
+    Events are taken from `e_start` towards `e_stop` (either direction); `model` from
+    `pack_model`, `scalings` one row of `pack_scalings`, `trans` from `block_transitions`.
+    Two rows of the forward matrix suffice: each row reads only itself and the row above.
+    """
+    ninf = np.float32(-np.inf)
+    n_kmers = length - k + 1
+    stride = 1 if e_start <= e_stop else -1
+    n_events = abs(e_stop - e_start) + 1
+    ranks = np.empty(n_kmers, np.int64)
+    for ki in range(n_kmers):
+        ranks[ki] = window_kmer_rank(seq, w0, length, ki, k, rc, methylated)
+    pre = np.empty(n_events, np.float32)
+    post = np.empty(n_events, np.float32)
+    clip_flanks(n_events, params, pre, post)
+    n_cols = N_STATES * (n_kmers + 2)
+    prev = np.full(n_cols, ninf, np.float32)
+    curr = np.full(n_cols, ninf, np.float32)
+    lp_end = ninf
+    for row in range(1, n_events + 1):
+        level = ev_mean[e_start + (row - 1) * stride]
+        for block in range(1, n_kmers + 1):
+            ki = block - 1
+            c = N_STATES * block
+            p = c - N_STATES
+            soft = pre[row - 1] if ki == 0 else ninf
+            m = sum6(
+                trans[T_MM_SELF] + prev[c + STATE_M],
+                trans[T_MM_NEXT] + prev[p + STATE_M],
+                trans[T_BM_SELF] + prev[c + STATE_B],
+                trans[T_BM_NEXT] + prev[p + STATE_B],
+                trans[T_KM] + prev[p + STATE_K],
+                soft,
+                table,
+            )
+            curr[c + STATE_M] = m + match_emission(level, ranks[ki], model, scalings)
+            curr[c + STATE_B] = flogsum(trans[T_MB] + prev[c + STATE_M], trans[T_BB] + prev[c + STATE_B], table)
+            kk = flogsum(trans[T_MK] + curr[p + STATE_M], trans[T_BK] + curr[p + STATE_B], table)
+            curr[c + STATE_K] = flogsum(kk, trans[T_KK] + curr[p + STATE_K], table)
+            if ki == n_kmers - 1:
+                lp_end = flogsum(lp_end, curr[c + STATE_M] + post[row - 1], table)
+                lp_end = flogsum(lp_end, curr[c + STATE_B] + post[row - 1], table)
+                lp_end = flogsum(lp_end, curr[c + STATE_K] + post[row - 1], table)
+        prev, curr = curr, prev
+    return lp_end
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def score_windows(
+    job_read, job_w0, job_w1, job_e1, job_e2, ref_seq, ref_seq_off, rc, ev_mean, ev_off,
+    scalings, events_per_base, k, model, params, table,
+):  # fmt: skip
+    """Unmethylated and methylated log-likelihoods of every (read, window) job, in parallel.
+
+    Job j scores ref_seq[ref_seq_off[r] + w0 : ... + w1] of read r = job_read[j] against the
+    read's events job_e1[j]..job_e2[j] (event indices within the read). Returns float32 arrays
+    (ll_unmethylated, ll_methylated).
+    """
+    n = job_read.shape[0]
+    ll_u = np.empty(n, np.float32)
+    ll_m = np.empty(n, np.float32)
+    for j in prange(n):
+        r = job_read[j]
+        trans = block_transitions(events_per_base[r], params)
+        ev = ev_mean[ev_off[r] : ev_off[r + 1]]
+        w0 = ref_seq_off[r] + job_w0[j]
+        length = job_w1[j] - job_w0[j]
+        sc = scalings[r]
+        ll_u[j] = profile_forward(
+            ref_seq, w0, length, rc[r], False, ev, job_e1[j], job_e2[j], k, model, sc, trans, params, table
+        )
+        ll_m[j] = profile_forward(
+            ref_seq, w0, length, rc[r], True, ev, job_e1[j], job_e2[j], k, model, sc, trans, params, table
+        )
+    return ll_u, ll_m

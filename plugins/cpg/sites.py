@@ -1,0 +1,105 @@
+"""CpG sites of a read's reference span, grouped into the windows the HMM scores.
+
+Sites closer than `min_separation` are scored together, because their k-mers overlap and
+cannot be called apart. As in nanopolish and f5c, the same distance pads the window on both
+sides and is the minimum distance from the alignment start; a group is dropped when it spans
+more than `max_span` bases, when the read's event map does not bound its window, or when the
+bounding events are no more than `min_event_span` apart. (The tools' further test of events
+per reference base divides by a negative length and never rejects anything; it is not kept.)
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from streamer.plugins.cpg.lookup import events_bounding
+
+MIN_SEPARATION = 10
+MAX_SPAN = 200
+MIN_EVENT_SPAN = 10
+
+
+def _disambiguation_table() -> np.ndarray:
+    """ASCII -> base: IUPAC codes (either case) become their first possible base, as the tools do."""
+    table = np.full(256, ord("A"), dtype=np.uint8)
+    first_base = {
+        "A": "A", "C": "C", "G": "G", "T": "T", "M": "A", "R": "A", "W": "A", "S": "C",
+        "Y": "C", "K": "G", "V": "A", "H": "A", "D": "A", "B": "C", "N": "A",
+    }  # fmt: skip
+    for code, base in first_base.items():
+        table[ord(code)] = table[ord(code.lower())] = ord(base)
+    return table
+
+
+DISAMBIGUATE = _disambiguation_table()
+
+
+@numba.njit(nogil=True, cache=True)
+def cpg_sites(ref):
+    """Positions of every C followed by G in `ref` (uint8 ASCII, already disambiguated)."""
+    out = np.empty(max(ref.shape[0] - 1, 0), np.int64)
+    n = 0
+    for i in range(ref.shape[0] - 1):
+        if ref[i] == 67 and ref[i + 1] == 71:  # 'C', 'G'
+            out[n] = i
+            n += 1
+    return out[:n]
+
+
+@numba.njit(nogil=True, cache=True)
+def group_sites(sites, min_separation):
+    """Split ascending sites into runs whose neighbours are at most `min_separation` apart.
+
+    Returns (first, end) site indices per group, `end` exclusive.
+    """
+    first = np.empty(sites.shape[0], np.int64)
+    end = np.empty(sites.shape[0], np.int64)
+    n = 0
+    i = 0
+    while i < sites.shape[0]:
+        j = i + 1
+        while j < sites.shape[0] and sites[j] - sites[j - 1] <= min_separation:
+            j += 1
+        first[n] = i
+        end[n] = j
+        n += 1
+        i = j
+    return first[:n], end[:n]
+
+
+@numba.njit(nogil=True, cache=True)
+def read_windows(ref, ref_start, map_ref, map_event, min_separation, max_span, min_event_span):
+    """The groups of one read that get scored, in reference order.
+
+    `ref` is the disambiguated reference of the aligned span starting at `ref_start`;
+    `map_ref`/`map_event` the read's event-to-reference map. Returns per kept group the
+    reference-span-local positions of its first and last C, its number of sites and the events
+    bounding its window `[first - min_separation, last + min_separation]`.
+    """
+    sites = cpg_sites(ref)
+    g_first, g_end = group_sites(sites, min_separation)
+    n = g_first.shape[0]
+    first = np.empty(n, np.int64)
+    last = np.empty(n, np.int64)
+    n_sites = np.empty(n, np.int64)
+    ev_first = np.empty(n, np.int64)
+    ev_last = np.empty(n, np.int64)
+    kept = 0
+    for g in range(n):
+        c_first = sites[g_first[g]]
+        c_last = sites[g_end[g] - 1]
+        if c_first - min_separation <= min_separation or c_last - c_first > max_span:
+            continue
+        ok, e1, e2 = events_bounding(
+            map_ref, map_event, ref_start + c_first - min_separation, ref_start + c_last + min_separation
+        )
+        if not ok or abs(e2 - e1) <= min_event_span or e1 < 0 or e2 < 0:
+            continue
+        first[kept] = c_first
+        last[kept] = c_last
+        n_sites[kept] = g_end[g] - g_first[g]
+        ev_first[kept] = e1
+        ev_last[kept] = e2
+        kept += 1
+    return first[:kept], last[:kept], n_sites[:kept], ev_first[:kept], ev_last[:kept]

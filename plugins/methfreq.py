@@ -1,0 +1,148 @@
+"""Per-site methylation frequency, as f5c meth-freq computes it, kept current call by call.
+
+A call counts when |log_lik_ratio| >= `call_threshold` (f5c: 2.5) and is methylated when the
+ratio is positive; a group of n CpGs adds n called sites. With `split_groups` a multi-CpG group
+is credited to each of its CpGs separately (located by the CG positions in its sequence, with
+the sequence reported as "split-group"). Sites are printed sorted by chromosome (byte order),
+start, end; the first call seen for a site fixes its group size and sequence.
+
+The ratio that f5c compares is the one printed in the calls TSV (two decimals), so calls added
+from records are rounded the same way before the threshold applies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from streamer.errors import InputError
+from streamer.plugins.cpg.calls import MethCalls
+
+CALL_THRESHOLD = 2.5
+SPLIT_SEQUENCE = "split-group"
+
+_CALLS_COLUMNS = (
+    "chromosome\t{strand}start\tend\tread_name\tlog_lik_ratio\tlog_lik_methylated\tlog_lik_unmethylated"
+    "\tnum_calling_strands\t{count}\tsequence"
+)
+# Accepted call-TSV headers -> (has strand column, name of the count column).
+_CALL_HEADERS = {
+    _CALLS_COLUMNS.format(strand=strand, count=count): (bool(strand), count)
+    for strand in ("", "strand\t")
+    for count in ("num_cpgs", "num_motifs")
+}
+_FREQ_HEADER = (
+    "chromosome\tstart\tend\t{group}\tcalled_sites\tcalled_sites_methylated\tmethylated_frequency\tgroup_sequence\n"
+)
+
+
+@dataclass
+class SiteStats:
+    """Counts for one (chromosome, start, end) site."""
+
+    group_size: int
+    sequence: str
+    called_sites: int = 0
+    called_sites_methylated: int = 0
+
+
+class MethFreq:
+    """Accumulates calls into per-site counts; `format()` gives the current meth-freq table."""
+
+    def __init__(self, call_threshold: float = CALL_THRESHOLD, split_groups: bool = False) -> None:
+        self.call_threshold = call_threshold
+        self.split_groups = split_groups
+        self.group_column = "num_motifs_in_group"
+        self.sites: dict[tuple[str, int, int], SiteStats] = {}
+
+    def _credit(self, key: tuple[str, int, int], n_sites: int, methylated: bool, sequence: str) -> None:
+        site = self.sites.get(key)
+        if site is None:
+            site = self.sites[key] = SiteStats(n_sites, sequence)
+        site.called_sites += n_sites
+        if methylated:
+            site.called_sites_methylated += n_sites
+
+    def add(self, chrom: str, start: int, end: int, llr: float, num_motifs: int, sequence: str) -> None:
+        """Add one call (llr as printed in the calls TSV)."""
+        if abs(llr) < self.call_threshold:
+            return
+        methylated = llr > 0
+        if not (self.split_groups and num_motifs > 1):
+            self._credit((chrom, start, end), num_motifs, methylated, sequence)
+            return
+        first = pos = sequence.find("CG")
+        while pos != -1:
+            self._credit((chrom, start + pos - first, start + pos - first), 1, methylated, SPLIT_SEQUENCE)
+            pos = sequence.find("CG", pos + 1)
+
+    def add_calls(self, calls: MethCalls, ref_names: Sequence[str]) -> None:
+        """Add a batch's calls; `ref_names` is the batch's contig per record."""
+        for j in range(len(calls)):
+            self.add(
+                ref_names[int(calls.read[j])],
+                int(calls.start[j]),
+                int(calls.end[j]),
+                float(f"{calls.llr[j]:.2f}"),
+                int(calls.num_motifs[j]),
+                calls.sequence[j],
+            )
+
+    def add_tsv(self, lines: Iterable[str], source: str | Path = "<calls>") -> None:
+        """Add the rows of a call-methylation TSV (nanopolish or f5c, with or without strand)."""
+        it = iter(lines)
+        header = next(it, None)
+        if header is None:
+            raise InputError(source, "empty file, expected a call-methylation header", line=1)
+        fmt = _CALL_HEADERS.get(header.rstrip("\n"))
+        if fmt is None:
+            raise InputError(source, f"not a call-methylation header: {header.strip()!r}", line=1)
+        has_strand, count = fmt
+        if count == "num_cpgs":
+            self.group_column = "num_cpgs_in_group"
+        n_fields = 11 if has_strand else 10
+        for line_no, line in enumerate(it, start=2):
+            fields = line.rstrip("\n").split("\t")
+            if len(fields) != n_fields:
+                raise InputError(source, f"expected {n_fields} columns, found {len(fields)}", line=line_no)
+            if has_strand:
+                del fields[1]
+            try:
+                start, end, llr, num = int(fields[1]), int(fields[2]), float(fields[4]), int(fields[8])
+            except ValueError as exc:
+                raise InputError(source, f"malformed number: {exc}", line=line_no) from None
+            if start < 0 or end < 0 or num < 0:
+                raise InputError(source, "coordinates and motif counts cannot be negative", line=line_no)
+            self.add(fields[0], start, end, llr, num, fields[9])
+
+    @classmethod
+    def from_tsv(cls, path: str | Path, call_threshold: float = CALL_THRESHOLD, split_groups: bool = False):
+        """meth-freq of a calls file."""
+        freq = cls(call_threshold, split_groups)
+        try:
+            with open(path) as fh:
+                freq.add_tsv(fh, path)
+        except OSError as exc:
+            raise InputError(path, f"cannot read calls: {exc.strerror}") from exc
+        return freq
+
+    def rows(self) -> list[tuple[str, int, int, SiteStats]]:
+        """Sites with at least one called CpG, in f5c's order."""
+        keys = sorted(self.sites, key=lambda key: (key[0].encode(), key[1], key[2]))
+        return [(*key, self.sites[key]) for key in keys if self.sites[key].called_sites > 0]
+
+    def format(self) -> str:
+        """The current table, header included, formatted as f5c prints it."""
+        out = [_FREQ_HEADER.format(group=self.group_column)]
+        for chrom, start, end, s in self.rows():
+            freq = s.called_sites_methylated / s.called_sites
+            out.append(
+                f"{chrom}\t{start}\t{end}\t{s.group_size}\t{s.called_sites}\t{s.called_sites_methylated}"
+                f"\t{freq:.3f}\t{s.sequence}\n"
+            )
+        return "".join(out)
+
+    def write(self, fh: TextIO) -> None:
+        fh.write(self.format())

@@ -1,0 +1,383 @@
+"""CpG calling pieces: log-sum, CIGAR lookup, site grouping, the profile HMM and batch calls."""
+
+import math
+
+import numpy as np
+import pytest
+
+import reference_hmm
+from streamer.batch import CIGAR_D, CIGAR_H, CIGAR_I, CIGAR_M, CIGAR_N, CIGAR_S, ReadInput, pack
+from streamer.plugins.cpg.calls import CALLS_HEADER, call_methylation, format_calls
+from streamer.plugins.cpg.hmm import (
+    HmmParams,
+    block_transitions,
+    pack_model,
+    pack_scalings,
+    profile_forward,
+    score_windows,
+    window_kmer_rank,
+)
+from streamer.plugins.cpg.logsum import LOGSUM_TABLE, flogsum
+from streamer.plugins.cpg.lookup import (
+    aligned_pairs,
+    batch_events_per_base,
+    closest_event,
+    event_reference_map,
+    events_bounding,
+    is_spliced,
+    kmer_first_event,
+)
+from streamer.plugins.cpg.sites import DISAMBIGUATE, cpg_sites, group_sites, read_windows
+from streamer.poremodel import load_default_models
+from streamer.skips import Skip
+
+F32 = np.float32
+
+
+@pytest.fixture(scope="module")
+def models():
+    return load_default_models()
+
+
+def ascii_(s: str) -> np.ndarray:
+    return np.frombuffer(s.encode(), dtype=np.uint8)
+
+
+def cig(*ops):
+    return np.array(ops, dtype=np.int32).reshape(-1, 2)
+
+
+# ---------------------------------------------------------------- log-sum
+
+
+def test_logsum_table_and_cutoffs():
+    assert LOGSUM_TABLE.dtype == np.float32 and LOGSUM_TABLE.shape == (16000,)
+    assert LOGSUM_TABLE[0] == F32(math.log(2.0))
+    ninf = F32(-np.inf)
+    assert flogsum(ninf, F32(-3.5), LOGSUM_TABLE) == F32(-3.5)
+    assert flogsum(ninf, ninf, LOGSUM_TABLE) == ninf
+    assert flogsum(F32(0.0), F32(-15.7), LOGSUM_TABLE) == F32(0.0)  # at the cutoff: just the max
+    assert flogsum(F32(0.0), F32(-15.6), LOGSUM_TABLE) > F32(0.0)
+
+
+def test_logsum_agrees_with_logaddexp_within_table_precision():
+    rng = np.random.default_rng(7)
+    a = rng.uniform(-300, 5, 2000).astype(np.float32)
+    b = (a - rng.exponential(3.0, 2000)).astype(np.float32)
+    got = np.array([flogsum(x, y, LOGSUM_TABLE) for x, y in zip(a, b)])
+    want = np.logaddexp(a.astype(np.float64), b.astype(np.float64))
+    # the table index truncates to 0.001 nat, where the slope of log(1 + e^-d) is at most 1/2
+    assert np.max(np.abs(got - want)) < 5.5e-4
+    assert np.all(np.array([flogsum(y, x, LOGSUM_TABLE) for x, y in zip(a, b)]) == got)
+
+
+# ---------------------------------------------------------------- CIGAR lookup
+
+
+def test_aligned_pairs_walks_soft_clips_insertions_deletions_hard_clips():
+    c = cig((CIGAR_H, 5), (CIGAR_S, 2), (CIGAR_M, 3), (CIGAR_I, 2), (CIGAR_M, 2), (CIGAR_D, 3), (CIGAR_M, 2), (CIGAR_S, 1))
+    ref, read = aligned_pairs(c, 100)
+    assert ref.tolist() == [100, 101, 102, 103, 104, 108, 109]
+    assert read.tolist() == [2, 3, 4, 7, 8, 9, 10]  # hard clips do not count, soft clips do
+    assert not is_spliced(c)
+    assert is_spliced(cig((CIGAR_M, 3), (CIGAR_N, 100), (CIGAR_M, 3)))
+
+
+def test_kmer_first_event_ignores_a_repeated_event():
+    # k-mer 1 is skipped (it repeats event 1), k-mer 2 gets events 2 and 3, k-mer 3 none
+    first = kmer_first_event(np.array([0, 0, 1, 2, 2, 4]), np.array([0, 1, 1, 2, 3, 4]), 6)
+    assert first.tolist() == [0, -1, 2, -1, 4, -1]
+
+
+def test_closest_event_looks_back_first_and_never_reaches_the_limit():
+    first = np.array([-1, 5, -1, -1, 9, -1, -1])
+    assert closest_event(first, 3, 1000) == 5  # back to k-mer 1 before forward to k-mer 4
+    assert closest_event(first, 0, 1000) == 5  # nothing behind k-mer 0: forward
+    assert closest_event(first, 3, 1) == -1  # k-mers 2 and 4 are the limits, never examined
+    assert closest_event(first, 4, 1) == 9
+    assert closest_event(np.array([-1, -1, -1, 7]), 1, 1000) == -1  # the last k-mer is a limit too
+
+
+def identity_events(n_kmers):
+    """k-mer i aligned to events 2i and 2i + 1."""
+    return np.arange(n_kmers) * 2
+
+
+def test_event_map_forward_strand():
+    k, read_len = 3, 20
+    c = cig((CIGAR_S, 2), (CIGAR_M, 6), (CIGAR_D, 2), (CIGAR_I, 1), (CIGAR_M, 11))
+    ref, ev = event_reference_map(c, 50, False, read_len, k, identity_events(read_len - k + 1), 1000)
+    # read positions 2..7 -> ref 50..55, then 9..19 -> ref 58..68; keep k <= pos < read_len - k
+    pairs = list(zip(ref.tolist(), ev.tolist()))
+    assert pairs == [(51, 6), (52, 8), (53, 10), (54, 12), (55, 14)] + [(58 + i, 2 * (9 + i)) for i in range(8)]
+
+
+def test_event_map_reverse_strand_flips_kmer_index():
+    k, read_len = 3, 20
+    c = cig((CIGAR_M, 20))
+    ref, ev = event_reference_map(c, 0, True, read_len, k, identity_events(read_len - k + 1), 1000)
+    assert ref.tolist() == list(range(3, 17))
+    assert ev.tolist() == [2 * (read_len - q - k) for q in range(3, 17)]  # descending events
+
+
+def test_event_map_degenerate_is_empty():
+    first = np.full(18, -1)
+    first[0] = 4
+    ref, ev = event_reference_map(cig((CIGAR_M, 20)), 0, False, 20, 3, first, 1000)
+    assert ref.shape == (0,) and ev.shape == (0,)
+
+
+def test_events_bounding():
+    ref = np.array([10, 11, 14, 15, 20])
+    ev = np.array([1, 2, 3, 4, 5])
+    assert events_bounding(ref, ev, 11, 15) == (True, 2, 4)
+    assert events_bounding(ref, ev, 12, 16) == (True, 3, 5)  # inner start is covered by 11
+    assert events_bounding(ref, ev, 10, 20) == (True, 1, 5)
+    assert events_bounding(ref, ev, 9, 15)[0] is False  # nothing at or before the start
+    assert events_bounding(ref, ev, 11, 21)[0] is False  # nothing at or after the end
+    assert events_bounding(ref[:0], ev[:0], 0, 1)[0] is False
+
+
+def test_events_per_base():
+    seq_off = np.array([0, 12, 20])
+    # read 0: 12 bases, k=3 -> 10 k-mers, events 3..18; read 1: no pairs
+    got = batch_events_per_base(seq_off, np.array([3, 7, 18], np.int32), np.array([0, 3, 3]), 3)
+    assert got.tolist() == [1.5, 0.0]
+
+
+# ---------------------------------------------------------------- CpG sites
+
+
+def test_sites_and_groups():
+    assert cpg_sites(ascii_("ACGTTCGCGA")).tolist() == [1, 5, 7]
+    assert cpg_sites(ascii_("C")).tolist() == []
+    sites = np.array([20, 30, 41, 300])
+    first, end = group_sites(sites, 10)
+    assert list(zip(first.tolist(), end.tolist())) == [(0, 2), (2, 3), (3, 4)]  # 10 apart merge, 11 do not
+
+
+def test_disambiguation_makes_iupac_cpgs():
+    seq = DISAMBIGUATE[ascii_("sgNTYgRcgk")].tobytes().decode()
+    assert seq == "CGATCGACGG"
+
+
+def place_cpgs(length, positions):
+    s = np.full(length, ord("A"), np.uint8)
+    for p in positions:
+        s[p], s[p + 1] = ord("C"), ord("G")
+    return s
+
+
+def test_read_windows_applies_every_rule():
+    ref_start = 1000
+    # 20: too close to the start; 40 and 50 merge; 100, 110, ..., 300 span 200 (kept);
+    # 400, 410, ..., 590, 599, 601 span 201 (dropped); 700 alone
+    chain = list(range(100, 301, 10))
+    ref = place_cpgs(800, [20, 40, 50, *chain, *range(400, 591, 10), 599, 601, 700])
+    map_ref = ref_start + np.arange(800)
+    first, last, n_sites, e1, e2 = read_windows(ref, ref_start, map_ref, np.arange(800) * 2, 10, 200, 10)
+    assert first.tolist() == [40, 100, 700]
+    assert last.tolist() == [50, 300, 700]
+    assert n_sites.tolist() == [2, len(chain), 1]
+    assert e1.tolist() == [60, 180, 1380] and e2.tolist() == [120, 620, 1420]
+    ref = place_cpgs(800, [21, 700])
+    assert read_windows(ref, ref_start, map_ref, np.arange(800), 10, 200, 10)[0].tolist() == [21, 700]
+    # events too close together: a window of 21 bases over 21 // 3 events is not scored
+    assert read_windows(ref, ref_start, map_ref, np.arange(800) // 3, 10, 200, 10)[0].tolist() == []
+    assert read_windows(ref, ref_start, map_ref, np.arange(800) // 3, 10, 200, 5)[0].tolist() == [21, 700]
+    # the map must reach past the window end
+    assert read_windows(ref, ref_start, map_ref[:710], np.arange(710), 10, 200, 10)[0].tolist() == [21]
+
+
+# ---------------------------------------------------------------- profile HMM
+
+
+def test_kmer_ranks_match_string_methylation_and_reverse_complement():
+    window = "TCGACGCGTTAGCGACCGTACG"
+    seq = ascii_(window)
+    k = 6
+    for methylated in (False, True):
+        s = reference_hmm.methylate(window) if methylated else window
+        rc = reference_hmm.reverse_complement(s)
+        for ki in range(len(window) - k + 1):
+            fwd = window_kmer_rank(seq, 0, len(window), ki, k, False, methylated)
+            rev = window_kmer_rank(seq, 0, len(window), ki, k, True, methylated)
+            assert fwd == reference_hmm.rank(s[ki : ki + k])
+            assert rev == reference_hmm.rank(rc[len(s) - ki - k : len(s) - ki])
+
+
+def simulated_events(meth_model, window, rc, rng, per_kmer=2, noise=1.5, scale=1.05, shift=-2.0):
+    k = meth_model.k
+    s = reference_hmm.methylate(window)
+    if rc:
+        s = reference_hmm.reverse_complement(s)
+    levels = []
+    for i in range(len(s) - k + 1):
+        mu = meth_model.level_mean[reference_hmm.rank(s[i : i + k])]
+        levels += [scale * mu + shift + rng.normal() * noise for _ in range(rng.integers(1, per_kmer + 2))]
+    # events before and after the window, to be clipped
+    levels = list(rng.uniform(70, 110, 3)) + levels + list(rng.uniform(70, 110, 4))
+    return np.array(levels, np.float32)
+
+
+@pytest.mark.parametrize("rc", [False, True])
+def test_forward_equals_slow_reference(models, rc):
+    _, meth = models
+    rng = np.random.default_rng(11 if rc else 3)
+    window = "GATTACGCTTGCGATCAGTCGGA"
+    events = simulated_events(meth, window, rc, rng)
+    n = len(events)
+    # reverse strand: the window's first k-mer is read last
+    e_start, e_stop = (n - 2, 1) if rc else (1, n - 2)
+    model = pack_model(meth.level_mean, meth.level_stdv)
+    scale, shift, var, epb = 1.05, -2.0, 1.3, 1.7
+    scalings = pack_scalings(np.array([scale]), np.array([shift]), np.array([var]))[0]
+    params = HmmParams().as_array()
+    trans = block_transitions(epb, params)
+    seq = ascii_("TT" + window + "AA")
+    for methylated in (False, True):
+        got = profile_forward(
+            seq, 2, len(window), rc, methylated, events, e_start, e_stop, 6, model, scalings, trans, params, LOGSUM_TABLE
+        )
+        args = (window, events, e_start, e_stop, rc, methylated, meth.level_mean, meth.level_stdv, scale, shift, var, epb)
+        assert got == reference_hmm.forward(*args)
+        assert got == pytest.approx(reference_hmm.forward(*args, exact=True), abs=0.05)
+    ll_u = profile_forward(seq, 2, len(window), rc, False, events, e_start, e_stop, 6, model, scalings, trans, params, LOGSUM_TABLE)
+    ll_m = profile_forward(seq, 2, len(window), rc, True, events, e_start, e_stop, 6, model, scalings, trans, params, LOGSUM_TABLE)
+    assert ll_m > ll_u  # the events were drawn from the methylated window
+
+
+def test_forward_with_other_parameters_equals_reference(models):
+    _, meth = models
+    rng = np.random.default_rng(5)
+    window = "CCGTAGCGTTACGA"
+    events = simulated_events(meth, window, False, rng, per_kmer=1)
+    p = HmmParams(p_skip=0.01, p_skip_self=0.2, p_bad=0.005, p_bad_self=0.01, start_to_clip=0.3, clip_self=0.8, background=-2.5)
+    params = p.as_array()
+    model = pack_model(meth.level_mean, meth.level_stdv)
+    scalings = pack_scalings(np.array([1.0]), np.array([0.0]), np.array([1.1]))[0]
+    got = profile_forward(
+        ascii_(window), 0, len(window), False, True, events, 0, len(events) - 1, 6, model, scalings,
+        block_transitions(2.2, params), params, LOGSUM_TABLE,
+    )  # fmt: skip
+    want = reference_hmm.forward(
+        window, events, 0, len(events) - 1, False, True, meth.level_mean, meth.level_stdv, 1.0, 0.0, 1.1, 2.2,
+        p_skip=0.01, p_skip_self=0.2, p_bad=0.005, p_bad_self=0.01, start_to_clip=0.3, clip_self=0.8, background=-2.5,
+    )  # fmt: skip
+    assert got == want
+
+
+def test_parallel_jobs_equal_single_windows(models):
+    _, meth = models
+    rng = np.random.default_rng(2)
+    ref = ascii_("AACGTTTTCGGATCCGATTACGCGTTAACG" * 2)
+    ref_off = np.array([0, 30, 60])
+    ev = rng.uniform(70, 110, 120).astype(np.float32)
+    ev_off = np.array([0, 50, 120])
+    rc = np.array([False, True])
+    scalings = pack_scalings(np.array([1.0, 0.97]), np.array([0.5, -1.0]), np.array([1.2, 1.4]))
+    epb = np.array([1.6, 2.1])
+    model = pack_model(meth.level_mean, meth.level_stdv)
+    params = HmmParams().as_array()
+    jobs = dict(read=[0, 1, 1], w0=[2, 0, 5], w1=[22, 30, 25], e1=[3, 60, 40], e2=[40, 10, 5])
+    j = {key: np.array(v, np.int64) for key, v in jobs.items()}
+    ll_u, ll_m = score_windows(
+        j["read"], j["w0"], j["w1"], j["e1"], j["e2"], ref, ref_off, rc, ev, ev_off, scalings, epb, 6, model, params,
+        LOGSUM_TABLE,
+    )  # fmt: skip
+    for i in range(3):
+        r = j["read"][i]
+        trans = block_transitions(epb[r], params)
+        events = ev[ev_off[r] : ev_off[r + 1]]
+        for meth_flag, out in ((False, ll_u), (True, ll_m)):
+            one = profile_forward(
+                ref, ref_off[r] + j["w0"][i], j["w1"][i] - j["w0"][i], rc[r], meth_flag, events, j["e1"][i], j["e2"][i],
+                6, model, scalings[r], trans, params, LOGSUM_TABLE,
+            )  # fmt: skip
+            assert out[i] == one
+
+
+# ---------------------------------------------------------------- batch calls
+
+
+def simulated_read(kmer_model, meth_model, read_id, ref, rc, cigar, rng, ref_start=5000):
+    """A read that is exactly its reference span, with events two per k-mer drawn from the CpG model."""
+    seq = reference_hmm.reverse_complement(ref) if rc else ref
+    inp = ReadInput(read_id, seq, np.zeros(8, np.float32), 4000.0, "chrT", ref_start, ref_start + len(ref), rc, cigar, ref)
+    k = meth_model.k
+    meth_seq = reference_hmm.methylate(seq)
+    levels = [meth_model.level_mean[reference_hmm.rank(meth_seq[i : i + k])] + rng.normal() for i in range(len(seq) - k + 1)]
+    return inp, np.repeat(np.array(levels, np.float32), 2)
+
+
+def make_batch(models, specs, rng):
+    kmer, meth = models
+    reads, events = [], []
+    for read_id, ref, rc, cigar in specs:
+        inp, ev = simulated_read(kmer, meth, read_id, ref, rc, cigar, rng)
+        reads.append(inp)
+        events.append(ev)
+    b = pack(reads)
+    b.ev_mean = np.concatenate(events)
+    b.ev_off = np.concatenate([[0], np.cumsum([len(e) for e in events])]).astype(np.int64)
+    n_kmers = [len(r.seq) - meth.k + 1 for r in reads]
+    b.aln_kmer = np.concatenate([np.repeat(np.arange(n), 2) for n in n_kmers]).astype(np.int32)
+    b.aln_event = np.concatenate([np.arange(2 * n) for n in n_kmers]).astype(np.int32)
+    b.aln_off = np.concatenate([[0], np.cumsum([2 * n for n in n_kmers])]).astype(np.int64)
+    b.shift = np.zeros(b.n, np.float32)
+    b.scale = np.ones(b.n, np.float32)
+    b.var = np.ones(b.n, np.float32)
+    return b
+
+
+def random_ref(rng, length, cpgs):
+    s = list(rng.choice(list("ATTA"), length))  # no C or G: the only CpGs are the planted ones
+    for p in cpgs:
+        s[p : p + 2] = "CG"
+    return "".join(s)
+
+
+def test_call_methylation_on_a_small_batch(models):
+    rng = np.random.default_rng(4)
+    fwd = random_ref(rng, 200, [50, 57, 120])
+    rev = random_ref(rng, 200, [80])
+    spliced = random_ref(rng, 200, [80])
+    specs = [
+        ("fwd", fwd, False, cig((CIGAR_M, 200))),
+        ("none", random_ref(rng, 200, []), False, cig((CIGAR_M, 200))),
+        ("rev", rev, True, cig((CIGAR_M, 200))),
+        ("spliced", spliced, False, cig((CIGAR_M, 100), (CIGAR_N, 0), (CIGAR_M, 100))),
+        ("failed", fwd, False, cig((CIGAR_M, 200))),
+    ]
+    b = make_batch(models, specs, rng)
+    b.status[4] = Skip.ALIGNMENT_FAILED
+    calls = call_methylation(b, *models)
+    assert calls.read.tolist() == [0, 0, 2]
+    assert calls.start.tolist() == [5050, 5120, 5080] and calls.end.tolist() == [5057, 5120, 5080]
+    assert calls.strand.tolist() == [1, 1, -1]
+    assert calls.num_motifs.tolist() == [2, 1, 1]
+    assert calls.sequence == [fwd[45:63], fwd[115:126], rev[75:86]]
+    assert np.all(calls.llr > 0)  # events drawn from the methylated model
+    assert np.array_equal(calls.llr, calls.ll_meth - calls.ll_unmeth)
+    assert b.status.tolist() == [Skip.OK, Skip.NO_CPG, Skip.OK, Skip.SPLICED, Skip.ALIGNMENT_FAILED]
+
+    # the first group's window [40, 67] on k-mers 2i -> events 2i: events 80..134
+    _, meth = models
+    want = reference_hmm.forward(
+        fwd[40:68], b.ev_mean[: b.ev_off[1]], 80, 134, False, True, meth.level_mean, meth.level_stdv, 1.0, 0.0, 1.0,
+        (2 * 195 - 1 - 0) / 195,
+    )  # fmt: skip
+    assert calls.ll_meth[0] == want
+    # reverse strand: window [70, 90], read k-mer of reference base p is 200 - p - 6
+    want = reference_hmm.forward(
+        rev[70:91], b.ev_mean[b.ev_off[2] : b.ev_off[3]], 2 * 124, 2 * 104, True, False, meth.level_mean,
+        meth.level_stdv, 1.0, 0.0, 1.0, 389 / 195,
+    )  # fmt: skip
+    assert calls.ll_unmeth[2] == want
+
+    text = format_calls(calls, b.read_ids, b.ref_names)
+    first = text.splitlines()[0].split("\t")
+    assert len(first) == len(CALLS_HEADER.split("\t")) == 11
+    assert first[:5] == ["chrT", "+", "5050", "5057", "fwd"]
+    assert first[5] == f"{calls.llr[0]:.2f}" and first[8:10] == ["1", "2"]
+    assert text.splitlines()[2].split("\t")[1] == "-"
