@@ -1,0 +1,378 @@
+"""Adaptive banded event alignment (ABEA) on the CPU: events to the k-mers of the read.
+
+The dynamic programme runs along anti-diagonal bands of fixed width; each band
+moves right (next k-mer) or down (next event) after the previous band by
+Suzuki-Kasahara's rule, so only `bandwidth` cells per band are ever scored.
+Band b holds the cells with (e + 1) + (k + 1) = b, and the cell at offset o of
+band b is (e, k) = (ll_e[b] - o, ll_k[b] + o) where (ll_e, ll_k) is the band's
+lower-left corner; ll_k[b] = b - 2 - ll_e[b], so only ll_e is stored.
+
+Arithmetic is f5c's (align.c) to the bit: emissions in float32, transition log
+probabilities in double, each cell score formed in double and rounded to float32,
+ties going up over diagonal and left over both. Scores live in a ring of three
+bands (all a band needs); the traceback keeps one byte per cell. `log_emission`
+and `cell_score` are the per-cell arithmetic that the CUDA version mirrors.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numba
+import numpy as np
+
+from streamer.poremodel import PoreModel
+from streamer.scaling import F5C_CODES, read_kmer_ranks, require_dtype, require_nucleotide
+from streamer.skips import Skip
+
+FROM_D = 0  # diagonal: step to the next k-mer with the next event
+FROM_U = 1  # up: the event stays on the same k-mer
+FROM_L = 2  # left: the k-mer is skipped
+
+
+@numba.njit(nogil=True, cache=True)
+def f5c_log_stdv(level_stdv):
+    """Single-precision log(stdv), as f5c (built as C++, so `log(float)` is logf) caches it.
+
+    numpy's vectorised float32 log differs from libm's logf in the last bit for
+    many model entries, which shifts emission sums; numba calls libm's logf.
+    """
+    out = np.empty(len(level_stdv), dtype=np.float32)
+    for i in range(len(level_stdv)):
+        out[i] = math.log(np.float32(level_stdv[i]))
+    return out
+
+
+@numba.njit(nogil=True, cache=True)
+def log_emission(level, scale, shift, mean, stdv, log_stdv):
+    """ln N(level; scale*mean + shift, stdv) in float32, with f5c's -0.918938 for ln(1/sqrt(2 pi)).
+
+    var is not applied during ABEA.
+    """
+    a = (level - (scale * mean + shift)) / stdv
+    return (np.float32(-0.918938) - log_stdv) + (np.float32(-0.5) * a) * a
+
+
+@numba.njit(nogil=True, cache=True)
+def cell_score(diag, up, left, lp_emission, lp_step, lp_stay, lp_skip):
+    """Best of the three moves into a cell (float32 score, FROM_* code); ties: U over D, L over both."""
+    score_d = np.float32(np.float64(diag) + lp_step + np.float64(lp_emission))
+    score_u = np.float32(np.float64(up) + lp_stay + np.float64(lp_emission))
+    score_l = np.float32(np.float64(left) + lp_skip)
+    best = score_d
+    move = np.uint8(FROM_D)
+    if score_u > best:
+        best = score_u
+    if best == score_u:
+        move = np.uint8(FROM_U)
+    if score_l > best:
+        best = score_l
+    if best == score_l:
+        move = np.uint8(FROM_L)
+    return best, move
+
+
+@numba.njit(nogil=True, cache=True)
+def transition_log_probs(n_events, n_kmers, skip_prob):
+    """(lp_skip, lp_stay, lp_step) in double from the read's events per k-mer."""
+    events_per_kmer = np.float64(n_events) / n_kmers
+    p_stay = 1.0 - 1.0 / (events_per_kmer + 1.0)
+    lp_skip = math.log(skip_prob)
+    lp_stay = math.log(p_stay)
+    lp_step = math.log(1.0 - math.exp(lp_skip) - math.exp(lp_stay))
+    return lp_skip, lp_stay, lp_step
+
+
+@numba.njit(nogil=True, cache=True)
+def align_read(
+    ranks,
+    ev_mean,
+    e0,
+    n_events,
+    shift,
+    scale,
+    level_mean,
+    level_stdv,
+    level_log_stdv,
+    out_kmer,
+    out_event,
+    out0,
+    bandwidth,
+    trim_prob,
+    skip_prob,
+):
+    """Align one read; write its pairs in ascending order at out[out0:].
+
+    Returns (n_pairs, sum of log emissions, longest run of skips, whether the
+    traceback stayed inside the band). n_pairs is 0 only if the traceback left the band.
+    """
+    n_kmers = len(ranks)
+    w = bandwidth
+    lp_skip, lp_stay, lp_step = transition_log_probs(n_events, n_kmers, skip_prob)
+    lp_trim = math.log(trim_prob)
+    n_bands = n_events + n_kmers + 2
+    ninf = np.float32(-np.inf)
+
+    ll_e = np.empty(n_bands, dtype=np.int64)
+    trace = np.empty(n_bands * w, dtype=np.uint8)
+    ring = np.full(3 * w, ninf, dtype=np.float32)
+
+    half = w // 2
+    ll_e[0] = half - 1
+    ll_e[1] = half
+    # band 0 holds only the start cell (-1, -1); band 1 the first trimmed event (0, -1)
+    ring[0 * w + half] = np.float32(0.0)
+    ring[1 * w + half] = np.float32(lp_trim)
+    trace[1 * w + half] = FROM_U
+
+    best_end = ninf
+    end_event = 0
+    last_k = n_kmers - 1
+    for b in range(2, n_bands):
+        cur = (b % 3) * w
+        prev = ((b - 1) % 3) * w
+        prev2 = ((b - 2) % 3) * w
+        first = ring[prev]
+        last = ring[prev + w - 1]
+        if first == ninf and last == ninf:
+            right = b % 2 == 1
+        else:
+            right = first < last
+        ll_e[b] = ll_e[b - 1] if right else ll_e[b - 1] + 1
+        lle = ll_e[b]
+        llk = b - 2 - lle
+        llk1 = (b - 1) - 2 - ll_e[b - 1]
+        llk2 = (b - 2) - 2 - ll_e[b - 2]
+        for o in range(w):
+            ring[cur + o] = ninf
+
+        trim_o = -1 - llk
+        if 0 <= trim_o < w:
+            e = lle - trim_o
+            if 0 <= e < n_events:
+                ring[cur + trim_o] = np.float32(lp_trim * (e + 1))
+                trace[b * w + trim_o] = FROM_U
+
+        lo = max(max(-llk, lle - (n_events - 1)), 0)
+        hi = min(min(n_kmers - llk, lle + 1), w)
+        for o in range(lo, hi):
+            e = lle - o
+            kk = llk + o
+            o_up = ll_e[b - 1] - (e - 1)
+            o_left = (kk - 1) - llk1
+            o_diag = (kk - 1) - llk2
+            up = ring[prev + o_up] if 0 <= o_up < w else ninf
+            left = ring[prev + o_left] if 0 <= o_left < w else ninf
+            diag = ring[prev2 + o_diag] if 0 <= o_diag < w else ninf
+            r = ranks[kk]
+            em = log_emission(ev_mean[e0 + e], scale, shift, level_mean[r], level_stdv[r], level_log_stdv[r])
+            score, move = cell_score(diag, up, left, em, lp_step, lp_stay, lp_skip)
+            ring[cur + o] = score
+            trace[b * w + o] = move
+
+        # candidate end cell (e, last k-mer) with the remaining events trimmed; bands
+        # come in ascending event order, so the first best is kept as in f5c
+        o_end = last_k - llk
+        if 0 <= o_end < w:
+            e = lle - o_end
+            if 0 <= e < n_events:
+                s = np.float32(np.float64(ring[cur + o_end]) + (n_events - e) * lp_trim)
+                if s > best_end:
+                    best_end = s
+                    end_event = e
+
+    e = end_event
+    kk = last_k
+    n = 0
+    gap = 0
+    max_gap = 0
+    sum_emission = 0.0
+    while kk >= 0 and e >= 0:
+        b = e + kk + 2
+        o = ll_e[b] - e
+        if o < 0 or o >= w:
+            return 0, sum_emission, max_gap, False
+        out_kmer[out0 + n] = kk
+        out_event[out0 + n] = e
+        n += 1
+        r = ranks[kk]
+        sum_emission += np.float64(
+            log_emission(ev_mean[e0 + e], scale, shift, level_mean[r], level_stdv[r], level_log_stdv[r])
+        )
+        move = trace[b * w + o]
+        if move == FROM_D:
+            kk -= 1
+            e -= 1
+            gap = 0
+        elif move == FROM_U:
+            e -= 1
+            gap = 0
+        else:
+            kk -= 1
+            gap += 1
+            max_gap = max(max_gap, gap)
+
+    i = out0
+    j = out0 + n - 1
+    while i < j:
+        out_kmer[i], out_kmer[j] = out_kmer[j], out_kmer[i]
+        out_event[i], out_event[j] = out_event[j], out_event[i]
+        i += 1
+        j -= 1
+    return n, sum_emission, max_gap, True
+
+
+@numba.njit(nogil=True, cache=True, parallel=True)
+def abea(
+    seq,
+    seq_off,
+    ev_mean,
+    ev_off,
+    status,
+    shift,
+    scale,
+    level_mean,
+    level_stdv,
+    level_log_stdv,
+    k,
+    codes,
+    bandwidth=100,
+    trim_prob=0.01,
+    skip_prob=1e-10,
+    max_events_per_base=15.0,
+    min_avg_log_emission=-5.0,
+    max_skip_run=50,
+):
+    """Align every read with status 0; returns (aln_off, aln_kmer, aln_event, sum_emission, n_aligned).
+
+    status is updated in place: OVERSEGMENTED when float32(events) / float32(bases)
+    >= max_events_per_base (read not aligned); ALIGNMENT_FAILED when the average log
+    emission is below min_avg_log_emission, the pairs do not span the first and
+    last k-mer, the longest run of skipped k-mers exceeds max_skip_run, or the
+    traceback leaves the band (where f5c would read outside its matrix). Failed
+    reads keep no pairs but do keep their emission statistics (sum_emission
+    float64, n_aligned int64 = pairs traced).
+    """
+    n = len(seq_off) - 1
+    cap_off = np.zeros(n + 1, dtype=np.int64)
+    for i in range(n):
+        n_kmers = max(seq_off[i + 1] - seq_off[i] - k + 1, 0)
+        cap_off[i + 1] = cap_off[i] + (ev_off[i + 1] - ev_off[i]) + n_kmers
+    cap_kmer = np.empty(cap_off[n], dtype=np.int32)
+    cap_event = np.empty(cap_off[n], dtype=np.int32)
+    counts = np.zeros(n, dtype=np.int64)
+    sum_emission = np.zeros(n, dtype=np.float64)
+    n_aligned = np.zeros(n, dtype=np.int64)
+
+    for i in numba.prange(n):
+        if status[i] != 0:
+            continue
+        read_len = seq_off[i + 1] - seq_off[i]
+        n_events = ev_off[i + 1] - ev_off[i]
+        n_kmers = read_len - k + 1
+        if n_events <= 0 or n_kmers <= 0:
+            status[i] = Skip.ALIGNMENT_FAILED
+            continue
+        if np.float32(n_events) / np.float32(read_len) >= np.float32(max_events_per_base):
+            status[i] = Skip.OVERSEGMENTED
+            continue
+        ranks = read_kmer_ranks(seq, seq_off[i], n_kmers, k, codes)
+        m, s, max_gap, inside = align_read(
+            ranks,
+            ev_mean,
+            ev_off[i],
+            n_events,
+            shift[i],
+            scale[i],
+            level_mean,
+            level_stdv,
+            level_log_stdv,
+            cap_kmer,
+            cap_event,
+            cap_off[i],
+            bandwidth,
+            trim_prob,
+            skip_prob,
+        )
+        sum_emission[i] = s
+        n_aligned[i] = m
+        spanned = m > 0 and cap_kmer[cap_off[i]] == 0 and cap_kmer[cap_off[i] + m - 1] == n_kmers - 1
+        if not inside or s / m < min_avg_log_emission or not spanned or max_gap > max_skip_run:
+            status[i] = Skip.ALIGNMENT_FAILED
+            continue
+        counts[i] = m
+
+    aln_off = np.zeros(n + 1, dtype=np.int64)
+    for i in range(n):
+        aln_off[i + 1] = aln_off[i] + counts[i]
+    aln_kmer = np.empty(aln_off[n], dtype=np.int32)
+    aln_event = np.empty(aln_off[n], dtype=np.int32)
+    for i in numba.prange(n):
+        c0 = cap_off[i]
+        a0 = aln_off[i]
+        for j in range(counts[i]):
+            aln_kmer[a0 + j] = cap_kmer[c0 + j]
+            aln_event[a0 + j] = cap_event[c0 + j]
+    return aln_off, aln_kmer, aln_event, sum_emission, n_aligned
+
+
+class Alignment(NamedTuple):
+    """ABEA output of a batch: pairs per read (flat, ascending) and the emission statistic."""
+
+    aln_off: np.ndarray  # int64[n + 1]
+    aln_kmer: np.ndarray  # int32: k-mer index in the read as sequenced
+    aln_event: np.ndarray  # int32: event index in the read
+    sum_emission: np.ndarray  # float64[n]: sum of log emissions over the traced pairs
+    n_aligned: np.ndarray  # int64[n]: pairs traced (before the QC that may drop them)
+
+    @property
+    def avg_log_emission(self) -> np.ndarray:
+        """f5c's adaptive-alignment QC statistic (nan for reads never aligned)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return self.sum_emission / self.n_aligned
+
+
+def align_batch(
+    seq,
+    seq_off,
+    ev_mean,
+    ev_off,
+    status,
+    shift,
+    scale,
+    model: PoreModel,
+    bandwidth: int = 100,
+    trim_prob: float = 0.01,
+    skip_prob: float = 1e-10,
+    max_events_per_base: float = 15.0,
+    min_avg_log_emission: float = -5.0,
+    max_skip_run: int = 50,
+) -> Alignment:
+    """ABEA over a batch with the nucleotide model (status updated in place)."""
+    require_nucleotide(model)
+    for name, array in (("ev_mean", ev_mean), ("shift", shift), ("scale", scale)):
+        require_dtype(name, array, np.float32)
+    require_dtype("status", status, np.int8)
+    return Alignment(
+        *abea(
+            seq,
+            seq_off,
+            ev_mean,
+            ev_off,
+            status,
+            shift,
+            scale,
+            model.level_mean,
+            model.level_stdv,
+            f5c_log_stdv(model.level_stdv),
+            model.k,
+            F5C_CODES,
+            bandwidth,
+            trim_prob,
+            skip_prob,
+            max_events_per_base,
+            min_avg_log_emission,
+            max_skip_run,
+        )
+    )
