@@ -32,19 +32,6 @@ FROM_L = 2  # left: the k-mer is skipped
 
 
 @numba.njit(nogil=True, cache=True)
-def f5c_log_stdv(level_stdv):
-    """Single-precision log(stdv), as f5c (built as C++, so `log(float)` is logf) caches it.
-
-    numpy's vectorised float32 log differs from libm's logf in the last bit for
-    many model entries, which shifts emission sums; numba calls libm's logf.
-    """
-    out = np.empty(len(level_stdv), dtype=np.float32)
-    for i in range(len(level_stdv)):
-        out[i] = math.log(np.float32(level_stdv[i]))
-    return out
-
-
-@numba.njit(nogil=True, cache=True)
 def log_emission(level, scale, shift, mean, stdv, log_stdv):
     """ln N(level; scale*mean + shift, stdv) in float32, with f5c's -0.918938 for ln(1/sqrt(2 pi)).
 
@@ -365,7 +352,7 @@ def align_batch(
             scale,
             model.level_mean,
             model.level_stdv,
-            f5c_log_stdv(model.level_stdv),
+            model.level_log_stdv,
             model.k,
             F5C_CODES,
             bandwidth,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -148,17 +147,6 @@ def run_signal_pipeline(fast5_dir: Path, reads_fasta: Path, model):
     return [r.read_id for r in records], status, out
 
 
-def f5c_builtin(model):
-    """The nucleotide model as f5c 1.1 and nanopolish 0.14 compile it in: levels printed to 5 decimals.
-
-    The shipped model file has 6; the difference moves a few alignment paths enough to
-    change a recalibrated shift by more than 0.01 (read 95ff70e7 of the 2 kb region).
-    """
-    mean = np.array([float(f"{x:.5f}") for x in model.level_mean.astype(np.float64)], np.float32)
-    stdv = np.array([float(f"{x:.5f}") for x in model.level_stdv.astype(np.float64)], np.float32)
-    return replace(model, level_mean=mean, level_stdv=stdv, level_log_stdv=np.log(stdv))
-
-
 def check_against_f5c(ids, status, out, expected):
     listed = [i for i, rid in enumerate(ids) if rid in expected]
     assert {ids[i] for i in listed} == set(expected)
@@ -169,12 +157,12 @@ def check_against_f5c(ids, status, out, expected):
 
 
 def test_fixture_reads_match_f5c(nuc_model):
-    ids, status, out = run_signal_pipeline(ECOLI / "fast5", ECOLI / "reads.fasta", f5c_builtin(nuc_model))
+    ids, status, out = run_signal_pipeline(ECOLI / "fast5", ECOLI / "reads.fasta", nuc_model)
     check_against_f5c(ids, status, out, expected_scalings(ECOLI / "recalibrated_scalings.tsv"))
 
 
 @needs_shared
 def test_2kb_region_reads_match_f5c(nuc_model):
-    ids, status, out = run_signal_pipeline(SHARED / "fast5_files", SHARED / "reads.fasta", f5c_builtin(nuc_model))
+    ids, status, out = run_signal_pipeline(SHARED / "fast5_files", SHARED / "reads.fasta", nuc_model)
     expected = expected_scalings(SHARED / "expected" / "f5c-1.1-read-level" / "recalibrated_scalings.tsv")
     check_against_f5c(ids, status, out, expected)
