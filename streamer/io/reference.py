@@ -26,10 +26,13 @@ class Reference:
             raise InputError(self.path, "reference FASTA not found")
         self._faidx: pysam.FastaFile | None = None
         self._seqs: dict[str, str] = {}
+        quiet = pysam.set_verbosity(0)  # htslib would print its own errors for plain gzip
         try:
             self._faidx = pysam.FastaFile(str(self.path))
         except (OSError, ValueError):
             self._load_in_memory()
+        finally:
+            pysam.set_verbosity(quiet)
 
     def _load_in_memory(self) -> None:
         with open(self.path, "rb") as fh:
