@@ -4,14 +4,21 @@ Written from the model's description, not from the kernel: the window is methyla
 reverse-complemented as strings, k-mers are ranked from those strings, and the whole
 (events + 1) x 3(k-mers + 2) matrix is kept. With `exact=False` the arithmetic follows the
 tools' precision (float32 cells, HMMER's table log-sum) and must equal the kernel bit for bit;
-with `exact=True` it is float64 with exact log-sums, which the kernel approximates.
+with `exact=True` it is float64 with exact log-sums, which the kernel approximates. Logs of
+float32 values use libm's logf, as f5c (built as C++) does.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import math
 
 import numpy as np
+
+_libm = ctypes.CDLL(ctypes.util.find_library("m"))
+_libm.logf.restype = ctypes.c_float
+_libm.logf.argtypes = [ctypes.c_float]
 
 ALPHABET = "ACGMT"
 COMPLEMENT = {"A": "T", "C": "G", "G": "C", "T": "A"}
@@ -91,7 +98,8 @@ def forward(
     one = f(1.0)
     p_mm_next = one - p_stay - f(p_skip) - f(p_bad)
     p_b_leave = (one - f(p_bad_self)) / f(3.0)
-    lg = lambda p: f(math.log(float(p)))  # noqa: E731
+    # f5c is C++: the log of a float probability is logf
+    lg = (lambda p: math.log(p)) if exact else (lambda p: np.float32(_libm.logf(float(p))))  # noqa: E731
     mm_self, mb, mk, mm_next = lg(p_stay), lg(f(p_bad)), lg(f(p_skip)), lg(p_mm_next)
     bb, b_leave = lg(f(p_bad_self)), lg(p_b_leave)
     kk, km = lg(f(p_skip_self)), lg(one - f(p_skip_self))
@@ -124,7 +132,7 @@ def forward(
             r = ranks[blk - 1]
             mu = sc * f(level_mean[r]) + sh
             sd = f(level_stdv[r]) * vr
-            log_sd = f(math.log(float(f(level_stdv[r])))) + log_var
+            log_sd = lg(f(level_stdv[r])) + log_var
             z = (x - mu) / sd
             emit = f(-0.918938) - log_sd + f(-0.5) * z * z
             up = mat[row - 1]

@@ -192,6 +192,15 @@ def test_read_windows_applies_every_rule():
 # ---------------------------------------------------------------- profile HMM
 
 
+def test_model_log_stdv_is_single_precision_logf(models):
+    _, meth = models
+    got = pack_model(meth.level_mean, meth.level_stdv)[2]
+    want = np.array([reference_hmm._libm.logf(float(x)) for x in meth.level_stdv], np.float32)
+    assert np.array_equal(got, want)
+    # the correctly rounded double log differs for some entries: the choice matters
+    assert not np.array_equal(got, np.log(meth.level_stdv.astype(np.float64)).astype(np.float32))
+
+
 def test_kmer_ranks_match_string_methylation_and_reverse_complement():
     window = "TCGACGCGTTAGCGACCGTACG"
     seq = ascii_(window)
@@ -374,6 +383,12 @@ def test_call_methylation_on_a_small_batch(models):
         meth.level_stdv, 1.0, 0.0, 1.0, 389 / 195,
     )  # fmt: skip
     assert calls.ll_unmeth[2] == want
+
+    # recalibration's own log var, when given, replaces the log of the float32 var
+    again = call_methylation(b, *models, log_var=np.log(b.var.astype(np.float64)))
+    assert np.array_equal(again.llr, calls.llr)
+    shifted = call_methylation(b, *models, log_var=np.full(b.n, 0.1))
+    assert np.all(shifted.ll_meth < calls.ll_meth)  # a larger log stdv in every emission
 
     text = format_calls(calls, b.read_ids, b.ref_names)
     first = text.splitlines()[0].split("\t")

@@ -40,8 +40,8 @@ CALLS_HEADER = (
     "\tlog_lik_unmethylated\tnum_calling_strands\tnum_motifs\tsequence\n"
 )
 
-# Per-read outcomes of planning.
-_PLAN_OK, _PLAN_SPLICED = 0, 1
+# Planning outcome of a read whose alignment skips reference (0 otherwise).
+_PLAN_SPLICED = 1
 
 
 @dataclass
@@ -64,6 +64,7 @@ class MethCalls:
 
 @numba.njit(parallel=True, nogil=True, cache=True)
 def _count_sites(ref_seq, ref_seq_off, status):
+    """CpG sites per read still going: an upper bound on its scored groups."""
     n = status.shape[0]
     out = np.zeros(n, np.int64)
     for i in numba.prange(n):
@@ -97,6 +98,8 @@ def _plan_windows(
             continue
         read_len = seq_off[i + 1] - seq_off[i]
         a0, a1 = aln_off[i], aln_off[i + 1]
+        if a1 == a0 or read_len < k:
+            continue
         first_event = kmer_first_event(aln_kmer[a0:a1], aln_event[a0:a1], read_len - k + 1)
         map_ref, map_event = event_reference_map(cig, ref_start[i], rc[i], read_len, k, first_event, search)
         f, l, s, x1, x2 = read_windows(
@@ -114,12 +117,50 @@ def _plan_windows(
     return first, last, n_sites, e1, e2, kept, outcome
 
 
+@dataclass
+class _Jobs:
+    """The (read, group) jobs of a batch: group coordinates local to the read's reference span."""
+
+    read: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
+    n_sites: np.ndarray
+    e1: np.ndarray
+    e2: np.ndarray
+    kept: np.ndarray  # per read: number of jobs
+    spliced: np.ndarray  # per read: alignment skips reference
+
+
+def _plan_jobs(batch: ReadBatch, ref: np.ndarray, status: np.ndarray, k: int, event_search: int,
+               min_separation: int, max_span: int, min_event_span: int) -> _Jobs:  # fmt: skip
+    n_slots = _count_sites(ref, batch.ref_seq_off, status)
+    slot_off = np.zeros(batch.n + 1, np.int64)
+    np.cumsum(n_slots, out=slot_off[1:])
+    first, last, n_sites, e1, e2, kept, outcome = _plan_windows(
+        ref, batch.ref_seq_off, batch.ref_start, batch.rc, batch.cigar, batch.cigar_off, batch.seq_off,
+        batch.aln_kmer, batch.aln_event, batch.aln_off, status, slot_off,
+        k, event_search, min_separation, max_span, min_event_span,
+    )  # fmt: skip
+    take = np.arange(slot_off[-1]) - np.repeat(slot_off[:-1], n_slots) < np.repeat(kept, n_slots)
+    return _Jobs(
+        read=np.repeat(np.arange(batch.n, dtype=np.int64), kept),
+        first=first[take],
+        last=last[take],
+        n_sites=n_sites[take],
+        e1=e1[take],
+        e2=e2[take],
+        kept=kept,
+        spliced=outcome == _PLAN_SPLICED,
+    )
+
+
 def call_methylation(
     batch: ReadBatch,
     kmer_model: PoreModel,
     meth_model: PoreModel,
     events_per_base: np.ndarray | None = None,
     *,
+    log_var: np.ndarray | None = None,
     params: HmmParams = HmmParams(),
     min_separation: int = MIN_SEPARATION,
     max_span: int = MAX_SPAN,
@@ -131,10 +172,14 @@ def call_methylation(
     `kmer_model` is the model ABEA aligned with (its k places events on the reference);
     `meth_model` (alphabet ACGMT) scores both hypotheses, as in nanopolish and f5c.
     `events_per_base` (float64[n]) defaults to f5c's (max event - min event) / k-mers from the
-    ABEA pairs. Reads left with no call get status NO_CPG (SPLICED for N in the CIGAR).
+    ABEA pairs. `log_var` (float[n]) is log of recalibration's double-precision var, which f5c
+    uses; without it the log is taken of the float32 `batch.var` (differs by at most an ulp).
+    Reads left with no call get status NO_CPG (SPLICED for N in the CIGAR).
     """
     if kmer_model.alphabet != NUCLEOTIDE or meth_model.alphabet != METHYL_CPG or kmer_model.k != meth_model.k:
         raise ValueError("call_methylation needs a nucleotide model and a CpG (ACGMT) model of the same k")
+    if batch.ev_mean.dtype != np.float32:
+        raise ValueError(f"ev_mean must be float32 (f5c precision), got {batch.ev_mean.dtype}")
     k = kmer_model.k
     if events_per_base is None:
         events_per_base = batch_events_per_base(batch.seq_off, batch.aln_event, batch.aln_off, k)
@@ -144,52 +189,37 @@ def call_methylation(
     status[(status == Skip.OK) & ~(events_per_base > 0)] = Skip.QC_FAILED
     ref = DISAMBIGUATE[batch.ref_seq]
 
-    n_slots = _count_sites(ref, batch.ref_seq_off, status)
-    slot_off = np.zeros(batch.n + 1, np.int64)
-    np.cumsum(n_slots, out=slot_off[1:])
-    first, last, n_sites, e1, e2, kept, outcome = _plan_windows(
-        ref, batch.ref_seq_off, batch.ref_start, batch.rc, batch.cigar, batch.cigar_off, batch.seq_off,
-        batch.aln_kmer, batch.aln_event, batch.aln_off, status, slot_off,
-        k, event_search, min_separation, max_span, min_event_span,
-    )  # fmt: skip
-    slot_rank = np.arange(slot_off[-1]) - np.repeat(slot_off[:-1], n_slots)
-    take = slot_rank < np.repeat(kept, n_slots)
-    first, last, n_sites, e1, e2 = first[take], last[take], n_sites[take], e1[take], e2[take]
-    job_read = np.repeat(np.arange(batch.n, dtype=np.int64), kept)
-    span_len = np.diff(batch.ref_seq_off)[job_read]
-    w0 = first - min_separation
-    w1 = np.minimum(last + min_separation + 1, span_len)
-
+    jobs = _plan_jobs(batch, ref, status, k, event_search, min_separation, max_span, min_event_span)
+    span_len = np.diff(batch.ref_seq_off)[jobs.read]
     ll_u, ll_m = score_windows(
-        job_read, w0, w1, e1, e2, ref, batch.ref_seq_off, batch.rc, batch.ev_mean, batch.ev_off,
-        pack_scalings(batch.scale, batch.shift, batch.var), events_per_base, k,
+        jobs.read, jobs.first - min_separation, np.minimum(jobs.last + min_separation + 1, span_len),
+        jobs.e1, jobs.e2, ref, batch.ref_seq_off, batch.rc, batch.ev_mean, batch.ev_off,
+        pack_scalings(batch.scale, batch.shift, batch.var, log_var), events_per_base, k,
         pack_model(meth_model.level_mean, meth_model.level_stdv), params.as_array(), LOGSUM_TABLE,
     )  # fmt: skip
 
-    for i in np.flatnonzero((batch.status == Skip.OK) & (kept == 0)):
+    for i in np.flatnonzero((batch.status == Skip.OK) & (jobs.kept == 0)):
         if status[i] != Skip.OK:
             batch.fail(int(i), Skip(status[i]))
-        elif outcome[i] == _PLAN_SPLICED:
-            batch.fail(int(i), Skip.SPLICED)
         else:
-            batch.fail(int(i), Skip.NO_CPG)
+            batch.fail(int(i), Skip.SPLICED if jobs.spliced[i] else Skip.NO_CPG)
 
-    base = batch.ref_seq_off[job_read]
+    base = batch.ref_seq_off[jobs.read]
     sequence = [
         ref[b + max(f - k + 1, 0) : b + min(l + k, s)].tobytes().decode()
-        for b, f, l, s in zip(base.tolist(), first.tolist(), last.tolist(), span_len.tolist())
+        for b, f, l, s in zip(base.tolist(), jobs.first.tolist(), jobs.last.tolist(), span_len.tolist())
     ]
     ll_m64 = ll_m.astype(np.float64)
     ll_u64 = ll_u.astype(np.float64)
     return MethCalls(
-        read=job_read,
-        start=batch.ref_start[job_read] + first,
-        end=batch.ref_start[job_read] + last,
-        strand=np.where(batch.rc[job_read], -1, 1).astype(np.int8),
+        read=jobs.read,
+        start=batch.ref_start[jobs.read] + jobs.first,
+        end=batch.ref_start[jobs.read] + jobs.last,
+        strand=np.where(batch.rc[jobs.read], -1, 1).astype(np.int8),
         llr=ll_m64 - ll_u64,
         ll_meth=ll_m64,
         ll_unmeth=ll_u64,
-        num_motifs=n_sites.astype(np.int32),
+        num_motifs=jobs.n_sites.astype(np.int32),
         sequence=sequence,
     )
 

@@ -6,8 +6,9 @@ after the window's own may be clipped to a background emission, so the window ca
 at any event. The score is log P(events | window).
 
 To agree with nanopolish and f5c to their printed precision the arithmetic is theirs: float32
-cells and emissions, transition and flank probabilities computed in double and stored as
-float32, HMMER's table log-sum, and the same order of summation. Every step is a small `njit`
+cells and emissions, transition probabilities in float32 with logf (f5c is C++), flank
+probabilities in double stored as float32, HMMER's table log-sum, and the same order of
+summation. Every step is a small `njit`
 helper taking scalars and arrays only, so a numba-CUDA kernel can call the same code; a job is
 one window of one read, and `score_windows` runs all jobs of a batch in parallel.
 """
@@ -53,34 +54,59 @@ class HmmParams:
         return np.array(astuple(self), dtype=np.float64)
 
 
-def pack_model(level_mean: np.ndarray, level_stdv: np.ndarray) -> np.ndarray:
-    """float32[3, n_kmers]: level mean, stdv and log stdv (log taken in double, as the tools cache it)."""
-    stdv = np.asarray(level_stdv, dtype=np.float32)
-    log_stdv = np.log(stdv.astype(np.float64)).astype(np.float32)
-    return np.stack([np.asarray(level_mean, dtype=np.float32), stdv, log_stdv])
+@numba.njit(nogil=True, cache=True)
+def logf(x):
+    """Single-precision log of a float32, libm's logf.
 
-
-def pack_scalings(scale: np.ndarray, shift: np.ndarray, var: np.ndarray) -> np.ndarray:
-    """float32[n, 4]: scale, shift, var and log var per read."""
-    var32 = np.asarray(var, dtype=np.float32)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        log_var = np.log(var32.astype(np.float64)).astype(np.float32)
-    return np.stack(
-        [np.asarray(scale, dtype=np.float32), np.asarray(shift, dtype=np.float32), var32, log_var], axis=1
-    )
+    f5c is built as C++, where `log(float)` is `logf`; it can differ in the last bit from
+    the correctly rounded `float(log(double(x)))` and from numpy's vectorised float32 log.
+    """
+    return math.log(np.float32(x))
 
 
 @numba.njit(nogil=True, cache=True)
-def _log32(x):
-    """log in double of a float32, rounded back to float32 (C's `float y = log(x)`)."""
-    return np.float32(math.log(np.float64(x)))
+def _logf_array(x):
+    out = np.empty(x.shape[0], np.float32)
+    for i in range(x.shape[0]):
+        out[i] = logf(x[i])
+    return out
+
+
+def pack_model(level_mean: np.ndarray, level_stdv: np.ndarray) -> np.ndarray:
+    """float32[3, n_kmers]: level mean, stdv and log stdv (logf, as f5c caches it)."""
+    stdv = np.ascontiguousarray(level_stdv, dtype=np.float32)
+    return np.stack([np.asarray(level_mean, dtype=np.float32), stdv, _logf_array(stdv)])
+
+
+def pack_scalings(
+    scale: np.ndarray, shift: np.ndarray, var: np.ndarray, log_var: np.ndarray | None = None
+) -> np.ndarray:
+    """float32[n, 4]: scale, shift, var and log var per read.
+
+    f5c caches log var from the double-precision var of recalibration; pass `log_var` when
+    that is known, otherwise it is taken (in double) from the float32 var.
+    """
+    var32 = np.asarray(var, dtype=np.float32)
+    if log_var is None:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            log_var = np.log(var32.astype(np.float64))
+    return np.stack(
+        [
+            np.asarray(scale, dtype=np.float32),
+            np.asarray(shift, dtype=np.float32),
+            var32,
+            np.asarray(log_var).astype(np.float32),
+        ],
+        axis=1,
+    )
 
 
 @numba.njit(nogil=True, cache=True)
 def block_transitions(events_per_base, params):
     """float32[10] log transition probabilities, the same for every block of a read.
 
-    The probability of staying on a k-mer follows the read's speed: 1 - 1 / events per base.
+    The probability of staying on a k-mer follows the read's speed: 1 - 1 / events per base
+    (in double, stored as float32); the logs are of float32 probabilities, hence logf.
     """
     one = np.float32(1.0)
     p_stay = np.float32(1.0 - 1.0 / events_per_base)
@@ -91,16 +117,16 @@ def block_transitions(events_per_base, params):
     p_mm_next = one - p_stay - p_skip - p_bad
     p_b_leave = (one - p_bad_self) / np.float32(3.0)
     t = np.empty(10, np.float32)
-    t[T_MM_SELF] = _log32(p_stay)
-    t[T_MB] = _log32(p_bad)
-    t[T_MK] = _log32(p_skip)
-    t[T_MM_NEXT] = _log32(p_mm_next)
-    t[T_BB] = _log32(p_bad_self)
-    t[T_BK] = _log32(p_b_leave)
-    t[T_BM_NEXT] = _log32(p_b_leave)
-    t[T_BM_SELF] = _log32(p_b_leave)
-    t[T_KK] = _log32(p_skip_self)
-    t[T_KM] = _log32(one - p_skip_self)
+    t[T_MM_SELF] = logf(p_stay)
+    t[T_MB] = logf(p_bad)
+    t[T_MK] = logf(p_skip)
+    t[T_MM_NEXT] = logf(p_mm_next)
+    t[T_BB] = logf(p_bad_self)
+    t[T_BK] = logf(p_b_leave)
+    t[T_BM_NEXT] = logf(p_b_leave)
+    t[T_BM_SELF] = logf(p_b_leave)
+    t[T_KK] = logf(p_skip_self)
+    t[T_KM] = logf(one - p_skip_self)
     return t
 
 
