@@ -1,0 +1,63 @@
+"""`streamer run`: the daemon. Watch a run folder and call methylation as its files land."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+from contextlib import ExitStack
+from pathlib import Path
+
+from streamer import config as configuration
+from streamer.align import ReadAligner
+from streamer.daemon import Daemon
+from streamer.io.alignments import AlignmentFilter
+from streamer.io.reference import Reference
+from streamer.notify import Notifier
+from streamer.pipeline import Pipeline, PipelineOptions
+from streamer.publish.publisher import Publisher, PublisherConfig
+
+NAME = "run"
+HELP = "watch a run folder and call methylation on reads as their files land (the daemon)"
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, metavar="FILE",
+                   help="YAML configuration (see config/streamer.yaml); flags override it")
+    configuration.add_flags(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = configuration.load(args.config, configuration.overrides_from(args))
+    log.info("configuration: %s", cfg.as_dict())
+    notifier = Notifier()
+    filt = AlignmentFilter(min_mapq=cfg.alignment.min_mapq, secondary=cfg.alignment.secondary)
+    threads = cfg.pipeline.threads or os.cpu_count() or 1
+
+    def make_aligner() -> ReadAligner:
+        return ReadAligner(cfg.reference.genome, filt, index=cfg.reference.index, preset=cfg.reference.preset,
+                           threads=threads)
+
+    with ExitStack() as stack:
+        stack.callback(notifier.close)
+        notifier.status("loading models and compiling kernels")
+        pipeline = Pipeline(PipelineOptions(threads=threads, kmer_model=cfg.pipeline.kmer_model,
+                                            meth_model=cfg.pipeline.meth_model))
+        reference = stack.enter_context(Reference(cfg.reference.genome))
+        publisher = None
+        if cfg.publish.endpoint:
+            publisher = stack.enter_context(Publisher(PublisherConfig(
+                endpoints=(cfg.publish.endpoint,), snapshot_endpoint=cfg.publish.snapshot_endpoint,
+                heartbeat_interval=cfg.publish.heartbeat_interval)))
+        daemon = Daemon(cfg, pipeline, reference, make_aligner=make_aligner, publisher=publisher, notifier=notifier)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: daemon.request_stop())
+        code = daemon.run()
+        if daemon.abandoned:  # the batch in hand is still computing; the ledger has not got it
+            logging.shutdown()
+            os._exit(code)
+        daemon.close()
+    return code

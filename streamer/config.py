@@ -1,0 +1,462 @@
+"""Configuration of `streamer run`: one schema, shipped defaults, validation with key paths.
+
+The schema is the frozen dataclasses below; each field carries its help text and its
+command-line flag, so the defaults file (`config/streamer.yaml`, rendered by
+`render_defaults`), the flags of `streamer run` and the validation cannot drift apart.
+A configuration is read once at start (defaults, then the YAML file, then flags) and every
+problem is reported together, each with its key path; `ConfigError` makes the command exit
+with status 78, which the systemd units do not restart on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import textwrap
+from dataclasses import MISSING, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from streamer.errors import ConfigError
+
+REQUIRED_FOR_RUN = ("watch.dir", "reference.genome", "output.dir")
+
+
+def _key(default: Any, help: str, *, type: type, flag: str, short: str | None = None,
+         choices: tuple[str, ...] | None = None, minimum: float | None = None,
+         must_exist: str | None = None):
+    """A config key: its default, what it means, its flag and its constraints."""
+    return field(default=default, metadata={
+        "help": help, "type": type, "flag": flag, "short": short,
+        "choices": choices, "minimum": minimum, "must_exist": must_exist,
+    })
+
+
+@dataclass(frozen=True)
+class WatchConfig:
+    dir: Path | None = _key(
+        None, "Folder to watch: a MinKNOW run folder, a folder holding several (restarted) runs, or a plain "
+        "folder of signal and basecall files. Required.", type=Path, flag="--watch", must_exist="dir")
+    poll: bool = _key(
+        False, "Poll the folder instead of relying on inotify (network mounts, where inotify is silent).",
+        type=bool, flag="--poll")
+    poll_interval: float = _key(
+        2.0, "Seconds between polls, and between checks of files that are not complete yet.",
+        type=float, flag="--poll-interval", minimum=0.05)
+    settle: float = _key(
+        5.0, "Seconds a file without an end marker (FAST5, plain FASTQ/FASTA) must stay unchanged before it is "
+        "read when no close or move event announced it (start-up scan, polling).",
+        type=float, flag="--settle", minimum=0.0)
+    incomplete_timeout: float = _key(
+        300.0, "Seconds a file may stay unchanged and still incomplete (no end marker, or a FAST5 that does not "
+        "open) before it is reported as truncated or corrupt and set aside.",
+        type=float, flag="--incomplete-timeout", minimum=0.0)
+    include_fail: bool = _key(
+        False, "Also process reads that failed basecalling QC (`*_fail` folders and `fast5_skip`).",
+        type=bool, flag="--include-fail")
+    basecalls: str = _key(
+        "auto", "Where basecalls come from: `bam` (MinKNOW/dorado BAM; its alignments are used when it has "
+        "them), `fastq` (FASTQ or FASTA), or `auto` (BAM for runs that write a `bam_pass` folder or BAM files, "
+        "FASTQ otherwise).", type=str, flag="--basecalls", choices=("auto", "bam", "fastq"))
+
+
+@dataclass(frozen=True)
+class EndConfig:
+    follow: bool = _key(
+        False, "Keep watching forever: a final_summary or the idle timeout does not end the run (SIGTERM or the "
+        "STOP file still do).", type=bool, flag="--follow")
+    final_summary_grace: float = _key(
+        30.0, "Seconds to keep watching after every run folder has its `final_summary*.txt`, for files still "
+        "being moved in.", type=float, flag="--grace", minimum=0.0)
+    idle_timeout: float = _key(
+        0.0, "Seconds without a new file after which the run is over; 0 waits for a final_summary.",
+        type=float, flag="--idle-timeout", minimum=0.0)
+    stop_file: str = _key(
+        "STOP", "Name of a file that, once it appears in the watched folder, ends the run.",
+        type=str, flag="--stop-file")
+
+
+@dataclass(frozen=True)
+class ReferenceConfig:
+    genome: Path | None = _key(
+        None, "Reference FASTA (plain, bgzip or gzip). Required.", type=Path, flag="--genome", short="-g",
+        must_exist="file")
+    index: Path | None = _key(
+        None, "Prebuilt minimap2 index (`.mmi`) for basecalls that come without alignments; by default an index "
+        "is built from `genome` at start.", type=Path, flag="--mm-index", must_exist="file")
+    preset: str = _key(
+        "map-ont", "minimap2 preset for those alignments.", type=str, flag="--preset")
+
+
+@dataclass(frozen=True)
+class AlignmentConfig:
+    min_mapq: int = _key(20, "Minimum mapping quality of an alignment record.", type=int, flag="--min-mapq",
+                         minimum=0)
+    secondary: bool = _key(False, "Also call on secondary alignments.", type=bool, flag="--secondary")
+
+
+@dataclass(frozen=True)
+class JoinConfig:
+    timeout: float = _key(
+        3600.0, "Seconds a read may wait for its partner (signal or basecalls) while the run goes on; then it is "
+        "reported as missing one (at the end of a run, at once).", type=float, flag="--join-timeout",
+        minimum=0.0)
+    max_pending_bases: int = _key(
+        200_000_000, "Most bases of basecalls held in memory while they wait for their signal; beyond that the "
+        "oldest are dropped and read again from their file when their signal lands.",
+        type=int, flag="--max-pending-bases", minimum=0)
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    max_reads: int = _key(512, "Most alignment records per batch.", type=int, flag="--batchsize", short="-K",
+                          minimum=1)
+    max_bases: int = _key(5_000_000, "Most read bases per batch.", type=int, flag="--max-bases", short="-B",
+                          minimum=1)
+    max_wait: float = _key(
+        5.0, "Seconds the first read of a batch may wait for the batch to fill before a partial batch is "
+        "processed.", type=float, flag="--max-wait", minimum=0.0)
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    threads: int = _key(0, "CPU threads for the stages; 0 uses every core.", type=int, flag="--threads",
+                        short="-t", minimum=0)
+    kmer_model: Path | None = _key(None, "Nucleotide pore model file (default: r9.4 450bps 6-mer).", type=Path,
+                                   flag="--kmer-model", must_exist="file")
+    meth_model: Path | None = _key(None, "CpG methylation pore model file (default: r9.4 450bps 6-mer).",
+                                   type=Path, flag="--meth-model", must_exist="file")
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    dir: Path | None = _key(
+        None, "Output folder: `meth.tsv`, `meth-freq.tsv`, `skipped.tsv`, `summary.json`. Required.",
+        type=Path, flag="--output", short="-o", must_exist="writable")
+    state_dir: Path | None = _key(
+        None, "Folder of the ledger (SQLite) that makes output exactly-once across restarts; default "
+        "`OUTDIR/.streamer`.", type=Path, flag="--state-dir",
+        must_exist="writable")
+    refresh_interval: float = _key(
+        30.0, "Seconds between rewrites of `meth-freq.tsv` and `summary.json` (both are also written when the "
+        "daemon stops).", type=float, flag="--refresh-interval", minimum=0.0)
+    call_threshold: float = _key(
+        2.5, "meth-freq: a site is called when |log-likelihood ratio| is at least this.", type=float,
+        flag="--call-threshold", minimum=0.0)
+    split_groups: bool = _key(False, "meth-freq: split multi-CpG groups into one row per CpG.", type=bool,
+                              flag="--split-groups")
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    drain_timeout: float = _key(
+        60.0, "Seconds SIGTERM waits for the batch in hand; past that the daemon exits without it and it is "
+        "redone at the next start.", type=float, flag="--drain-timeout", minimum=0.0)
+    stall_timeout: float = _key(
+        900.0, "Seconds without progress in the processing loop after which systemd's watchdog is no longer "
+        "fed (so systemd restarts a hung daemon).", type=float, flag="--stall-timeout", minimum=1.0)
+    status_interval: float = _key(
+        10.0, "Seconds between status updates (systemd STATUS line, publisher status).", type=float,
+        flag="--status-interval", minimum=0.1)
+
+
+@dataclass(frozen=True)
+class PublishConfig:
+    endpoint: str | None = _key(
+        None, "ZeroMQ PUB endpoint for calls, frequencies, status and run events, e.g. `tcp://127.0.0.1:5556`; "
+        "unset publishes nothing. Addresses beyond loopback are refused (CURVE keys are not configured here).",
+        type=str, flag="--publish")
+    snapshot_endpoint: str | None = _key(
+        None, "ZeroMQ endpoint serving the current frequency table to late subscribers, e.g. "
+        "`tcp://127.0.0.1:5557`.", type=str, flag="--snapshot")
+    heartbeat_interval: float = _key(2.0, "Seconds between status heartbeats on the stream.", type=float,
+                                     flag="--heartbeat-interval", minimum=0.1)
+
+
+@dataclass(frozen=True)
+class Config:
+    watch: WatchConfig = field(default_factory=WatchConfig)
+    end: EndConfig = field(default_factory=EndConfig)
+    reference: ReferenceConfig = field(default_factory=ReferenceConfig)
+    alignment: AlignmentConfig = field(default_factory=AlignmentConfig)
+    join: JoinConfig = field(default_factory=JoinConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    service: ServiceConfig = field(default_factory=ServiceConfig)
+    publish: PublishConfig = field(default_factory=PublishConfig)
+
+    def state_dir(self) -> Path:
+        if self.output.state_dir is not None:
+            return self.output.state_dir
+        assert self.output.dir is not None
+        return self.output.dir / ".streamer"
+
+    def as_dict(self) -> dict[str, dict[str, Any]]:
+        """Plain values (paths as strings), for the start-up log and summary.json."""
+        return {sec.name: {f.name: _plain(getattr(getattr(self, sec.name), f.name)) for f in fields(sec.type)}
+                for sec in _sections()}
+
+
+@dataclass(frozen=True)
+class Key:
+    """One key of the schema, flattened."""
+
+    path: str
+    default: Any
+    help: str
+    type: type
+    flag: str
+    short: str | None
+    choices: tuple[str, ...] | None
+    minimum: float | None
+    must_exist: str | None
+
+
+def _sections():
+    hints = {"watch": WatchConfig, "end": EndConfig, "reference": ReferenceConfig, "alignment": AlignmentConfig,
+             "join": JoinConfig, "batch": BatchConfig, "pipeline": PipelineConfig, "output": OutputConfig,
+             "service": ServiceConfig, "publish": PublishConfig}
+    return [_Section(f.name, hints[f.name]) for f in fields(Config)]
+
+
+@dataclass(frozen=True)
+class _Section:
+    name: str
+    type: type
+
+
+def schema() -> list[Key]:
+    """Every key, in file order."""
+    keys = []
+    for sec in _sections():
+        for f in fields(sec.type):
+            m = f.metadata
+            keys.append(Key(f"{sec.name}.{f.name}", f.default if f.default is not MISSING else None, m["help"],
+                            m["type"], m["flag"], m["short"], m["choices"], m["minimum"], m["must_exist"]))
+    return keys
+
+
+def _plain(value: Any) -> Any:
+    return str(value) if isinstance(value, Path) else value
+
+
+# ---------------------------------------------------------------------------- the defaults file
+
+_HEADER = """\
+# streamer run: configuration, every key with its default.
+#
+# Values given here override these defaults; command-line flags (shown in brackets) override
+# this file. Check a file with `streamer validate-config FILE`; print this one with
+# `streamer validate-config --defaults`.
+"""
+
+
+def render_defaults() -> str:
+    """The documented defaults file, `config/streamer.yaml` (a test keeps the two identical)."""
+    out = [_HEADER]
+    section = None
+    for key in schema():
+        sec, name = key.path.split(".")
+        if sec != section:
+            out.append(f"\n{sec}:\n")
+            section = sec
+        flag = f"{key.short}/{key.flag}" if key.short else key.flag
+        text = f"{key.help} [{flag}]"
+        if key.choices:
+            text += f" One of: {', '.join(key.choices)}."
+        out.extend(f"  # {line}\n" for line in textwrap.wrap(text, 92, break_on_hyphens=False))
+        out.append(f"  {name}: {_yaml_scalar(key.default)}\n")
+    return "".join(out)
+
+
+def _yaml_scalar(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1_000_000:
+        return f"{value:_d}"  # YAML reads 1_000_000 as an integer
+    return yaml.safe_dump(_plain(value), default_flow_style=True).strip().removesuffix("\n...").strip()
+
+
+# ---------------------------------------------------------------------------- loading and validation
+
+
+def read_file(path: Path) -> dict[str, Any]:
+    """The YAML mapping in `path` (empty file: empty mapping)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def flatten(data: dict[str, Any], problems: list[str]) -> dict[str, Any]:
+    """`{section: {key: v}}` -> `{"section.key": v}`, reporting unknown sections and keys."""
+    keys = {k.path for k in schema()}
+    sections = [s.name for s in _sections()]
+    flat: dict[str, Any] = {}
+    for sec, body in data.items():
+        if sec not in sections:
+            problems.append(f"{sec}: unknown section{_suggest(str(sec), sections)}")
+            continue
+        if body is None:
+            continue
+        if not isinstance(body, dict):
+            problems.append(f"{sec}: expected a mapping of keys, got {_describe(body)}")
+            continue
+        for name, value in body.items():
+            path = f"{sec}.{name}"
+            if path not in keys:
+                known = [k.split(".", 1)[1] for k in keys if k.startswith(sec + ".")]
+                problems.append(f"{path}: unknown key{_suggest(str(name), known)}")
+                continue
+            flat[path] = value
+    return flat
+
+
+def _suggest(word: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(word, known, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(sorted(known))})"
+
+
+def _describe(value: Any) -> str:
+    return f"{value!r} ({type(value).__name__})"
+
+
+def _coerce(key: Key, value: Any, problems: list[str]) -> Any:
+    """The value with its schema type, or `None` with a problem recorded."""
+    if value is None:
+        if key.default is None:
+            return None
+        problems.append(f"{key.path}: must not be empty (default: {_plain(key.default)!r})")
+        return None
+    t = key.type
+    if t is bool:
+        if isinstance(value, bool):
+            return value
+        problems.append(f"{key.path}: expected true or false, got {_describe(value)}")
+        return None
+    if t is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return _check_minimum(key, value, problems)
+        problems.append(f"{key.path}: expected an integer, got {_describe(value)}")
+        return None
+    if t is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return _check_minimum(key, float(value), problems)
+        problems.append(f"{key.path}: expected a number, got {_describe(value)}")
+        return None
+    if not isinstance(value, (str, Path)) or str(value) == "":
+        problems.append(f"{key.path}: expected {'a path' if t is Path else 'a string'}, got {_describe(value)}")
+        return None
+    if key.choices and value not in key.choices:
+        problems.append(f"{key.path}: expected one of {', '.join(key.choices)}, got {value!r}")
+        return None
+    return Path(value).expanduser() if t is Path else str(value)
+
+
+def _check_minimum(key: Key, value: float, problems: list[str]) -> float | None:
+    if key.minimum is not None and value < key.minimum:
+        problems.append(f"{key.path}: must be at least {key.minimum:g}, got {value:g}")
+        return None
+    return value
+
+
+def _check_exists(key: Key, path: Path, problems: list[str]) -> None:
+    if key.must_exist == "dir":
+        if not path.is_dir():
+            problems.append(f"{key.path}: {path}: no such folder")
+        elif not os.access(path, os.R_OK | os.X_OK):
+            problems.append(f"{key.path}: {path}: folder is not readable")
+    elif key.must_exist == "file":
+        if not path.is_file():
+            problems.append(f"{key.path}: {path}: no such file")
+        elif not os.access(path, os.R_OK):
+            problems.append(f"{key.path}: {path}: file is not readable")
+    elif key.must_exist == "writable":
+        existing = path
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if existing.exists() and not existing.is_dir():
+            problems.append(f"{key.path}: {existing}: not a folder")
+        elif not os.access(existing, os.W_OK | os.X_OK):
+            problems.append(f"{key.path}: {existing}: folder is not writable")
+
+
+def build(flat: dict[str, Any], *, origin: str = "configuration", require: tuple[str, ...] = REQUIRED_FOR_RUN,
+          problems: list[str] | None = None) -> Config:
+    """A validated `Config` from `{"section.key": value}` over the defaults; all problems at once."""
+    problems = [] if problems is None else problems
+    values: dict[str, dict[str, Any]] = {s.name: {} for s in _sections()}
+    for key in schema():
+        if key.path not in flat:
+            continue
+        value = _coerce(key, flat[key.path], problems)
+        if value is None:
+            continue
+        if isinstance(value, Path) and key.must_exist:
+            _check_exists(key, value, problems)
+        sec, name = key.path.split(".")
+        values[sec][name] = value
+    for path in require:
+        sec, name = path.split(".")
+        if name not in values[sec] and not any(p.startswith(path + ":") for p in problems):
+            flag = next(k for k in schema() if k.path == path)
+            problems.append(f"{path}: required (set it in the file or with {flag.flag})")
+    if problems:
+        head = f"{len(problems)} problem{'s' if len(problems) > 1 else ''} in {origin}:"
+        raise ConfigError("\n  ".join([head, *problems]))
+    config = Config()
+    for sec in _sections():
+        config = replace(config, **{sec.name: replace(getattr(config, sec.name), **values[sec.name])})
+    return config
+
+
+def load(path: Path | None, overrides: dict[str, Any] | None = None, *,
+         require: tuple[str, ...] = REQUIRED_FOR_RUN) -> Config:
+    """Defaults, then the file at `path` (if any), then `overrides` (`{"section.key": value}`)."""
+    problems: list[str] = []
+    flat = flatten(read_file(path), problems) if path is not None else {}
+    flat.update(overrides or {})
+    origin = f"{path} and the command line" if path is not None and overrides else str(path or "the command line")
+    return build(flat, origin=origin, require=require, problems=problems)
+
+
+# ---------------------------------------------------------------------------- command-line flags
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per key; a flag left out leaves the file's (or the default) value."""
+    for sec in _sections():
+        group = parser.add_argument_group(f"{sec.name} (config section `{sec.name}`)")
+        for key in (k for k in schema() if k.path.startswith(sec.name + ".")):
+            names = [key.short, key.flag] if key.short else [key.flag]
+            kwargs: dict[str, Any] = {"dest": key.path, "default": argparse.SUPPRESS, "help": _flag_help(key)}
+            if key.type is bool:
+                kwargs["action"] = argparse.BooleanOptionalAction
+            else:
+                kwargs["type"] = key.type
+                kwargs["metavar"] = key.path.split(".")[1].upper()
+                if key.choices:
+                    kwargs["choices"] = key.choices
+            group.add_argument(*names, **kwargs)
+
+
+def _flag_help(key: Key) -> str:
+    default = "" if key.default is None else f" [{_plain(key.default)}]"
+    return f"{key.help}{default}".replace("%", "%%")
+
+
+def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
+    """The `{"section.key": value}` pairs the command line set."""
+    paths = {k.path for k in schema()}
+    return {k: v for k, v in vars(args).items() if k in paths}

@@ -1,0 +1,583 @@
+"""The daemon: files land, reads are joined, batched, called, written exactly once.
+
+Two threads. The engine thread does all the work in one loop: take the files the watcher
+reports complete, register them in the ledger (which joins signal and basecalls by read id),
+run a batch through the same pipeline as `streamer call` when one is due, append its rows,
+commit the ledger, and check whether the run is over. The main thread only supervises: it
+feeds systemd's watchdog while the engine makes progress, sends status, and on SIGTERM
+(which only sets an event) waits at most `drain_timeout` for the batch in hand.
+
+A run ends on a `final_summary*.txt` in every run folder plus a grace period, on an idle
+timeout, or on a STOP file; then every matched read is processed, every read still missing
+its partner is recorded as such, and the derived outputs are written. SIGTERM does not end
+the run: reads not done stay open in the ledger for the next start.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from itertools import chain
+from pathlib import Path
+from typing import Any, Protocol
+
+from streamer.align import ReadAligner
+from streamer.assemble import make_read_input
+from streamer.batch import ReadInput
+from streamer.config import Config
+from streamer.errors import InputError
+from streamer.io.alignments import AlignmentFilter
+from streamer.io.reference import Reference
+from streamer.io.signal import SIGNAL_SUFFIXES, read_signal, signal_read_ids
+from streamer.join import BasecallCache, Basecalls, read_basecall_file
+from streamer.ledger import BatchRecord, Ledger, Pick
+from streamer.notify import Notifier
+from streamer.outputs import SKIPPED_HEADER, Outputs, write_atomic
+from streamer.plugins.methfreq import MethFreq
+from streamer.skips import Skip, Skipped
+from streamer.watch import Kind, Layout, Ready, Rejected, Watcher, WatchTimings
+
+log = logging.getLogger(__name__)
+
+METH_TSV = "meth.tsv"
+SKIPPED_TSV = "skipped.tsv"
+FREQ_TSV = "meth-freq.tsv"
+SUMMARY_JSON = "summary.json"
+CALLED = "called"
+
+
+class BatchResultLike(Protocol):
+    skipped: Sequence[Skipped]
+    n_reads: int
+    n_bases: int
+    n_calls: int
+    timings: Mapping[str, float]
+
+    def tsv_rows(self) -> list[str]: ...
+
+
+class PipelineLike(Protocol):
+    """What the daemon needs of `streamer.pipeline.Pipeline` (models loaded, kernels warm)."""
+
+    TSV_HEADER: str
+
+    def process(self, reads: list[ReadInput]) -> BatchResultLike: ...
+
+
+class PublisherLike(Protocol):
+    """What the daemon needs of `streamer.publish.Publisher`; any object with these will do."""
+
+    def publish_calls(self, columns: Mapping[str, Any]) -> None: ...
+
+    def publish_freq(self, updates: Mapping[str, Any]) -> None: ...
+
+    def publish_status(self, counters: Mapping[str, Any]) -> None: ...
+
+    def publish_run(self, event: str, info: Mapping[str, Any]) -> None: ...
+
+
+class State(enum.Enum):
+    NEW = "new"
+    RUNNING = "running"
+    DRAINING = "draining"  # SIGTERM: finishing the batch in hand
+    FINISHING = "finishing"  # the run is over: the last batches and the unmatched reads
+    FINISHED = "finished"
+    STOPPED = "stopped"  # left by SIGTERM; open reads wait for the next start
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Ending:
+    """Why the loop stopped, and whether the run itself is over."""
+
+    reason: str
+    run_over: bool
+
+
+# Call-TSV columns, in order, as the publisher's CALL_COLUMNS names them.
+_CALL_FIELDS = ("chromosome", "strand", "start", "end", "read_name", "log_lik_ratio", "log_lik_methylated",
+                "log_lik_unmethylated", "num_calling_strands", "num_motifs", "sequence")
+
+
+class Daemon:
+    """`start()`, then `run()` (blocks; returns the exit status), then `close()`."""
+
+    def __init__(self, config: Config, pipeline: PipelineLike, reference: Reference, *,
+                 make_aligner: Callable[[], ReadAligner] | None = None,
+                 publisher: PublisherLike | None = None, notifier: Notifier | None = None):
+        self.config = config
+        self.pipeline = pipeline
+        self.reference = reference
+        self.publisher = publisher
+        self.notifier = notifier or Notifier({})
+        self._make_aligner = make_aligner
+        self._aligner: ReadAligner | None = None
+        self._filter = AlignmentFilter(min_mapq=config.alignment.min_mapq, secondary=config.alignment.secondary)
+        self._stop = threading.Event()
+        self._engine: threading.Thread | None = None
+        self._heartbeat = time.monotonic()
+        self._started_wall = time.time()
+        self._started = time.monotonic()
+        self.state = State.NEW
+        self.ending: Ending | None = None
+        self.failure: BaseException | None = None
+        self.abandoned = False  # SIGTERM's drain timeout passed with a batch still in hand
+        self.ledger: Ledger | None = None
+        self.outputs: Outputs | None = None
+        self.watcher: Watcher | None = None
+        self.freq = MethFreq(config.output.call_threshold, config.output.split_groups)
+        self.cache = BasecallCache(config.join.max_pending_bases, self._filter)
+        self._finals: dict[Path, float] = {}  # run folder -> when its final_summary was seen
+        self._stop_file_seen = False
+        self._freq_dirty = True
+        self._next_refresh = 0.0
+        self._next_overdue = 0.0
+        self._status: dict[str, Any] = {}
+        self._publish_failed: set[str] = set()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Open (and repair) state and outputs, index the reference, start watching. Idempotent."""
+        if self.state is not State.NEW:
+            return
+        cfg = self.config
+        try:
+            self.ledger = Ledger(cfg.state_dir(), watch_dir=cfg.watch.dir)
+            headers = {METH_TSV: self.pipeline.TSV_HEADER, SKIPPED_TSV: SKIPPED_HEADER}
+            self.outputs = Outputs(cfg.output.dir, headers, self.ledger.offsets())
+            if self.outputs.fresh:
+                self.ledger.commit((), self.outputs.fresh, {})
+            with open(self.outputs.path(METH_TSV)) as fh:
+                self.freq.add_tsv(fh, self.outputs.path(METH_TSV))
+            if self._make_aligner is not None and cfg.watch.basecalls != "bam":
+                self._aligner = self._make_aligner()
+            exclude = [cfg.output.dir, cfg.state_dir(), cfg.reference.genome]
+            layout = Layout(cfg.watch.dir, stop_file=cfg.end.stop_file, include_fail=cfg.watch.include_fail,
+                            basecalls=cfg.watch.basecalls, exclude=tuple(exclude))
+            timings = WatchTimings(cfg.watch.poll_interval, cfg.watch.settle, cfg.watch.incomplete_timeout)
+            self.watcher = Watcher(layout, timings, poll=cfg.watch.poll, known=self.ledger.is_known)
+            self.watcher.start()
+        except BaseException:
+            self.close()
+            raise
+        self.state = State.RUNNING
+        self._refresh_status()
+        log.info("watching %s (%s); outputs in %s; state in %s", cfg.watch.dir,
+                 "polling" if cfg.watch.poll else "inotify", cfg.output.dir, cfg.state_dir())
+        self._publish("run", "start", {"watch_dir": str(cfg.watch.dir), "output_dir": str(cfg.output.dir)})
+
+    def request_stop(self) -> None:
+        """SIGTERM: stop taking files, finish the batch in hand, flush, exit. Safe from a signal handler."""
+        self._stop.set()
+
+    def run(self) -> int:
+        """Run until the run is over or a stop is requested; 0 unless the engine failed."""
+        self.start()
+        self.notifier.ready(self._status_line())
+        self._engine = threading.Thread(target=self._engine_main, name="streamer-engine", daemon=True)
+        self._engine.start()
+        svc = self.config.service
+        ping = self.notifier.watchdog_interval
+        tick = min(x for x in (ping, svc.status_interval, 0.5) if x)
+        next_ping = next_status = time.monotonic()
+        drain_deadline = None
+        while self._engine.is_alive():
+            self._engine.join(tick)
+            now = time.monotonic()
+            if self._stop.is_set() and drain_deadline is None:
+                drain_deadline = now + svc.drain_timeout
+                self.notifier.stopping("stopping: finishing the batch in hand")
+            if drain_deadline is not None and now >= drain_deadline and self._engine.is_alive():
+                log.warning("the batch in hand did not finish within %.0f s; exiting without it (it is redone at "
+                            "the next start)", svc.drain_timeout)
+                self.abandoned = True
+                return 0
+            if ping and now >= next_ping and now - self._heartbeat < svc.stall_timeout:
+                self.notifier.watchdog()
+                next_ping = now + ping
+            if now >= next_status:
+                self.notifier.status(self._status_line())
+                next_status = now + svc.status_interval
+        self.notifier.stopping(self._status_line())
+        if self.failure is not None:
+            return 1
+        return 0
+
+    def close(self) -> None:
+        """Release everything (waits for the engine, so call it after `run` unless abandoning)."""
+        if self._engine is not None:
+            self._stop.set()
+            self._engine.join()
+        if self.watcher is not None:
+            self.watcher.close()
+        if self.outputs is not None:
+            self.outputs.close()
+        if self.ledger is not None:
+            self.ledger.close()
+        self.notifier.close()
+
+    # ------------------------------------------------------------------ the engine
+
+    def _engine_main(self) -> None:
+        try:
+            self.ending = self._loop()
+            self._finish(self.ending)
+        except BaseException as exc:
+            self.failure = exc
+            self.state = State.FAILED
+            log.critical("daemon failed: %s", exc, exc_info=not isinstance(exc, InputError))
+            self._publish("run", "end", {"state": self.state.value, "error": str(exc)})
+
+    def _beat(self) -> None:
+        self._heartbeat = time.monotonic()
+
+    def _loop(self) -> Ending:
+        while True:
+            self._beat()
+            if self._stop.is_set():
+                return Ending("stop requested (SIGTERM)", run_over=False)
+            picks, full = self.ledger.matched(self.config.batch.max_reads, self.config.batch.max_bases)
+            for outcome in self.watcher.poll(0.0 if full else 0.25):
+                self._take_file(outcome)
+                self._beat()
+            picks, full = self.ledger.matched(self.config.batch.max_reads, self.config.batch.max_bases)
+            if picks and (full or self._partial_due(picks)):
+                self._process(picks)
+            self._time_out_waiting()
+            self._refresh_if_due()
+            ending = self._end_of_run()
+            if ending is not None:
+                return ending
+
+    def _partial_due(self, picks: list[Pick]) -> bool:
+        """A partial batch goes when nothing is on its way, or once its oldest read waited `max_wait`."""
+        return not self.watcher.pending or time.time() - picks[0].matched >= self.config.batch.max_wait
+
+    def _end_of_run(self) -> Ending | None:
+        end = self.config.end
+        if self._stop_file_seen:
+            return Ending(f"{end.stop_file} file", run_over=True)
+        if end.follow:
+            return None
+        now = time.monotonic()
+        quiet = now - self.watcher.last_activity
+        roots = self.watcher.run_roots | set(self._finals)
+        if self._finals and roots <= set(self._finals):
+            since = min(now - max(self._finals.values()), quiet)
+            if since >= end.final_summary_grace:
+                return Ending("final_summary", run_over=True)
+        if end.idle_timeout and quiet >= end.idle_timeout and not self.watcher.pending:
+            return Ending(f"no new file for {end.idle_timeout:g} s", run_over=True)
+        return None
+
+    def _finish(self, ending: Ending) -> None:
+        log.info("run loop ended: %s", ending.reason)
+        if ending.run_over:
+            self.state = State.FINISHING
+            self.notifier.stopping(f"run over ({ending.reason}): finishing")
+            for rejected in self.watcher.reject_pending("still incomplete when the run ended"):
+                self._take_file(rejected)
+            while not self._stop.is_set():
+                self._beat()
+                picks, _ = self.ledger.matched(self.config.batch.max_reads, self.config.batch.max_bases)
+                if not picks:
+                    break
+                self._process(picks)
+            if not self._stop.is_set():
+                self._close_waiting(self.ledger.waiting(), "by the end of the run")
+                self.ledger.set_meta("finished", f"{time.time():.3f}")
+                self.state = State.FINISHED
+        if self.state is not State.FINISHED:
+            self.state = State.STOPPED
+        self._refresh(final=True)
+        self._publish("run", "end", {"state": self.state.value, "reason": ending.reason, **self._status})
+        log.info("%s: %s", self.state.value, self._status_line())
+
+    # ------------------------------------------------------------------ files
+
+    def _take_file(self, outcome: Ready | Rejected) -> None:
+        f = outcome.file
+        if isinstance(outcome, Rejected):
+            self._reject(outcome.file, outcome.size, outcome.mtime_ns, outcome.reason)
+            return
+        if f.kind is Kind.STOP:
+            log.info("%s: stop file found", f.path)
+            self._stop_file_seen = True
+            return
+        if f.kind is Kind.FINAL_SUMMARY:
+            log.info("%s: run %s has finished writing", f.path, f.run_root)
+            self._finals[f.run_root] = time.monotonic()
+            return
+        if self.ledger.file_state(f.path) == "registered":
+            log.warning("%s: changed after it was read; the change is ignored", f.path)
+            return
+        try:
+            if f.kind is Kind.SIGNAL:
+                self._register_signal(outcome)
+            else:
+                self._register_basecalls(outcome)
+        except InputError as exc:
+            self._reject(f, outcome.size, outcome.mtime_ns, exc.reason)
+
+    def _reject(self, f, size: int, mtime_ns: int, reason: str) -> None:
+        log.warning("%s: set aside: %s", f.path, reason)
+        self.ledger.reject_file(f.path, f.kind.value, f.fmt, size, mtime_ns, reason)
+
+    def _register_signal(self, ready: Ready) -> None:
+        f = ready.file
+        if f.path.suffix.lower() not in SIGNAL_SUFFIXES:
+            raise InputError(f.path, f"{f.fmt.upper()} signal files cannot be read by this streamer "
+                             f"(it reads {', '.join(SIGNAL_SUFFIXES)})")
+        ids = signal_read_ids(f.path)
+        reg = self.ledger.register_signal_file(f.path, f.fmt, ready.size, ready.mtime_ns, ids)
+        self._log_registered(f.path, "signal", reg)
+
+    def _register_basecalls(self, ready: Ready) -> None:
+        f = ready.file
+        reads = read_basecall_file(f.path, f.fmt, self._filter)
+        reg = self.ledger.register_basecall_file(f.path, f.fmt, ready.size, ready.mtime_ns,
+                                                 [(rid, bc.n_bases) for rid, bc in reads.items()])
+        open_ids = self.ledger.open_reads_of(f.path)
+        self.cache.add(bc for rid, bc in reads.items() if rid in open_ids)
+        self._log_registered(f.path, "basecalls", reg)
+
+    @staticmethod
+    def _log_registered(path: Path, what: str, reg) -> None:
+        log.info("%s: %d reads (%d now have signal and basecalls)", path, reg.n_reads, reg.newly_matched)
+        if reg.duplicates:
+            log.warning("%s: %d reads already had %s from another file; these copies are ignored", path,
+                        reg.duplicates, what)
+        if reg.late:
+            log.warning("%s: %d reads had already been reported without their %s (join timeout); they keep "
+                        "that outcome", path, reg.late, what)
+
+    # ------------------------------------------------------------------ batches
+
+    def _process(self, picks: list[Pick]) -> None:
+        """One batch: assemble, call, append, commit; a read ends called or with its reasons."""
+        t0 = time.monotonic()
+        found, failed = self.cache.take((p.read_id, p.basecall_path, p.basecall_fmt) for p in picks)
+        inputs: list[ReadInput] = []
+        skipped: list[Skipped] = []
+        records_of: Counter = Counter()
+        for p in picks:
+            bc = found.get(p.read_id)
+            if bc is None:
+                skipped.append(Skipped(p.read_id, Skip.NO_BASECALL, failed.get(p.read_id, "")))
+                records_of[p.read_id] += 1
+                continue
+            reads, skips = self._inputs_of(p, bc)
+            inputs.extend(reads)
+            skipped.extend(skips)
+            records_of[p.read_id] += len(reads) + len(skips)
+        result = self.pipeline.process(inputs) if inputs else None
+        if result is not None:
+            skipped.extend(result.skipped)
+        rows = result.tsv_rows() if result is not None else []
+        skip_rows = [_skip_row(s) for s in skipped]
+        for s in skipped:
+            log.debug("%s", s.message())
+        done = time.time()
+        going = Counter(r.read_id for r in inputs)
+        going.subtract(s.read_id for s in (result.skipped if result is not None else ()))
+        called = {rid for rid, n in going.items() if n > 0}
+        first_skip: dict[str, str] = {}
+        for s in skipped:
+            first_skip.setdefault(s.read_id, s.reason.label)
+        outcomes = [(p.read_id, CALLED if p.read_id in called else first_skip.get(p.read_id, CALLED))
+                    for p in picks]
+        counters = Counter({"records_in": sum(records_of.values()), "reads_called": len(called),
+                            "records_called": len(inputs) - (len(result.skipped) if result else 0),
+                            "bases": result.n_bases if result else 0,
+                            "calls": len(rows)})
+        counters.update(f"skipped.{s.reason.label}" for s in skipped)
+        latencies = [max(0.0, done - p.matched) for p in picks]
+        batch = BatchRecord(len(picks), counters["records_in"], len(rows), counters["bases"],
+                            time.monotonic() - t0, sum(latencies), max(latencies))
+        self._commit(outcomes, rows, skip_rows, counters, batch)
+        if rows:
+            self._publish_calls(rows)
+        log.info("batch of %d reads: %d calls, %d records skipped, %.2f s", len(picks), len(rows), len(skipped),
+                 batch.seconds)
+
+    def _inputs_of(self, p: Pick, bc: Basecalls) -> tuple[list[ReadInput], list[Skipped]]:
+        records = bc.records
+        if records is None:
+            if self._aligner is None:
+                if self._make_aligner is None:
+                    return [], [Skipped(p.read_id, Skip.UNMAPPED, "basecalls without alignment and no aligner")]
+                log.info("%s has no alignments: building a minimap2 index", p.basecall_path)
+                self._aligner = self._make_aligner()
+            records = self._aligner.align(p.read_id, bc.seq)
+        skips = [r for r in records if isinstance(r, Skipped)]
+        alns = [r for r in records if not isinstance(r, Skipped)]
+        if not alns:
+            return [], skips
+        if not bc.seq:
+            why = f"{p.basecall_path}: no record with the read's full sequence"
+            return [], skips + [Skipped(p.read_id, Skip.NO_BASECALL, why) for _ in alns]
+        try:
+            sig = read_signal(p.signal_path, p.read_id)
+        except InputError as exc:
+            return [], skips + [Skipped(p.read_id, Skip.BAD_SIGNAL_FILE, str(exc)) for _ in alns]
+        try:
+            reads = [make_read_input(a, bc.seq, sig, self.reference, str(p.signal_path)) for a in alns]
+        except InputError as exc:
+            return [], skips + [Skipped(p.read_id, Skip.ALIGNMENT_FAILED, str(exc)) for _ in alns]
+        return reads, skips
+
+    def _commit(self, outcomes, rows: list[str], skip_rows: list[str], counters: Counter,
+                batch: BatchRecord | None) -> None:
+        """Append, flush, then commit: the order that makes output exactly-once."""
+        offsets = self.outputs.append({METH_TSV: rows, SKIPPED_TSV: skip_rows})
+        self.ledger.commit(outcomes, offsets, counters, batch)
+        if rows:
+            self.freq.add_tsv(chain([self.pipeline.TSV_HEADER], rows))
+            self._freq_dirty = True
+
+    def _time_out_waiting(self) -> None:
+        """Reads that waited `join.timeout` for their partner are recorded as missing it."""
+        now = time.monotonic()
+        timeout = self.config.join.timeout
+        if now < self._next_overdue or now - self._started < timeout:
+            return
+        self._next_overdue = now + min(max(timeout / 10, 1.0), 60.0)
+        overdue = self.ledger.waiting(since_before=time.time() - timeout)
+        if overdue:
+            log.warning("%d reads waited more than %g s for their partner file", len(overdue), timeout)
+            self._close_waiting(overdue, f"within {timeout:g} s")
+
+    def _close_waiting(self, waiting, when: str) -> None:
+        if not waiting:
+            return
+        skipped = []
+        for w in waiting:
+            if w.has_signal:
+                skipped.append(Skipped(w.read_id, Skip.NO_BASECALL, f"signal in {w.path}; no basecalls {when}"))
+            else:
+                skipped.append(Skipped(w.read_id, Skip.NO_SIGNAL, f"basecalls in {w.path}; no signal {when}"))
+        self.cache.discard(w.read_id for w in waiting)
+        counters = Counter({"records_in": len(skipped)})
+        counters.update(f"skipped.{s.reason.label}" for s in skipped)
+        self._commit([(s.read_id, s.reason.label) for s in skipped], [], [_skip_row(s) for s in skipped],
+                     counters, None)
+        log.warning("%d reads recorded as missing their partner file (%s)", len(skipped), when)
+
+    # ------------------------------------------------------------------ outputs and status
+
+    def _refresh_if_due(self) -> None:
+        if time.monotonic() >= self._next_refresh:
+            self._refresh()
+
+    def _refresh(self, final: bool = False) -> None:
+        """Rewrite meth-freq.tsv (if changed) and summary.json; publish status."""
+        self._next_refresh = time.monotonic() + self.config.output.refresh_interval
+        out = self.config.output.dir
+        if self._freq_dirty or final:
+            write_atomic(out / FREQ_TSV, self.freq.format())
+            self._freq_dirty = False
+        self._refresh_status()
+        write_atomic(out / SUMMARY_JSON, json.dumps(self.summary(), indent=2) + "\n")
+        self._publish("status", self._status)
+
+    def _refresh_status(self) -> None:
+        counters = self.ledger.counters()
+        self._status = {"state": self.state.value, **self.ledger.read_counts(),
+                        "calls": counters.get("calls", 0), "reads_called": counters.get("reads_called", 0),
+                        "files_rejected": len(self.ledger.rejected_files()),
+                        "files_pending": len(self.watcher.pending) if self.watcher else 0}
+
+    def _status_line(self) -> str:
+        s = self._status
+        if not s:
+            return f"{self.state.value}"
+        return (f"{s['state']}: {s['done']} reads done ({s['reads_called']} called), {s['matched']} queued, "
+                f"{s['waiting_for_signal'] + s['waiting_for_basecalls']} waiting for a partner file, "
+                f"{s['calls']} calls, {s['files_rejected']} files set aside")
+
+    def summary(self) -> dict[str, Any]:
+        """What summary.json holds: counts, skipped reads by reason, rejected files, throughput, latency."""
+        counters = self.ledger.counters()
+        totals = self.ledger.batch_totals()
+        busy = totals["seconds"]
+        wall = time.monotonic() - self._started
+        return {
+            "state": self.state.value,
+            "ending": self.ending.reason if self.ending else None,
+            "watch_dir": str(self.config.watch.dir),
+            "started": _iso(self._started_wall),
+            "updated": _iso(time.time()),
+            "reads": self.ledger.read_counts() | {"called": counters.get("reads_called", 0)},
+            "records": {
+                "considered": counters.get("records_in", 0),
+                "called": counters.get("records_called", 0),
+                "skipped_by_reason": {k.split(".", 1)[1]: v for k, v in counters.items() if k.startswith("skipped.")},
+            },
+            "calls": counters.get("calls", 0),
+            "bases": counters.get("bases", 0),
+            "files": self.ledger.file_counts(),
+            "rejected_files": [{"path": p, "kind": k, "reason": r} for p, k, r in self.ledger.rejected_files()],
+            "throughput": {
+                "batches": totals["batches"],
+                "busy_s": round(busy, 3),
+                "bases_per_busy_s": round(totals["bases"] / busy, 1) if busy else 0.0,
+                "uptime_s": round(wall, 3),
+            },
+            "latency_s": {
+                "mean": round(totals["latency_sum"] / totals["reads"], 3) if totals["reads"] else None,
+                "max": round(totals["latency_max"], 3),
+            },
+            "basecall_reloads": self.cache.reloads,
+            "config": self.config.as_dict(),
+        }
+
+    # ------------------------------------------------------------------ publishing
+
+    def _publish_calls(self, rows: list[str]) -> None:
+        if self.publisher is None:
+            return
+        cols = list(zip(*(r.rstrip("\n").split("\t") for r in rows)))
+        columns: dict[str, Any] = dict(zip(_CALL_FIELDS, cols))
+        for name in ("start", "end", "num_calling_strands", "num_motifs"):
+            columns[name] = [int(v) for v in columns[name]]
+        for name in ("log_lik_ratio", "log_lik_methylated", "log_lik_unmethylated"):
+            columns[name] = [float(v) for v in columns[name]]
+        self._publish("calls", columns)
+        touched = MethFreq(self.freq.call_threshold, self.freq.split_groups)
+        touched.add_tsv(chain([self.pipeline.TSV_HEADER], rows))
+        keys = [k for k in touched.sites if k in self.freq.sites]
+        sites = [self.freq.sites[k] for k in keys]
+        self._publish("freq", {
+            "chromosome": [k[0] for k in keys], "start": [k[1] for k in keys], "end": [k[2] for k in keys],
+            "num_motifs_in_group": [s.group_size for s in sites], "called_sites": [s.called_sites for s in sites],
+            "called_sites_methylated": [s.called_sites_methylated for s in sites],
+            "group_sequence": [s.sequence for s in sites],
+        })
+
+    def _publish(self, what: str, *args) -> None:
+        """Hand a message to the publisher; a failing publisher is logged once and never stops the daemon."""
+        if self.publisher is None:
+            return
+        try:
+            getattr(self.publisher, f"publish_{what}")(*args)
+        except Exception as exc:  # noqa: BLE001 - the publisher is an optional consumer
+            if what not in self._publish_failed:
+                log.warning("publishing %s failed (%s); results are still written to files", what, exc)
+                self._publish_failed.add(what)
+
+
+def _skip_row(s: Skipped) -> str:
+    detail = s.detail.replace("\t", " ").replace("\n", " ")
+    return f"{s.read_id}\t{s.reason.label}\t{detail}\n"
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="seconds")

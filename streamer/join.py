@@ -1,0 +1,147 @@
+"""Reading the two halves of a read, and holding basecalls until their signal lands.
+
+Signal and basecall files of a batch land at different times, and a read may be in a
+basecall file before or after its signal file is closed. The ledger pairs them by read id
+(it keeps only ids and file numbers, so that side costs no memory). What needs memory is
+the basecalls themselves: `BasecallCache` holds those of open reads up to a bound on bases,
+drops the oldest past it, and reads a file again for the reads it no longer holds. Reads
+whose partner never arrives are reported by the daemon after `join.timeout`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Container, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pysam
+
+from streamer.errors import InputError
+from streamer.io.alignments import Alignment, AlignmentFilter, alignment_of
+from streamer.io.fastx import iter_fastx
+from streamer.skips import Skip, Skipped
+
+log = logging.getLogger(__name__)
+
+Record = Alignment | Skipped  # an alignment record that goes on, or why it does not
+
+
+@dataclass(frozen=True)
+class Basecalls:
+    """One read's basecalls and, when its file is an aligned BAM, its alignment records."""
+
+    read_id: str
+    seq: str  # as sequenced; "" when no record carries the whole read
+    records: tuple[Record, ...] | None  # None: the file has no alignments (FASTQ, unaligned BAM)
+
+    @property
+    def n_bases(self) -> int:
+        return len(self.seq)
+
+
+def read_basecall_file(path: Path, fmt: str, filt: AlignmentFilter,
+                       wanted: Container[str] | None = None) -> dict[str, Basecalls]:
+    """Every read of a FASTQ/FASTA or BAM file (or only the `wanted` ones), keyed by read id."""
+    if fmt == "bam":
+        return _read_bam(path, filt, wanted)
+    return {rid: Basecalls(rid, seq, None) for rid, seq in iter_fastx(path) if wanted is None or rid in wanted}
+
+
+def _read_bam(path: Path, filt: AlignmentFilter, wanted: Container[str] | None) -> dict[str, Basecalls]:
+    """Group a BAM's records by read; the read's sequence comes from its primary record.
+
+    A BAM without reference sequences in its header is unaligned (dorado, MinKNOW without a
+    reference): its reads are aligned by the daemon, like FASTQ.
+    """
+    try:
+        fh = pysam.AlignmentFile(str(path), "rb", check_sq=False)
+    except (OSError, ValueError) as exc:
+        raise InputError(path, f"cannot open BAM: {exc}") from exc
+    seqs: dict[str, str] = {}
+    records: dict[str, list[Record]] = {}
+    with fh:
+        aligned = fh.nreferences > 0
+        try:
+            for rec in fh.fetch(until_eof=True):
+                rid = rec.query_name
+                if wanted is not None and rid not in wanted:
+                    continue
+                records.setdefault(rid, [])
+                if not (rec.is_secondary or rec.is_supplementary) and rec.query_sequence:
+                    seqs[rid] = rec.get_forward_sequence().upper()
+                if aligned:
+                    records[rid].append(record_of(rec, filt, path))
+        except OSError as exc:
+            raise InputError(path, f"truncated or corrupt BAM: {exc}") from exc
+    return {rid: Basecalls(rid, seqs.get(rid, ""), tuple(recs) if aligned else None)
+            for rid, recs in records.items()}
+
+
+def record_of(rec: pysam.AlignedSegment, filt: AlignmentFilter, source: Path | str) -> Record:
+    """The record as `streamer call` takes it: an `Alignment`, or a `Skipped` naming where it came from."""
+    verdict, detail = filt.verdict(rec)
+    if verdict == Skip.OK:
+        return alignment_of(rec)
+    return Skipped(rec.query_name, verdict, f"{source}: {detail}")
+
+
+class BasecallCache:
+    """Basecalls of open reads, at most `max_bases` of them; the rest are read again when needed."""
+
+    def __init__(self, max_bases: int, filt: AlignmentFilter):
+        self.max_bases = max_bases
+        self._filt = filt
+        self._reads: OrderedDict[str, Basecalls] = OrderedDict()
+        self._bases = 0
+        self.reloads = 0  # files read again for reads that had been dropped (or held before a restart)
+
+    def __len__(self) -> int:
+        return len(self._reads)
+
+    @property
+    def bases(self) -> int:
+        return self._bases
+
+    def add(self, reads: Iterable[Basecalls]) -> None:
+        for bc in reads:
+            old = self._reads.pop(bc.read_id, None)
+            if old is not None:
+                self._bases -= old.n_bases
+            self._reads[bc.read_id] = bc
+            self._bases += bc.n_bases
+        while self._bases > self.max_bases and self._reads:
+            _, bc = self._reads.popitem(last=False)
+            self._bases -= bc.n_bases
+
+    def discard(self, read_ids: Iterable[str]) -> None:
+        for rid in read_ids:
+            bc = self._reads.pop(rid, None)
+            if bc is not None:
+                self._bases -= bc.n_bases
+
+    def take(self, wanted: Iterable[tuple[str, Path, str]]) -> tuple[dict[str, Basecalls], dict[str, str]]:
+        """Remove and return the basecalls of (read id, file, format); files are read again for
+        reads not held. Also returns, per read that could not be had, why not."""
+        found: dict[str, Basecalls] = {}
+        missing: dict[tuple[Path, str], set[str]] = {}
+        for rid, path, fmt in wanted:
+            bc = self._reads.pop(rid, None)
+            if bc is None:
+                missing.setdefault((path, fmt), set()).add(rid)
+            else:
+                self._bases -= bc.n_bases
+                found[rid] = bc
+        failed: dict[str, str] = {}
+        for (path, fmt), ids in missing.items():
+            self.reloads += 1
+            try:
+                got = read_basecall_file(path, fmt, self._filt, ids)
+            except InputError as exc:
+                log.warning("%s", exc)
+                failed.update(dict.fromkeys(ids, str(exc)))
+                continue
+            found.update(got)
+            failed.update({rid: f"{path}: read no longer in the file" for rid in ids - got.keys()})
+        return found, failed

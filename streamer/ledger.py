@@ -1,0 +1,348 @@
+"""The ledger: an SQLite file in the state folder recording every file and every read of a run.
+
+It is what makes output exactly-once. A batch's rows are appended to the output files and
+flushed first; then one transaction marks the batch's reads done together with the new end
+offset of every output file and the counters. After a crash, `Outputs.repair` cuts each
+output back to its committed offset, so rows written by an uncommitted batch vanish, and
+those reads, still open in the ledger, are processed again. No read twice, none missing.
+
+Reads live here from the moment either of their files is registered, so the join of signal
+and basecalls survives a restart without reading the files again; a read is "matched" once
+both are known, and "done" once it has an outcome: "called" or a skip reason.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from streamer.errors import StreamerError
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS files (
+    id INTEGER PRIMARY KEY,
+    path TEXT NOT NULL UNIQUE,
+    kind TEXT NOT NULL,           -- signal | basecalls
+    fmt TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL,
+    state TEXT NOT NULL,          -- registered | rejected
+    reason TEXT,
+    n_reads INTEGER NOT NULL DEFAULT 0,
+    at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS reads (
+    id INTEGER PRIMARY KEY,
+    read_id TEXT NOT NULL UNIQUE,
+    signal_file INTEGER,
+    basecall_file INTEGER,
+    n_bases INTEGER NOT NULL DEFAULT 0,
+    since REAL NOT NULL,          -- when the first of its files was registered (wall clock)
+    matched REAL,                 -- when the second was
+    outcome TEXT,                 -- NULL while open; 'called' or a skip label
+    batch INTEGER
+);
+CREATE INDEX IF NOT EXISTS reads_matched ON reads(matched) WHERE outcome IS NULL AND matched IS NOT NULL;
+CREATE INDEX IF NOT EXISTS reads_waiting ON reads(since) WHERE outcome IS NULL AND matched IS NULL;
+CREATE INDEX IF NOT EXISTS reads_basecall_file ON reads(basecall_file);
+CREATE TABLE IF NOT EXISTS outputs (name TEXT PRIMARY KEY, offset INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS batches (
+    id INTEGER PRIMARY KEY,
+    n_reads INTEGER NOT NULL,
+    n_records INTEGER NOT NULL,
+    n_calls INTEGER NOT NULL,
+    bases INTEGER NOT NULL,
+    seconds REAL NOT NULL,        -- time spent on the batch
+    latency_sum REAL NOT NULL,    -- over its reads: commit time - time both files were there
+    latency_max REAL NOT NULL,
+    at REAL NOT NULL
+);
+"""
+
+
+class LedgerError(StreamerError):
+    """The state folder is in use, belongs to another run, or disagrees with the outputs."""
+
+
+@dataclass(frozen=True)
+class Pick:
+    """A matched read ready for a batch: where its signal and its basecalls are."""
+
+    read_id: str
+    n_bases: int
+    signal_path: Path
+    basecall_path: Path
+    basecall_fmt: str
+    matched: float  # wall clock: when its second file was registered
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    """What one batch did, for throughput and latency in the summary."""
+
+    n_reads: int
+    n_records: int
+    n_calls: int
+    bases: int
+    seconds: float
+    latency_sum: float
+    latency_max: float
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """An open read that has only one of its two files."""
+
+    read_id: str
+    has_signal: bool
+    path: Path  # the file it has
+
+
+@dataclass(frozen=True)
+class Registered:
+    """What registering a file did."""
+
+    n_reads: int
+    newly_matched: int
+    duplicates: int  # read ids another file of the same kind already had
+    late: int  # reads already reported as missing this file
+
+
+class Ledger:
+    """One per state folder (an exclusive lock keeps a second daemon out)."""
+
+    def __init__(self, state_dir: Path, *, watch_dir: Path, clock=time.time):
+        self.state_dir = Path(state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._clock = clock
+        self._lock_fd = os.open(self.state_dir / "ledger.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise LedgerError(f"{self.state_dir}: another streamer daemon is using this state folder") from None
+        self.path = self.state_dir / "ledger.sqlite"
+        self.created = not self.path.exists()
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+        self._check_meta(Path(watch_dir))
+
+    def _check_meta(self, watch_dir: Path) -> None:
+        meta = dict(self._db.execute("SELECT key, value FROM meta"))
+        want = str(watch_dir.resolve())
+        if not meta:
+            with self._tx():
+                self._db.executemany("INSERT INTO meta VALUES (?, ?)", [
+                    ("schema_version", str(SCHEMA_VERSION)), ("watch_dir", want), ("created", str(self._clock())),
+                ])
+            return
+        if meta.get("schema_version") != str(SCHEMA_VERSION):
+            raise LedgerError(f"{self.path}: ledger schema {meta.get('schema_version')}, this streamer writes "
+                              f"{SCHEMA_VERSION}; use a new state folder")
+        if meta.get("watch_dir") != want:
+            raise LedgerError(f"{self.path}: this state folder belongs to the run in {meta.get('watch_dir')}, "
+                              f"not {want}; give each run its own output or state folder")
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+            os.close(self._lock_fd)
+
+    def __enter__(self) -> "Ledger":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _tx(self):
+        return _Transaction(self._db)
+
+    # ------------------------------------------------------------------ meta
+
+    def get_meta(self, key: str) -> str | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self._tx():
+            self._db.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                             (key, value))
+
+    # ------------------------------------------------------------------ files
+
+    def is_known(self, path: Path, size: int, mtime_ns: int) -> bool:
+        """Registered (whatever happened to it since), or rejected as it is now."""
+        row = self._db.execute("SELECT state, size, mtime_ns FROM files WHERE path = ?", (str(path),)).fetchone()
+        if row is None:
+            return False
+        return row[0] == "registered" or (row[1], row[2]) == (size, mtime_ns)
+
+    def file_state(self, path: Path) -> str | None:
+        row = self._db.execute("SELECT state FROM files WHERE path = ?", (str(path),)).fetchone()
+        return row[0] if row else None
+
+    def _upsert_file(self, path: Path, kind: str, fmt: str, size: int, mtime_ns: int, state: str,
+                     reason: str | None, n_reads: int) -> int:
+        self._db.execute(
+            "INSERT INTO files (path, kind, fmt, size, mtime_ns, state, reason, n_reads, at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(path) DO UPDATE SET kind = excluded.kind, "
+            "fmt = excluded.fmt, size = excluded.size, mtime_ns = excluded.mtime_ns, state = excluded.state, "
+            "reason = excluded.reason, n_reads = excluded.n_reads, at = excluded.at",
+            (str(path), kind, fmt, size, mtime_ns, state, reason, n_reads, self._clock()))
+        return self._db.execute("SELECT id FROM files WHERE path = ?", (str(path),)).fetchone()[0]
+
+    def reject_file(self, path: Path, kind: str, fmt: str, size: int, mtime_ns: int, reason: str) -> None:
+        with self._tx():
+            self._upsert_file(path, kind, fmt, size, mtime_ns, "rejected", reason, 0)
+
+    def register_signal_file(self, path: Path, fmt: str, size: int, mtime_ns: int,
+                             read_ids: list[str]) -> Registered:
+        return self._register(path, "signal", fmt, size, mtime_ns, [(r, 0) for r in read_ids])
+
+    def register_basecall_file(self, path: Path, fmt: str, size: int, mtime_ns: int,
+                               reads: list[tuple[str, int]]) -> Registered:
+        """`reads`: (read id, number of bases)."""
+        return self._register(path, "basecalls", fmt, size, mtime_ns, reads)
+
+    def _register(self, path: Path, kind: str, fmt: str, size: int, mtime_ns: int,
+                  reads: list[tuple[str, int]]) -> Registered:
+        mine, other = ("signal_file", "basecall_file") if kind == "signal" else ("basecall_file", "signal_file")
+        now = self._clock()
+        with self._tx():
+            fid = self._upsert_file(path, kind, fmt, size, mtime_ns, "registered", None, len(reads))
+            bases = "n_bases = excluded.n_bases, " if kind == "basecalls" else ""
+            self._db.executemany(
+                f"INSERT INTO reads (read_id, {mine}, n_bases, since) VALUES (?, ?, ?, ?) "
+                f"ON CONFLICT(read_id) DO UPDATE SET {mine} = excluded.{mine}, {bases}"
+                f"matched = CASE WHEN {other} IS NOT NULL THEN excluded.since ELSE NULL END "
+                f"WHERE {mine} IS NULL",
+                ((rid, fid, n, now) for rid, n in reads))
+            mine_count, matched, late = self._db.execute(
+                f"SELECT count(*), count(matched) FILTER (WHERE outcome IS NULL), "
+                f"count(*) FILTER (WHERE outcome IS NOT NULL) FROM reads WHERE {mine} = ?", (fid,)).fetchone()
+        return Registered(len(reads), matched, len(reads) - mine_count, late)
+
+    def rejected_files(self) -> list[tuple[str, str, str]]:
+        """(path, kind, reason) of every file set aside."""
+        return list(self._db.execute("SELECT path, kind, reason FROM files WHERE state = 'rejected' ORDER BY path"))
+
+    def file_counts(self) -> dict[str, int]:
+        return {f"{kind}_{state}": n for kind, state, n in
+                self._db.execute("SELECT kind, state, count(*) FROM files GROUP BY kind, state")}
+
+    # ------------------------------------------------------------------ reads
+
+    def matched(self, max_reads: int, max_bases: int) -> tuple[list[Pick], bool]:
+        """The oldest matched reads, up to `max_reads` reads and (past the first) `max_bases`
+        bases; and whether that filled a batch."""
+        picks: list[Pick] = []
+        bases = 0
+        rows = self._db.execute(
+            "SELECT r.read_id, r.n_bases, s.path, b.path, b.fmt, r.matched FROM reads r "
+            "JOIN files s ON s.id = r.signal_file JOIN files b ON b.id = r.basecall_file "
+            "WHERE r.outcome IS NULL AND r.matched IS NOT NULL ORDER BY r.matched, r.id LIMIT ?", (max_reads,))
+        for rid, n, sp, bp, fmt, matched in rows:
+            if picks and bases + n > max_bases:
+                return picks, True
+            picks.append(Pick(rid, n, Path(sp), Path(bp), fmt, matched))
+            bases += n
+        return picks, len(picks) == max_reads or bases >= max_bases
+
+    def oldest_match(self) -> float | None:
+        """When the longest-waiting matched read was matched (wall clock)."""
+        row = self._db.execute("SELECT min(matched) FROM reads WHERE outcome IS NULL AND matched IS NOT NULL")
+        return row.fetchone()[0]
+
+    def waiting(self, since_before: float | None = None) -> list[Waiting]:
+        """Open reads with one file only, first registered before `since_before` (all if None)."""
+        cutoff = float("inf") if since_before is None else since_before
+        rows = self._db.execute(
+            "SELECT r.read_id, r.signal_file IS NOT NULL, f.path FROM reads r "
+            "JOIN files f ON f.id = coalesce(r.signal_file, r.basecall_file) "
+            "WHERE r.outcome IS NULL AND r.matched IS NULL AND r.since < ? ORDER BY r.id", (cutoff,))
+        return [Waiting(rid, bool(s), Path(p)) for rid, s, p in rows]
+
+    def open_reads_of(self, basecall_path: Path) -> set[str]:
+        """Open reads whose basecalls are in this file (to reload them after a restart)."""
+        rows = self._db.execute(
+            "SELECT r.read_id FROM reads r JOIN files f ON f.id = r.basecall_file "
+            "WHERE f.path = ? AND r.outcome IS NULL", (str(basecall_path),))
+        return {r for (r,) in rows}
+
+    def read_counts(self) -> dict[str, int]:
+        row = self._db.execute(
+            "SELECT count(*) FILTER (WHERE outcome IS NOT NULL), "
+            "count(*) FILTER (WHERE outcome IS NULL AND matched IS NOT NULL), "
+            "count(*) FILTER (WHERE outcome IS NULL AND matched IS NULL AND signal_file IS NOT NULL), "
+            "count(*) FILTER (WHERE outcome IS NULL AND matched IS NULL AND basecall_file IS NOT NULL) "
+            "FROM reads").fetchone()
+        return {"done": row[0], "matched": row[1], "waiting_for_basecalls": row[2], "waiting_for_signal": row[3]}
+
+    def outcome(self, read_id: str) -> str | None:
+        row = self._db.execute("SELECT outcome FROM reads WHERE read_id = ?", (read_id,)).fetchone()
+        return row[0] if row else None
+
+    # ------------------------------------------------------------------ batches
+
+    def offsets(self) -> dict[str, int]:
+        return dict(self._db.execute("SELECT name, offset FROM outputs"))
+
+    def counters(self) -> dict[str, int]:
+        return dict(self._db.execute("SELECT name, value FROM counters ORDER BY name"))
+
+    def batch_totals(self) -> dict[str, float]:
+        row = self._db.execute(
+            "SELECT count(*), coalesce(sum(n_reads), 0), coalesce(sum(bases), 0), coalesce(sum(seconds), 0), "
+            "coalesce(sum(latency_sum), 0), coalesce(max(latency_max), 0) FROM batches").fetchone()
+        return dict(zip(("batches", "reads", "bases", "seconds", "latency_sum", "latency_max"), row))
+
+    def commit(self, outcomes: Iterable[tuple[str, str]], offsets: Mapping[str, int],
+               counters: Mapping[str, int], batch: BatchRecord | None = None) -> int | None:
+        """One transaction: reads done, output offsets, counters, and the batch record if any;
+        returns the batch id."""
+        with self._tx():
+            bid = None
+            if batch is not None:
+                cur = self._db.execute(
+                    "INSERT INTO batches (n_reads, n_records, n_calls, bases, seconds, latency_sum, latency_max, at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (batch.n_reads, batch.n_records, batch.n_calls, batch.bases, batch.seconds, batch.latency_sum,
+                     batch.latency_max, self._clock()))
+                bid = cur.lastrowid
+            self._db.executemany("UPDATE reads SET outcome = ?, batch = ? WHERE read_id = ? AND outcome IS NULL",
+                                 ((outcome, bid, rid) for rid, outcome in outcomes))
+            self._db.executemany(
+                "INSERT INTO outputs VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET offset = excluded.offset",
+                offsets.items())
+            self._db.executemany(
+                "INSERT INTO counters VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
+                ((k, v) for k, v in counters.items() if v))
+        return bid
+
+
+class _Transaction:
+    """`BEGIN IMMEDIATE` … `COMMIT`, or `ROLLBACK` on an exception."""
+
+    def __init__(self, db: sqlite3.Connection):
+        self._db = db
+
+    def __enter__(self) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type, *exc) -> None:
+        self._db.execute("ROLLBACK" if exc_type else "COMMIT")

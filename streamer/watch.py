@@ -1,0 +1,482 @@
+"""Watching a run folder: which files matter, when a file is complete, and the watcher itself.
+
+A file is handed on ("ready") exactly when it is complete:
+- formats with an end marker (POD5, BLOW5, BAM, gzip) when the marker is there;
+- formats without one (FAST5, plain FASTQ/FASTA, SLOW5, final_summary) after a close or
+  move event, or, where no event can tell (start-up scan, polling), once unchanged for
+  `settle` seconds; a FAST5 must then also open, which is retried with back-off because
+  HDF5 refuses to open a file another process is still writing.
+A file that stays unchanged and incomplete for `incomplete_timeout` seconds is rejected with
+the reason (truncated, corrupt); if it changes later it is looked at again.
+
+watchdog's observer thread only enqueues paths; every check runs on the caller's thread in
+`Watcher.poll`, so a slow check never stalls event delivery.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import queue
+import time
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
+from watchdog.observers.polling import PollingObserver
+
+from streamer.errors import InputError
+from streamer.io import fast5
+
+log = logging.getLogger(__name__)
+
+POD5_SIGNATURE = b"\x8bPOD\r\n\x1a\n"
+BLOW5_EOF = b"5WOLB"
+BGZF_EOF = bytes.fromhex("1f8b08040000000000ff0600424302001b0003000000000000000000")
+
+SIGNAL_DIRS = ("fast5", "pod5", "slow5", "blow5")  # prefixes: fast5_pass, pod5_fail, ...
+BASECALL_DIRS = ("fastq", "bam")
+TEMP_SUFFIXES = (".tmp", ".temp", ".part", ".partial", "~", ".swp")
+
+
+class Kind(enum.Enum):
+    SIGNAL = "signal"
+    BASECALLS = "basecalls"
+    FINAL_SUMMARY = "final_summary"
+    STOP = "stop"
+
+
+class Verdict(enum.Enum):
+    COMPLETE = "complete"
+    INCOMPLETE = "incomplete"
+    CORRUPT = "corrupt"
+
+
+@dataclass(frozen=True)
+class RunFile:
+    """A file of the run that the daemon reads, with its format and the run folder it belongs to."""
+
+    path: Path
+    kind: Kind
+    fmt: str  # fast5 pod5 blow5 slow5 fastq fasta bam text
+    run_root: Path
+
+
+def file_format(name: str) -> tuple[Kind, str] | None:
+    """(kind, format) from a file name, or None for files the daemon does not read."""
+    lower = name.lower()
+    base = lower[:-3] if lower.endswith(".gz") else lower
+    for suffix, kind, fmt in (
+        (".fast5", Kind.SIGNAL, "fast5"), (".pod5", Kind.SIGNAL, "pod5"), (".blow5", Kind.SIGNAL, "blow5"),
+        (".slow5", Kind.SIGNAL, "slow5"), (".bam", Kind.BASECALLS, "bam"), (".fastq", Kind.BASECALLS, "fastq"),
+        (".fq", Kind.BASECALLS, "fastq"), (".fasta", Kind.BASECALLS, "fasta"), (".fa", Kind.BASECALLS, "fasta"),
+    ):
+        if (base if fmt in ("fastq", "fasta") else lower).endswith(suffix):
+            return kind, fmt
+    return None
+
+
+def has_end_marker(path: Path, fmt: str) -> bool:
+    """Whether this format can tell by its bytes that it is complete."""
+    return fmt in ("pod5", "blow5", "bam") or path.name.lower().endswith(".gz")
+
+
+def _tail(path: Path, n: int) -> bytes:
+    with open(path, "rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        size = fh.tell()
+        fh.seek(max(0, size - n))
+        return fh.read()
+
+
+def _gzip_complete(path: Path) -> tuple[Verdict, str]:
+    """Decompress (and discard) every member; complete only if the last one ended with its trailer."""
+    with open(path, "rb") as fh:
+        if fh.read(2) != b"\x1f\x8b":
+            return Verdict.CORRUPT, "not gzip-compressed (bad magic bytes)"
+        fh.seek(0)
+        d = zlib.decompressobj(wbits=31)
+        in_member = False
+        try:
+            while chunk := fh.read(1 << 20):
+                while chunk:
+                    d.decompress(chunk)
+                    in_member = True
+                    if not d.eof:
+                        break
+                    chunk, in_member = d.unused_data, False
+                    d = zlib.decompressobj(wbits=31)
+        except zlib.error as exc:
+            return Verdict.CORRUPT, f"corrupt gzip data ({exc})"
+    if in_member:
+        return Verdict.INCOMPLETE, "gzip stream has no trailer (truncated, or still being written)"
+    return Verdict.COMPLETE, ""
+
+
+def check_complete(path: Path, fmt: str) -> tuple[Verdict, str]:
+    """Whether `path` is complete, by the cheapest test its format allows; reason when not."""
+    try:
+        size = path.stat().st_size
+        if size == 0:
+            return Verdict.INCOMPLETE, "empty file"
+        if fmt == "pod5":
+            ok = _tail(path, 8) == POD5_SIGNATURE
+            return (Verdict.COMPLETE, "") if ok else (Verdict.INCOMPLETE, "no POD5 end signature")
+        if fmt == "blow5":
+            ok = _tail(path, 5) == BLOW5_EOF
+            return (Verdict.COMPLETE, "") if ok else (Verdict.INCOMPLETE, "no BLOW5 end-of-file marker")
+        if fmt == "bam":
+            ok = _tail(path, 28) == BGZF_EOF
+            return (Verdict.COMPLETE, "") if ok else (Verdict.INCOMPLETE, "no BGZF end-of-file block")
+        if path.name.lower().endswith(".gz"):
+            return _gzip_complete(path)
+        if fmt == "fast5":
+            try:
+                fast5.fast5_read_ids(path)
+            except InputError as exc:
+                return Verdict.INCOMPLETE, exc.reason
+            return Verdict.COMPLETE, ""
+        ok = _tail(path, 1) == b"\n"
+        return (Verdict.COMPLETE, "") if ok else (Verdict.INCOMPLETE, "last line is not terminated")
+    except OSError as exc:
+        return Verdict.INCOMPLETE, f"cannot read ({exc.strerror or exc})"
+
+
+@dataclass
+class Layout:
+    """Which files under the watched folder the daemon reads, and the run folder of each.
+
+    MinKNOW writes `{run}/fast5_pass/…`, `{run}/fastq_pass/barcode01/…` and so on; the run
+    folder is the parent of such a data folder. Elsewhere (a plain folder of files) a file's
+    run folder is its own folder. Hidden and temporary files, the daemon's own output folders
+    and, unless asked for, `*_fail` and `*_skip` folders are left alone.
+    """
+
+    root: Path
+    stop_file: str = "STOP"
+    include_fail: bool = False
+    basecalls: str = "auto"  # auto | bam | fastq
+    exclude: tuple[Path, ...] = ()
+    _bam_dirs: set[Path] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.root = Path(os.path.abspath(self.root))
+        self.exclude = tuple(Path(os.path.abspath(p)) for p in self.exclude)
+
+    def note_listing(self, paths: Iterable[Path]) -> None:
+        """Remember folders holding BAM files (for `basecalls: auto`) before classifying a scan."""
+        self._bam_dirs.update(p.parent for p in paths if p.name.lower().endswith(".bam"))
+
+    def classify(self, path: Path) -> RunFile | None:
+        path = Path(os.path.abspath(path))
+        try:
+            rel = path.relative_to(self.root)
+        except ValueError:
+            return None
+        if any(path == e or e in path.parents for e in self.exclude):
+            return None
+        parts = rel.parts
+        if not parts or any(p.startswith(".") for p in parts) or parts[-1].lower().endswith(TEMP_SUFFIXES):
+            return None
+        name = parts[-1]
+        if len(parts) == 1 and name == self.stop_file:
+            return RunFile(path, Kind.STOP, "text", self.root)
+        data_dir = next((i for i, p in enumerate(parts[:-1]) if _is_data_dir(p)), None)
+        if data_dir is not None and not self.include_fail and _is_fail_dir(parts[data_dir]):
+            return None
+        run_root = self.root.joinpath(*parts[:data_dir]) if data_dir is not None else path.parent
+        if name.startswith("final_summary") and name.endswith(".txt"):
+            return RunFile(path, Kind.FINAL_SUMMARY, "text", path.parent)
+        kf = file_format(name)
+        if kf is None:
+            return None
+        kind, fmt = kf
+        if kind is Kind.BASECALLS and not self._wanted_basecalls(path, fmt, run_root):
+            return None
+        return RunFile(path, kind, fmt, run_root)
+
+    def _wanted_basecalls(self, path: Path, fmt: str, run_root: Path) -> bool:
+        if fmt == "bam":
+            self._bam_dirs.add(path.parent)
+            return self.basecalls in ("auto", "bam")
+        if self.basecalls != "auto":
+            return self.basecalls == "fastq"
+        return not ((run_root / "bam_pass").is_dir() or path.parent in self._bam_dirs)
+
+
+def _is_data_dir(name: str) -> bool:
+    lower = name.lower()
+    return any(lower == d or lower.startswith(d + "_") for d in SIGNAL_DIRS + BASECALL_DIRS)
+
+
+def _is_fail_dir(name: str) -> bool:
+    lower = name.lower()
+    return lower.endswith("_fail") or lower.endswith("_skip")
+
+
+# ---------------------------------------------------------------------------- the watcher
+
+
+@dataclass(frozen=True)
+class Ready:
+    """A complete file, with the size and modification time it was checked at."""
+
+    file: RunFile
+    size: int
+    mtime_ns: int
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A file set aside: truncated or corrupt, with the reason."""
+
+    file: RunFile
+    size: int
+    mtime_ns: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class _Raw:
+    path: str
+    announced: bool  # a close-after-write or move-in: the writer is done with it
+    is_dir: bool = False
+    gone: bool = False
+
+
+@dataclass
+class _Candidate:
+    file: RunFile
+    size: int = -1
+    mtime_ns: int = -1
+    changed_at: float = 0.0
+    announced: bool = False
+    checked: tuple[int, int] | None = None
+    next_check: float = 0.0
+    attempts: int = 0
+    reason: str = ""
+
+
+class _Handler(FileSystemEventHandler):
+    """Runs on watchdog's dispatcher thread: only enqueues."""
+
+    def __init__(self, q: queue.SimpleQueue, use_modified: bool):
+        self._q = q
+        self._use_modified = use_modified
+
+    def on_created(self, event: FileSystemEvent) -> None:
+        self._q.put(_Raw(_text(event.src_path), False, event.is_directory))
+
+    def on_modified(self, event: FileSystemEvent) -> None:
+        if self._use_modified and not event.is_directory:
+            self._q.put(_Raw(_text(event.src_path), False))
+
+    def on_closed(self, event: FileSystemEvent) -> None:
+        self._q.put(_Raw(_text(event.src_path), True))
+
+    def on_moved(self, event: FileSystemEvent) -> None:
+        self._q.put(_Raw(_text(event.src_path), False, event.is_directory, gone=True))
+        self._q.put(_Raw(_text(event.dest_path), True, event.is_directory))
+
+    def on_deleted(self, event: FileSystemEvent) -> None:
+        self._q.put(_Raw(_text(event.src_path), False, event.is_directory, gone=True))
+
+
+def _text(p: str | bytes) -> str:
+    return os.fsdecode(p)
+
+
+@dataclass(frozen=True)
+class WatchTimings:
+    poll_interval: float = 2.0
+    settle: float = 5.0
+    incomplete_timeout: float = 300.0
+    max_backoff: float = 30.0
+
+
+class Watcher:
+    """Turns file-system events and a start-up scan into `Ready` and `Rejected` files.
+
+    `known(path, size, mtime_ns)` lets the caller (the ledger) skip files it has already
+    dealt with, before any check reads them.
+    """
+
+    def __init__(self, layout: Layout, timings: WatchTimings, *, poll: bool = False,
+                 known: Callable[[Path, int, int], bool] = lambda p, s, m: False,
+                 clock: Callable[[], float] = time.monotonic):
+        self.layout = layout
+        self.timings = timings
+        self._poll = poll
+        self._known = known
+        self._clock = clock
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._candidates: dict[Path, _Candidate] = {}
+        self._observer = None
+        self.run_roots: set[Path] = set()
+        self.last_activity = clock()
+
+    # -- lifecycle
+
+    def start(self) -> None:
+        """Start the observer, then scan: a file closed in between is seen by one or the other."""
+        if self._observer is not None:
+            return
+        if self._poll:
+            observer = PollingObserver(timeout=self.timings.poll_interval)
+        else:
+            observer = Observer()
+        observer.schedule(_Handler(self._q, use_modified=self._poll), str(self.layout.root), recursive=True)
+        observer.start()
+        self._observer = observer
+        self.scan(self.layout.root)
+
+    def close(self) -> None:
+        if self._observer is not None:
+            self._observer.stop()
+            self._observer.join()
+            self._observer = None
+
+    def __enter__(self) -> "Watcher":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- what is pending
+
+    @property
+    def pending(self) -> list[Path]:
+        """Files seen but not complete yet."""
+        return sorted(self._candidates)
+
+    def scan(self, top: Path) -> None:
+        paths = [Path(d) / f for d, _, files in os.walk(top) for f in files]
+        self.layout.note_listing(paths)
+        for p in sorted(paths):
+            self._see(p, announced=False)
+
+    # -- the work, on the caller's thread
+
+    def poll(self, timeout: float) -> list[Ready | Rejected]:
+        """Wait up to `timeout` s for events, then check what is due; the files that are settled."""
+        try:
+            first = self._q.get(timeout=timeout) if timeout > 0 else self._q.get_nowait()
+        except queue.Empty:
+            first = None
+        raws = [first] if first is not None else []
+        while True:
+            try:
+                raws.append(self._q.get_nowait())
+            except queue.Empty:
+                break
+        for raw in raws:
+            self._take(raw)
+        return self._check_due()
+
+    def reject_pending(self, why: str) -> list[Rejected]:
+        """Give up on every incomplete file (end of run): each is rejected with its last reason."""
+        out = []
+        for path, c in sorted(self._candidates.items()):
+            reason = c.reason or "never completed"
+            out.append(Rejected(c.file, c.size, c.mtime_ns, f"{reason} ({why})"))
+        self._candidates.clear()
+        return out
+
+    def _take(self, raw: _Raw) -> None:
+        path = Path(raw.path)
+        if raw.gone:
+            self._candidates.pop(path, None)
+            return
+        if raw.is_dir:
+            if path.is_dir():  # made or moved in with files already inside
+                self.scan(path)
+            return
+        self._see(path, raw.announced)
+
+    def _see(self, path: Path, announced: bool) -> None:
+        c = self._candidates.get(Path(os.path.abspath(path)))
+        if c is None:
+            f = self.layout.classify(path)
+            if f is None:
+                return
+            self.run_roots.add(f.run_root)
+            try:
+                st = f.path.stat()
+            except OSError:
+                return
+            if self._known(f.path, st.st_size, st.st_mtime_ns):
+                return
+            now = self._clock()
+            age = max(0.0, time.time() - st.st_mtime_ns / 1e9)
+            c = _Candidate(f, st.st_size, st.st_mtime_ns, changed_at=now - age, next_check=now)
+            self._candidates[f.path] = c
+            log.debug("new file %s (%s, %s)", f.path, f.kind.value, f.fmt)
+        self.last_activity = self._clock()
+        if announced:
+            self._restat(c)
+            c.announced = True
+            c.next_check = self._clock()
+            c.attempts = 0
+
+    def _restat(self, c: _Candidate) -> bool:
+        """Refresh size and mtime; False if the file is gone."""
+        try:
+            st = c.file.path.stat()
+        except OSError:
+            return False
+        if (st.st_size, st.st_mtime_ns) != (c.size, c.mtime_ns):
+            c.size, c.mtime_ns = st.st_size, st.st_mtime_ns
+            c.changed_at = self._clock()
+            c.announced = False
+            c.attempts = 0
+            self.last_activity = c.changed_at
+        return True
+
+    def _check_due(self) -> list[Ready | Rejected]:
+        out: list[Ready | Rejected] = []
+        now = self._clock()
+        t = self.timings
+        for path in [p for p, c in self._candidates.items() if c.next_check <= now]:
+            c = self._candidates[path]
+            if not self._restat(c):
+                del self._candidates[path]
+                continue
+            outcome = self._evaluate(c, now)
+            if outcome is not None:
+                del self._candidates[path]
+                out.append(outcome)
+                continue
+            if c.attempts:
+                c.next_check = now + min(t.poll_interval * 2 ** (c.attempts - 1), t.max_backoff)
+            else:
+                c.next_check = now + t.poll_interval
+        return out
+
+    def _evaluate(self, c: _Candidate, now: float) -> Ready | Rejected | None:
+        t = self.timings
+        f = c.file
+        if f.kind is Kind.STOP:
+            return Ready(f, c.size, c.mtime_ns)
+        settled = c.announced or now - c.changed_at >= t.settle
+        marker = has_end_marker(f.path, f.fmt)
+        if not (settled or marker):
+            return None
+        sig = (c.size, c.mtime_ns)
+        if sig != c.checked or f.fmt == "fast5":
+            verdict, reason = check_complete(f.path, f.fmt)
+            c.checked = sig
+            if verdict is Verdict.COMPLETE:
+                return Ready(f, c.size, c.mtime_ns)
+            if verdict is Verdict.CORRUPT and settled:
+                return Rejected(f, c.size, c.mtime_ns, reason)
+            c.reason = reason
+            c.attempts += 1
+        if settled and now - c.changed_at >= t.incomplete_timeout:
+            waited = now - c.changed_at
+            return Rejected(f, c.size, c.mtime_ns, f"{c.reason}; unchanged for {waited:.0f} s")
+        return None
