@@ -44,27 +44,29 @@ def make_read_input(aln: Alignment, seq: str, sig: SignalRecord, ref: Reference,
 
 
 def offline_batches(
-    records: Iterable[tuple[str, Alignment | None, Skip]],
+    records: Iterable[Alignment | Skipped],
     basecalls: Mapping[str, str],
     index: SignalIndex,
     ref: Reference,
     limits: BatchLimits,
+    reads_path: str = "the reads file",
 ) -> Iterator[tuple[list[ReadInput], list[Skipped]]]:
     """Yield (reads, skipped) per batch from BAM records in file order."""
     reads: list[ReadInput] = []
     skipped: list[Skipped] = []
     bases = 0
-    for read_id, aln, verdict in records:
-        if aln is None:
-            skipped.append(Skipped(read_id, verdict))
+    for aln in records:
+        if isinstance(aln, Skipped):
+            skipped.append(aln)
             continue
+        read_id = aln.read_id
         seq = basecalls.get(read_id)
         if seq is None:
-            skipped.append(Skipped(read_id, Skip.NO_BASECALL, "not in the reads file"))
+            skipped.append(Skipped(read_id, Skip.NO_BASECALL, f"not in {reads_path}"))
             continue
         path = index.lookup(read_id)
         if path is None:
-            skipped.append(Skipped(read_id, Skip.NO_SIGNAL, "not found in the signal files"))
+            skipped.append(Skipped(read_id, Skip.NO_SIGNAL, f"not found in the signal files indexed for {reads_path}"))
             continue
         try:
             sig = read_signal(path, read_id)

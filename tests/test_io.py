@@ -3,7 +3,7 @@ import gzip
 import pytest
 
 from streamer.errors import InputError
-from streamer.io.alignments import AlignmentFilter, iter_alignments
+from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments
 from streamer.io.fastx import iter_fastx, load_basecalls
 from streamer.io.reference import Reference
 from streamer.skips import Skip
@@ -51,12 +51,13 @@ def test_reference_from_plain_gzip_and_from_faidx(reference_path, tmp_path):
 def test_alignment_filter_like_f5c(ecoli):
     recs = list(iter_alignments(ecoli / "reads.bam", AlignmentFilter()))
     assert len(recs) == 9  # 8 reads; one with a supplementary record far from its primary
-    assert all(v == Skip.OK for _, _, v in recs)
-    fwd = next(a for rid, a, _ in recs if rid == READ1)
+    assert all(isinstance(a, Alignment) for a in recs)
+    fwd = next(a for a in recs if a.read_id == READ1)
     assert (fwd.ref_name, fwd.ref_start, fwd.rc) == ("NC_000913.3", 521678, False)
     assert fwd.cigar.shape[1] == 2 and fwd.ref_end > fwd.ref_start
     strict = list(iter_alignments(ecoli / "reads.bam", AlignmentFilter(min_mapq=61)))
-    assert {v for _, _, v in strict} == {Skip.LOW_MAPQ}
+    assert {s.reason for s in strict} == {Skip.LOW_MAPQ}
+    assert "reads.bam: mapping quality 60 < 61" in strict[0].message()
 
 
 def test_corrupt_bam_names_the_file(tmp_path):

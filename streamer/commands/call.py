@@ -12,7 +12,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from streamer.assemble import BatchLimits, offline_batches
-from streamer.io.alignments import AlignmentFilter, iter_alignments
+from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments
 from streamer.io.fastx import load_basecalls
 from streamer.io.index import open_index
 from streamer.io.reference import Reference
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     progress = sys.stderr.isatty()
     with ExitStack() as stack:
         ref = stack.enter_context(Reference(args.genome))
-        wanted = {rid for rid, aln, _ in iter_alignments(args.bam, filt) if aln is not None}
+        wanted = {aln.read_id for aln in iter_alignments(args.bam, filt) if isinstance(aln, Alignment)}
         basecalls = load_basecalls(args.reads, wanted)
         index = open_index(args.reads, args.signal)
         for path, reason in index.bad_files.items():
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         out = stack.enter_context(open(args.output, "w")) if args.output else sys.stdout
         out.write(Pipeline.TSV_HEADER)
         records = iter_alignments(args.bam, filt)
-        for reads, skipped in _prefetch(offline_batches(records, basecalls, index, ref, limits)):
+        for reads, skipped in _prefetch(offline_batches(records, basecalls, index, ref, limits, str(args.reads))):
             summary.reads_in += len(reads) + len(skipped)
             _report(skipped, summary)
             if not reads:

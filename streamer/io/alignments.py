@@ -10,7 +10,7 @@ import numpy as np
 import pysam
 
 from streamer.errors import InputError
-from streamer.skips import Skip
+from streamer.skips import Skip, Skipped
 
 
 @dataclass(frozen=True)
@@ -20,14 +20,15 @@ class AlignmentFilter:
     min_mapq: int = 20
     secondary: bool = False
 
-    def verdict(self, rec: pysam.AlignedSegment) -> Skip:
+    def verdict(self, rec: pysam.AlignedSegment) -> tuple[Skip, str]:
+        """(Skip.OK, "") for a record that goes on, else the reason and a detail for the log."""
         if rec.is_unmapped:
-            return Skip.UNMAPPED
+            return Skip.UNMAPPED, "unmapped"
         if rec.mapping_quality < self.min_mapq:
-            return Skip.LOW_MAPQ
+            return Skip.LOW_MAPQ, f"mapping quality {rec.mapping_quality} < {self.min_mapq}"
         if rec.is_secondary and not self.secondary:
-            return Skip.SECONDARY
-        return Skip.OK
+            return Skip.SECONDARY, "secondary alignment (use --secondary yes to keep)"
+        return Skip.OK, ""
 
 
 @dataclass(frozen=True)
@@ -55,8 +56,8 @@ def alignment_of(rec: pysam.AlignedSegment) -> Alignment:
     )
 
 
-def iter_alignments(path: str | Path, filt: AlignmentFilter) -> Iterator[tuple[str, Alignment | None, Skip]]:
-    """Yield (read_id, alignment or None, verdict) for every record, in file order."""
+def iter_alignments(path: str | Path, filt: AlignmentFilter) -> Iterator[Alignment | Skipped]:
+    """Yield every record in file order: an `Alignment` to process, or a `Skipped` naming the file."""
     path = Path(path)
     try:
         fh = pysam.AlignmentFile(str(path), "rb", check_sq=False)
@@ -65,7 +66,10 @@ def iter_alignments(path: str | Path, filt: AlignmentFilter) -> Iterator[tuple[s
     with fh:
         try:
             for rec in fh.fetch(until_eof=True):
-                verdict = filt.verdict(rec)
-                yield rec.query_name, (alignment_of(rec) if verdict == Skip.OK else None), verdict
+                verdict, detail = filt.verdict(rec)
+                if verdict == Skip.OK:
+                    yield alignment_of(rec)
+                else:
+                    yield Skipped(rec.query_name, verdict, f"{path}: {detail}")
         except OSError as exc:
             raise InputError(path, f"truncated or corrupt BAM: {exc}") from exc

@@ -49,7 +49,6 @@ class SignalIndex:
             try:
                 ids = signal_read_ids(f)
             except InputError as exc:
-                log.warning("%s", exc)
                 bad[str(f)] = exc.reason
                 continue
             for rid in ids:

@@ -1,0 +1,341 @@
+"""The ZeroMQ publisher: results out to any number of subscribers, never back-pressure in.
+
+Callers (the pipeline, the tuning monitor, the daemon) encode their message and
+append it to a byte-bounded queue; one thread owns every socket and sends. The
+pipeline therefore never waits on a subscriber: a slow one loses messages at
+the high-water mark (PUB semantics) and sees the loss in the sequence numbers.
+Should the sending thread itself fall behind, the queue drops the newest
+message, counts it, and still spends its sequence number so the loss shows.
+
+The same thread serves the snapshot endpoint (ROUTER, the clone pattern),
+sends a `status` heartbeat every `heartbeat_interval`, and sends one at once to
+each new `status` subscriber (XPUB sees subscriptions) so a joiner learns the
+snapshot endpoint and the current sequence numbers without waiting.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from streamer.errors import ConfigError
+from streamer.publish.frequencies import FrequencyTable, site_columns
+from streamer.publish.protocol import (
+    CALL_COLUMNS,
+    FREQ_COLUMNS,
+    RUN_EVENTS,
+    SNAPSHOT_REQUEST,
+    Topic,
+    decode_columns,
+    encode_columns,
+    pack,
+    stamp,
+)
+from streamer.publish.security import CurveServer, check_binds, make_server, start_authenticator
+
+log = logging.getLogger(__name__)
+
+_CLOSE = object()  # queue sentinel: flush, say goodbye, stop
+_STATUS = object()  # queue sentinel: send a status now, in order with the data
+
+
+@dataclass(frozen=True)
+class PublisherConfig:
+    endpoints: tuple[str, ...] = ("tcp://127.0.0.1:5556",)
+    snapshot_endpoint: str | None = "tcp://127.0.0.1:5557"
+    sndhwm: int = 1000
+    """Messages queued per subscriber before PUB drops for that subscriber."""
+    queue_bytes: int = 256 << 20
+    """Payload bytes waiting for the sending thread before the publisher drops."""
+    heartbeat_interval: float = 2.0
+    linger: float = 1.0
+    """Seconds `close` may wait to deliver what is still queued."""
+    curve: CurveServer | None = None
+    insecure_bind: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.endpoints:
+            raise ConfigError("publish endpoints: at least one endpoint is needed")
+        for name in ("sndhwm", "queue_bytes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"publish {name}: must be at least 1, not {getattr(self, name)}")
+        if not self.heartbeat_interval > 0:
+            raise ConfigError(f"publish heartbeat_interval: must be positive, not {self.heartbeat_interval}")
+        if self.linger < 0:
+            raise ConfigError(f"publish linger: must not be negative, not {self.linger}")
+
+
+@dataclass(frozen=True)
+class PublisherStats:
+    sent: int
+    dropped: int
+    """Messages the publisher itself dropped (queue full); per-subscriber PUB drops show in sequence gaps."""
+    queued_bytes: int
+
+
+class Publisher:
+    """Binds the PUB (XPUB) and snapshot sockets and publishes results; thread-safe.
+
+    `close()` (or leaving the `with` block) flushes the queue, sends a final
+    `status` with state "closed" and releases every socket and thread.
+    """
+
+    def __init__(self, config: PublisherConfig = PublisherConfig(), *, run_id: str | None = None,
+                 context: zmq.Context | None = None):
+        targets = config.endpoints + ((config.snapshot_endpoint,) if config.snapshot_endpoint else ())
+        check_binds(targets, config.curve, config.insecure_bind)
+        self._config = config
+        self.run_id = run_id or uuid.uuid4().hex
+        self._ctx = context or zmq.Context()
+        self._own_context = context is None
+        self._auth = None
+        self._sockets: list[zmq.Socket] = []
+        self._lock = threading.Lock()
+        self._queue: deque = deque()
+        self._queued_bytes = 0
+        self._dropping = False
+        self._closed = False
+        self._sent = 0
+        self._dropped = 0
+        self._seq = dict.fromkeys(Topic, 0)
+        self._handed: dict[str, int] = {}  # sending thread only: last seq sent or dropped, per topic
+        self._counters: dict[str, Any] = {}
+        self._table = FrequencyTable()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_w.setblocking(False)
+        self._wake_r.setblocking(False)
+        try:
+            if config.curve is not None:
+                self._auth = start_authenticator(self._ctx, config.curve)
+            self._pub, self.endpoints = self._bind(zmq.XPUB, config.endpoints)
+            self._router, snapshot = self._bind(zmq.ROUTER, targets[len(config.endpoints):])
+            self.snapshot_endpoint = snapshot[0] if snapshot else None
+        except BaseException:
+            self._release()
+            raise
+        self._thread = threading.Thread(target=self._serve, name="streamer-publish", daemon=True)
+        self._thread.start()
+        log.info("publishing run %s on %s (snapshots: %s, CURVE %s)", self.run_id, ", ".join(self.endpoints),
+                 self.snapshot_endpoint, "on" if config.curve else "off")
+
+    def __enter__(self) -> Publisher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def publish_calls(self, columns: Mapping[str, Any]) -> None:
+        """A batch of per-read CpG calls: CALL_COLUMNS as arrays, lists or `Categorical`."""
+        self._publish(Topic.CALLS, encode_columns(columns, CALL_COLUMNS))
+
+    def publish_freq(self, updates: Mapping[str, Any]) -> None:
+        """Absolute counts (FREQ_COLUMNS) of the sites that changed; kept for snapshots too."""
+        payload = encode_columns(updates, FREQ_COLUMNS)
+        self._publish(Topic.FREQ, payload, lambda: self._table.apply(decode_columns(payload, FREQ_COLUMNS)))
+
+    def publish_eventalign(self, columns: Mapping[str, Any]) -> None:
+        """Event-to-k-mer rows: numeric arrays and string sequences, any column names."""
+        self._publish(Topic.EVENTALIGN, encode_columns(columns, None))
+
+    def publish_status(self, counters: Mapping[str, Any]) -> None:
+        """Replace the counters that every heartbeat carries, and send a heartbeat now."""
+        with self._lock:
+            self._check_open()
+            self._counters = dict(counters)
+            self._enqueue(_STATUS)
+
+    def publish_tuning(self, decision: Mapping[str, Any]) -> None:
+        self._publish(Topic.TUNING, {"decision": dict(decision)})
+
+    def publish_run(self, event: str, info: Mapping[str, Any]) -> None:
+        if event not in RUN_EVENTS:
+            raise ValueError(f"run event {event!r} is not one of {RUN_EVENTS}")
+        self._publish(Topic.RUN, {"event": event, "info": dict(info)})
+
+    @property
+    def stats(self) -> PublisherStats:
+        with self._lock:
+            return PublisherStats(self._sent, self._dropped, self._queued_bytes)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._enqueue(_CLOSE)
+        self._thread.join()
+        self._release()
+        log.info("publisher closed: %s", self.stats)
+
+    # -- callers' side -------------------------------------------------------
+
+    def _publish(self, topic: Topic, obj: Mapping[str, Any], apply=None) -> None:
+        payload = pack(obj)
+        with self._lock:
+            self._check_open()
+            if apply is not None:
+                apply()
+            seq = self._seq[topic] = self._seq[topic] + 1
+            if self._queued_bytes and self._queued_bytes + len(payload) > self._config.queue_bytes:
+                self._dropped += 1
+                if not self._dropping:
+                    log.warning("publish queue full (%d bytes): dropping messages", self._queued_bytes)
+                self._dropping = True
+                self._enqueue((topic, seq, None))
+                return
+            self._dropping = False
+            self._queued_bytes += len(payload)
+            self._enqueue((topic, seq, [topic.encode(), stamp(topic, self.run_id, seq), payload]))
+
+    def _enqueue(self, entry: object) -> None:
+        """Append under the lock; wake the sending thread when the queue was empty."""
+        if not self._queue:
+            try:
+                self._wake_w.send(b"\0")
+            except BlockingIOError:  # wake-ups already pending
+                pass
+        self._queue.append(entry)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("the publisher is closed")
+
+    # -- sending thread --------------------------------------------------------
+
+    def _serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._wake_r, zmq.POLLIN)
+        poller.register(self._pub, zmq.POLLIN)
+        if self._router is not None:
+            poller.register(self._router, zmq.POLLIN)
+        interval = self._config.heartbeat_interval
+        next_beat = time.monotonic()
+        try:
+            while True:
+                ready = dict(poller.poll(max(0.0, next_beat - time.monotonic()) * 1000))
+                if self._wake_r.fileno() in ready:
+                    self._wake_r.recv(4096)
+                if self._send_queued():
+                    break
+                beat = self._pub in ready and self._status_subscribed()
+                if self._router in ready:
+                    self._serve_snapshots()
+                if beat or time.monotonic() >= next_beat:
+                    self._send_status("running")
+                    next_beat = time.monotonic() + interval
+            self._send_status("closed")
+        finally:
+            for sock in self._sockets:
+                sock.close()
+
+    def _send_queued(self) -> bool:
+        """Send everything queued; True once the close sentinel is reached."""
+        while True:
+            with self._lock:
+                if not self._queue:
+                    return False
+                entry = self._queue.popleft()
+                if entry is _CLOSE:
+                    return True
+                if entry is not _STATUS:
+                    topic, seq, frames = entry
+                    self._queued_bytes -= len(frames[2]) if frames else 0
+            if entry is _STATUS:
+                self._send_status("running")
+                continue
+            self._handed[topic] = seq
+            if frames is not None:
+                self._send(frames)
+
+    def _send(self, frames: list[bytes]) -> None:
+        try:
+            self._pub.send_multipart(frames, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            with self._lock:
+                self._dropped += 1
+        else:
+            with self._lock:
+                self._sent += 1
+
+    def _send_status(self, state: str) -> None:
+        with self._lock:
+            seq = self._seq[Topic.STATUS] = self._seq[Topic.STATUS] + 1
+            body = {
+                "state": state,
+                "heartbeat_interval": self._config.heartbeat_interval,
+                "snapshot": self.snapshot_endpoint,
+                "counters": self._counters,
+                "publisher": {"sent": self._sent, "dropped": self._dropped, "queued_bytes": self._queued_bytes},
+                "last_seq": dict(self._handed),
+            }
+            header = stamp(Topic.STATUS, self.run_id, seq)
+        self._send([Topic.STATUS.encode(), header, pack(body)])
+
+    def _status_subscribed(self) -> bool:
+        """Read XPUB subscription messages; True when one will receive `status`."""
+        wanted = False
+        while True:
+            try:
+                msg = self._pub.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return wanted
+            wanted |= msg[:1] == b"\1" and Topic.STATUS.encode().startswith(msg[1:])
+
+    def _serve_snapshots(self) -> None:
+        while True:
+            try:
+                frames = self._router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if b"" not in frames or frames[frames.index(b"") + 1:] != [SNAPSHOT_REQUEST]:
+                log.warning("ignored a malformed snapshot request of %d frames", len(frames))
+                continue
+            envelope = frames[:frames.index(b"") + 1]
+            with self._lock:
+                seq = self._seq[Topic.FREQ]
+                sites = self._table.sites()
+                counters = self._counters
+            body = {"counters": counters, "sites": encode_columns(site_columns(sites), FREQ_COLUMNS)}
+            header = stamp(SNAPSHOT_REQUEST.decode(), self.run_id, seq)
+            self._router.send_multipart([*envelope, SNAPSHOT_REQUEST, header, pack(body)], flags=zmq.NOBLOCK)
+
+    # -- set-up and tear-down --------------------------------------------------
+
+    def _bind(self, kind: int, endpoints: tuple[str, ...]) -> tuple[zmq.Socket | None, tuple[str, ...]]:
+        if not endpoints:
+            return None, ()
+        sock = self._ctx.socket(kind)
+        self._sockets.append(sock)
+        sock.linger = round(self._config.linger * 1000)
+        if kind == zmq.XPUB:
+            sock.sndhwm = self._config.sndhwm
+            sock.xpub_verbose = True
+        if self._config.curve is not None:
+            make_server(sock, self._config.curve)
+        bound = []
+        for endpoint in endpoints:
+            try:
+                sock.bind(endpoint)
+            except zmq.ZMQError as exc:
+                raise ConfigError(f"cannot bind {endpoint}: {exc}") from exc
+            bound.append(sock.last_endpoint.decode())
+        return sock, tuple(bound)
+
+    def _release(self) -> None:
+        for sock in self._sockets:
+            sock.close()  # no-op when the sending thread already closed it
+        if self._auth is not None:
+            self._auth.stop()
+        if self._own_context:
+            self._ctx.term()
+        self._wake_r.close()
+        self._wake_w.close()

@@ -1,0 +1,146 @@
+"""`streamer call` end to end, as a user runs it: parity with nanopolish/f5c, and bad input."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import shutil
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pysam
+import pytest
+
+from conftest import ECOLI, REFERENCE, SHARED, needs_shared
+
+
+def streamer(*args, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "streamer", *map(str, args)], capture_output=True, text=True, cwd=cwd)
+
+
+def load_calls(path) -> dict[tuple, float]:
+    with open(path) as fh:
+        return {
+            (r["read_name"], r["chromosome"], r["strand"], int(r["start"]), int(r["end"])): float(r["log_lik_ratio"])
+            for r in csv.DictReader(fh, delimiter="\t")
+        }
+
+
+def agreement(ours: dict, theirs: dict) -> tuple[float, float]:
+    diffs = np.array([abs(ours[k] - theirs[k]) for k in theirs])
+    # values are printed with two decimals: 0.01 apart means one unit in the last place
+    return float(np.mean(diffs <= 0.01 + 1e-9)), float(np.mean(diffs <= 0.5))
+
+
+def call(tmp_path, reads, bam, signal, ref=REFERENCE, *extra):
+    shutil.copy(reads, tmp_path / "reads.fasta")
+    out = tmp_path / "meth.tsv"
+    proc = streamer("call", "-r", tmp_path / "reads.fasta", "-b", bam, "-g", ref, "--signal", signal,
+                    "-o", out, "-t", "2", *extra)  # fmt: skip
+    return proc, out
+
+
+def test_fixture_matches_nanopolish_and_f5c(tmp_path):
+    proc, out = call(tmp_path, ECOLI / "reads.fasta", ECOLI / "reads.bam", ECOLI / "fast5")
+    assert proc.returncode == 0, proc.stderr
+    ours = load_calls(out)
+    for tool in ("nanopolish-0.14", "f5c-1.1"):
+        theirs = load_calls(ECOLI / f"meth.{tool}.tsv")
+        assert set(ours) == set(theirs)
+        assert agreement(ours, theirs) == (1.0, 1.0)
+    assert "reads called:     9" in proc.stderr and "calls written:    790" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@needs_shared
+def test_all_shared_reads_match_nanopolish_and_f5c(tmp_path):
+    proc, out = call(tmp_path, SHARED / "reads.fasta", SHARED / "reads.mg1655.sorted.bam", SHARED / "fast5_files")
+    assert proc.returncode == 0, proc.stderr
+    ours = load_calls(out)
+    for tool in ("nanopolish-0.14", "f5c-1.1"):
+        theirs = load_calls(SHARED / "expected" / tool / "meth.tsv")
+        assert set(ours) == set(theirs)
+        within_001, within_05 = agreement(ours, theirs)
+        assert within_001 >= 0.99 and within_05 >= 0.999
+    freq = tmp_path / "freq.tsv"
+    assert streamer("meth-freq", out, "-o", freq).returncode == 0
+    assert freq.read_text() == (SHARED / "expected" / "f5c-1.1" / "freq.tsv").read_text()
+    split = streamer("meth-freq", "-s", out)
+    assert split.stdout == (SHARED / "expected" / "f5c-1.1" / "freq-split.tsv").read_text()
+
+
+def _bad_run(tmp_path):
+    """The fixture plus one read for each kind of bad input; returns (reads, bam, signal dir)."""
+    sig = tmp_path / "fast5"
+    shutil.copytree(ECOLI / "fast5", sig)
+    for f in sig.iterdir():
+        f.chmod(0o644)
+    files = sorted(sig.iterdir())
+    # a truncated copy of a real file, and random bytes, under new names
+    trunc = sig / "truncated.fast5"
+    trunc.write_bytes(files[0].read_bytes()[: files[0].stat().st_size // 2])
+    (sig / "corrupt.fast5").write_bytes(np.random.default_rng(1).bytes(5000))
+    # a read whose signal is empty: it yields no events
+    flat = sig / "flat.fast5"
+    shutil.copy(files[1], flat)
+    with h5py.File(flat, "r+") as h:
+        grp = next(iter(h["Raw/Reads"].values()))
+        flat_id = grp.attrs["read_id"].decode()
+        grp.attrs["read_id"] = b"flat-signal-read"
+        del grp["Signal"]
+        grp["Signal"] = np.zeros(0, dtype=np.int16)
+    with open(ECOLI / "reads.fasta") as fh:
+        seqs = dict(zip(*[iter(l.strip() for l in fh)] * 2))
+    reads = tmp_path / "reads.fasta"
+    with open(reads, "w") as fh:
+        for name, s in seqs.items():
+            fh.write(f"{name}\n{s}\n")
+        fh.write(f">no-signal-read\n{seqs['>' + flat_id]}\n>flat-signal-read\n{seqs['>' + flat_id]}\n")
+    bam = tmp_path / "reads.bam"
+    with pysam.AlignmentFile(ECOLI / "reads.bam") as src, pysam.AlignmentFile(bam, "wb", template=src) as dst:
+        for rec in src:
+            dst.write(rec)
+            if rec.query_name == flat_id and not rec.is_supplementary:
+                for name, mapq, flag in [
+                    ("no-basecall-read", 60, rec.flag),
+                    ("no-signal-read", 60, rec.flag),
+                    ("flat-signal-read", 60, rec.flag),
+                    ("low-mapq-read", 3, rec.flag),
+                ]:
+                    extra = pysam.AlignedSegment.fromstring(rec.to_string(), src.header)
+                    extra.query_name, extra.mapping_quality, extra.flag = name, mapq, flag
+                    dst.write(extra)
+    return reads, bam, sig
+
+
+def test_bad_input_is_reported_and_the_run_goes_on(tmp_path):
+    reads, bam, sig = _bad_run(tmp_path)
+    out = tmp_path / "meth.tsv"
+    proc = streamer("call", "-r", reads, "-b", bam, "-g", REFERENCE, "--signal", sig, "-o", out, "-t", "2")
+    assert proc.returncode == 0, proc.stderr
+    err = proc.stderr
+    assert "Traceback" not in err
+    assert f"{sig / 'truncated.fast5'}: unreadable signal file" in err
+    assert f"{sig / 'corrupt.fast5'}: unreadable signal file" in err
+    assert f"read no-basecall-read: skipped (no basecall): not in {reads}" in err
+    assert "read no-signal-read: skipped (no signal): not found in the signal files" in err
+    assert f"read low-mapq-read: skipped (low mapq): {bam}: mapping quality 3 < 20" in err
+    assert f"read flat-signal-read: skipped (no events): signal from {sig / 'flat.fast5'}" in err
+    # every good read still produced exactly its calls
+    expected = load_calls(ECOLI / "meth.nanopolish-0.14.tsv")
+    assert set(load_calls(out)) == set(expected)
+    assert "reads considered: 13" in err
+    assert "reads skipped:    4" in err
+
+
+def test_malformed_model_is_one_clear_line(tmp_path):
+    bad = tmp_path / "bad.model"
+    bad.write_text("#k\t6\nAAAAAA\t80.0\t1.0\n")
+    proc, _ = call(tmp_path, ECOLI / "reads.fasta", ECOLI / "reads.bam", ECOLI / "fast5", REFERENCE,
+                   "--kmer-model", bad)  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        f"streamer call: {bad}: 1 rows, expected 4^6 = 4096 for alphabet ACGT"
+    ]
