@@ -1,14 +1,56 @@
-"""Signal files of any supported format, behind one small interface."""
+"""Signal files of any supported format (FAST5, POD5, SLOW5/BLOW5) behind one small interface.
+
+The format is told from the file's first bytes, so a file with a wrong or missing
+extension is still read by the right reader; the extension decides only when the content
+is unrecognised (an empty file, or one cut short before its signature), so that the
+format's own reader can say what is wrong. Folder walks pick files by extension, which
+keeps logs, indexes and partial `.tmp` files out.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from streamer.errors import InputError
-from streamer.io import fast5
+import h5py
 
-SIGNAL_SUFFIXES = (".fast5",)
+from streamer.errors import InputError
+from streamer.io import fast5, pod5, slow5
+from streamer.io.fast5 import SignalRecord
+
+log = logging.getLogger(__name__)
+
+SIGNAL_SUFFIXES = (".fast5", ".pod5", ".blow5", ".slow5")
+FORMATS = ("fast5", "pod5", "blow5", "slow5")
+
+_MAGIC = (
+    (b"\x89HDF\r\n\x1a\n", "fast5"),
+    (pod5.SIGNATURE, "pod5"),
+    (slow5.BLOW5_MAGIC, "blow5"),
+    (slow5.SLOW5_TEXT_MAGIC, "slow5"),
+)
+_SNIFF = max(len(m) for m, _ in _MAGIC)
+
+
+def signal_format(path: str | Path) -> str:
+    """`fast5`, `pod5`, `blow5` or `slow5`, from the content, else from the extension."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(_SNIFF)
+    except FileNotFoundError as exc:
+        raise InputError(path, "no such file") from exc
+    except IsADirectoryError as exc:
+        raise InputError(path, "is a directory, not a signal file") from exc
+    except OSError as exc:
+        raise InputError(path, f"cannot read ({exc.strerror or exc})") from exc
+    for magic, fmt in _MAGIC:
+        if head.startswith(magic):
+            return fmt
+    suffix = Path(path).suffix.lower()
+    if suffix in SIGNAL_SUFFIXES:
+        return suffix[1:]
+    raise InputError(path, "not a signal file (neither FAST5, POD5, SLOW5 nor BLOW5 content)")
 
 
 def is_signal_file(path: Path) -> bool:
@@ -16,7 +58,7 @@ def is_signal_file(path: Path) -> bool:
 
 
 def find_signal_files(paths: Iterable[str | Path]) -> list[Path]:
-    """Signal files named directly or found (recursively) under the given folders, sorted."""
+    """Signal files named directly (any name) or found (recursively, by extension) under folders, sorted."""
     found: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
@@ -29,10 +71,62 @@ def find_signal_files(paths: Iterable[str | Path]) -> list[Path]:
 
 
 def signal_read_ids(path: Path) -> list[str]:
-    """Read ids stored in a signal file."""
-    return fast5.fast5_read_ids(path)
+    """Read ids stored in a signal file, in file order."""
+    fmt = signal_format(path)
+    if fmt == "fast5":
+        return fast5.fast5_read_ids(path)
+    if fmt == "pod5":
+        return pod5.pod5_read_ids(path)
+    return slow5.slow5_read_ids(path)
 
 
-def read_signal(path: Path, read_id: str) -> fast5.SignalRecord:
-    """One read's raw signal and calibration."""
-    return fast5.read_fast5(path, read_id)
+def read_signal(path: Path, read_id: str) -> SignalRecord:
+    """One read's raw signal and calibration, by random access."""
+    fmt = signal_format(path)
+    if fmt == "fast5":
+        return fast5.read_fast5(path, read_id)
+    if fmt == "pod5":
+        return pod5.read_pod5(path, read_id)
+    return slow5.read_slow5(path, read_id)
+
+
+def read_signals(path: Path, read_ids: Iterable[str]) -> Iterator[SignalRecord]:
+    """The named reads that the file holds, opening it once (the order is the format's)."""
+    fmt = signal_format(path)
+    if fmt == "fast5":
+        held = set(fast5.fast5_read_ids(path))
+        return (fast5.read_fast5(path, rid) for rid in read_ids if rid in held)
+    if fmt == "pod5":
+        return pod5.read_pod5_many(path, read_ids)
+    return slow5.read_slow5_many(path, read_ids)
+
+
+def iter_signal(path: Path) -> Iterator[SignalRecord]:
+    """Every read of a signal file, in file order; the file is open only while iterating."""
+    fmt = signal_format(path)
+    if fmt == "fast5":
+        return fast5.iter_fast5(path)
+    if fmt == "pod5":
+        return pod5.iter_pod5(path)
+    return slow5.iter_slow5(path)
+
+
+def is_complete(path: Path) -> bool:
+    """Cheap test that a writer has finished the file, for a watcher of a live run.
+
+    POD5 ends with its signature and BLOW5 with its end-of-file marker; SLOW5 text ends
+    with a newline; FAST5 (HDF5) has no trailer, so the test is that it opens.
+    """
+    try:
+        fmt = signal_format(path)
+    except InputError:
+        return False
+    if fmt == "pod5":
+        return pod5.pod5_is_complete(path)
+    if fmt in ("blow5", "slow5"):
+        return slow5.slow5_is_complete(path)
+    try:
+        with h5py.File(path, "r"):
+            return True
+    except OSError:
+        return False

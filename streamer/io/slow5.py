@@ -18,6 +18,7 @@ modification time: `$STREAMER_SLOW5_INDEX_DIR`, else `$XDG_CACHE_HOME/streamer/s
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -30,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pyslow5
 
-from streamer.errors import InputError
+from streamer.errors import InputError, StreamerError
 from streamer.io.fast5 import SignalRecord
 
 log = logging.getLogger(__name__)
@@ -83,8 +84,20 @@ class _Rec(ctypes.Structure):
 _RecPtr = ctypes.POINTER(_Rec)
 
 
-def _bind() -> ctypes.CDLL:
-    lib = ctypes.CDLL(pyslow5.__file__)
+@functools.cache
+def _c() -> ctypes.CDLL:
+    """slow5lib inside the pyslow5 extension module, bound on first use."""
+    try:
+        lib = ctypes.CDLL(pyslow5.__file__)
+        _declare(lib)
+    except (OSError, AttributeError) as exc:
+        raise StreamerError(f"cannot bind slow5lib in the pyslow5 module {pyslow5.__file__} ({exc})") from exc
+    lib.slow5_set_log_level(_LOG_OFF)
+    lib.slow5_set_exit_condition(_EXIT_OFF)
+    return lib
+
+
+def _declare(lib: ctypes.CDLL) -> None:
     sigs = {
         "slow5_open_with": ([ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int], ctypes.c_void_p),
         "slow5_close": ([ctypes.c_void_p], ctypes.c_int),
@@ -102,12 +115,6 @@ def _bind() -> ctypes.CDLL:
     for name, (argtypes, restype) in sigs.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = argtypes, restype
-    lib.slow5_set_log_level(_LOG_OFF)
-    lib.slow5_set_exit_condition(_EXIT_OFF)
-    return lib
-
-
-_lib = _bind()
 
 
 def slow5_is_complete(path: str | Path) -> bool:
@@ -134,7 +141,7 @@ def slow5_read_ids(path: str | Path) -> list[str]:
         _load_index(path, s5)
         n = ctypes.c_uint64(0)
         _clear_error()
-        rids = _lib.slow5_get_rids(s5, ctypes.byref(n))
+        rids = _c().slow5_get_rids(s5, ctypes.byref(n))
         if not rids:
             raise InputError(path, f"cannot list reads ({_last_error()})")
         return [_text(path, rids[i]) for i in range(n.value)]
@@ -145,7 +152,7 @@ def iter_slow5(path: str | Path) -> Iterator[SignalRecord]:
     with _open(path) as s5, _record_buffer() as rec:
         _check_framing(path)
         while True:
-            ret = _lib.slow5_get_next(ctypes.byref(rec), s5)
+            ret = _c().slow5_get_next(ctypes.byref(rec), s5)
             if ret == _ERR_EOF:
                 return
             if ret < 0:
@@ -165,7 +172,7 @@ def read_slow5_many(path: str | Path, read_ids: Iterable[str]) -> Iterator[Signa
     with _open(path) as s5, _record_buffer() as rec:
         _load_index(path, s5)
         for read_id in read_ids:
-            ret = _lib.slow5_get(read_id.encode(), ctypes.byref(rec), s5)
+            ret = _c().slow5_get(read_id.encode(), ctypes.byref(rec), s5)
             if ret == _ERR_NOTFOUND:
                 continue
             if ret < 0:
@@ -185,14 +192,14 @@ def index_dir() -> Path:
 def _open(path: str | Path) -> Iterator[int]:
     fmt = _check_file(path)
     _clear_error()
-    s5 = _lib.slow5_open_with(os.fsencode(path), b"r", fmt)
+    s5 = _c().slow5_open_with(os.fsencode(path), b"r", fmt)
     if not s5:
         raise InputError(path, f"cannot open as SLOW5 ({_last_error()})")
     try:
         yield s5
     finally:
-        _lib.slow5_idx_unload(s5)
-        _lib.slow5_close(s5)
+        _c().slow5_idx_unload(s5)
+        _c().slow5_close(s5)
 
 
 def _check_file(path: str | Path) -> int:
@@ -207,6 +214,9 @@ def _check_file(path: str | Path) -> int:
                     raise InputError(path, "truncated BLOW5 file (no end-of-file marker: incomplete copy, or still being written)")
                 return _FORMAT_BINARY
             if head == SLOW5_TEXT_MAGIC:
+                fh.seek(-1, 2)
+                if fh.read() != b"\n":
+                    raise InputError(path, "truncated SLOW5 file (last line unterminated: incomplete copy, or still being written)")
                 return _FORMAT_ASCII
             raise InputError(path, "not a SLOW5/BLOW5 file (no SLOW5 header)")
     except FileNotFoundError as exc:
@@ -230,7 +240,10 @@ def _check_framing(path: str | Path) -> None:
             return
         end = fh.seek(0, 2) - len(BLOW5_EOF)
         fh.seek(_BLOW5_HEADER_SIZE_AT)
-        (header_size,) = struct.unpack("<I", fh.read(4))
+        field = fh.read(4)
+        if len(field) != 4:
+            raise InputError(path, "corrupt BLOW5 file (header cut short)")
+        (header_size,) = struct.unpack("<I", field)
         pos = _BLOW5_HEADER_SIZE_AT + 4 + header_size
         n = 0
         while pos < end:
@@ -257,9 +270,9 @@ def _load_index(path: str | Path, s5: int) -> None:
             _load_index_file(path, s5, Path(tmp) / name)
         return
     idx = folder / name
-    if idx.is_file() and _lib.slow5_idx_load_with(s5, os.fsencode(idx)) == 0:
+    if idx.is_file() and _c().slow5_idx_load_with(s5, os.fsencode(idx)) == 0:
         return
-    _lib.slow5_idx_unload(s5)
+    _c().slow5_idx_unload(s5)
     _build_index(path, s5, idx)
     for stale in folder.glob(f"{digest}-*.idx"):
         if stale.name != name:
@@ -272,7 +285,7 @@ def _build_index(path: str | Path, s5: int, idx: Path) -> None:
     tmp = idx.with_name(f"{idx.name}.{os.getpid()}.tmp")
     _clear_error()
     try:
-        if _lib.slow5_idx_to(s5, os.fsencode(tmp)) != 0:
+        if _c().slow5_idx_to(s5, os.fsencode(tmp)) != 0:
             raise InputError(path, f"cannot index ({_last_error()})")
         os.replace(tmp, idx)  # atomic: concurrent readers see a whole index or none
     finally:
@@ -282,7 +295,7 @@ def _build_index(path: str | Path, s5: int, idx: Path) -> None:
 
 def _load_index_file(path: str | Path, s5: int, idx: Path) -> None:
     _clear_error()
-    if _lib.slow5_idx_load_with(s5, os.fsencode(idx)) != 0:
+    if _c().slow5_idx_load_with(s5, os.fsencode(idx)) != 0:
         raise InputError(path, f"cannot load its index {idx} ({_last_error()})")
 
 
@@ -294,7 +307,7 @@ def _record_buffer() -> Iterator[_RecPtr]:
         yield rec
     finally:
         if rec:
-            _lib.slow5_rec_free(rec)
+            _c().slow5_rec_free(rec)
 
 
 def _record(path: str | Path, rec: _Rec, read_id: str | None = None) -> SignalRecord:
@@ -322,10 +335,10 @@ def _text(path: str | Path, raw: bytes) -> str:
 
 
 def _clear_error() -> None:
-    _lib.slow5_errno_location()[0] = 0
+    _c().slow5_errno_location()[0] = 0
 
 
 def _last_error() -> str:
     """slow5lib's error code (thread-local), cleared by `_clear_error` before the call."""
-    code = _lib.slow5_errno_location()[0]
+    code = _c().slow5_errno_location()[0]
     return _ERRORS.get(code, "unknown error" if code == 0 else f"slow5lib error {code}")
