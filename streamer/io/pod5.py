@@ -21,7 +21,9 @@ as `InputError` naming the file (and read).
 
 from __future__ import annotations
 
+import datetime
 import logging
+import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -82,6 +84,44 @@ def read_pod5_many(path: str | Path, read_ids: Iterable[str]) -> Iterator[Signal
     """Yield the named reads that the file holds, in file order, opening the file once."""
     with _open(path) as reader:
         yield from _records(path, reader.reads(selection=list(read_ids), missing_ok=True))
+
+
+def write_pod5(path: str | Path, records: Iterable[SignalRecord]) -> int:
+    """Write reads to a new POD5 file with the official writer; returns how many.
+
+    Calibration and ADC span are set as `pod5 convert fast5` sets them, so a FAST5 read
+    written here reads back with the same pA bits. For tests, benchmarks and replays;
+    read ids must be UUIDs, as POD5 requires.
+    """
+    epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+    runs: dict[tuple[int, int], pod5.RunInfo] = {}
+    n = 0
+    with pod5.Writer(path, software_name="streamer") as writer:
+        for rec in records:
+            key = (int(rec.sample_rate), int(rec.digitisation))
+            if key not in runs:
+                adc_min = -4096 if key[1] == 8192 else 0
+                runs[key] = pod5.RunInfo(
+                    acquisition_id=f"streamer-{key[0]}hz-{key[1]}", acquisition_start_time=epoch,
+                    adc_max=adc_min + key[1] - 1, adc_min=adc_min, context_tags={}, experiment_name="",
+                    flow_cell_id="", flow_cell_product_code="", protocol_name="", protocol_run_id="",
+                    protocol_start_time=epoch, sample_id="", sample_rate=key[0], sequencing_kit="",
+                    sequencer_position="", sequencer_position_type="", software="streamer", system_name="",
+                    system_type="", tracking_id={},
+                )
+            writer.add_read(pod5.Read(
+                read_id=uuid.UUID(rec.read_id),
+                pore=pod5.Pore(channel=1, well=1, pore_type="not_set"),
+                calibration=pod5.Calibration.from_range(rec.offset, rec.range, rec.digitisation),
+                read_number=n,
+                start_sample=0,
+                median_before=float("nan"),
+                end_reason=pod5.EndReason(pod5.EndReasonEnum.UNKNOWN, False),
+                run_info=runs[key],
+                signal=rec.raw,
+            ))
+            n += 1
+    return n
 
 
 @contextmanager

@@ -180,6 +180,33 @@ def read_slow5_many(path: str | Path, read_ids: Iterable[str]) -> Iterator[Signa
             yield _record(path, rec.contents, read_id)
 
 
+def write_blow5(path: str | Path, records: Iterable[SignalRecord]) -> int:
+    """Write reads to a new BLOW5 file with pyslow5's writer (zlib records, svb-zd signal).
+
+    The calibration doubles are stored as they are, so the pA bits read back unchanged.
+    For tests, benchmarks and replays; returns how many reads were written.
+    """
+    path = Path(path)
+    if path.suffix != ".blow5":
+        raise ValueError(f"{path}: pyslow5 picks the format from the extension; name it .blow5")
+    s5 = pyslow5.Open(str(path), "w")
+    n = 0
+    try:
+        header = {key: "" for key in s5.get_empty_header()}
+        if s5.write_header(header) != 0:
+            raise StreamerError(f"{path}: pyslow5 could not write the header")
+        for rec in records:
+            row = s5.get_empty_record()
+            row.update(read_id=rec.read_id, digitisation=rec.digitisation, offset=rec.offset, range=rec.range,
+                       sampling_rate=rec.sample_rate, len_raw_signal=len(rec.raw), signal=rec.raw)
+            if s5.write_record(row) != 0:
+                raise StreamerError(f"{path}: pyslow5 could not write read {rec.read_id}")
+            n += 1
+    finally:
+        s5.close()
+    return n
+
+
 def index_dir() -> Path:
     """Where SLOW5 indexes are cached (never beside the data)."""
     if env := os.environ.get("STREAMER_SLOW5_INDEX_DIR"):
