@@ -269,11 +269,13 @@ class _SubscriberBase:
         return sock
 
     def _timeout_ms(self) -> int:
-        left = self._session.deadline - time.monotonic()
-        if left <= 0:
+        """How long to wait for the next message; 0 once overdue (then only what is already there counts)."""
+        return max(0, math.ceil((self._session.deadline - time.monotonic()) * 1000))
+
+    def _check_alive(self, ready: dict) -> None:
+        if not ready and time.monotonic() >= self._session.deadline:
             raise PublisherLost(f"nothing from {self._session.endpoint} for {self._session.lost_after} heartbeat "
                                 f"intervals ({self._session.lost_after * self._session.interval:g} s)")
-        return max(1, math.ceil(left * 1000))
 
     def _request_snapshot(self) -> None:
         """Send the snapshot request the session asked for, if any."""
@@ -319,6 +321,7 @@ class Subscriber(_SubscriberBase):
 
     def _pump(self) -> None:
         ready = dict(self._poller.poll(self._timeout_ms()))
+        self._check_alive(ready)
         for sock, snapshot in ((self._sub, False), (self._dealer, True)):
             for _ in range(_RECV_BATCH if sock in ready else 0):
                 try:
@@ -352,6 +355,7 @@ class AsyncSubscriber(_SubscriberBase):
 
     async def _pump(self) -> None:
         ready = dict(await self._poller.poll(self._timeout_ms()))
+        self._check_alive(ready)
         for sock, snapshot in ((self._sub, False), (self._dealer, True)):
             for _ in range(_RECV_BATCH if sock in ready else 0):
                 try:
