@@ -24,6 +24,7 @@ import logging
 import os
 import struct
 import tempfile
+import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -309,7 +310,7 @@ def _load_index(path: str | Path, s5: int) -> None:
 
 def _build_index(path: str | Path, s5: int, idx: Path) -> None:
     _check_framing(path)
-    tmp = idx.with_name(f"{idx.name}.{os.getpid()}.tmp")
+    tmp = idx.with_name(f"{idx.name}.{os.getpid()}-{threading.get_ident()}.tmp")
     _clear_error()
     try:
         if _c().slow5_idx_to(s5, os.fsencode(tmp)) != 0:
