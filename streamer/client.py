@@ -81,7 +81,8 @@ class _Session:
         self._run: str | None = None
         self._last: dict[str, int] = {}
         self._snapshot_endpoint = snapshot_endpoint
-        self._sync = "waiting"  # for a first status; -> "requested" -> "synced"; a gap re-requests
+        # "waiting" for a first status -> "requested" -> "synced"; a gap re-requests; a new run waits again
+        self._sync = "waiting" if follow_sites else "synced"
         self._buffer: list[FreqUpdate] = []  # updates held back until the snapshot arrives
         self._request: str | None = None
 
@@ -113,13 +114,13 @@ class _Session:
             return []  # an answer to a request made before a gap or a new run
         self.frequencies.clear()
         self.frequencies.apply(snap.sites.columns())
-        self._last[Topic.FREQ] = snap.header.seq
+        self._last[str(Topic.FREQ)] = snap.header.seq
         self._sync = "synced"
-        out: list[Message] = [snap]
+        return [snap, *self._replay()]
+
+    def _replay(self) -> list[Message]:
         held, self._buffer = self._buffer, []
-        for update in held:
-            out += self._on_sites(update)
-        return out
+        return [out for update in held for out in self._on_sites(update)]
 
     def _new_run(self, run_id: str) -> None:
         if self._run is not None:
@@ -156,7 +157,7 @@ class _Session:
         if self._sync != "synced":
             self._buffer.append(msg)
             return []
-        gap, seen = self._check(Topic.FREQ, msg.header.seq)
+        gap, seen = self._check(msg.header.topic, msg.header.seq)
         if seen:
             return []
         if gap:
@@ -175,13 +176,13 @@ class _Session:
     def _on_status(self, msg: Status) -> list[Message]:
         self.interval = msg.heartbeat_interval
         out: list[Message] = []
-        gap, seen = self._check(Topic.STATUS, msg.header.seq)
+        gap, seen = self._check(msg.header.topic, msg.header.seq)
         if seen:
             return out
         if gap and self._wants(Topic.STATUS):
             out.append(gap)
-        if self._sync == "waiting" and self.frequencies is not None:
-            self._first_sync(msg)
+        if self._sync == "waiting":
+            out += self._first_sync(msg)
         for topic, seq in msg.last_seq.items():
             if not self._wants(topic) or (topic == Topic.FREQ and self._sync != "synced"):
                 continue
@@ -198,20 +199,22 @@ class _Session:
         self.finished = msg.state == "closed"
         return out
 
-    def _first_sync(self, msg: Status) -> None:
+    def _first_sync(self, msg: Status) -> list[Message]:
         """Ask for a snapshot once a status proves our subscription is live."""
         if self._snapshot_endpoint is None and msg.snapshot:
             self._snapshot_endpoint = _reachable(msg.snapshot, self.endpoint)
+        if self._snapshot_endpoint:
+            self._sync, self._request = "requested", self._snapshot_endpoint
+            return []
+        log.warning("%s serves no snapshots: frequencies hold only the updates seen from now", self.endpoint)
         self._sync = "synced"
-        if self._snapshot_endpoint is None:
-            log.warning("%s serves no snapshots: frequencies hold only the updates seen from now", self.endpoint)
-        self._resync()
+        return self._replay()
 
 
 def _reachable(bound: str, via: str) -> str:
     """A bound endpoint as a subscriber can connect to it: a wildcard host becomes the host we used."""
     bound_url, via_url = urlsplit(bound), urlsplit(via)
-    if bound_url.scheme != "tcp" or bound_url.hostname not in ("*", "0.0.0.0", "::"):
+    if bound_url.scheme != "tcp" or via_url.scheme != "tcp" or bound_url.hostname not in ("*", "0.0.0.0", "::"):
         return bound
     return f"tcp://{via_url.netloc.rpartition(':')[0]}:{bound_url.port}"
 

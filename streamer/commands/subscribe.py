@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from streamer.client import Gap, Subscriber
+from streamer.errors import ConfigError
 from streamer.publish.protocol import Topic
 from streamer.publish.security import CurveClient, load_keys, load_secret_keys
 
@@ -41,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     curve = None
     if args.client_key or args.server_key:
         if not (args.client_key and args.server_key):
-            raise SystemExit("streamer subscribe: CURVE needs both --client-key and --server-key")
+            raise ConfigError("CURVE needs both --client-key and --server-key")
         curve = CurveClient(load_secret_keys(args.client_key), load_keys(args.server_key).public)
     with Subscriber(args.endpoint, args.topic, snapshot=not args.no_snapshot,
                     snapshot_endpoint=args.snapshot_endpoint, heartbeat_interval=args.heartbeat_interval,
