@@ -82,3 +82,9 @@ def next_of(sub, kind):
         if isinstance(msg, kind):
             return msg
     raise AssertionError(f"the stream ended before a {kind.__name__}")
+
+
+def tsv_rows(batch) -> list[str]:
+    """A received `CallBatch` as call-methylation TSV rows, printed the way f5c prints them."""
+    return [f"{c}\t{s}\t{b}\t{e}\t{r}\t{lr:.2f}\t{lm:.2f}\t{lu:.2f}\t{k}\t{m}\t{q}\n"
+            for c, s, b, e, r, lr, lm, lu, k, m, q in batch.rows()]

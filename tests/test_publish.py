@@ -8,7 +8,9 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
-from streams import HEARTBEAT, call_batch, freq_batch, local_config, next_of, no_leaks  # noqa: F401 (fixture)
+from streams import (  # noqa: F401 (no_leaks is a fixture)
+    HEARTBEAT, call_batch, freq_batch, local_config, next_of, no_leaks, tsv_rows,
+)
 
 from streamer.client import Calls, Gap, Status, Subscriber
 from streamer.errors import ConfigError
@@ -183,8 +185,4 @@ def test_batch_calls_publish_as_the_tsv_prints_them():
         next_of(sub, Status)
         pub.publish_calls(call_columns(calls, read_ids, ref_names))
         batch = next_of(sub, Calls).calls
-    printed = "".join(
-        f"{c}\t{s}\t{b}\t{e}\t{r}\t{lr:.2f}\t{lm:.2f}\t{lu:.2f}\t{k}\t{m}\t{q}\n"
-        for c, s, b, e, r, lr, lm, lu, k, m, q in batch.rows()
-    )
-    assert printed == format_calls(calls, read_ids, ref_names)
+    assert "".join(tsv_rows(batch)) == format_calls(calls, read_ids, ref_names)
