@@ -17,8 +17,8 @@ log = logging.getLogger(__name__)
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("reads", type=Path, help="basecalls (FASTA/FASTQ) the index belongs to")
-    p.add_argument("-d", "--directory", nargs="+", required=True, metavar="DIR_OR_FILE",
-                   help="signal files or folders to scan")
+    p.add_argument("-d", "--directory", action="append", required=True, metavar="DIR_OR_FILE",
+                   help="a signal file or folder to scan (repeat for more)")
 
 
 def run(args: argparse.Namespace) -> int:
