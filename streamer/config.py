@@ -112,7 +112,7 @@ class JoinConfig:
 
 @dataclass(frozen=True)
 class BatchConfig:
-    max_reads: int = _key(512, "Most alignment records per batch.", type=int, flag="--batchsize", short="-K",
+    max_reads: int = _key(512, "Most reads per batch (with all their alignment records).", type=int, flag="--batchsize", short="-K",
                           minimum=1)
     max_bases: int = _key(5_000_000, "Most read bases per batch.", type=int, flag="--max-bases", short="-B",
                           minimum=1)

@@ -23,6 +23,7 @@ class Notifier:
         self._sock: socket.socket | None = None
         if self._address is not None:
             self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+            self._sock.setblocking(False)  # a full socket queue must never stall the daemon
         usec = env.get("WATCHDOG_USEC", "")
         pid = env.get("WATCHDOG_PID", "")
         mine = not pid or pid == str(os.getpid())
@@ -33,7 +34,7 @@ class Notifier:
         return self._sock is not None
 
     def send(self, *assignments: str) -> None:
-        """Send `KEY=value` lines; a failure is logged, never raised (the daemon must not die of it)."""
+        """Send `KEY=value` lines; a failure (or a full queue) is logged, never raised or waited on."""
         if self._sock is None:
             return
         try:

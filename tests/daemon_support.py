@@ -1,0 +1,70 @@
+"""Helpers for the daemon's tests: leak checks, a fast stand-in pipeline, run folders."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from streamer.plugins.cpg.calls import CALLS_HEADER
+from streamer.skips import Skip, Skipped
+
+
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+@pytest.fixture
+def no_leaks():
+    """Fail a test that leaves a thread running or a file descriptor open."""
+    threads = set(threading.enumerate())
+    fds = _open_fds()
+    yield
+    extra = [t for t in threading.enumerate() if t not in threads and t.is_alive()]
+    assert not extra, f"threads left running: {extra}"
+    leaked = {fd: os.readlink(f"/proc/self/fd/{fd}") for fd in _open_fds() - fds if os.path.exists(f"/proc/self/fd/{fd}")}
+    leaked = {fd: target for fd, target in leaked.items() if not target.startswith("anon_inode:")}
+    assert not leaked, f"file descriptors left open: {leaked}"
+
+
+class FakeResult:
+    def __init__(self, reads, skip_ids):
+        self._reads = reads
+        self.skipped = [Skipped(r.read_id, Skip.NO_EVENTS, "fake") for r in reads if r.read_id in skip_ids]
+        self.n_reads = len(reads)
+        self.n_bases = sum(len(r.seq) for r in reads)
+        self.n_calls = len(self.tsv_rows())
+        self.timings = {"fake": 0.0}
+
+    def tsv_rows(self) -> list[str]:
+        """One call per record that goes on, at its alignment start; enough to check exactly-once."""
+        skipped = {s.read_id for s in self.skipped}
+        return [f"{r.ref_name}\t{'-' if r.rc else '+'}\t{r.ref_start}\t{r.ref_start}\t{r.read_id}\t3.00\t-1.00"
+                f"\t-4.00\t1\t1\tACGTT\n" for r in self._reads if r.read_id not in skipped]
+
+
+class FakePipeline:
+    """Stands in for `streamer.pipeline.Pipeline` where the numbers do not matter."""
+
+    TSV_HEADER = CALLS_HEADER
+
+    def __init__(self, skip_ids=(), gate: threading.Event | None = None):
+        self.skip_ids = set(skip_ids)
+        self.batches: list[list[str]] = []
+        self.gate = gate
+        self.entered = threading.Event()
+
+    def process(self, reads):
+        self.entered.set()
+        if self.gate is not None:
+            self.gate.wait(10)
+        self.batches.append([r.read_id for r in reads])
+        return FakeResult(reads, self.skip_ids)
+
+
+def rows(path: Path) -> list[str]:
+    """Data rows of a TSV, sorted (the daemon's batch order is not `streamer call`'s)."""
+    lines = Path(path).read_text().splitlines(keepends=True)
+    return sorted(lines[1:])

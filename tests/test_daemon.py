@@ -1,0 +1,290 @@
+"""The daemon in-process, with a stand-in pipeline: lifecycle, exactly-once, bad files, run ends."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from streamer import config
+from streamer.align import ReadAligner
+from streamer.daemon import Daemon, State
+from streamer.io.alignments import AlignmentFilter
+from streamer.io.reference import Reference
+from streamer.notify import Notifier
+from streamer.replay import Replayer, ReplayOptions, load_source
+
+from daemon_support import FakePipeline, no_leaks, rows  # noqa: F401
+
+N_READS, N_RECORDS = 8, 9
+
+
+@pytest.fixture(scope="module")
+def reference(reference_path):
+    with Reference(reference_path) as ref:
+        yield ref
+
+
+@pytest.fixture(scope="module")
+def source(ecoli):
+    return load_source(ecoli)
+
+
+def replay(source, live: Path, **opts) -> Path:
+    return Replayer(source, live, ReplayOptions(**{"speed": 0, "batch_reads": 3, **opts})).run()
+
+
+def make_config(tmp_path: Path, reference_path: Path, **keys) -> config.Config:
+    flat = {"watch.dir": tmp_path / "live", "reference.genome": reference_path, "output.dir": tmp_path / "out",
+            "watch.poll_interval": 0.05, "watch.settle": 0.2, "end.final_summary_grace": 0.2,
+            "batch.max_wait": 0.1, "service.status_interval": 0.1, **keys}
+    (tmp_path / "live").mkdir(exist_ok=True)
+    return config.build(flat)
+
+
+def daemon_for(cfg, pipeline, reference, **kw) -> Daemon:
+    filt = AlignmentFilter()
+    return Daemon(cfg, pipeline, reference, make_aligner=lambda: ReadAligner(cfg.reference.genome, filt), **kw)
+
+
+def run_to_end(cfg, pipeline, reference, **kw) -> tuple[int, Daemon]:
+    d = daemon_for(cfg, pipeline, reference, **kw)
+    try:
+        code = d.run()
+    finally:
+        d.close()
+    return code, d
+
+
+def summary(cfg) -> dict:
+    return json.loads((cfg.output.dir / "summary.json").read_text())
+
+
+def skipped(cfg) -> dict[str, str]:
+    lines = (cfg.output.dir / "skipped.tsv").read_text().splitlines()[1:]
+    return {line.split("\t")[0]: line.split("\t")[1] for line in lines}
+
+
+def test_a_replayed_run_is_processed_once(source, reference, reference_path, tmp_path, no_leaks):
+    replay(source, tmp_path / "live")
+    cfg = make_config(tmp_path, reference_path, **{"batch.max_reads": 2})
+    pipeline = FakePipeline()
+    code, d = run_to_end(cfg, pipeline, reference)
+    assert code == 0 and d.state is State.FINISHED and d.ending.reason == "final_summary"
+    got = rows(cfg.output.dir / "meth.tsv")
+    assert len(got) == N_RECORDS == len(set(got))
+    assert max(len(set(b)) for b in pipeline.batches) <= 2
+    s = summary(cfg)
+    assert s["state"] == "finished" and s["reads"]["done"] == s["reads"]["called"] == N_READS
+    assert s["records"] == {"considered": N_RECORDS, "called": N_RECORDS, "skipped_by_reason": {}}
+    assert s["files"] == {"signal_registered": 3, "basecalls_registered": 3}
+    assert s["latency_s"]["max"] >= 0 and s["throughput"]["batches"] >= 4
+    assert (cfg.output.dir / "meth-freq.tsv").read_text().startswith("chromosome\tstart\tend\t")
+    assert skipped(cfg) == {}
+    # a restart after the end finds nothing to do and writes nothing twice
+    code, _ = run_to_end(cfg, FakePipeline(), reference)
+    assert code == 0 and rows(cfg.output.dir / "meth.tsv") == got
+
+
+def test_fastq_without_bam_is_aligned_with_mappy(source, reference, reference_path, tmp_path, no_leaks):
+    replay(source, tmp_path / "with_bam")
+    bam_cfg = make_config(tmp_path, reference_path, **{"watch.dir": tmp_path / "with_bam",
+                                                       "output.dir": tmp_path / "out_bam"})
+    run_to_end(bam_cfg, FakePipeline(), reference)
+    replay(source, tmp_path / "live", bam=False)
+    cfg = make_config(tmp_path, reference_path)
+    code, _ = run_to_end(cfg, FakePipeline(), reference)
+    assert code == 0
+    assert rows(cfg.output.dir / "meth.tsv") == rows(bam_cfg.output.dir / "meth.tsv")
+
+
+def test_crash_between_write_and_commit_loses_and_repeats_nothing(source, reference, reference_path, tmp_path,
+                                                                   monkeypatch, no_leaks):
+    replay(source, tmp_path / "live")
+    cfg = make_config(tmp_path, reference_path, **{"batch.max_reads": 2})
+    d = daemon_for(cfg, FakePipeline(), reference)
+    d.start()
+    real_commit, n = d.ledger.commit, []
+
+    def dying_commit(*args, **kw):
+        n.append(1)
+        if len(n) == 3:  # the second batch's rows are in meth.tsv; its commit never happens
+            raise OSError("simulated crash")
+        return real_commit(*args, **kw)
+
+    monkeypatch.setattr(d.ledger, "commit", dying_commit)
+    assert d.run() == 1 and d.state is State.FAILED
+    committed = d.ledger.offsets()["meth.tsv"]
+    d.close()
+    assert (cfg.output.dir / "meth.tsv").stat().st_size > committed  # rows of an uncommitted batch
+    code, _ = run_to_end(cfg, FakePipeline(), reference)
+    got = rows(cfg.output.dir / "meth.tsv")
+    assert code == 0 and len(got) == N_RECORDS == len(set(got))
+
+
+def test_sigterm_finishes_the_batch_in_hand_and_the_rest_waits(source, reference, reference_path, tmp_path,
+                                                               no_leaks):
+    replay(source, tmp_path / "live")
+    cfg = make_config(tmp_path, reference_path, **{"batch.max_reads": 3})
+    gate = threading.Event()
+    pipeline = FakePipeline(gate=gate)
+    d = daemon_for(cfg, pipeline, reference)
+    result = {}
+    t = threading.Thread(target=lambda: result.setdefault("code", d.run()))
+    t.start()
+    assert pipeline.entered.wait(10)
+    d.request_stop()  # what the SIGTERM handler does
+    gate.set()
+    t.join(10)
+    d.close()
+    assert result["code"] == 0 and d.state is State.STOPPED and not d.abandoned
+    assert len(pipeline.batches) == 1
+    s = summary(cfg)
+    assert s["state"] == "stopped" and s["reads"]["done"] == 3 and s["reads"]["matched"] == N_READS - 3
+    code, _ = run_to_end(cfg, FakePipeline(), reference)
+    got = rows(cfg.output.dir / "meth.tsv")
+    assert code == 0 and len(got) == N_RECORDS == len(set(got))
+
+
+def test_drain_timeout_exits_without_the_batch_in_hand(source, reference, reference_path, tmp_path, no_leaks):
+    replay(source, tmp_path / "live")
+    cfg = make_config(tmp_path, reference_path, **{"service.drain_timeout": 0.2})
+    gate = threading.Event()
+    pipeline = FakePipeline(gate=gate)
+    d = daemon_for(cfg, pipeline, reference)
+    threading.Timer(0.0, lambda: pipeline.entered.wait(10) and d.request_stop()).start()
+    t0 = time.monotonic()
+    assert d.run() == 0 and d.abandoned
+    assert time.monotonic() - t0 < 10
+    gate.set()
+    d.close()
+
+
+def test_bad_files_are_set_aside_and_the_rest_goes_on(source, reference, reference_path, tmp_path, no_leaks):
+    run = replay(source, tmp_path / "live")
+    fast5s = sorted((run / "fast5_pass").iterdir())
+    data = fast5s[0].read_bytes()
+    fast5s[0].write_bytes(data[: len(data) // 2])  # truncated signal file
+    fq = sorted((run / "fastq_pass").iterdir())[1]
+    broken = bytearray(fq.read_bytes())
+    broken[len(broken) // 2] ^= 0xFF
+    fq.write_bytes(bytes(broken))  # corrupt gzip
+    shutil.rmtree(run / "bam_pass")
+    cfg = make_config(tmp_path, reference_path, **{"watch.incomplete_timeout": 0.3})
+    code, d = run_to_end(cfg, FakePipeline(), reference)
+    assert code == 0 and d.state is State.FINISHED
+    s = summary(cfg)
+    reasons = {Path(r["path"]).name: r["reason"] for r in s["rejected_files"]}
+    assert set(reasons) == {fast5s[0].name, fq.name}
+    assert "truncated" in reasons[fast5s[0].name] and "corrupt gzip" in reasons[fq.name]
+    lost = skipped(cfg)
+    assert len(lost) == 6 and set(lost.values()) == {"no signal", "no basecall"}  # batches 0 and 1
+    assert s["reads"]["called"] == N_READS - 6 and s["reads"]["done"] == N_READS
+
+
+def test_stop_file_and_join_timeout(source, reference, reference_path, tmp_path, no_leaks):
+    run = replay(source, tmp_path / "live")
+    (run / next(p.name for p in run.glob("final_summary*"))).unlink()
+    for p in sorted((run / "fast5_pass").iterdir())[1:]:
+        p.unlink()  # only the first batch has signal
+    cfg = make_config(tmp_path, reference_path, **{"end.follow": True, "join.timeout": 0.3})
+    d = daemon_for(cfg, FakePipeline(), reference)
+    result = {}
+    t = threading.Thread(target=lambda: result.setdefault("code", d.run()))
+    t.start()
+    deadline = time.monotonic() + 10
+    while len(skipped(cfg) if (cfg.output.dir / "skipped.tsv").exists() else {}) < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert set(skipped(cfg).values()) == {"no signal"}  # reported after the timeout while the run goes on
+    (tmp_path / "live" / "STOP").touch()
+    t.join(10)
+    d.close()
+    assert result["code"] == 0 and d.ending.reason == "STOP file" and d.state is State.FINISHED
+
+
+def test_idle_timeout_ends_a_plain_folder(ecoli, reference, reference_path, tmp_path, no_leaks):
+    live = tmp_path / "live"
+    shutil.copytree(ecoli / "fast5", live / "fast5")
+    shutil.copy(ecoli / "reads.fasta", live)
+    cfg = make_config(tmp_path, reference_path, **{"end.idle_timeout": 0.5})
+    code, d = run_to_end(cfg, FakePipeline(), reference)
+    assert code == 0 and d.ending.reason.startswith("no new file")
+    assert len(rows(cfg.output.dir / "meth.tsv")) == N_RECORDS
+
+
+def test_notify_protocol(source, reference, reference_path, tmp_path, no_leaks):
+    """READY after start-up, WATCHDOG and STATUS while running, STOPPING at the end."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(tmp_path / "notify"))
+    sock.settimeout(0.2)
+    messages: list[str] = []
+    done = threading.Event()
+
+    def listen():
+        while not done.is_set():
+            try:
+                messages.append(sock.recv(4096).decode())
+            except TimeoutError:
+                pass
+
+    listener = threading.Thread(target=listen)
+    listener.start()
+    replay(source, tmp_path / "live")
+    cfg = make_config(tmp_path, reference_path, **{"end.final_summary_grace": 0.5})
+    notifier = Notifier({"NOTIFY_SOCKET": str(tmp_path / "notify"), "WATCHDOG_USEC": "200000"})
+    try:
+        code, _ = run_to_end(cfg, FakePipeline(), reference, notifier=notifier)
+        time.sleep(0.3)
+    finally:
+        done.set()
+        listener.join()
+        sock.close()
+    assert code == 0
+    assert messages[0].startswith("READY=1\nSTATUS=running: 0 reads done")
+    assert "WATCHDOG=1" in messages and any(m.startswith("STATUS=") for m in messages[1:])
+    assert messages[-1].startswith("STOPPING=1\nSTATUS=finished: 8 reads done (8 called)")
+
+
+class RecordingPublisher:
+    def __init__(self, fail=False):
+        self.got = []
+        self.fail = fail
+
+    def __getattr__(self, name):
+        def record(*args):
+            self.got.append((name, args))
+            if self.fail:
+                raise RuntimeError("subscriber went away")
+        return record
+
+
+def test_publisher_hook(source, reference, reference_path, tmp_path, no_leaks):
+    replay(source, tmp_path / "live")
+    cfg = make_config(tmp_path, reference_path)
+    pub = RecordingPublisher()
+    code, _ = run_to_end(cfg, FakePipeline(), reference, publisher=pub)
+    names = [n for n, _ in pub.got]
+    assert code == 0 and names[0] == "publish_run" and pub.got[0][1][0] == "start"
+    assert pub.got[-1][0] == "publish_run" and pub.got[-1][1][0] == "end"
+    calls = [a[0] for n, a in pub.got if n == "publish_calls"]
+    assert sum(len(c["read_name"]) for c in calls) == N_RECORDS
+    assert set(calls[0]) == {"chromosome", "strand", "start", "end", "read_name", "log_lik_ratio",
+                             "log_lik_methylated", "log_lik_unmethylated", "num_calling_strands", "num_motifs",
+                             "sequence"}
+    freq = [a[0] for n, a in pub.got if n == "publish_freq"]
+    assert freq and all(len(f["chromosome"]) == len(f["called_sites"]) for f in freq)
+    assert "publish_status" in names
+
+
+def test_a_failing_publisher_does_not_stop_the_daemon(source, reference, reference_path, tmp_path, caplog):
+    replay(source, tmp_path / "live")
+    cfg = make_config(tmp_path, reference_path)
+    code, d = run_to_end(cfg, FakePipeline(), reference, publisher=RecordingPublisher(fail=True))
+    assert code == 0 and d.state is State.FINISHED
+    assert "results are still written to files" in caplog.text

@@ -1,0 +1,108 @@
+"""Reading basecall files into reads, holding them in bounded memory, and aligning with mappy."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pysam
+import pytest
+
+from streamer.align import ReadAligner
+from streamer.errors import InputError
+from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments
+from streamer.join import BasecallCache, Basecalls, read_basecall_file
+from streamer.skips import Skip, Skipped
+
+from daemon_support import no_leaks  # noqa: F401
+
+SUPPLEMENTARY_READ = "71408c92"
+
+
+def fasta(ecoli) -> dict[str, str]:
+    with pysam.FastxFile(str(ecoli / "reads.fasta")) as fh:
+        return {r.name: r.sequence.upper() for r in fh}
+
+
+def test_fastq_reads(tmp_path, no_leaks):
+    fq = tmp_path / "a.fastq.gz"
+    fq.write_bytes(gzip.compress(b"@r1 runid=x\nACGT\n+\nIIII\n@r2\nGG\n+\nII\n"))
+    got = read_basecall_file(fq, "fastq", AlignmentFilter())
+    assert got == {"r1": Basecalls("r1", "ACGT", None), "r2": Basecalls("r2", "GG", None)}
+    assert read_basecall_file(fq, "fastq", AlignmentFilter(), wanted={"r2"}).keys() == {"r2"}
+
+
+def test_aligned_bam_reads_carry_records_and_the_full_sequence(ecoli, no_leaks):
+    got = read_basecall_file(ecoli / "reads.bam", "bam", AlignmentFilter())
+    seqs = fasta(ecoli)
+    assert {rid: bc.seq for rid, bc in got.items()} == seqs  # reverse-strand reads turned back
+    supp = next(bc for rid, bc in got.items() if rid.startswith(SUPPLEMENTARY_READ))
+    assert len(supp.records) == 2 and all(isinstance(r, Alignment) for r in supp.records)
+    strict = read_basecall_file(ecoli / "reads.bam", "bam", AlignmentFilter(min_mapq=61))
+    rec = next(iter(strict.values())).records[0]
+    assert isinstance(rec, Skipped) and rec.reason == Skip.LOW_MAPQ and "reads.bam" in rec.detail
+
+
+def test_unaligned_bam_reads_need_alignment(ecoli, tmp_path, no_leaks):
+    path = tmp_path / "unaligned.bam"
+    header = pysam.AlignmentHeader.from_dict({"HD": {"VN": "1.6", "SO": "unknown"}})
+    with pysam.AlignmentFile(str(path), "wb", header=header) as out:
+        for rid, seq in fasta(ecoli).items():
+            rec = pysam.AlignedSegment(header)
+            rec.query_name, rec.query_sequence, rec.flag = rid, seq, 4
+            out.write(rec)
+    got = read_basecall_file(path, "bam", AlignmentFilter())
+    assert all(bc.records is None for bc in got.values()) and len(got) == 8
+
+
+def test_corrupt_files_raise_input_errors(tmp_path):
+    bad = tmp_path / "bad.bam"
+    bad.write_bytes(b"\x1f\x8bnot really")
+    with pytest.raises(InputError, match="bad.bam"):
+        read_basecall_file(bad, "bam", AlignmentFilter())
+
+
+def test_cache_is_bounded_and_reads_files_again(tmp_path, no_leaks):
+    fq = tmp_path / "a.fastq"
+    fq.write_text("".join(f"@r{i}\n{'A' * 10}\n+\n{'I' * 10}\n" for i in range(5)))
+    cache = BasecallCache(max_bases=25, filt=AlignmentFilter())
+    cache.add(read_basecall_file(fq, "fastq", AlignmentFilter()).values())
+    assert len(cache) == 2 and cache.bases == 20  # the oldest three were dropped
+    found, failed = cache.take([("r0", fq, "fastq"), ("r4", fq, "fastq"), ("r9", fq, "fastq")])
+    assert set(found) == {"r0", "r4"} and cache.reloads == 1
+    assert failed == {"r9": f"{fq}: read no longer in the file"}
+    assert len(cache) == 1
+    cache.discard(["r3"])
+    assert len(cache) == 0 and cache.bases == 0
+    found, failed = cache.take([("r1", tmp_path / "gone.fastq", "fastq")])
+    assert found == {} and "gone.fastq" in failed["r1"]
+
+
+@pytest.fixture(scope="module")
+def aligner(reference_path):
+    return ReadAligner(reference_path, AlignmentFilter())
+
+
+def test_mappy_records_equal_minimap2s_bam(aligner, ecoli):
+    """Same contig, span, strand, MAPQ and CIGAR (clips included) as the fixture's minimap2 BAM."""
+    def key(a: Alignment):
+        return a.read_id, a.ref_name, a.ref_start, a.ref_end, a.rc, a.mapq, a.cigar.tolist()
+
+    theirs = sorted((key(a) for a in iter_alignments(ecoli / "reads.bam", AlignmentFilter())), key=str)
+    mine = sorted((key(a) for rid, seq in fasta(ecoli).items() for a in aligner.align(rid, seq)), key=str)
+    assert mine == theirs
+
+
+def test_mappy_unmapped_read(aligner):
+    (rec,) = aligner.align("junk", "ACGT" * 50)
+    assert isinstance(rec, Skipped) and rec.reason == Skip.UNMAPPED
+
+
+def test_mappy_records_make_a_valid_bam(aligner, ecoli, tmp_path):
+    path = tmp_path / "mappy.bam"
+    with pysam.AlignmentFile(str(path), "wb", header=aligner.header) as out:
+        for rid, seq in fasta(ecoli).items():
+            for rec in aligner.records(rid, seq):
+                out.write(rec)
+    got = read_basecall_file(path, "bam", AlignmentFilter())
+    assert {rid: bc.seq for rid, bc in got.items()} == fasta(ecoli)

@@ -1,0 +1,171 @@
+"""The ledger and the outputs it guards: joins by read id, exactly-once commits, repair at start."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from streamer.ledger import BatchRecord, Ledger, LedgerError
+from streamer.outputs import Outputs, write_atomic
+
+from daemon_support import no_leaks  # noqa: F401
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1_000_000.0
+
+    def __call__(self):
+        return self.t
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    clock = Clock()
+    with Ledger(tmp_path / "state", watch_dir=tmp_path, clock=clock) as led:
+        led.clock = clock
+        yield led
+
+
+def test_signal_then_basecalls_match(ledger, tmp_path):
+    reg = ledger.register_signal_file(tmp_path / "a.fast5", "fast5", 10, 1, ["r1", "r2", "r3"])
+    assert (reg.n_reads, reg.newly_matched, reg.duplicates) == (3, 0, 0)
+    assert ledger.read_counts()["waiting_for_basecalls"] == 3
+    ledger.clock.t += 5
+    reg = ledger.register_basecall_file(tmp_path / "a.fastq", "fastq", 20, 2, [("r2", 100), ("r3", 50), ("r9", 7)])
+    assert reg.newly_matched == 2
+    picks, full = ledger.matched(10, 10_000)
+    assert [p.read_id for p in picks] == ["r2", "r3"] and not full
+    assert picks[0].signal_path == tmp_path / "a.fast5" and picks[0].basecall_path == tmp_path / "a.fastq"
+    assert picks[0].n_bases == 100 and picks[0].matched == ledger.clock.t
+    assert ledger.read_counts() == {"done": 0, "matched": 2, "waiting_for_basecalls": 1, "waiting_for_signal": 1}
+    assert ledger.open_reads_of(tmp_path / "a.fastq") == {"r2", "r3", "r9"}
+
+
+def test_basecalls_then_signal_match_and_duplicates_are_counted(ledger, tmp_path):
+    ledger.register_basecall_file(tmp_path / "a.fastq", "fastq", 1, 1, [("r1", 10), ("r2", 10)])
+    reg = ledger.register_signal_file(tmp_path / "a.fast5", "fast5", 1, 1, ["r1", "r2"])
+    assert reg.newly_matched == 2
+    reg = ledger.register_signal_file(tmp_path / "b.fast5", "fast5", 1, 1, ["r2", "r3"])
+    assert (reg.newly_matched, reg.duplicates) == (0, 1)
+    picks, _ = ledger.matched(10, 100)
+    assert {p.signal_path.name for p in picks} == {"a.fast5"}
+
+
+def test_batches_are_capped_by_reads_and_bases(ledger, tmp_path):
+    ledger.register_signal_file(tmp_path / "a.fast5", "fast5", 1, 1, [f"r{i}" for i in range(5)])
+    ledger.register_basecall_file(tmp_path / "a.fastq", "fastq", 1, 1, [(f"r{i}", 100) for i in range(5)])
+    picks, full = ledger.matched(2, 10_000)
+    assert len(picks) == 2 and full
+    picks, full = ledger.matched(10, 250)
+    assert len(picks) == 2 and full
+    picks, full = ledger.matched(10, 50)  # one read larger than the cap still goes alone
+    assert len(picks) == 1 and full
+
+
+def test_commit_is_all_or_nothing(ledger, tmp_path):
+    ledger.register_signal_file(tmp_path / "a.fast5", "fast5", 1, 1, ["r1", "r2"])
+    ledger.register_basecall_file(tmp_path / "a.fastq", "fastq", 1, 1, [("r1", 10), ("r2", 10)])
+    batch = BatchRecord(2, 2, 3, 20, 0.5, 1.0, 0.6)
+    ledger.commit([("r1", "called"), ("r2", "no events")], {"meth.tsv": 300}, {"calls": 3}, batch)
+    assert ledger.outcome("r1") == "called" and ledger.outcome("r2") == "no events"
+    assert ledger.offsets() == {"meth.tsv": 300} and ledger.counters() == {"calls": 3}
+    assert ledger.batch_totals()["latency_max"] == 0.6
+    assert ledger.matched(10, 100) == ([], False)
+    with pytest.raises(sqlite3.Error):
+        ledger.commit([("r1", "again")], {"meth.tsv": 400}, {"calls": object()})  # fails half way
+    assert ledger.offsets() == {"meth.tsv": 300} and ledger.counters() == {"calls": 3}
+
+
+def test_waiting_reads_and_late_partners(ledger, tmp_path):
+    ledger.register_basecall_file(tmp_path / "a.fastq", "fastq", 1, 1, [("r1", 10)])
+    ledger.clock.t += 100
+    ledger.register_signal_file(tmp_path / "a.fast5", "fast5", 1, 1, ["r2"])
+    assert [w.read_id for w in ledger.waiting(since_before=ledger.clock.t - 50)] == ["r1"]
+    (w1, w2) = ledger.waiting()
+    assert (w1.has_signal, w1.path.name, w2.has_signal) == (False, "a.fastq", True)
+    ledger.commit([("r1", "no signal")], {}, {})
+    reg = ledger.register_signal_file(tmp_path / "b.fast5", "fast5", 1, 1, ["r1"])
+    assert reg.late == 1 and ledger.outcome("r1") == "no signal"
+
+
+def test_files_known_and_rejected(ledger, tmp_path):
+    p = tmp_path / "a.fast5"
+    assert not ledger.is_known(p, 1, 1)
+    ledger.reject_file(p, "signal", "fast5", 1, 1, "truncated")
+    assert ledger.is_known(p, 1, 1) and not ledger.is_known(p, 2, 2)
+    assert ledger.rejected_files() == [(str(p), "signal", "truncated")]
+    ledger.register_signal_file(p, "fast5", 2, 2, ["r1"])
+    assert ledger.is_known(p, 3, 3) and ledger.file_state(p) == "registered"
+    assert ledger.rejected_files() == []
+    assert ledger.file_counts() == {"signal_registered": 1}
+
+
+def test_one_daemon_per_state_folder(tmp_path, no_leaks):
+    with Ledger(tmp_path / "s", watch_dir=tmp_path):
+        with pytest.raises(LedgerError, match="another streamer daemon"):
+            Ledger(tmp_path / "s", watch_dir=tmp_path)
+    with Ledger(tmp_path / "s", watch_dir=tmp_path) as again:
+        assert not again.created
+
+
+def test_state_folder_belongs_to_one_run(tmp_path):
+    (tmp_path / "a").mkdir()
+    Ledger(tmp_path / "s", watch_dir=tmp_path).close()
+    with pytest.raises(LedgerError, match="belongs to the run in"):
+        Ledger(tmp_path / "s", watch_dir=tmp_path / "a")
+
+
+# ---------------------------------------------------------------------------- outputs
+
+
+HEADERS = {"meth.tsv": "h1\th2\n", "skipped.tsv": "read_id\treason\tdetail\n"}
+
+
+def test_outputs_start_with_headers_and_append(tmp_path, no_leaks):
+    out = Outputs(tmp_path / "out", HEADERS, {})
+    assert out.fresh == {"meth.tsv": 6, "skipped.tsv": 22}
+    offsets = out.append({"meth.tsv": ["a\tb\n", "c\td\n"], "skipped.tsv": []})
+    assert offsets == {"meth.tsv": 14, "skipped.tsv": 22}
+    out.close()
+    assert (tmp_path / "out" / "meth.tsv").read_text() == "h1\th2\na\tb\nc\td\n"
+
+
+def test_crash_between_write_and_commit_is_repaired(tmp_path, no_leaks):
+    """Rows of a batch that was written but never committed are cut off at the next start."""
+    with Ledger(tmp_path / "state", watch_dir=tmp_path) as led:
+        out = Outputs(tmp_path / "out", HEADERS, led.offsets())
+        led.commit([], out.fresh, {})
+        led.commit([], out.append({"meth.tsv": ["batch1\n"]}), {})
+        out.append({"meth.tsv": ["batch2\n"]})  # ... and the process dies before the commit
+        out.close()
+    with Ledger(tmp_path / "state", watch_dir=tmp_path) as led:
+        out = Outputs(tmp_path / "out", HEADERS, led.offsets())
+        assert out.fresh == {}
+        out.append({"meth.tsv": ["batch2 again\n"]})
+        out.close()
+    assert (tmp_path / "out" / "meth.tsv").read_text() == "h1\th2\nbatch1\nbatch2 again\n"
+
+
+def test_outputs_refuse_what_the_ledger_does_not_explain(tmp_path, no_leaks):
+    d = tmp_path / "out"
+    d.mkdir()
+    (d / "meth.tsv").write_text("h1\th2\nold rows\n")
+    with pytest.raises(LedgerError, match="no record of it"):
+        Outputs(d, HEADERS, {})
+    (d / "meth.tsv").write_text("h1\t")  # a header cut short by a crash is fine
+    Outputs(d, HEADERS, {}).close()
+    with pytest.raises(LedgerError, match="shorter than"):
+        Outputs(d, HEADERS, {"meth.tsv": 100, "skipped.tsv": 22})
+    (d / "skipped.tsv").unlink()
+    with pytest.raises(LedgerError, match="missing"):
+        Outputs(d, HEADERS, {"meth.tsv": 6, "skipped.tsv": 22})
+
+
+def test_write_atomic(tmp_path):
+    p = tmp_path / "summary.json"
+    write_atomic(p, "{}\n")
+    write_atomic(p, '{"a": 1}\n')
+    assert p.read_text() == '{"a": 1}\n' and sorted(x.name for x in tmp_path.iterdir()) == ["summary.json"]
