@@ -215,21 +215,49 @@ def profile_forward(
 
     Events are taken from `e_start` towards `e_stop` (either direction); `model` from
     `pack_model`, `scalings` one row of `pack_scalings`, `trans` from `block_transitions`.
+    """
+    n_kmers = length - k + 1
+    n_events = abs(e_stop - e_start) + 1
+    ranks, flanks, rows = scratch(n_kmers, n_events)
+    return forward_into(
+        seq, w0, length, rc, methylated, ev_mean, e_start, e_stop, k, model, scalings, trans, params, table,
+        ranks, flanks, rows,
+    )  # fmt: skip
+
+
+@numba.njit(nogil=True, cache=True)
+def scratch(n_kmers, n_events):
+    """Work arrays for `forward_into` of a window up to n_kmers k-mers and n_events events."""
+    return (
+        np.empty(n_kmers, np.int64),
+        np.empty((2, n_events), np.float32),
+        np.empty((2, N_STATES * (n_kmers + 2)), np.float32),
+    )
+
+
+@numba.njit(nogil=True, cache=True)
+def forward_into(
+    seq, w0, length, rc, methylated, ev_mean, e_start, e_stop, k, model, scalings, trans, params, table,
+    ranks, flanks, rows,
+):  # fmt: skip
+    """`profile_forward` in caller-provided work arrays (from `scratch`, possibly larger).
+
     Two rows of the forward matrix suffice: each row reads only itself and the row above.
     """
     ninf = np.float32(-np.inf)
     n_kmers = length - k + 1
     stride = 1 if e_start <= e_stop else -1
     n_events = abs(e_stop - e_start) + 1
-    ranks = np.empty(n_kmers, np.int64)
     for ki in range(n_kmers):
         ranks[ki] = window_kmer_rank(seq, w0, length, ki, k, rc, methylated)
-    pre = np.empty(n_events, np.float32)
-    post = np.empty(n_events, np.float32)
+    pre = flanks[0]
+    post = flanks[1]
     clip_flanks(n_events, params, pre, post)
     n_cols = N_STATES * (n_kmers + 2)
-    prev = np.full(n_cols, ninf, np.float32)
-    curr = np.full(n_cols, ninf, np.float32)
+    prev = rows[0]
+    curr = rows[1]
+    prev[:n_cols] = ninf
+    curr[:n_cols] = ninf
     lp_end = ninf
     for row in range(1, n_events + 1):
         level = ev_mean[e_start + (row - 1) * stride]
@@ -259,6 +287,9 @@ def profile_forward(
     return lp_end
 
 
+JOBS_PER_CHUNK = 32
+
+
 @numba.njit(parallel=True, nogil=True, cache=True)
 def score_windows(
     job_read, job_w0, job_w1, job_e1, job_e2, ref_seq, ref_seq_off, rc, ev_mean, ev_off,
@@ -268,22 +299,35 @@ def score_windows(
 
     Job j scores ref_seq[ref_seq_off[r] + w0 : ... + w1] of read r = job_read[j] against the
     read's events job_e1[j]..job_e2[j] (event indices within the read). Returns float32 arrays
-    (ll_unmethylated, ll_methylated).
+    (ll_unmethylated, ll_methylated). Threads take chunks of jobs and allocate their work
+    arrays once per chunk: an allocation per window made the threads contend.
     """
     n = job_read.shape[0]
     ll_u = np.empty(n, np.float32)
     ll_m = np.empty(n, np.float32)
-    for j in prange(n):
-        r = job_read[j]
-        trans = block_transitions(events_per_base[r], params)
-        ev = ev_mean[ev_off[r] : ev_off[r + 1]]
-        w0 = ref_seq_off[r] + job_w0[j]
-        length = job_w1[j] - job_w0[j]
-        sc = scalings[r]
-        ll_u[j] = profile_forward(
-            ref_seq, w0, length, rc[r], False, ev, job_e1[j], job_e2[j], k, model, sc, trans, params, table
-        )
-        ll_m[j] = profile_forward(
-            ref_seq, w0, length, rc[r], True, ev, job_e1[j], job_e2[j], k, model, sc, trans, params, table
-        )
+    n_chunks = (n + JOBS_PER_CHUNK - 1) // JOBS_PER_CHUNK
+    for c in prange(n_chunks):
+        j0 = c * JOBS_PER_CHUNK
+        j1 = min(n, j0 + JOBS_PER_CHUNK)
+        max_kmers = 1
+        max_events = 1
+        for j in range(j0, j1):
+            max_kmers = max(max_kmers, job_w1[j] - job_w0[j] - k + 1)
+            max_events = max(max_events, abs(job_e2[j] - job_e1[j]) + 1)
+        ranks, flanks, rows = scratch(max_kmers, max_events)
+        for j in range(j0, j1):
+            r = job_read[j]
+            trans = block_transitions(events_per_base[r], params)
+            ev = ev_mean[ev_off[r] : ev_off[r + 1]]
+            w0 = ref_seq_off[r] + job_w0[j]
+            length = job_w1[j] - job_w0[j]
+            sc = scalings[r]
+            ll_u[j] = forward_into(
+                ref_seq, w0, length, rc[r], False, ev, job_e1[j], job_e2[j], k, model, sc, trans, params, table,
+                ranks, flanks, rows,
+            )  # fmt: skip
+            ll_m[j] = forward_into(
+                ref_seq, w0, length, rc[r], True, ev, job_e1[j], job_e2[j], k, model, sc, trans, params, table,
+                ranks, flanks, rows,
+            )  # fmt: skip
     return ll_u, ll_m
