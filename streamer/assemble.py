@@ -6,8 +6,10 @@ as f5c does. Every record that cannot go on leaves as a `Skipped` with its reaso
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from streamer.batch import ReadInput
 from streamer.errors import InputError
@@ -15,7 +17,7 @@ from streamer.io.alignments import Alignment
 from streamer.io.fast5 import SignalRecord
 from streamer.io.index import SignalIndex
 from streamer.io.reference import Reference
-from streamer.io.signal import read_signal
+from streamer.io.signal import read_signal, read_signals
 from streamer.skips import Skip, Skipped
 
 
@@ -43,6 +45,28 @@ def make_read_input(aln: Alignment, seq: str, sig: SignalRecord, ref: Reference,
     )
 
 
+def load_signals(wanted: Mapping[Path, list[str]]) -> tuple[dict[str, SignalRecord], dict[str, str]]:
+    """Signals of the wanted reads, opening each file once; reads that fail get the error text."""
+    got: dict[str, SignalRecord] = {}
+    errors: dict[str, str] = {}
+    for path, ids in wanted.items():
+        try:
+            for rec in read_signals(path, ids):
+                got[rec.read_id] = rec
+        except InputError:
+            # find out which reads the damage touches, one at a time
+            for rid in ids:
+                if rid not in got:
+                    try:
+                        got[rid] = read_signal(path, rid)
+                    except InputError as exc:
+                        errors[rid] = str(exc)
+        for rid in ids:
+            if rid not in got and rid not in errors:
+                errors[rid] = f"{path}: read not found in this signal file"
+    return got, errors
+
+
 def offline_batches(
     records: Iterable[Alignment | Skipped],
     basecalls: Mapping[str, str],
@@ -52,9 +76,24 @@ def offline_batches(
     reads_path: str = "the reads file",
 ) -> Iterator[tuple[list[ReadInput], list[Skipped]]]:
     """Yield (reads, skipped) per batch from BAM records in file order."""
-    reads: list[ReadInput] = []
+    pending: list[tuple[Alignment, str, Path]] = []
     skipped: list[Skipped] = []
     bases = 0
+
+    def flush():
+        wanted: dict[Path, list[str]] = defaultdict(list)
+        for aln, _, path in pending:
+            wanted[path].append(aln.read_id)
+        signals, errors = load_signals(wanted)
+        reads = []
+        for aln, seq, path in pending:
+            sig = signals.get(aln.read_id)
+            if sig is None:
+                skipped.append(Skipped(aln.read_id, Skip.BAD_SIGNAL_FILE, errors[aln.read_id]))
+            else:
+                reads.append(make_read_input(aln, seq, sig, ref, str(path)))
+        return reads
+
     for aln in records:
         if isinstance(aln, Skipped):
             skipped.append(aln)
@@ -68,15 +107,10 @@ def offline_batches(
         if path is None:
             skipped.append(Skipped(read_id, Skip.NO_SIGNAL, f"not found in the signal files indexed for {reads_path}"))
             continue
-        try:
-            sig = read_signal(path, read_id)
-        except InputError as exc:
-            skipped.append(Skipped(read_id, Skip.BAD_SIGNAL_FILE, str(exc)))
-            continue
-        reads.append(make_read_input(aln, seq, sig, ref, str(path)))
+        pending.append((aln, seq, path))
         bases += len(seq)
-        if len(reads) >= limits.max_reads or bases >= limits.max_bases:
-            yield reads, skipped
-            reads, skipped, bases = [], [], 0
-    if reads or skipped:
-        yield reads, skipped
+        if len(pending) >= limits.max_reads or bases >= limits.max_bases:
+            yield flush(), skipped
+            pending, skipped, bases = [], [], 0
+    if pending or skipped:
+        yield flush(), skipped
