@@ -19,6 +19,7 @@ import numpy as np
 from streamer.abea import align_batch
 from streamer.batch import CIGAR_M, ReadBatch, ReadInput, pack
 from streamer.events import detect_events
+from streamer.gpu import AbeaBatchStats, CudaOptions, open_gpu
 from streamer.plugins.cpg.calls import CALLS_HEADER, MethCalls, call_methylation, format_calls
 from streamer.poremodel import PoreModel, load_default_models
 from streamer.postalign import recalibrate_batch
@@ -31,6 +32,7 @@ class PipelineOptions:
     threads: int = os.cpu_count() or 1
     kmer_model: Path | None = None
     meth_model: Path | None = None
+    cuda: CudaOptions = CudaOptions()
 
 
 @dataclass
@@ -43,6 +45,7 @@ class BatchResult:
     skipped: list[Skipped]
     n_bases: int
     timings: dict[str, float]
+    gpu_stats: AbeaBatchStats | None = None  # the GPU ABEA stage's measurements, when it ran
 
     @property
     def n_reads(self) -> int:
@@ -66,6 +69,7 @@ class Pipeline:
         self.options = options
         self.kmer_model, self.meth_model = load_default_models(options.kmer_model, options.meth_model)
         numba.set_num_threads(max(1, min(options.threads, numba.config.NUMBA_NUM_THREADS)))
+        self.gpu = open_gpu(options.cuda)
         self._warm_up()
 
     def process(self, reads: list[ReadInput]) -> BatchResult:
@@ -92,10 +96,13 @@ class Pipeline:
             batch.shift, batch.scale, batch.var = estimate_scalings(
                 batch.seq, batch.seq_off, batch.ev_mean, batch.ev_off, batch.status, kmer
             )
+        gpu_stats = None
         with stage("abea"):
-            aln = align_batch(
-                batch.seq, batch.seq_off, batch.ev_mean, batch.ev_off, batch.status, batch.shift, batch.scale, kmer
-            )
+            args = (batch.seq, batch.seq_off, batch.ev_mean, batch.ev_off, batch.status, batch.shift, batch.scale, kmer)
+            if self.gpu is None:
+                aln = align_batch(*args)
+            else:
+                aln, gpu_stats = self.gpu.align(*args)
             batch.aln_off, batch.aln_kmer, batch.aln_event = aln.aln_off, aln.aln_kmer, aln.aln_event
         with stage("postalign"):
             post = recalibrate_batch(
@@ -109,7 +116,7 @@ class Pipeline:
             Skipped(batch.read_ids[i], Skip(int(batch.status[i])), f"signal from {batch.signal_paths[i]}")
             for i in np.flatnonzero(batch.status != Skip.OK).tolist()
         ]
-        return BatchResult(batch.read_ids, batch.ref_names, calls, skipped, batch.n_bases, timings)
+        return BatchResult(batch.read_ids, batch.ref_names, calls, skipped, batch.n_bases, timings, gpu_stats)
 
     def _warm_up(self) -> None:
         """Compile (or load from cache) every kernel on a synthetic read before real data arrives."""

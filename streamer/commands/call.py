@@ -12,6 +12,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from streamer.assemble import BatchLimits, offline_batches
+from streamer.gpu import CudaOptions
 from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments
 from streamer.io.fastx import load_basecalls
 from streamer.io.index import open_index
@@ -41,6 +42,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stats-json", type=Path, help="also write the run summary as JSON to this file")
     p.add_argument("--kmer-model", type=Path, help="nucleotide pore model file (default: r9.4 450bps 6-mer)")
     p.add_argument("--meth-model", type=Path, help="CpG methylation pore model file (default: r9.4 450bps 6-mer)")
+    gpu = p.add_argument_group("GPU (ABEA on an NVIDIA GPU when numba-cuda and a GPU are present)")
+    gpu.add_argument("--disable-cuda", action="store_true", help="align on the CPU only")
+    gpu.add_argument("--cuda-dev-id", type=int, default=CudaOptions.dev_id, help="GPU to use [%(default)s]")
+    gpu.add_argument("--cuda-mem-frac", type=float, default=CudaOptions.mem_frac,
+                     help="fraction of free GPU memory to take [0.9; 0.7 on integrated GPUs]")
+    gpu.add_argument("--cuda-avg-epk", type=float, default=CudaOptions.avg_epk,
+                     help="events per base the GPU memory is divided for [%(default)s]")
+    gpu.add_argument("--cuda-max-lf", type=float, default=CudaOptions.max_lf,
+                     help="reads longer than this times the batch's mean length run on the CPU [%(default)s]")
+    gpu.add_argument("--cuda-max-epk", type=float, default=CudaOptions.max_epk,
+                     help="reads with more events per base than this run on the CPU [%(default)s]")
+    gpu.add_argument("--ultra-thresh", type=int, default=CudaOptions.ultra_thresh,
+                     help="reads longer than this are aligned on the CPU after the rest of their batch [%(default)s]")
 
 
 def _prefetch(batches, depth: int = 2):
@@ -70,8 +84,11 @@ def _report(skipped: list[Skipped], summary: RunSummary) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    options = PipelineOptions(threads=args.threads, kmer_model=args.kmer_model, meth_model=args.meth_model)
     limits = BatchLimits(max_reads=args.batchsize, max_bases=args.max_bases)
+    cuda = CudaOptions(disable=args.disable_cuda, dev_id=args.cuda_dev_id, mem_frac=args.cuda_mem_frac,
+                       avg_epk=args.cuda_avg_epk, max_lf=args.cuda_max_lf, max_epk=args.cuda_max_epk,
+                       ultra_thresh=args.ultra_thresh, max_reads=limits.max_reads, max_bases=limits.max_bases)
+    options = PipelineOptions(threads=args.threads, kmer_model=args.kmer_model, meth_model=args.meth_model, cuda=cuda)
     filt = AlignmentFilter(min_mapq=args.min_mapq, secondary=args.secondary == "yes")
     summary = RunSummary()
     pipeline = Pipeline(options)

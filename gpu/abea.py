@@ -1,0 +1,345 @@
+"""ABEA on the GPU: the device arena, the host launcher, and `align_batch` with the CPU signature.
+
+`CudaAbea` owns one device: at start-up it takes a fraction of the free device memory as
+one arena (f5c's heuristic pre-allocation: X bases and Y = avg_epk * X events), and per
+batch it splits the reads (`streamer.gpu.host.assign_reads`), packs and copies the GPU
+reads, runs the kernels while CPU threads align the reads the split gave the CPU, aligns
+ultra-long reads last, and merges everything back into batch order. Answers are identical
+to `streamer.abea.align_batch`; a CUDA error or device out-of-memory in a batch sends that
+batch's GPU reads to the CPU and is logged and recorded, never lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+from numba import cuda
+from numba.cuda.cudadrv.driver import CudaAPIError
+from numba.cuda.cudadrv.error import CudaSupportError
+
+from streamer.abea import Alignment, abea
+from streamer.gpu import kernels
+from streamer.gpu.host import CPU, GPU, NOT_MINE, ULTRA, assign_reads, gather, log_trim, merge, read_params
+from streamer.gpu.options import AbeaBatchStats, CudaOptions
+from streamer.poremodel import PoreModel
+from streamer.scaling import F5C_CODES, require_dtype, require_nucleotide
+
+log = logging.getLogger(__name__)
+# small batches (the last of a run, a daemon's trickle) are normal here, not a tuning problem
+warnings.filterwarnings("ignore", message="Grid size .* under-utilization")
+
+CUDA_ERRORS = (CudaAPIError, CudaSupportError)
+# the simulator reports unbounded free memory: size its arena as on a small device
+SIMULATED_FREE_BYTES = 1 << 28
+# read slots are budgeted for reads averaging at least this many bases
+MIN_MEAN_READ_LEN = 256
+SLOT_BYTES = 4 * 8 + 2 * 4 + 3 * 8 + 4 + 4 + 8 + 1
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Launch shape: threads per read and reads per block of the fill kernel; block size of the others.
+
+    The default is the fastest exact layout measured on an H100 (benchmarks/RESULTS-gpu-abea.md).
+    """
+
+    threads_per_read: int = 64
+    reads_per_block: int = 1
+    block: int = 64
+
+
+class Arena:
+    """Device arrays allocated once: per base (X), per event (Y), per band row (X + Y), per read slot.
+
+    A read of r bases and e events needs r bases, e events and e + (r - k + 1) + 2 <= r + e band
+    rows (k >= 3), so bytes per base are C_R + avg_epk * C_E with C_R = 13 + W + 20 and
+    C_E = 4 + W + 20 for band width W (f5c keeps a float score per cell besides the trace byte;
+    here scores live in shared memory only).
+    """
+
+    def __init__(self, n_bytes: int, avg_epk: float, bandwidth: int):
+        self.bandwidth = bandwidth
+        self.n_bytes = n_bytes
+        self.bases = max(int(n_bytes // self.bytes_per_base(avg_epk, bandwidth)), 1)
+        self.events = max(int(math.floor(avg_epk * self.bases)), 1)
+        self.rows = self.bases + self.events
+        self.reads = self.bases // MIN_MEAN_READ_LEN + 1
+        x, y, rows, s = self.bases, self.events, self.rows, self.reads
+        self.seq = cuda.device_array(x, np.uint8)
+        self.gp_mean = cuda.device_array(x, np.float32)
+        self.stdv = cuda.device_array(x, np.float32)
+        self.log_stdv = cuda.device_array(x, np.float32)
+        self.ev_mean = cuda.device_array(y, np.float32)
+        self.trace = cuda.device_array(rows * bandwidth, np.uint8)
+        self.ll_e = cuda.device_array(rows, np.int32)
+        self.cap_kmer = cuda.device_array(rows, np.int32)
+        self.cap_event = cuda.device_array(rows, np.int32)
+        self.aln_kmer = cuda.device_array(rows, np.int32)
+        self.aln_event = cuda.device_array(rows, np.int32)
+        self.base_off = cuda.device_array(s + 1, np.int64)
+        self.ev_off = cuda.device_array(s + 1, np.int64)
+        self.row_off = cuda.device_array(s + 1, np.int64)
+        self.aln_off = cuda.device_array(s + 1, np.int64)
+        self.shift = cuda.device_array(s, np.float32)
+        self.scale = cuda.device_array(s, np.float32)
+        self.lp = cuda.device_array((s, 3), np.float64)
+        self.end_event = cuda.device_array(s, np.int32)
+        self.n_aligned = cuda.device_array(s, np.int32)
+        self.sum_emission = cuda.device_array(s, np.float64)
+        self.status = cuda.device_array(s, np.int8)
+
+    @staticmethod
+    def bytes_per_base(avg_epk: float, bandwidth: int) -> float:
+        """Device bytes one base of a batch takes, with its avg_epk events, band rows and read slot share."""
+        per_row = bandwidth + 5 * 4
+        return 13 + per_row + avg_epk * (4 + per_row) + SLOT_BYTES / MIN_MEAN_READ_LEN
+
+
+@dataclass
+class _GpuOutput:
+    n_aligned: np.ndarray
+    sum_emission: np.ndarray
+    status: np.ndarray
+    aln_off: np.ndarray
+    aln_kmer: np.ndarray
+    aln_event: np.ndarray
+    times: tuple[float, float, float, float]  # pack, h2d, kernels, d2h
+    cells: int
+
+    @classmethod
+    def empty(cls) -> _GpuOutput:
+        none32 = np.zeros(0, np.int32)
+        return cls(none32, np.zeros(0), np.zeros(0, np.int8), np.zeros(1, np.int64), none32, none32, (0.0,) * 4, 0)
+
+
+class CudaAbea:
+    """One GPU's ABEA: arena, model on the device, compiled kernels; `align` a batch at a time."""
+
+    def __init__(self, options: CudaOptions = CudaOptions(), bandwidth: int = 100, layout: Layout = Layout(),
+                 arena_bytes: int | None = None):  # fmt: skip
+        self.options = options
+        self.layout = layout
+        cuda.select_device(options.dev_id)
+        device = cuda.current_context().device
+        name = getattr(device, "name", "CUDA simulator")
+        self.device_name = name.decode() if isinstance(name, bytes) else str(name)
+        if arena_bytes is None:
+            free, _ = cuda.current_context().get_memory_info()
+            free = free if math.isfinite(free) else SIMULATED_FREE_BYTES
+            frac = options.mem_frac
+            if frac is None:
+                frac = 0.7 if getattr(device, "INTEGRATED", 0) else 0.9
+            arena_bytes = int(free * frac)
+        self._arena_bytes = arena_bytes
+        self.arena = Arena(arena_bytes, options.avg_epk, bandwidth)
+        self._codes = cuda.to_device(F5C_CODES)
+        self._model: tuple | None = None
+        self._model_of: PoreModel | None = None
+        self.set_layout(layout)
+        for compile_now in (kernels.kcache_kernel, kernels.backtrack_kernel, kernels.compact_kernel):
+            compile_now()
+        a = self.arena
+        log.info("GPU ABEA on %s: arena %.2f GB for %d bases, %d events, %d reads per batch",
+                 self.device_name, arena_bytes / 1e9, a.bases, a.events, a.reads)  # fmt: skip
+
+    def set_layout(self, layout: Layout) -> None:
+        """Launch later batches with another layout (compiled on first use)."""
+        self.layout = layout
+        self._fill = kernels.fill_kernel(self.arena.bandwidth, layout.threads_per_read, layout.reads_per_block)
+
+    def _device_model(self, model: PoreModel) -> tuple:
+        if self._model_of is not model:
+            self._model = tuple(cuda.to_device(a) for a in (model.level_mean, model.level_stdv, model.level_log_stdv))
+            self._model_of = model
+        return self._model
+
+    def align(self, seq, seq_off, ev_mean, ev_off, status, shift, scale, model: PoreModel, bandwidth: int = 100,
+              trim_prob: float = 0.01, skip_prob: float = 1e-10, max_events_per_base: float = 15.0,
+              min_avg_log_emission: float = -5.0, max_skip_run: int = 50) -> tuple[Alignment, AbeaBatchStats]:  # fmt: skip
+        """`streamer.abea.align_batch` on GPU and CPU together, plus the batch's measurements.
+
+        Ultra-long reads are set aside to the end of the batch: aligned on the CPU once the GPU
+        and the CPU threads are done with the rest, so that they hold neither back.
+        """
+        require_nucleotide(model)
+        for name, array in (("ev_mean", ev_mean), ("shift", shift), ("scale", scale)):
+            require_dtype(name, array, np.float32)
+        require_dtype("status", status, np.int8)
+        if bandwidth != self.arena.bandwidth:
+            log.info("GPU ABEA: band width %d, re-allocating the arena", bandwidth)
+            self.arena = None  # free the old arena before taking the new one
+            self.arena = Arena(self._arena_bytes, self.options.avg_epk, bandwidth)
+            self.set_layout(self.layout)
+        opt, a = self.options, self.arena
+        owner, counts = assign_reads(
+            seq_off, ev_off, status, model.k, max_events_per_base, opt.max_lf, opt.max_epk, opt.ultra_thresh,
+            a.bases, a.events, a.rows, a.reads,
+        )  # fmt: skip
+        n_ultra = int(np.count_nonzero(owner == ULTRA))
+        cpu_args = (model.level_mean, model.level_stdv, model.level_log_stdv, model.k, F5C_CODES, bandwidth,
+                    trim_prob, skip_prob, max_events_per_base, min_avg_log_emission, max_skip_run)  # fmt: skip
+
+        def on_cpu(mine):
+            st = np.where(mine, status, np.int8(NOT_MINE))
+            t0 = time.perf_counter()
+            out = abea(seq, seq_off, ev_mean, ev_off, st, shift, scale, *cpu_args)
+            return out, st, time.perf_counter() - t0
+
+        cpu_result: list = []
+        cpu_mine = owner == CPU
+        worker = threading.Thread(target=lambda: cpu_result.append(on_cpu(cpu_mine)), name="abea-cpu")
+        worker.start()
+        gpu_idx = np.flatnonzero(owner == GPU)
+        fallback = ""
+        gpu = None
+        t0 = time.perf_counter()
+        try:
+            gpu = self._run_gpu(gpu_idx, seq, seq_off, ev_mean, ev_off, shift, scale, model, trim_prob, skip_prob,
+                                min_avg_log_emission, max_skip_run)  # fmt: skip
+        except CUDA_ERRORS as exc:
+            fallback = f"{type(exc).__name__}: {exc}"
+            log.warning("GPU ABEA failed on a batch of %d reads (%s); its %d GPU reads are aligned on the CPU",
+                        len(owner), fallback, len(gpu_idx))  # fmt: skip
+            owner[gpu_idx] = ULTRA
+        t_gpu = time.perf_counter() - t0
+        worker.join()
+        (cpu_out, cpu_status, t_cpu) = cpu_result[0]
+        late = owner == ULTRA
+        if late.any():
+            late_out, late_status, t_late = on_cpu(late)
+        else:
+            late_out, late_status, t_late = cpu_out, cpu_status, 0.0
+        gpu_pos = np.zeros(len(owner), dtype=np.int64)
+        gpu_pos[gpu_idx] = np.arange(len(gpu_idx))
+        if gpu is None:
+            gpu = _GpuOutput.empty()
+            gpu_idx = gpu_idx[:0]
+        aln_off, aln_kmer, aln_event = self._merge(owner, gpu_pos, cpu_out, late_out, gpu, gpu_idx)
+        sum_emission = np.where(late, late_out[3], cpu_out[3])
+        n_aligned = np.where(late, late_out[4], cpu_out[4])
+        sum_emission[gpu_idx] = gpu.sum_emission
+        n_aligned[gpu_idx] = gpu.n_aligned
+        status[:] = np.where(late, late_status, cpu_status)
+        status[gpu_idx] = gpu.status
+        t_pack, t_h2d, t_kernels, t_d2h = gpu.times
+        stats = AbeaBatchStats(
+            n_reads=len(owner),
+            n_bases=int(seq_off[-1] - seq_off[0]),
+            max_reads=opt.max_reads,
+            max_bases=opt.max_bases,
+            n_gpu=len(gpu_idx),
+            n_cpu=int(np.count_nonzero(owner == CPU)),
+            n_ultra=n_ultra,
+            n_memout=int(counts[0]),
+            n_long=int(counts[1]),
+            n_events=int(counts[2]),
+            x_util=float(counts[3]) / a.bases,
+            y_util=float(counts[4]) / a.events,
+            t_cpu=t_cpu,
+            t_gpu=t_gpu,
+            t_pack=t_pack,
+            t_h2d=t_h2d,
+            t_kernels=t_kernels,
+            t_d2h=t_d2h,
+            t_ultra=t_late,
+            cells=gpu.cells,
+            fallback=fallback,
+        )
+        return Alignment(aln_off, aln_kmer, aln_event, sum_emission, n_aligned), stats
+
+    @staticmethod
+    def _merge(owner, gpu_pos, cpu_out, late_out, gpu: _GpuOutput, gpu_idx):
+        others = cpu_out[0][-1] + (late_out[0][-1] if late_out is not cpu_out else 0)
+        if others == 0 and len(gpu_idx):
+            # only GPU reads kept pairs, and they are in batch order already: no copy
+            counts = np.zeros(len(owner), dtype=np.int64)
+            counts[gpu_idx] = np.diff(gpu.aln_off)
+            aln_off = np.zeros(len(owner) + 1, dtype=np.int64)
+            np.cumsum(counts, out=aln_off[1:])
+            return aln_off, gpu.aln_kmer, gpu.aln_event
+        return merge(owner, gpu_pos, cpu_out[0], cpu_out[1], cpu_out[2], late_out[0], late_out[1], late_out[2],
+                     gpu.aln_off, gpu.aln_kmer, gpu.aln_event)  # fmt: skip
+
+    def _run_gpu(self, idx, seq, seq_off, ev_mean, ev_off, shift, scale, model, trim_prob, skip_prob,
+                 min_avg_log_emission, max_skip_run) -> _GpuOutput | None:  # fmt: skip
+        n = len(idx)
+        if n == 0:
+            return None
+        a, lay, k, w = self.arena, self.layout, model.k, self.arena.bandwidth
+        t0 = time.perf_counter()
+        base_off, ev_o, row_off, lp = read_params(seq_off, ev_off, idx, k, skip_prob)
+        if n == len(seq_off) - 1:
+            seq_p = seq[seq_off[0] : seq_off[-1]]
+            ev_p = ev_mean[ev_off[0] : ev_off[-1]]
+        else:
+            seq_p = np.empty(base_off[-1], np.uint8)
+            ev_p = np.empty(ev_o[-1], np.float32)
+            gather(seq, seq_off, idx, base_off, seq_p)
+            gather(ev_mean, ev_off, idx, ev_o, ev_p)
+        shift_p = np.ascontiguousarray(shift[idx])
+        scale_p = np.ascontiguousarray(scale[idx])
+        t1 = time.perf_counter()
+        level_mean, level_stdv, level_log_stdv = self._device_model(model)
+        a.seq[: len(seq_p)].copy_to_device(seq_p)
+        a.ev_mean[: len(ev_p)].copy_to_device(ev_p)
+        for dev, host in ((a.base_off, base_off), (a.ev_off, ev_o), (a.row_off, row_off), (a.shift, shift_p),
+                          (a.scale, scale_p), (a.lp, lp)):  # fmt: skip
+            dev[: len(host)].copy_to_device(host)
+        cuda.synchronize()
+        t2 = time.perf_counter()
+        kernels.kcache_kernel()[n, lay.block](a.seq, a.base_off, a.shift, a.scale, k, self._codes, level_mean, level_stdv,
+                                     level_log_stdv, n, a.gp_mean, a.stdv, a.log_stdv)  # fmt: skip
+        per_block = lay.reads_per_block
+        self._fill[(n + per_block - 1) // per_block, lay.threads_per_read * per_block](
+            a.ev_mean, a.gp_mean, a.stdv, a.log_stdv, a.base_off, a.ev_off, a.row_off, a.lp, log_trim(trim_prob), k, n,
+            a.trace, a.ll_e, a.end_event,
+        )  # fmt: skip
+        kernels.backtrack_kernel()[(n + lay.block - 1) // lay.block, lay.block](
+            a.ev_mean, a.gp_mean, a.stdv, a.log_stdv, a.base_off, a.ev_off, a.row_off, k, w, n, a.trace, a.ll_e,
+            a.end_event, min_avg_log_emission, max_skip_run, a.cap_kmer, a.cap_event, a.n_aligned, a.sum_emission,
+            a.status,
+        )  # fmt: skip
+        cuda.synchronize()
+        t3 = time.perf_counter()
+        n_aligned = a.n_aligned[:n].copy_to_host()
+        sum_emission = a.sum_emission[:n].copy_to_host()
+        status = a.status[:n].copy_to_host()
+        aln_off = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.where(status == 0, n_aligned, 0), out=aln_off[1:])
+        a.aln_off[: n + 1].copy_to_device(aln_off)
+        t4 = time.perf_counter()
+        kernels.compact_kernel()[n, lay.block](a.row_off, a.aln_off, a.cap_kmer, a.cap_event, n, a.aln_kmer, a.aln_event)
+        cuda.synchronize()
+        t5 = time.perf_counter()
+        total = int(aln_off[-1])
+        if total:
+            aln_kmer = a.aln_kmer[:total].copy_to_host()
+            aln_event = a.aln_event[:total].copy_to_host()
+        else:
+            aln_kmer = aln_event = np.zeros(0, np.int32)
+        t6 = time.perf_counter()
+        times = (t1 - t0, t2 - t1, (t3 - t2) + (t5 - t4), (t4 - t3) + (t6 - t5))
+        return _GpuOutput(n_aligned, sum_emission, status, aln_off, aln_kmer, aln_event, times, int(row_off[-1]) * w)
+
+
+_default: CudaAbea | None = None
+_default_lock = threading.Lock()
+
+
+def align_batch(seq, seq_off, ev_mean, ev_off, status, shift, scale, model: PoreModel, bandwidth: int = 100,
+                trim_prob: float = 0.01, skip_prob: float = 1e-10, max_events_per_base: float = 15.0,
+                min_avg_log_emission: float = -5.0, max_skip_run: int = 50) -> Alignment:  # fmt: skip
+    """`streamer.abea.align_batch` on the GPU (default options; the arena is taken on the first call)."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = CudaAbea(bandwidth=bandwidth)
+    aln, _ = _default.align(seq, seq_off, ev_mean, ev_off, status, shift, scale, model, bandwidth, trim_prob,
+                            skip_prob, max_events_per_base, min_avg_log_emission, max_skip_run)  # fmt: skip
+    return aln

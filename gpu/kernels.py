@@ -1,0 +1,328 @@
+"""CUDA kernels of ABEA, cell for cell the arithmetic of `streamer.abea`.
+
+Four kernels over the packed batch (reads addressed by base, event and band-row offsets):
+`kcache` builds each read's k-mer model cache (scaled level mean, stdv, log stdv per k-mer),
+`fill` runs the banded dynamic programme keeping the last three bands in shared memory and
+writing one trace byte per cell, `backtrack` walks each read's trace and applies the QC,
+and `compact` writes the pairs of the reads that passed, ascending, at their final offsets.
+
+Exactness: CUDA contracts a multiply followed by an add into one fused multiply-add, which
+rounds once where the CPU rounds twice. Every multiply and add whose result the CPU rounds
+goes through libdevice's round-to-nearest intrinsics, which are never fused; the float32 to
+double widenings and the double to float32 rounding are as on the CPU; log and exp are never
+evaluated on the device (the host passes ln(trim) and each read's transition log
+probabilities). numba's CUDA simulator has no libdevice, no warp barrier and no shuffles: there
+the same operations are numpy float32/float64 scalar operations (also IEEE round-to-nearest)
+and every read barrier is a block barrier, so simulated launches put one read in a block.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from numba import config, cuda
+
+from streamer.abea import FROM_D, FROM_L, FROM_U
+from streamer.skips import Skip
+
+SIMULATED = bool(config.ENABLE_CUDASIM)
+
+if SIMULATED:
+
+    def fadd(a, b):
+        return np.float32(a) + np.float32(b)
+
+    def fsub(a, b):
+        return np.float32(a) - np.float32(b)
+
+    def fmul(a, b):
+        return np.float32(a) * np.float32(b)
+
+    def fdiv(a, b):
+        return np.float32(a) / np.float32(b)
+
+    def dadd(a, b):
+        return np.float64(a) + np.float64(b)
+
+    def dmul(a, b):
+        return np.float64(a) * np.float64(b)
+
+    def ddiv(a, b):
+        return np.float64(a) / np.float64(b)
+
+else:
+    from numba.cuda import libdevice
+
+    fadd = libdevice.fadd_rn
+    fsub = libdevice.fsub_rn
+    fmul = libdevice.fmul_rn
+    fdiv = libdevice.fdiv_rn
+    dadd = libdevice.dadd_rn
+    dmul = libdevice.dmul_rn
+    ddiv = libdevice.ddiv_rn
+
+ALIGNMENT_FAILED = np.int8(Skip.ALIGNMENT_FAILED)
+
+
+@cuda.jit(device=True)
+def log_emission(level, gp_mean, stdv, log_stdv):
+    """`streamer.abea.log_emission` with gp_mean = scale*mean + shift taken from the k-mer cache."""
+    a = fdiv(fsub(level, gp_mean), stdv)
+    return fadd(fsub(np.float32(-0.918938), log_stdv), fmul(fmul(np.float32(-0.5), a), a))
+
+
+@cuda.jit(device=True)
+def cell_score(diag, up, left, lp_emission, lp_step, lp_stay, lp_skip):
+    """`streamer.abea.cell_score`: scores formed in double, rounded once; ties U over D, L over both."""
+    em = np.float64(lp_emission)
+    score_d = np.float32(dadd(dadd(np.float64(diag), lp_step), em))
+    score_u = np.float32(dadd(dadd(np.float64(up), lp_stay), em))
+    score_l = np.float32(dadd(np.float64(left), lp_skip))
+    best = score_d
+    move = np.uint8(FROM_D)
+    if score_u > best:
+        best = score_u
+    if best == score_u:
+        move = np.uint8(FROM_U)
+    if score_l > best:
+        best = score_l
+    if best == score_l:
+        move = np.uint8(FROM_L)
+    return best, move
+
+
+def _kcache(seq, base_off, shift, scale, k, codes, level_mean, level_stdv, level_log_stdv, n_reads,
+           gp_mean, stdv, log_stdv):  # fmt: skip
+    """One block per read: the model entry of each of its k-mers, level mean already scaled."""
+    i = cuda.blockIdx.x
+    if i >= n_reads:
+        return
+    b0 = base_off[i]
+    n_kmers = base_off[i + 1] - b0 - k + 1
+    for kk in range(cuda.threadIdx.x, n_kmers, cuda.blockDim.x):
+        r = 0
+        for j in range(k):
+            r = r * 4 + np.int64(codes[seq[b0 + kk + j]])
+        gp_mean[b0 + kk] = fadd(fmul(scale[i], level_mean[r]), shift[i])
+        stdv[b0 + kk] = level_stdv[r]
+        log_stdv[b0 + kk] = level_log_stdv[r]
+
+
+@functools.cache
+def fill_kernel(bandwidth: int, threads_per_read: int, reads_per_block: int):
+    """The band-filling kernel for one band width and thread layout (compiled once per layout).
+
+    threads_per_read threads share a read, each taking every threads_per_read-th cell of a
+    band; reads_per_block reads share a block. With 32 threads per read a read is one warp and
+    its barrier a warp barrier, so several reads can share a block; with more, the barrier is
+    the block's and a block holds one read. One barrier per band suffices: band b writes the
+    ring slot of band b-3, which was last read while band b-1 was filled.
+    """
+    W, T, R = bandwidth, threads_per_read, reads_per_block
+    if (T % 32 and not SIMULATED) or (T > 32 and R != 1) or (SIMULATED and R != 1):
+        raise ValueError(f"unsupported layout: {T} threads per read, {R} reads per block")
+    C = (W + T - 1) // T
+    HALF = W // 2
+    WARP = T == 32 and not SIMULATED
+
+    @cuda.jit(
+        "void(float32[::1], float32[::1], float32[::1], float32[::1], int64[::1], int64[::1], int64[::1], "
+        "float64[:, ::1], float64, int64, int64, uint8[::1], int32[::1], int32[::1])"
+    )
+    def fill(ev_mean, gp_mean, stdv, log_stdv, base_off, ev_off, row_off, lp, lp_trim, k, n_reads,
+             trace, ll_e, end_event):  # fmt: skip
+        ring = cuda.shared.array((R, 3, W), np.float32)
+        best = cuda.shared.array(R, np.float32)
+        best_e = cuda.shared.array(R, np.int32)
+        slot = cuda.threadIdx.x // T
+        t = cuda.threadIdx.x - slot * T
+        i = cuda.blockIdx.x * R + slot
+        if i >= n_reads:
+            return
+        ninf = np.float32(-np.inf)
+        e0 = ev_off[i]
+        b0 = base_off[i]
+        r0 = row_off[i]
+        n_events = ev_off[i + 1] - e0
+        n_kmers = base_off[i + 1] - b0 - k + 1
+        n_bands = n_events + n_kmers + 2
+        last_k = n_kmers - 1
+        lp_skip = lp[i, 0]
+        lp_stay = lp[i, 1]
+        lp_step = lp[i, 2]
+
+        # band 0 holds only the start cell (-1, -1); band 1 the first trimmed event (0, -1)
+        for j in range(C):
+            o = t + j * T
+            if o < W:
+                ring[slot, 0, o] = np.float32(0.0) if o == HALF else ninf
+                ring[slot, 1, o] = np.float32(lp_trim) if o == HALF else ninf
+        if t == 0:
+            best[slot] = ninf
+            best_e[slot] = 0
+            ll_e[r0] = HALF - 1
+            ll_e[r0 + 1] = HALF
+        if WARP:
+            cuda.syncwarp()
+        else:
+            cuda.syncthreads()
+
+        lle1 = HALF
+        lle2 = HALF - 1
+        p2 = 0
+        p1 = 1
+        cur = 2
+        for b in range(2, n_bands):
+            first = ring[slot, p1, 0]
+            last = ring[slot, p1, W - 1]
+            if first == ninf and last == ninf:
+                right = b % 2 == 1
+            else:
+                right = first < last
+            lle = lle1 if right else lle1 + 1
+            llk = b - 2 - lle
+            llk1 = b - 3 - lle1
+            llk2 = b - 4 - lle2
+            if t == 0:
+                ll_e[r0 + b] = lle
+            lo = max(max(-llk, lle - (n_events - 1)), 0)
+            hi = min(min(n_kmers - llk, lle + 1), W)
+            trim_o = -1 - llk
+            end_o = last_k - llk
+            row = (r0 + b) * W
+            for j in range(C):
+                o = t + j * T
+                if o < W:
+                    e = lle - o
+                    v = ninf
+                    if o >= lo and o < hi:
+                        kk = llk + o
+                        o_up = lle1 - e + 1
+                        o_left = kk - 1 - llk1
+                        o_diag = kk - 1 - llk2
+                        up = ring[slot, p1, o_up] if 0 <= o_up < W else ninf
+                        left = ring[slot, p1, o_left] if 0 <= o_left < W else ninf
+                        diag = ring[slot, p2, o_diag] if 0 <= o_diag < W else ninf
+                        x = b0 + kk
+                        em = log_emission(ev_mean[e0 + e], gp_mean[x], stdv[x], log_stdv[x])
+                        v, move = cell_score(diag, up, left, em, lp_step, lp_stay, lp_skip)
+                        trace[row + o] = move
+                    elif o == trim_o and e >= 0 and e < n_events:
+                        v = np.float32(dmul(lp_trim, np.float64(e + 1)))
+                        trace[row + o] = np.uint8(FROM_U)
+                    ring[slot, cur, o] = v
+                    # the end cell (e, last k-mer) with the remaining events trimmed; bands come
+                    # in ascending event order and each has one such cell, so the first best wins
+                    if o == end_o and e >= 0 and e < n_events:
+                        s = np.float32(dadd(np.float64(v), dmul(np.float64(n_events - e), lp_trim)))
+                        if s > best[slot]:
+                            best[slot] = s
+                            best_e[slot] = e
+            if WARP:
+                cuda.syncwarp()
+            else:
+                cuda.syncthreads()
+            lle2 = lle1
+            lle1 = lle
+            p2, p1, cur = p1, cur, p2
+        if t == 0:
+            end_event[i] = best_e[slot]
+
+    return fill
+
+
+def _backtrack(ev_mean, gp_mean, stdv, log_stdv, base_off, ev_off, row_off, k, bandwidth, n_reads, trace, ll_e,
+              end_event, min_avg_log_emission, max_skip_run, cap_kmer, cap_event, n_aligned, sum_emission,
+              status):  # fmt: skip
+    """One thread per read: the traceback (pairs written last to first), its emission sum and the QC.
+
+    n_aligned is 0 where the traceback leaves the band; status is 0 or ALIGNMENT_FAILED, by
+    the CPU kernel's rules and thresholds.
+    """
+    i = cuda.grid(1)
+    if i >= n_reads:
+        return
+    e0 = ev_off[i]
+    b0 = base_off[i]
+    r0 = row_off[i]
+    n_kmers = base_off[i + 1] - b0 - k + 1
+    e = np.int64(end_event[i])
+    kk = n_kmers - 1
+    n = 0
+    gap = 0
+    max_gap = 0
+    total = 0.0
+    inside = True
+    while kk >= 0 and e >= 0:
+        b = e + kk + 2
+        o = ll_e[r0 + b] - e
+        if o < 0 or o >= bandwidth:
+            inside = False
+            break
+        cap_kmer[r0 + n] = kk
+        cap_event[r0 + n] = e
+        n += 1
+        x = b0 + kk
+        total = dadd(total, np.float64(log_emission(ev_mean[e0 + e], gp_mean[x], stdv[x], log_stdv[x])))
+        move = trace[(r0 + b) * bandwidth + o]
+        if move == FROM_D:
+            kk -= 1
+            e -= 1
+            gap = 0
+        elif move == FROM_U:
+            e -= 1
+            gap = 0
+        else:
+            kk -= 1
+            gap += 1
+            max_gap = max(max_gap, gap)
+    sum_emission[i] = total
+    if not inside:
+        n_aligned[i] = 0
+        status[i] = ALIGNMENT_FAILED
+        return
+    n_aligned[i] = n
+    spanned = cap_kmer[r0 + n - 1] == 0 and cap_kmer[r0] == n_kmers - 1
+    if ddiv(total, np.float64(n)) < min_avg_log_emission or not spanned or max_gap > max_skip_run:
+        status[i] = ALIGNMENT_FAILED
+    else:
+        status[i] = 0
+
+
+def _compact(row_off, aln_off, cap_kmer, cap_event, n_reads, aln_kmer, aln_event):
+    """One block per read: its pairs (traced last to first) copied ascending to aln_off[i]."""
+    i = cuda.blockIdx.x
+    if i >= n_reads:
+        return
+    r0 = row_off[i]
+    a0 = aln_off[i]
+    m = aln_off[i + 1] - a0
+    for j in range(cuda.threadIdx.x, m, cuda.blockDim.x):
+        aln_kmer[a0 + j] = cap_kmer[r0 + m - 1 - j]
+        aln_event[a0 + j] = cap_event[r0 + m - 1 - j]
+
+
+# Kernels compile on first use, for the device then current (importing this module needs no GPU).
+
+
+@functools.cache
+def kcache_kernel():
+    return cuda.jit(
+        "void(uint8[::1], int64[::1], float32[::1], float32[::1], int64, int8[::1], "
+        "float32[::1], float32[::1], float32[::1], int64, float32[::1], float32[::1], float32[::1])"
+    )(_kcache)
+
+
+@functools.cache
+def backtrack_kernel():
+    return cuda.jit(
+        "void(float32[::1], float32[::1], float32[::1], float32[::1], int64[::1], int64[::1], int64[::1], int64, "
+        "int64, int64, uint8[::1], int32[::1], int32[::1], float64, int64, int32[::1], int32[::1], int32[::1], "
+        "float64[::1], int8[::1])"
+    )(_backtrack)
+
+
+@functools.cache
+def compact_kernel():
+    return cuda.jit("void(int64[::1], int64[::1], int32[::1], int32[::1], int64, int32[::1], int32[::1])")(_compact)

@@ -1,0 +1,67 @@
+"""Settings of the GPU ABEA stage and the per-batch measurements it hands to the tuning monitor.
+
+Both are plain frozen dataclasses importable without numba-cuda, so the pipeline and the
+command line can name them on machines that have no GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CudaOptions:
+    """How the GPU takes part in ABEA (f5c's names and defaults where f5c has them).
+
+    mem_frac None picks 0.9 of the free device memory, or 0.7 on integrated GPUs (Jetson),
+    whose memory is the host's. max_reads/max_bases are the batch caps K and B the batches
+    were assembled under; they are only recorded with each batch for the tuning monitor.
+    """
+
+    disable: bool = False
+    dev_id: int = 0
+    mem_frac: float | None = None
+    avg_epk: float = 2.0
+    max_lf: float = 3.0
+    max_epk: float = 5.0
+    ultra_thresh: int = 100_000
+    max_reads: int | None = None
+    max_bases: int | None = None
+
+
+@dataclass(frozen=True)
+class AbeaBatchStats:
+    """The paper's per-batch quantities (Table 3) plus where the GPU time went.
+
+    Times are wall seconds. t_cpu covers the reads aligned on CPU threads while the GPU
+    worked; t_gpu the GPU path from packing to the last copy back (t_pack + t_h2d +
+    t_kernels + t_d2h); ultra-long reads run after both and are timed apart (t_ultra).
+    x_util and y_util are the fractions (0-1) of the arena's per-base (X) and per-event (Y)
+    capacity this batch used. n_memout, n_long and n_events count the reads sent to the CPU
+    because the arena was full, because they were longer than max_lf x the batch's mean
+    length, and because they had more events per base than max_epk. cells counts the band
+    cells the GPU filled (bands x bandwidth). fallback is empty, or why the GPU part of this
+    batch failed and was aligned on the CPU instead.
+    """
+
+    n_reads: int
+    n_bases: int
+    max_reads: int | None
+    max_bases: int | None
+    n_gpu: int
+    n_cpu: int
+    n_ultra: int
+    n_memout: int
+    n_long: int
+    n_events: int
+    x_util: float
+    y_util: float
+    t_cpu: float
+    t_gpu: float
+    t_pack: float
+    t_h2d: float
+    t_kernels: float
+    t_d2h: float
+    t_ultra: float
+    cells: int
+    fallback: str = ""
