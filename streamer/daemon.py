@@ -138,6 +138,7 @@ class Daemon:
         self._stop_file_seen = False
         self._freq_dirty = True
         self._next_refresh = 0.0
+        self._next_status = 0.0
         self._next_overdue = 0.0
         self._status: dict[str, Any] = {}
         self._publish_failed: set[str] = set()
@@ -253,6 +254,8 @@ class Daemon:
                 self._process(picks)
             self._time_out_waiting()
             self._refresh_if_due()
+            if time.monotonic() >= self._next_status:
+                self._refresh_status()
             ending = self._end_of_run()
             if ending is not None:
                 return ending
@@ -489,6 +492,8 @@ class Daemon:
         self._publish("status", self._status)
 
     def _refresh_status(self) -> None:
+        """The counts behind the STATUS line and the publisher's status (the main thread reads them)."""
+        self._next_status = time.monotonic() + self.config.service.status_interval
         counters = self.ledger.counters()
         self._status = {"state": self.state.value, **self.ledger.read_counts(),
                         "calls": counters.get("calls", 0), "reads_called": counters.get("reads_called", 0),

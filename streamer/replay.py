@@ -82,7 +82,7 @@ def load_source(root: Path) -> Source:
     if not root.is_dir():
         raise InputError(root, "no such folder")
     layout = Layout(root, basecalls="fastq")
-    files = sorted(Path(d) / f for d, _, fs in os.walk(root) for f in fs)
+    files = sorted(Path(d) / f for d, _, fs in os.walk(root, followlinks=True) for f in fs)
     reads: list[SourceRead] = []
     basecalls: dict[str, tuple[str, str | None]] = {}
     src = Source(reads, basecalls)

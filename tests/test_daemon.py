@@ -288,3 +288,29 @@ def test_a_failing_publisher_does_not_stop_the_daemon(source, reference, referen
     code, d = run_to_end(cfg, FakePipeline(), reference, publisher=RecordingPublisher(fail=True))
     assert code == 0 and d.state is State.FINISHED
     assert "results are still written to files" in caplog.text
+
+
+def test_a_restarted_run_keeps_the_daemon_until_both_runs_end(source, reference, reference_path, tmp_path,
+                                                               no_leaks):
+    """Two run folders (MinKNOW adds one when a run is restarted): one final_summary is not the end."""
+    first = replay(source, tmp_path / "live", flowcell="FAK00001")
+    second = tmp_path / "live" / first.name.replace("FAK00001", "FAK00002")
+    (second / "fast5_pass").mkdir(parents=True)
+    shutil.copy(next((first / "fast5_pass").iterdir()), second / "fast5_pass" / "FAK00002_pass_x_0.fast5")
+    cfg = make_config(tmp_path, reference_path)
+    d = daemon_for(cfg, FakePipeline(), reference)
+    result = {}
+    t = threading.Thread(target=lambda: result.setdefault("code", d.run()))
+    t.start()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not (cfg.output.dir / "summary.json").exists():
+        time.sleep(0.05)
+    time.sleep(1.0)  # well past the grace period after the first run's final_summary
+    try:
+        assert t.is_alive()
+    finally:
+        (second / "final_summary_FAK00002.txt").write_text("done\n")
+        t.join(10)
+    d.close()
+    assert result["code"] == 0 and d.ending.reason == "final_summary"
+    assert len(rows(cfg.output.dir / "meth.tsv")) == N_RECORDS  # the second run's reads are copies
