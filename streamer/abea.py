@@ -37,7 +37,13 @@ def log_emission(level, scale, shift, mean, stdv, log_stdv):
 
     var is not applied during ABEA.
     """
-    a = (level - (scale * mean + shift)) / stdv
+    return scaled_log_emission(level, scale * mean + shift, stdv, log_stdv)
+
+
+@numba.njit(nogil=True, cache=True)
+def scaled_log_emission(level, scaled_mean, stdv, log_stdv):
+    """`log_emission` with the k-mer's level already scaled (float32 `scale * mean + shift`)."""
+    a = (level - scaled_mean) / stdv
     return (np.float32(-0.918938) - log_stdv) + (np.float32(-0.5) * a) * a
 
 
@@ -101,25 +107,38 @@ def align_read(
     n_bands = n_events + n_kmers + 2
     ninf = np.float32(-np.inf)
 
+    # per k-mer of the read: its model level scaled to this read, stdv and log stdv
+    k_mean = np.empty(n_kmers, dtype=np.float32)
+    k_stdv = np.empty(n_kmers, dtype=np.float32)
+    k_log = np.empty(n_kmers, dtype=np.float32)
+    for kk in range(n_kmers):
+        r = ranks[kk]
+        k_mean[kk] = scale * level_mean[r] + shift
+        k_stdv[kk] = level_stdv[r]
+        k_log[kk] = level_log_stdv[r]
+
+    # three bands of scores, each padded by a -inf cell at both ends so that the
+    # neighbours of any cell (offsets o-1..o+1 in the previous two bands) need no bounds test
+    row = w + 2
     ll_e = np.empty(n_bands, dtype=np.int64)
     trace = np.empty(n_bands * w, dtype=np.uint8)
-    ring = np.full(3 * w, ninf, dtype=np.float32)
+    ring = np.full(3 * row, ninf, dtype=np.float32)
 
     half = w // 2
     ll_e[0] = half - 1
     ll_e[1] = half
     # band 0 holds only the start cell (-1, -1); band 1 the first trimmed event (0, -1)
-    ring[0 * w + half] = np.float32(0.0)
-    ring[1 * w + half] = np.float32(lp_trim)
+    ring[0 * row + 1 + half] = np.float32(0.0)
+    ring[1 * row + 1 + half] = np.float32(lp_trim)
     trace[1 * w + half] = FROM_U
 
     best_end = ninf
     end_event = 0
     last_k = n_kmers - 1
     for b in range(2, n_bands):
-        cur = (b % 3) * w
-        prev = ((b - 1) % 3) * w
-        prev2 = ((b - 2) % 3) * w
+        cur = (b % 3) * row + 1
+        prev = ((b - 1) % 3) * row + 1
+        prev2 = ((b - 2) % 3) * row + 1
         first = ring[prev]
         last = ring[prev + w - 1]
         if first == ninf and last == ninf:
@@ -129,8 +148,10 @@ def align_read(
         ll_e[b] = ll_e[b - 1] if right else ll_e[b - 1] + 1
         lle = ll_e[b]
         llk = b - 2 - lle
-        llk1 = (b - 1) - 2 - ll_e[b - 1]
-        llk2 = (b - 2) - 2 - ll_e[b - 2]
+        # offsets of the up, left and diagonal neighbours relative to o: each in -1..1
+        d_up = ll_e[b - 1] - lle + 1
+        d_left = llk - ((b - 1) - 2 - ll_e[b - 1]) - 1
+        d_diag = llk - ((b - 2) - 2 - ll_e[b - 2]) - 1
         for o in range(w):
             ring[cur + o] = ninf
 
@@ -143,20 +164,16 @@ def align_read(
 
         lo = max(max(-llk, lle - (n_events - 1)), 0)
         hi = min(min(n_kmers - llk, lle + 1), w)
+        tb = b * w
+        ev0 = e0 + lle
         for o in range(lo, hi):
-            e = lle - o
             kk = llk + o
-            o_up = ll_e[b - 1] - (e - 1)
-            o_left = (kk - 1) - llk1
-            o_diag = (kk - 1) - llk2
-            up = ring[prev + o_up] if 0 <= o_up < w else ninf
-            left = ring[prev + o_left] if 0 <= o_left < w else ninf
-            diag = ring[prev2 + o_diag] if 0 <= o_diag < w else ninf
-            r = ranks[kk]
-            em = log_emission(ev_mean[e0 + e], scale, shift, level_mean[r], level_stdv[r], level_log_stdv[r])
-            score, move = cell_score(diag, up, left, em, lp_step, lp_stay, lp_skip)
+            em = scaled_log_emission(ev_mean[ev0 - o], k_mean[kk], k_stdv[kk], k_log[kk])
+            score, move = cell_score(
+                ring[prev2 + o + d_diag], ring[prev + o + d_up], ring[prev + o + d_left], em, lp_step, lp_stay, lp_skip
+            )
             ring[cur + o] = score
-            trace[b * w + o] = move
+            trace[tb + o] = move
 
         # candidate end cell (e, last k-mer) with the remaining events trimmed; bands
         # come in ascending event order, so the first best is kept as in f5c
@@ -183,10 +200,7 @@ def align_read(
         out_kmer[out0 + n] = kk
         out_event[out0 + n] = e
         n += 1
-        r = ranks[kk]
-        sum_emission += np.float64(
-            log_emission(ev_mean[e0 + e], scale, shift, level_mean[r], level_stdv[r], level_log_stdv[r])
-        )
+        sum_emission += np.float64(scaled_log_emission(ev_mean[e0 + e], k_mean[kk], k_stdv[kk], k_log[kk]))
         move = trace[b * w + o]
         if move == FROM_D:
             kk -= 1
