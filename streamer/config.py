@@ -132,6 +132,24 @@ class PipelineConfig:
 
 
 @dataclass(frozen=True)
+class GpuConfig:
+    disable: bool = _key(False, "Align on the CPU only, even where numba-cuda and an NVIDIA GPU are present.",
+                         type=bool, flag="--disable-cuda")
+    device: int = _key(0, "GPU to use.", type=int, flag="--cuda-dev-id", minimum=0)
+    mem_frac: float | None = _key(
+        None, "Share of free GPU memory to take; unset: 0.9, or 0.7 on integrated GPUs (Jetson).", type=float,
+        flag="--cuda-mem-frac", minimum=0.01)
+    avg_epk: float = _key(2.0, "Events per k-mer assumed when sizing the GPU arena.", type=float,
+                          flag="--cuda-avg-epk", minimum=0.1)
+    max_lf: float = _key(3.0, "Reads longer than this times the batch's mean length go to the CPU.", type=float,
+                         flag="--cuda-max-lf", minimum=0.1)
+    max_epk: float = _key(5.0, "Reads with more events per k-mer than this go to the CPU.", type=float,
+                          flag="--cuda-max-epk", minimum=0.1)
+    ultra_thresh: int = _key(100_000, "Reads longer than this are aligned on the CPU after the rest of their "
+                             "batch.", type=int, flag="--ultra-thresh", minimum=1)
+
+
+@dataclass(frozen=True)
 class OutputConfig:
     dir: Path | None = _key(
         None, "Output folder: `meth.tsv`, `meth-freq.tsv`, `skipped.tsv`, `summary.json`. Required.",
@@ -185,6 +203,7 @@ class Config:
     join: JoinConfig = field(default_factory=JoinConfig)
     batch: BatchConfig = field(default_factory=BatchConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    gpu: GpuConfig = field(default_factory=GpuConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     service: ServiceConfig = field(default_factory=ServiceConfig)
     publish: PublishConfig = field(default_factory=PublishConfig)
@@ -217,10 +236,7 @@ class Key:
 
 
 def _sections():
-    hints = {"watch": WatchConfig, "end": EndConfig, "reference": ReferenceConfig, "alignment": AlignmentConfig,
-             "join": JoinConfig, "batch": BatchConfig, "pipeline": PipelineConfig, "output": OutputConfig,
-             "service": ServiceConfig, "publish": PublishConfig}
-    return [_Section(f.name, hints[f.name]) for f in fields(Config)]
+    return [_Section(f.name, f.default_factory) for f in fields(Config)]
 
 
 @dataclass(frozen=True)

@@ -99,3 +99,11 @@ def test_flag_values_are_validated_too(tmp_path, reference_path):
 def test_defaults_printed(capsys):
     assert main(["validate-config", "--defaults"]) == 0
     assert capsys.readouterr().out == config.render_defaults()
+
+
+def test_gpu_defaults_match_the_gpu_stage():
+    from streamer.gpu.options import CudaOptions
+
+    g, c = config.Config().gpu, CudaOptions()
+    assert (g.disable, g.device, g.mem_frac, g.avg_epk, g.max_lf, g.max_epk, g.ultra_thresh) == \
+        (c.disable, c.dev_id, c.mem_frac, c.avg_epk, c.max_lf, c.max_epk, c.ultra_thresh)

@@ -12,6 +12,7 @@ from pathlib import Path
 from streamer import config as configuration
 from streamer.align import ReadAligner
 from streamer.daemon import Daemon
+from streamer.gpu.options import CudaOptions
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
 from streamer.notify import Notifier
@@ -44,8 +45,12 @@ def run(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         stack.callback(notifier.close)
         notifier.status("loading models and compiling kernels")
+        g = cfg.gpu
+        cuda = CudaOptions(disable=g.disable, dev_id=g.device, mem_frac=g.mem_frac, avg_epk=g.avg_epk,
+                           max_lf=g.max_lf, max_epk=g.max_epk, ultra_thresh=g.ultra_thresh,
+                           max_reads=cfg.batch.max_reads, max_bases=cfg.batch.max_bases)
         pipeline = Pipeline(PipelineOptions(threads=threads, kmer_model=cfg.pipeline.kmer_model,
-                                            meth_model=cfg.pipeline.meth_model))
+                                            meth_model=cfg.pipeline.meth_model, cuda=cuda))
         reference = stack.enter_context(Reference(cfg.reference.genome))
         publisher = None
         if cfg.publish.endpoint:
