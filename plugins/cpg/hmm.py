@@ -189,12 +189,12 @@ def log_normal_pdf(x, mean, stdv, log_stdv):
 
 
 @numba.njit(nogil=True, cache=True)
-def match_emission(level, rank, model, scalings):
-    """Log-probability that event `level` came from k-mer `rank`: N(scale*mu + shift, stdv*var)."""
+def scaled_level(rank, model, scalings):
+    """(mean, stdv, log stdv) of k-mer `rank` scaled to the read: N(scale*mu + shift, stdv*var)."""
     mean = scalings[S_SCALE] * model[0, rank] + scalings[S_SHIFT]
     stdv = model[1, rank] * scalings[S_VAR]
     log_stdv = model[2, rank] + scalings[S_LOG_VAR]
-    return log_normal_pdf(level, mean, stdv, log_stdv)
+    return mean, stdv, log_stdv
 
 
 @numba.njit(nogil=True, cache=True)
@@ -218,10 +218,10 @@ def profile_forward(
     """
     n_kmers = length - k + 1
     n_events = abs(e_stop - e_start) + 1
-    ranks, flanks, rows = scratch(n_kmers, n_events)
+    levels, flanks, rows = scratch(n_kmers, n_events)
     return forward_into(
         seq, w0, length, rc, methylated, ev_mean, e_start, e_stop, k, model, scalings, trans, params, table,
-        ranks, flanks, rows,
+        levels, flanks, rows,
     )  # fmt: skip
 
 
@@ -229,7 +229,7 @@ def profile_forward(
 def scratch(n_kmers, n_events):
     """Work arrays for `forward_into` of a window up to n_kmers k-mers and n_events events."""
     return (
-        np.empty(n_kmers, np.int64),
+        np.empty((3, n_kmers), np.float32),
         np.empty((2, n_events), np.float32),
         np.empty((2, N_STATES * (n_kmers + 2)), np.float32),
     )
@@ -238,7 +238,7 @@ def scratch(n_kmers, n_events):
 @numba.njit(nogil=True, cache=True)
 def forward_into(
     seq, w0, length, rc, methylated, ev_mean, e_start, e_stop, k, model, scalings, trans, params, table,
-    ranks, flanks, rows,
+    levels, flanks, rows,
 ):  # fmt: skip
     """`profile_forward` in caller-provided work arrays (from `scratch`, possibly larger).
 
@@ -248,8 +248,13 @@ def forward_into(
     n_kmers = length - k + 1
     stride = 1 if e_start <= e_stop else -1
     n_events = abs(e_stop - e_start) + 1
+    mean = levels[0]
+    stdv = levels[1]
+    log_stdv = levels[2]
     for ki in range(n_kmers):
-        ranks[ki] = window_kmer_rank(seq, w0, length, ki, k, rc, methylated)
+        mean[ki], stdv[ki], log_stdv[ki] = scaled_level(
+            window_kmer_rank(seq, w0, length, ki, k, rc, methylated), model, scalings
+        )
     pre = flanks[0]
     post = flanks[1]
     clip_flanks(n_events, params, pre, post)
@@ -275,7 +280,7 @@ def forward_into(
                 soft,
                 table,
             )
-            curr[c + STATE_M] = m + match_emission(level, ranks[ki], model, scalings)
+            curr[c + STATE_M] = m + log_normal_pdf(level, mean[ki], stdv[ki], log_stdv[ki])
             curr[c + STATE_B] = flogsum(trans[T_MB] + prev[c + STATE_M], trans[T_BB] + prev[c + STATE_B], table)
             kk = flogsum(trans[T_MK] + curr[p + STATE_M], trans[T_BK] + curr[p + STATE_B], table)
             curr[c + STATE_K] = flogsum(kk, trans[T_KK] + curr[p + STATE_K], table)
@@ -314,7 +319,7 @@ def score_windows(
         for j in range(j0, j1):
             max_kmers = max(max_kmers, job_w1[j] - job_w0[j] - k + 1)
             max_events = max(max_events, abs(job_e2[j] - job_e1[j]) + 1)
-        ranks, flanks, rows = scratch(max_kmers, max_events)
+        levels, flanks, rows = scratch(max_kmers, max_events)
         for j in range(j0, j1):
             r = job_read[j]
             trans = block_transitions(events_per_base[r], params)
@@ -324,10 +329,10 @@ def score_windows(
             sc = scalings[r]
             ll_u[j] = forward_into(
                 ref_seq, w0, length, rc[r], False, ev, job_e1[j], job_e2[j], k, model, sc, trans, params, table,
-                ranks, flanks, rows,
+                levels, flanks, rows,
             )  # fmt: skip
             ll_m[j] = forward_into(
                 ref_seq, w0, length, rc[r], True, ev, job_e1[j], job_e2[j], k, model, sc, trans, params, table,
-                ranks, flanks, rows,
+                levels, flanks, rows,
             )  # fmt: skip
     return ll_u, ll_m

@@ -32,7 +32,8 @@ def flogsum(a, b, table):
     """log(e^a + e^b) for float32 a, b (either may be -inf) through the lookup table."""
     hi = a if a > b else b
     lo = a if a < b else b
-    d = hi - lo
-    if lo == -math.inf or d >= np.float32(LOGSUM_CUTOFF):
-        return hi
-    return hi + table[int(d * np.float32(LOGSUM_SCALE))]
+    d = hi - lo  # inf or nan when lo is -inf: then the comparison below is false
+    near = d < np.float32(LOGSUM_CUTOFF)
+    # branch-free: the table is read at index 0 when the answer is just `hi`
+    correction = table[int((d if near else np.float32(0.0)) * np.float32(LOGSUM_SCALE))]
+    return hi + correction if near else hi
