@@ -2,8 +2,9 @@
 
 Reads are ordered by the time their signal ended and cut into batches; batch i lands when
 its last read ended (relative to the run's first read), divided by `speed`. Each batch
-becomes a multi-read FAST5 in `fast5_pass/`, a FASTQ in `fastq_pass/` and, when the
-finished run has an aligned BAM, a BAM in `bam_pass/`, all named
+becomes a multi-read FAST5 in `fast5_pass/` (or a POD5 in `pod5_pass/`, a BLOW5 in
+`blow5_pass/`), a FASTQ in `fastq_pass/` and, when the finished run has an aligned BAM, a
+BAM in `bam_pass/`, all named
 `{flowcell}_pass_{run8}_{acq8}_{i}.*`. Files are written elsewhere and moved in (live
 basecalling) or written in place, optionally slowly, so the watcher's completeness checks
 are exercised. A `sequencing_summary` and then the `final_summary` close the run.
@@ -29,6 +30,9 @@ import pysam
 import vbz_h5py_plugin  # noqa: F401  (importing registers the VBZ filter with HDF5)
 
 from streamer.errors import InputError
+from streamer.io.pod5 import write_pod5
+from streamer.io.signal import read_signal
+from streamer.io.slow5 import write_blow5
 from streamer.watch import Kind, Layout
 
 log = logging.getLogger(__name__)
@@ -36,6 +40,8 @@ log = logging.getLogger(__name__)
 VBZ = {"compression": 32020, "compression_opts": (0, 2, 1, 1)}
 COMPRESSION = {"vbz": VBZ, "gzip": {"compression": "gzip", "compression_opts": 1}, "none": {}}
 STAGING = ".replay"  # hidden, so a watcher of the live folder ignores it
+RECORD_WRITERS = {"pod5": write_pod5, "blow5": write_blow5}  # FAST5 copies HDF5 groups: `Replayer._write_fast5`
+SIGNAL_FORMATS = ("fast5", *RECORD_WRITERS)
 
 
 @dataclass(frozen=True)
@@ -47,7 +53,8 @@ class ReplayOptions:
     write_seconds: float = 0.0  # in place: spread writing each file over this long
     basecall_lag: float = 0.0  # seconds after its signal file that a batch's basecalls land (may be < 0)
     bam: bool = True
-    compression: str = "vbz"
+    compression: str = "vbz"  # FAST5 only
+    signal_format: str = "fast5"  # fast5 | pod5 | blow5
     flowcell: str = "FAK00000"
 
 
@@ -167,7 +174,7 @@ class Landing:
 
     at: float
     batch: int
-    kind: str  # fast5 | fastq | bam
+    kind: str  # signal | fastq | bam
 
 
 def plan(src: Source, opts: ReplayOptions) -> list[Landing]:
@@ -182,11 +189,11 @@ def plan(src: Source, opts: ReplayOptions) -> list[Landing]:
             at = (batch[-1].end_s - t0) / opts.speed
         else:
             at = 0.0
-        out.append(Landing(at, i, "fast5"))
+        out.append(Landing(at, i, "signal"))
         out.append(Landing(max(0.0, at + opts.basecall_lag), i, "fastq"))
         if opts.bam and src.bam_header is not None:
             out.append(Landing(max(0.0, at + opts.basecall_lag), i, "bam"))
-    return sorted(out, key=lambda x: (x.at, x.batch, x.kind != "fast5"))
+    return sorted(out, key=lambda x: (x.at, x.batch, x.kind != "signal"))
 
 
 # ---------------------------------------------------------------------------- writing
@@ -199,6 +206,8 @@ class Replayer:
                  sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic):
         if opts.mode not in ("move", "inplace"):
             raise ValueError(f"mode must be move or inplace, not {opts.mode!r}")
+        if opts.signal_format not in SIGNAL_FORMATS:
+            raise ValueError(f"signal format must be one of {', '.join(SIGNAL_FORMATS)}, not {opts.signal_format!r}")
         self.src = src
         self.opts = opts
         self._sleep = sleep
@@ -235,10 +244,14 @@ class Replayer:
     def _land(self, landing: Landing) -> None:
         reads = self.batches[landing.batch]
         stem = self.stem(landing.batch)
-        if landing.kind == "fast5":
-            dest = self.run_dir / "fast5_pass" / f"{stem}.fast5"
+        if landing.kind == "signal":
+            fmt = self.opts.signal_format
+            dest = self.run_dir / f"{fmt}_pass" / f"{stem}.{fmt}"
             with self._placing(dest) as tmp:
-                self._write_fast5(tmp, reads)
+                if fmt == "fast5":
+                    self._write_fast5(tmp, reads)
+                else:
+                    RECORD_WRITERS[fmt](tmp, (read_signal(r.signal_file, r.read_id) for r in reads))
         elif landing.kind == "fastq":
             dest = self.run_dir / "fastq_pass" / f"{stem}.fastq.gz"
             with self._placing(dest) as tmp:
@@ -323,7 +336,7 @@ class Replayer:
         for i, batch in enumerate(self.batches):
             for r in batch:
                 n = len(self.src.basecalls.get(r.read_id, ("",))[0])
-                lines.append(f"{self.stem(i)}.fastq.gz\t{self.stem(i)}.fast5\t{r.read_id}\t{self.src.run_id}\t"
+                lines.append(f"{self.stem(i)}.fastq.gz\t{self.stem(i)}.{self.opts.signal_format}\t{r.read_id}\t{self.src.run_id}\t"
                              f"{r.channel}\t{r.start_s:.4f}\t{r.end_s - r.start_s:.4f}\tTRUE\t{n}\n")
         return "".join(lines)
 

@@ -63,7 +63,8 @@ class Daemon:
         self._done = threading.Event()
         self._listener = threading.Thread(target=self._listen)
         self._listener.start()
-        env = {**os.environ, "NOTIFY_SOCKET": str(self.notify_path), "WATCHDOG_USEC": "1000000"}
+        env = {**os.environ, "NOTIFY_SOCKET": str(self.notify_path), "WATCHDOG_USEC": "1000000",
+               "STREAMER_SLOW5_INDEX_DIR": str(tmp / "slow5-index")}
         self.log = open(tmp / f"daemon-{time.monotonic_ns()}.log", "w+")
         self.proc = subprocess.Popen(
             streamer("run", "--watch", live, "-g", REFERENCE, "-o", out, "--settle", "0.3", "--poll-interval",
@@ -234,4 +235,17 @@ def test_files_written_slowly_in_place_are_read_only_when_complete(fixture_copy,
     s = summary(out)
     assert s["rejected_files"] == [] and s["records"]["skipped_by_reason"] == {}
     assert (out / "skipped.tsv").read_text().count("\n") == 1
+    assert rows(out / "meth.tsv") == expected
+
+
+@pytest.mark.parametrize("fmt", ["pod5", "blow5"])
+def test_pod5_and_blow5_runs_give_the_same_rows(fmt, fixture_copy, expected, daemons, tmp_path):
+    """The same reads written as POD5 (pod5_pass/) or BLOW5 signal files: the same calls."""
+    live, out = tmp_path / "live", tmp_path / "out"
+    live.mkdir()
+    d = daemons(tmp_path, live, out)
+    rep = replay(fixture_copy, live, "--speed", "0", "--batch-size", "3", "--signal-format", fmt)
+    assert rep.wait(TIMEOUT) == 0
+    assert d.wait() == 0, d.output()
+    assert summary(out)["files"]["signal_registered"] == 3
     assert rows(out / "meth.tsv") == expected

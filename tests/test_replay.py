@@ -29,12 +29,12 @@ def test_source_has_reads_in_end_time_order(source):
 def test_plan_paces_batches(source):
     t0 = min(r.start_s for r in source.reads)
     fast = plan(source, ReplayOptions(speed=100, batch_reads=3, bam=False))
-    assert [(x.batch, x.kind) for x in fast] == [(0, "fast5"), (0, "fastq"), (1, "fast5"), (1, "fastq"),
-                                                 (2, "fast5"), (2, "fastq")]
+    assert [(x.batch, x.kind) for x in fast] == [(0, "signal"), (0, "fastq"), (1, "signal"), (1, "fastq"),
+                                                 (2, "signal"), (2, "fastq")]
     assert fast[-1].at == pytest.approx((source.reads[-1].end_s - t0) / 100)
     lagged = plan(source, ReplayOptions(interval=2, batch_reads=4, basecall_lag=-1))
-    assert lagged == [Landing(0, 0, "fast5"), Landing(0, 0, "fastq"), Landing(0, 0, "bam"),
-                      Landing(1, 1, "fastq"), Landing(1, 1, "bam"), Landing(2, 1, "fast5")]
+    assert lagged == [Landing(0, 0, "signal"), Landing(0, 0, "fastq"), Landing(0, 0, "bam"),
+                      Landing(1, 1, "fastq"), Landing(1, 1, "bam"), Landing(2, 1, "signal")]
 
 
 def test_replay_writes_a_minknow_run(source, ecoli, tmp_path, no_leaks):

@@ -6,7 +6,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from streamer.replay import COMPRESSION, Replayer, ReplayOptions, load_source
+from streamer.replay import COMPRESSION, SIGNAL_FORMATS, Replayer, ReplayOptions, load_source
 
 NAME = "replay"
 HELP = "write a finished run's reads into a folder the way MinKNOW writes a live run"
@@ -30,6 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--basecall-lag", type=float, default=d.basecall_lag,
                    help="seconds after its FAST5 that a batch's basecalls land; negative: before [%(default)s]")
     p.add_argument("--no-bam", dest="bam", action="store_false", help="do not write bam_pass/ even if the run has a BAM")
+    p.add_argument("--signal-format", choices=SIGNAL_FORMATS, default=d.signal_format,
+                   help="signal file format written [%(default)s]")
     p.add_argument("--compression", choices=tuple(COMPRESSION), default=d.compression,
                    help="FAST5 signal compression [%(default)s]")
     p.add_argument("--flowcell", default=d.flowcell, help="flow cell id used in file names [%(default)s]")
@@ -43,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("streamer replay: --batch-size must be at least 1 and --interval not negative")
     opts = ReplayOptions(speed=args.speed, interval=args.interval, batch_reads=args.batch_reads, mode=args.mode,
                          write_seconds=args.write_seconds, basecall_lag=args.basecall_lag, bam=args.bam,
-                         compression=args.compression, flowcell=args.flowcell)
+                         compression=args.compression, signal_format=args.signal_format, flowcell=args.flowcell)
     src = load_source(args.finished_run)
     replayer = Replayer(src, args.live_dir, opts)
     log.info("replaying %d reads in %d batches into %s", len(src.reads), len(replayer.batches), replayer.run_dir)
