@@ -12,7 +12,7 @@ fills:
   move into place keeps) to the commit of the last of its reads, read back from the ledger.
 
 Usage (from the repository root; the shared 112-read data set is used when present):
-    python benchmarks/daemon_latency.py [--source DIR] [--batch-size 16] [--interval 2] [--repeat 3]
+    python benchmarks/daemon_latency.py [--source DIR] [--copies 4] [--batch-size 16] [--interval 2] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -27,7 +27,12 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
+
+import h5py
+import numpy as np
+import pysam
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "ecoli_2kb_region"
@@ -38,17 +43,36 @@ def streamer(*args) -> list[str]:
     return [sys.executable, "-m", "streamer", *map(str, args)]
 
 
-def finished_run(work: Path, source: Path | None) -> Path:
-    """A folder `streamer replay` and `streamer call` can both read: fast5/, reads.fasta, reads.bam."""
-    if source is not None:
-        return source
-    if not SHARED.is_dir():
-        return ROOT / "tests" / "data" / "ecoli"
+def finished_run(work: Path, source: Path | None, copies: int) -> Path:
+    """A folder `streamer replay` and `streamer call` both read (fast5/, reads.fasta, reads.bam),
+    holding `copies` copies of every read under new read ids, for a run long enough to time."""
+    if source is None:
+        source = SHARED if SHARED.is_dir() else ROOT / "tests" / "data" / "ecoli"
+    fast5_dir = source / "fast5_files" if (source / "fast5_files").is_dir() else source / "fast5"
+    bam = next(source.glob("*.bam"))
     run = work / "finished"
-    run.mkdir()
-    (run / "fast5").symlink_to(SHARED / "fast5_files")
-    (run / "reads.fasta").symlink_to(SHARED / "reads.fasta")
-    (run / "reads.bam").symlink_to(SHARED / "reads.mg1655.sorted.bam")
+    (run / "fast5").mkdir(parents=True)
+    rename = [lambda rid: rid] + [lambda rid, k=k: str(uuid.uuid5(uuid.NAMESPACE_OID, f"{k}:{rid}"))
+                                  for k in range(1, copies)]
+    for k, new_id in enumerate(rename):
+        for f5 in sorted(fast5_dir.glob("*.fast5")):
+            with h5py.File(f5) as src, h5py.File(run / "fast5" / f"{k}_{f5.name}", "w") as dst:
+                for name in src:
+                    src.copy(src[name], dst, name)
+                for key, value in src.attrs.items():
+                    dst.attrs[key] = value
+                for read in dst["Raw/Reads"].values():
+                    read.attrs["read_id"] = np.bytes_(new_id(read.attrs["read_id"].decode()))
+    with pysam.FastxFile(str(source / "reads.fasta")) as fin, open(run / "reads.fasta", "w") as fout:
+        reads = [(r.name, r.sequence) for r in fin]
+        fout.writelines(f">{new_id(rid)}\n{seq}\n" for new_id in rename for rid, seq in reads)
+    with pysam.AlignmentFile(str(bam)) as fin:
+        records = [(rec.query_name, rec) for rec in fin]
+        with pysam.AlignmentFile(str(run / "reads.bam"), "wb", template=fin) as fout:
+            for new_id in rename:
+                for rid, rec in records:
+                    rec.query_name = new_id(rid)
+                    fout.write(rec)
     return run
 
 
@@ -113,7 +137,8 @@ def measure(out: Path) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--source", type=Path, help="finished run (fast5/, reads.fasta, reads.bam)")
+    p.add_argument("--source", type=Path, help="finished run (fast5/ or fast5_files/, reads.fasta, one BAM)")
+    p.add_argument("--copies", type=int, default=4, help="copies of every read, under new ids [4]")
     p.add_argument("--batch-size", type=int, default=16, help="reads per replayed batch file [16]")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between batch files for latency [2]")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -121,7 +146,7 @@ def main() -> None:
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="streamer-bench-") as tmp:
         work = Path(tmp)
-        run = finished_run(work, args.source)
+        run = finished_run(work, args.source, args.copies)
         calls, small_calls, daemons = [], [], []
         for i in range(args.repeat):
             calls.append(call_rate(run, work / f"call{i}.tsv", args.threads))
@@ -137,7 +162,8 @@ def main() -> None:
     best_small = max(small_calls, key=lambda c: c["bases_per_s"])
     best_daemon = max(daemons, key=lambda d: d["bases_per_s"])
     report = {
-        "source": str(run),
+        "source": str(args.source or (SHARED if SHARED.is_dir() else "tests/data/ecoli")),
+        "copies": args.copies,
         "threads": args.threads,
         "call": best_call,
         "call_daemon_sized_batches": best_small,
