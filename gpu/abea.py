@@ -25,7 +25,7 @@ from numba.cuda.cudadrv.error import CudaSupportError
 
 from streamer.abea import Alignment, abea
 from streamer.gpu import kernels
-from streamer.gpu.host import CPU, GPU, NOT_MINE, ULTRA, assign_reads, gather, log_trim, merge, read_params
+from streamer.gpu.host import CPU, GPU, NOT_MINE, ULTRA, assign_reads, gather, log_trim, merge, read_params, unpack_steps
 from streamer.gpu.options import AbeaBatchStats, CudaOptions
 from streamer.poremodel import PoreModel
 from streamer.scaling import F5C_CODES, require_dtype, require_nucleotide
@@ -39,7 +39,7 @@ CUDA_ERRORS = (CudaAPIError, CudaSupportError)
 SIMULATED_FREE_BYTES = 1 << 28
 # read slots are budgeted for reads averaging at least this many bases
 MIN_MEAN_READ_LEN = 256
-SLOT_BYTES = 4 * 8 + 2 * 4 + 3 * 8 + 4 + 4 + 8 + 1
+SLOT_BYTES = 4 * 8 + 2 * 4 + 3 * 8 + 4 * 4 + 8 + 1
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,8 @@ class Arena:
     """Device arrays allocated once: per base (X), per event (Y), per band row (X + Y), per read slot.
 
     A read of r bases and e events needs r bases, e events and e + (r - k + 1) + 2 <= r + e band
-    rows (k >= 3), so bytes per base are C_R + avg_epk * C_E with C_R = 13 + W + 20 and
-    C_E = 4 + W + 20 for band width W (f5c keeps a float score per cell besides the trace byte;
+    rows (k >= 3), so bytes per base are C_R + avg_epk * C_E with C_R = 13 + W + 13 and
+    C_E = 4 + W + 13 for band width W (f5c keeps a float score per cell besides the trace byte;
     here scores live in shared memory only).
     """
 
@@ -80,8 +80,7 @@ class Arena:
         self.ll_e = cuda.device_array(rows, np.int32)
         self.cap_kmer = cuda.device_array(rows, np.int32)
         self.cap_event = cuda.device_array(rows, np.int32)
-        self.aln_kmer = cuda.device_array(rows, np.int32)
-        self.aln_event = cuda.device_array(rows, np.int32)
+        self.steps = cuda.device_array(rows, np.uint8)
         self.base_off = cuda.device_array(s + 1, np.int64)
         self.ev_off = cuda.device_array(s + 1, np.int64)
         self.row_off = cuda.device_array(s + 1, np.int64)
@@ -90,6 +89,8 @@ class Arena:
         self.scale = cuda.device_array(s, np.float32)
         self.lp = cuda.device_array((s, 3), np.float64)
         self.end_event = cuda.device_array(s, np.int32)
+        self.first_kmer = cuda.device_array(s, np.int32)
+        self.first_event = cuda.device_array(s, np.int32)
         self.n_aligned = cuda.device_array(s, np.int32)
         self.sum_emission = cuda.device_array(s, np.float64)
         self.status = cuda.device_array(s, np.int8)
@@ -97,25 +98,39 @@ class Arena:
     @staticmethod
     def bytes_per_base(avg_epk: float, bandwidth: int) -> float:
         """Device bytes one base of a batch takes, with its avg_epk events, band rows and read slot share."""
-        per_row = bandwidth + 5 * 4
+        per_row = bandwidth + 3 * 4 + 1
         return 13 + per_row + avg_epk * (4 + per_row) + SLOT_BYTES / MIN_MEAN_READ_LEN
 
 
 @dataclass
 class _GpuOutput:
+    """What came back for the GPU reads (in their order); pairs as first pair + steps until unpacked."""
+
     n_aligned: np.ndarray
     sum_emission: np.ndarray
     status: np.ndarray
     aln_off: np.ndarray
-    aln_kmer: np.ndarray
-    aln_event: np.ndarray
-    times: tuple[float, float, float, float]  # pack, h2d, kernels, d2h
+    first_kmer: np.ndarray
+    first_event: np.ndarray
+    steps: np.ndarray
+    times: list[float]  # pack, h2d, kernels, d2h (with unpacking)
     cells: int
+    aln_kmer: np.ndarray | None = None
+    aln_event: np.ndarray | None = None
 
     @classmethod
     def empty(cls) -> _GpuOutput:
         none32 = np.zeros(0, np.int32)
-        return cls(none32, np.zeros(0), np.zeros(0, np.int8), np.zeros(1, np.int64), none32, none32, (0.0,) * 4, 0)
+        return cls(none32, np.zeros(0), np.zeros(0, np.int8), np.zeros(1, np.int64), none32, none32,
+                   np.zeros(0, np.uint8), [0.0] * 4, 0, none32, none32)  # fmt: skip
+
+    def unpack(self) -> float:
+        """Fill aln_kmer/aln_event; returns the seconds it took (also counted in the copy-back time)."""
+        t0 = time.perf_counter()
+        self.aln_kmer, self.aln_event = unpack_steps(self.aln_off, self.first_kmer, self.first_event, self.steps)
+        took = time.perf_counter() - t0
+        self.times[3] += took
+        return took
 
 
 class CudaAbea:
@@ -209,6 +224,9 @@ class CudaAbea:
             owner[gpu_idx] = ULTRA
         t_gpu = time.perf_counter() - t0
         worker.join()
+        if gpu is not None:
+            # after the join: numba's parallel workers are not to be shared with the CPU reads
+            t_gpu += gpu.unpack()
         (cpu_out, cpu_status, t_cpu) = cpu_result[0]
         late = owner == ULTRA
         if late.any():
@@ -314,18 +332,18 @@ class CudaAbea:
         np.cumsum(np.where(status == 0, n_aligned, 0), out=aln_off[1:])
         a.aln_off[: n + 1].copy_to_device(aln_off)
         t4 = time.perf_counter()
-        kernels.compact_kernel()[n, lay.block](a.row_off, a.aln_off, a.cap_kmer, a.cap_event, n, a.aln_kmer, a.aln_event)
+        kernels.compact_kernel()[n, lay.block](a.row_off, a.aln_off, a.cap_kmer, a.cap_event, n, a.steps,
+                                               a.first_kmer, a.first_event)  # fmt: skip
         cuda.synchronize()
         t5 = time.perf_counter()
         total = int(aln_off[-1])
-        if total:
-            aln_kmer = a.aln_kmer[:total].copy_to_host()
-            aln_event = a.aln_event[:total].copy_to_host()
-        else:
-            aln_kmer = aln_event = np.zeros(0, np.int32)
+        steps = a.steps[:total].copy_to_host() if total else np.zeros(0, np.uint8)
+        first_kmer = a.first_kmer[:n].copy_to_host()
+        first_event = a.first_event[:n].copy_to_host()
         t6 = time.perf_counter()
-        times = (t1 - t0, t2 - t1, (t3 - t2) + (t5 - t4), (t4 - t3) + (t6 - t5))
-        return _GpuOutput(n_aligned, sum_emission, status, aln_off, aln_kmer, aln_event, times, int(row_off[-1]) * w)
+        times = [t1 - t0, t2 - t1, (t3 - t2) + (t5 - t4), (t4 - t3) + (t6 - t5)]
+        return _GpuOutput(n_aligned, sum_emission, status, aln_off, first_kmer, first_event, steps, times,
+                          int(row_off[-1]) * w)  # fmt: skip
 
 
 _default: CudaAbea | None = None

@@ -4,7 +4,8 @@ Four kernels over the packed batch (reads addressed by base, event and band-row 
 `kcache` builds each read's k-mer model cache (scaled level mean, stdv, log stdv per k-mer),
 `fill` runs the banded dynamic programme keeping the last three bands in shared memory and
 writing one trace byte per cell, `backtrack` walks each read's trace and applies the QC,
-and `compact` writes the pairs of the reads that passed, ascending, at their final offsets.
+and `compact` writes the pairs of the reads that passed, ascending and packed as steps, at
+their final offsets.
 
 Exactness: CUDA contracts a multiply followed by an add into one fused multiply-add, which
 rounds once where the CPU rounds twice. Every multiply and add whose result the CPU rounds
@@ -290,17 +291,27 @@ def _backtrack(ev_mean, gp_mean, stdv, log_stdv, base_off, ev_off, row_off, k, b
         status[i] = 0
 
 
-def _compact(row_off, aln_off, cap_kmer, cap_event, n_reads, aln_kmer, aln_event):
-    """One block per read: its pairs (traced last to first) copied ascending to aln_off[i]."""
+def _compact(row_off, aln_off, cap_kmer, cap_event, n_reads, steps, first_kmer, first_event):
+    """One block per read: its pairs (traced last to first) turned ascending into its first pair and steps.
+
+    steps[aln_off[i] + j] says how pair j follows pair j-1: bit 0 next k-mer, bit 1 next event
+    (a byte where the pair itself takes eight, to copy back an eighth).
+    """
     i = cuda.blockIdx.x
     if i >= n_reads:
         return
     r0 = row_off[i]
     a0 = aln_off[i]
     m = aln_off[i + 1] - a0
-    for j in range(cuda.threadIdx.x, m, cuda.blockDim.x):
-        aln_kmer[a0 + j] = cap_kmer[r0 + m - 1 - j]
-        aln_event[a0 + j] = cap_event[r0 + m - 1 - j]
+    if m == 0:
+        return
+    if cuda.threadIdx.x == 0:
+        first_kmer[i] = cap_kmer[r0 + m - 1]
+        first_event[i] = cap_event[r0 + m - 1]
+        steps[a0] = 0
+    for j in range(cuda.threadIdx.x + 1, m, cuda.blockDim.x):
+        src = r0 + m - 1 - j
+        steps[a0 + j] = (cap_kmer[src] - cap_kmer[src + 1]) | ((cap_event[src] - cap_event[src + 1]) << 1)
 
 
 # Kernels compile on first use, for the device then current (importing this module needs no GPU).
@@ -325,4 +336,6 @@ def backtrack_kernel():
 
 @functools.cache
 def compact_kernel():
-    return cuda.jit("void(int64[::1], int64[::1], int32[::1], int32[::1], int64, int32[::1], int32[::1])")(_compact)
+    return cuda.jit(
+        "void(int64[::1], int64[::1], int32[::1], int32[::1], int64, uint8[::1], int32[::1], int32[::1])"
+    )(_compact)
