@@ -86,7 +86,6 @@ class PublisherLike(Protocol):
 class State(enum.Enum):
     NEW = "new"
     RUNNING = "running"
-    DRAINING = "draining"  # SIGTERM: finishing the batch in hand
     FINISHING = "finishing"  # the run is over: the last batches and the unmatched reads
     FINISHED = "finished"
     STOPPED = "stopped"  # left by SIGTERM; open reads wait for the next start
@@ -245,8 +244,8 @@ class Daemon:
             self._beat()
             if self._stop.is_set():
                 return Ending("stop requested (SIGTERM)", run_over=False)
-            picks, full = self.ledger.matched(self.config.batch.max_reads, self.config.batch.max_bases)
-            for outcome in self.watcher.poll(0.0 if full else 0.25):
+            _, full = self.ledger.matched(self.config.batch.max_reads, self.config.batch.max_bases)
+            for outcome in self.watcher.poll(0.0 if full else 0.25):  # a full batch waits for no event
                 self._take_file(outcome)
                 self._beat()
             picks, full = self.ledger.matched(self.config.batch.max_reads, self.config.batch.max_bases)
@@ -296,7 +295,6 @@ class Daemon:
                 self._process(picks)
             if not self._stop.is_set():
                 self._close_waiting(self.ledger.waiting(), "by the end of the run")
-                self.ledger.set_meta("finished", f"{time.time():.3f}")
                 self.state = State.FINISHED
         if self.state is not State.FINISHED:
             self.state = State.STOPPED
@@ -318,9 +316,6 @@ class Daemon:
         if f.kind is Kind.FINAL_SUMMARY:
             log.info("%s: run %s has finished writing", f.path, f.run_root)
             self._finals[f.run_root] = time.monotonic()
-            return
-        if self.ledger.file_state(f.path) == "registered":
-            log.warning("%s: changed after it was read; the change is ignored", f.path)
             return
         try:
             if f.kind is Kind.SIGNAL:

@@ -134,7 +134,6 @@ class Ledger:
             os.close(self._lock_fd)
             raise LedgerError(f"{self.state_dir}: another streamer daemon is using this state folder") from None
         self.path = self.state_dir / "ledger.sqlite"
-        self.created = not self.path.exists()
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
@@ -172,17 +171,6 @@ class Ledger:
     def _tx(self):
         return _Transaction(self._db)
 
-    # ------------------------------------------------------------------ meta
-
-    def get_meta(self, key: str) -> str | None:
-        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return row[0] if row else None
-
-    def set_meta(self, key: str, value: str) -> None:
-        with self._tx():
-            self._db.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                             (key, value))
-
     # ------------------------------------------------------------------ files
 
     def is_known(self, path: Path, size: int, mtime_ns: int) -> bool:
@@ -191,10 +179,6 @@ class Ledger:
         if row is None:
             return False
         return row[0] == "registered" or (row[1], row[2]) == (size, mtime_ns)
-
-    def file_state(self, path: Path) -> str | None:
-        row = self._db.execute("SELECT state FROM files WHERE path = ?", (str(path),)).fetchone()
-        return row[0] if row else None
 
     def _upsert_file(self, path: Path, kind: str, fmt: str, size: int, mtime_ns: int, state: str,
                      reason: str | None, n_reads: int) -> int:

