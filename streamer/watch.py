@@ -1,11 +1,12 @@
 """Watching a run folder: which files matter, when a file is complete, and the watcher itself.
 
 A file is handed on ("ready") exactly when it is complete:
-- formats with an end marker (POD5, BLOW5, BAM, gzip) when the marker is there;
-- formats without one (FAST5, plain FASTQ/FASTA, SLOW5, final_summary) after a close or
-  move event, or, where no event can tell (start-up scan, polling), once unchanged for
-  `settle` seconds; a FAST5 must then also open, which is retried with back-off because
-  HDF5 refuses to open a file another process is still writing.
+- POD5, BLOW5 and BAM as soon as their last bytes hold the format's end marker;
+- other formats after a close or move event, or, where no event can tell (start-up scan,
+  polling), once unchanged for `settle` seconds; and then only if complete by their own test:
+  gzip (FASTQ.gz) decompresses to the trailer of its last member, plain text ends with a
+  newline, a FAST5 opens (retried with back-off: HDF5 refuses to open a file another process
+  is still writing).
 A file that stays unchanged and incomplete for `incomplete_timeout` seconds is rejected with
 the reason (truncated, corrupt); if it changes later it is looked at again.
 
@@ -80,9 +81,12 @@ def file_format(name: str) -> tuple[Kind, str] | None:
     return None
 
 
-def has_end_marker(path: Path, fmt: str) -> bool:
-    """Whether this format can tell by its bytes that it is complete."""
-    return fmt in ("pod5", "blow5", "bam") or path.name.lower().endswith(".gz")
+TAIL_MARKED = ("pod5", "blow5", "bam")  # complete iff the last bytes say so: checked whenever seen
+
+
+def tail_marked(fmt: str) -> bool:
+    """Whether a few bytes at the end tell this format's completeness (gzip needs a full read)."""
+    return fmt in TAIL_MARKED
 
 
 def _tail(path: Path, n: int) -> bytes:
@@ -463,8 +467,7 @@ class Watcher:
         if f.kind is Kind.STOP:
             return Ready(f, c.size, c.mtime_ns)
         settled = c.announced or now - c.changed_at >= t.settle
-        marker = has_end_marker(f.path, f.fmt)
-        if not (settled or marker):
+        if not (settled or tail_marked(f.fmt)):
             return None
         sig = (c.size, c.mtime_ns)
         if sig != c.checked or f.fmt == "fast5":

@@ -153,15 +153,18 @@ def test_file_without_marker_waits_to_settle(ecoli, tmp_path):
     assert isinstance(got, Ready) and got.file.path == f5 and w.pending == []
 
 
-def test_file_with_marker_is_ready_at_once_and_known_files_are_skipped(tmp_path):
+def test_file_with_marker_is_ready_at_once_and_known_files_are_skipped(ecoli, tmp_path):
     clock = Clock()
-    gz = touch(tmp_path / "a.fastq.gz", gzip.compress(b"@r\nA\n+\nI\n"))
-    old = touch(tmp_path / "old.fastq.gz", gzip.compress(b"@q\nA\n+\nI\n"))
+    bam = touch(tmp_path / "a" / "a.bam", (ecoli / "reads.bam").read_bytes())
+    old = touch(tmp_path / "a" / "old.bam", (ecoli / "reads.bam").read_bytes())
+    gz = touch(tmp_path / "b" / "b.fastq.gz", gzip.compress(b"@r\nA\n+\nI\n"))
     known = {old}
-    w = Watcher(Layout(tmp_path), WatchTimings(), known=lambda p, s, m: p in known, clock=clock)
+    w = Watcher(Layout(tmp_path), WatchTimings(settle=5), known=lambda p, s, m: p in known, clock=clock)
     w.scan(tmp_path)
+    assert [r.file.path for r in w.poll(0)] == [bam]  # the gzip is read in full only once settled
+    clock.t += 5
     assert [r.file.path for r in w.poll(0)] == [gz]
-    assert w.run_roots == {tmp_path}
+    assert w.run_roots == {tmp_path / "a", tmp_path / "b"}
 
 
 def test_incomplete_file_is_rejected_after_the_timeout_and_looked_at_again_when_it_changes(tmp_path):
@@ -183,6 +186,7 @@ def test_incomplete_file_is_rejected_after_the_timeout_and_looked_at_again_when_
     assert w.pending == []  # known as rejected, as it is
     gz.write_bytes(data)
     w.scan(tmp_path)
+    clock.t += 5
     (got,) = w.poll(0)
     assert isinstance(got, Ready)
 
