@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,8 +139,9 @@ class Publisher:
 
     def publish_freq(self, updates: Mapping[str, Any]) -> None:
         """Absolute counts (FREQ_COLUMNS) of the sites that changed; kept for snapshots too."""
-        payload = encode_columns(updates, FREQ_COLUMNS)
-        self._publish(Topic.FREQ, payload, lambda: self._table.apply(decode_columns(payload, FREQ_COLUMNS)))
+        columns = encode_columns(updates, FREQ_COLUMNS)
+        sites = decode_columns(columns, FREQ_COLUMNS)  # exactly what subscribers will apply
+        self._publish(Topic.FREQ, columns, lambda: self._table.apply(sites))
 
     def publish_eventalign(self, columns: Mapping[str, Any]) -> None:
         """Event-to-k-mer rows: numeric arrays and string sequences, any column names."""
@@ -178,7 +179,8 @@ class Publisher:
 
     # -- callers' side -------------------------------------------------------
 
-    def _publish(self, topic: Topic, obj: Mapping[str, Any], apply=None) -> None:
+    def _publish(self, topic: Topic, obj: Mapping[str, Any], apply: Callable[[], None] | None = None) -> None:
+        """Pack, then under the lock: apply to the snapshot state, number, queue (or drop and count)."""
         payload = pack(obj)
         with self._lock:
             self._check_open()
