@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ECOLI, REFERENCE
+from conftest import ECOLI, REFERENCE, SHARED, needs_shared
 from daemon_support import rows
 
 TIMEOUT = 60
@@ -38,14 +38,16 @@ def fixture_copy(tmp_path_factory) -> Path:
     return d
 
 
+def call_rows(run: Path, out: Path) -> list[str]:
+    """What `streamer call` writes for a finished run's reads (rows sorted: batch order differs)."""
+    subprocess.run(streamer("call", "-r", run / "reads.fasta", "-b", run / "reads.bam", "-g", REFERENCE,
+                            "--signal", run / "fast5", "-o", out), check=True, capture_output=True, timeout=300)
+    return rows(out)
+
+
 @pytest.fixture(scope="module")
 def expected(fixture_copy, tmp_path_factory) -> list[str]:
-    """What `streamer call` writes for the same reads (rows sorted: batch order differs)."""
-    out = tmp_path_factory.mktemp("call") / "meth.tsv"
-    subprocess.run(streamer("call", "-r", fixture_copy / "reads.fasta", "-b", fixture_copy / "reads.bam",
-                            "-g", REFERENCE, "--signal", fixture_copy / "fast5", "-o", out),
-                   check=True, capture_output=True, timeout=300)
-    got = rows(out)
+    got = call_rows(fixture_copy, tmp_path_factory.mktemp("call") / "meth.tsv")
     assert len(got) > 700
     return got
 
@@ -142,6 +144,28 @@ def test_replayed_run_gives_the_rows_of_streamer_call(fixture_copy, expected, da
     assert kinds.index("READY") < kinds.index("WATCHDOG") and kinds.count("READY") == 1
     assert kinds[-1] == "STOPPING" and "STATUS" in kinds[kinds.index("READY") + 1 :]
     assert (out / "meth-freq.tsv").read_text().count("\n") > 100
+
+
+@needs_shared
+def test_shared_reads_replayed_give_the_rows_of_streamer_call(daemons, tmp_path):
+    """Done-when 1 on the 112 shared reads, in 7 MinKNOW batch files."""
+    run = tmp_path / "finished"
+    run.mkdir()
+    (run / "fast5").symlink_to(SHARED / "fast5_files")
+    (run / "reads.fasta").symlink_to(SHARED / "reads.fasta")
+    (run / "reads.bam").symlink_to(SHARED / "reads.mg1655.sorted.bam")
+    want = call_rows(run, tmp_path / "call.tsv")
+    assert len(want) > 19_000
+    live, out = tmp_path / "live", tmp_path / "out"
+    live.mkdir()
+    d = daemons(tmp_path, live, out)
+    rep = replay(run, live, "--interval", "0.5", "--batch-size", "16")
+    assert rep.wait(TIMEOUT) == 0
+    assert d.wait() == 0, d.output()
+    assert rows(out / "meth.tsv") == want
+    s = summary(out)
+    assert s["reads"]["done"] == 112 and s["files"]["signal_registered"] == 7
+    assert s["records"]["skipped_by_reason"] == {"low mapq": 2}
 
 
 def test_kill_9_and_restart_give_the_same_rows(fixture_copy, expected, daemons, tmp_path):
