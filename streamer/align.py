@@ -9,6 +9,8 @@ these records gives the same rows.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import mappy
@@ -33,6 +35,7 @@ class ReadAligner:
         if not self._aligner:
             raise InputError(source, "cannot load or build a minimap2 index")
         self._filt = filt
+        self.threads = threads
         names = list(self._aligner.seq_names)
         lengths = [len(self._aligner.seq(n)) for n in names]
         self.header = pysam.AlignmentHeader.from_references(names, lengths)
@@ -67,3 +70,11 @@ class ReadAligner:
         if not recs:
             return (Skipped(read_id, Skip.UNMAPPED, "minimap2 (mappy) found no alignment"),)
         return tuple(record_of(rec, self._filt, "minimap2 (mappy)") for rec in recs)
+
+    def align_all(self, reads: Sequence[tuple[str, str]]) -> list[tuple[Record, ...]]:
+        """`align` over (read id, sequence) pairs on `threads` threads (mappy releases the GIL)."""
+        if len(reads) < 2 or self.threads < 2:
+            return [self.align(rid, seq) for rid, seq in reads]
+        with ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="mappy") as pool:
+            return list(pool.map(lambda r: self.align(*r), reads))
+

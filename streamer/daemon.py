@@ -22,7 +22,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from itertools import chain
 from pathlib import Path
@@ -36,7 +36,7 @@ from streamer.errors import InputError
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
 from streamer.io.signal import SIGNAL_SUFFIXES, read_signal, signal_read_ids
-from streamer.join import BasecallCache, Basecalls, read_basecall_file
+from streamer.join import BasecallCache, Basecalls, Record, read_basecall_file
 from streamer.ledger import BatchRecord, Ledger, Pick
 from streamer.notify import Notifier
 from streamer.outputs import SKIPPED_HEADER, Outputs, write_atomic
@@ -363,6 +363,9 @@ class Daemon:
         """One batch: assemble, call, append, commit; a read ends called or with its reasons."""
         t0 = time.monotonic()
         found, failed = self.cache.take((p.read_id, p.basecall_path, p.basecall_fmt) for p in picks)
+        unaligned = [(rid, bc.seq) for rid, bc in found.items() if bc.records is None]
+        for rid, records in self._align(unaligned).items():
+            found[rid] = replace(found[rid], records=records)
         inputs: list[ReadInput] = []
         skipped: list[Skipped] = []
         records_of: Counter = Counter()
@@ -406,15 +409,23 @@ class Daemon:
         log.info("batch of %d reads: %d calls, %d records skipped, %.2f s", len(picks), len(rows), len(skipped),
                  batch.seconds)
 
+    def _align(self, reads: list[tuple[str, str]]) -> dict[str, tuple[Record, ...]]:
+        """Alignment records for (read id, sequence) that came without (FASTQ, unaligned BAM)."""
+        out = {rid: (Skipped(rid, Skip.NO_BASECALL, "its basecall record has no sequence"),)
+               for rid, seq in reads if not seq}
+        reads = [(rid, seq) for rid, seq in reads if seq]
+        if not reads:
+            return out
+        if self._aligner is None:
+            if self._make_aligner is None:
+                why = "basecalls without alignments, and no reference index to align them"
+                return out | {rid: (Skipped(rid, Skip.UNMAPPED, why),) for rid, _ in reads}
+            log.info("basecalls without alignments: building a minimap2 index")
+            self._aligner = self._make_aligner()
+        return out | dict(zip((rid for rid, _ in reads), self._aligner.align_all(reads)))
+
     def _inputs_of(self, p: Pick, bc: Basecalls) -> tuple[list[ReadInput], list[Skipped]]:
         records = bc.records
-        if records is None:
-            if self._aligner is None:
-                if self._make_aligner is None:
-                    return [], [Skipped(p.read_id, Skip.UNMAPPED, "basecalls without alignment and no aligner")]
-                log.info("%s has no alignments: building a minimap2 index", p.basecall_path)
-                self._aligner = self._make_aligner()
-            records = self._aligner.align(p.read_id, bc.seq)
         skips = [r for r in records if isinstance(r, Skipped)]
         alns = [r for r in records if not isinstance(r, Skipped)]
         if not alns:

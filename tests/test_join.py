@@ -92,6 +92,13 @@ def test_mappy_records_equal_minimap2s_bam(aligner, ecoli):
     assert mine == theirs
 
 
+def test_mappy_on_threads_gives_the_same_records(aligner, ecoli, no_leaks):
+    reads = list(fasta(ecoli).items())
+    assert aligner.threads >= 2
+    assert [[(a.ref_start, a.cigar.tolist()) for a in recs] for recs in aligner.align_all(reads)] == \
+        [[(a.ref_start, a.cigar.tolist()) for a in aligner.align(rid, seq)] for rid, seq in reads]
+
+
 def test_mappy_unmapped_read(aligner):
     (rec,) = aligner.align("junk", "ACGT" * 50)
     assert isinstance(rec, Skipped) and rec.reason == Skip.UNMAPPED
