@@ -51,14 +51,12 @@ SKIPPED_TSV = "skipped.tsv"
 FREQ_TSV = "meth-freq.tsv"
 SUMMARY_JSON = "summary.json"
 CALLED = "called"
+PIPELINE_ERROR = "pipeline error"  # an outcome beyond `Skip`: the pipeline raised on this read alone
 
 
 class BatchResultLike(Protocol):
     skipped: Sequence[Skipped]
-    n_reads: int
     n_bases: int
-    n_calls: int
-    timings: Mapping[str, float]
 
     def tsv_rows(self) -> list[str]: ...
 
@@ -234,6 +232,10 @@ class Daemon:
             self.failure = exc
             self.state = State.FAILED
             log.critical("daemon failed: %s", exc, exc_info=not isinstance(exc, InputError))
+            try:
+                self._refresh(final=True)
+            except Exception as again:  # noqa: BLE001 - the state itself may be what failed
+                log.error("cannot write the summary: %s", again)
             self._publish("run", "end", {"state": self.state.value, "error": str(exc)})
 
     def _beat(self) -> None:
@@ -379,27 +381,27 @@ class Daemon:
             inputs.extend(reads)
             skipped.extend(skips)
             records_of[p.read_id] += len(reads) + len(skips)
-        result = self.pipeline.process(inputs) if inputs else None
-        if result is not None:
-            skipped.extend(result.skipped)
-        rows = result.tsv_rows() if result is not None else []
-        skip_rows = [_skip_row(s) for s in skipped]
+        rows, pipeline_skipped, n_bases, failed_reads = self._call(inputs)
+        skipped.extend(pipeline_skipped)
+        skip_rows = [_skip_row(s.read_id, s.reason.label, s.detail) for s in skipped]
+        skip_rows += [_skip_row(rid, PIPELINE_ERROR, why) for rid, why in failed_reads.items()]
         for s in skipped:
             log.debug("%s", s.message())
         done = time.time()
-        going = Counter(r.read_id for r in inputs)
-        going.subtract(s.read_id for s in (result.skipped if result is not None else ()))
+        going = Counter(r.read_id for r in inputs if r.read_id not in failed_reads)
+        going.subtract(s.read_id for s in pipeline_skipped)
         called = {rid for rid, n in going.items() if n > 0}
-        first_skip: dict[str, str] = {}
+        first_skip: dict[str, str] = dict.fromkeys(failed_reads, PIPELINE_ERROR)
         for s in skipped:
             first_skip.setdefault(s.read_id, s.reason.label)
         outcomes = [(p.read_id, CALLED if p.read_id in called else first_skip.get(p.read_id, CALLED))
                     for p in picks]
+        lost = sum(1 for r in inputs if r.read_id in failed_reads)
         counters = Counter({"records_in": sum(records_of.values()), "reads_called": len(called),
-                            "records_called": len(inputs) - (len(result.skipped) if result else 0),
-                            "bases": result.n_bases if result else 0,
-                            "calls": len(rows)})
+                            "records_called": len(inputs) - lost - len(pipeline_skipped),
+                            "bases": n_bases, "calls": len(rows)})
         counters.update(f"skipped.{s.reason.label}" for s in skipped)
+        counters[f"skipped.{PIPELINE_ERROR}"] += lost
         latencies = [max(0.0, done - p.matched) for p in picks]
         batch = BatchRecord(len(picks), counters["records_in"], len(rows), counters["bases"],
                             time.monotonic() - t0, sum(latencies), max(latencies))
@@ -408,6 +410,43 @@ class Daemon:
             self._publish_calls(rows)
         log.info("batch of %d reads: %d calls, %d records skipped, %.2f s", len(picks), len(rows), len(skipped),
                  batch.seconds)
+
+    def _call(self, inputs: list[ReadInput]) -> tuple[list[str], list[Skipped], int, dict[str, str]]:
+        """The pipeline over a batch: rows, its skipped records, bases, and reads it failed on.
+
+        An exception is not allowed to stop the run on one bad read: the batch is redone read
+        by read, and a read that fails on its own is recorded as a pipeline error. When every
+        read fails the fault is not in the reads, and the exception stops the daemon.
+        """
+        if not inputs:
+            return [], [], 0, {}
+        try:
+            result = self.pipeline.process(inputs)
+            return result.tsv_rows(), list(result.skipped), result.n_bases, {}
+        except Exception as exc:  # noqa: BLE001 - isolated below, re-raised if not a read's fault
+            if len({r.read_id for r in inputs}) == 1:
+                raise
+            log.error("the pipeline failed on a batch of %d records (%s); retrying read by read", len(inputs), exc,
+                      exc_info=True)
+        by_read: dict[str, list[ReadInput]] = {}
+        for r in inputs:
+            by_read.setdefault(r.read_id, []).append(r)
+        rows, skipped, n_bases, failed = [], [], 0, {}
+        first_error: Exception | None = None
+        for rid, reads in by_read.items():
+            try:
+                result = self.pipeline.process(reads)
+            except Exception as exc:  # noqa: BLE001 - recorded against the read
+                first_error = first_error or exc
+                failed[rid] = f"{type(exc).__name__}: {exc}"
+                log.error("read %s: the pipeline fails on it: %s", rid, failed[rid])
+                continue
+            rows += result.tsv_rows()
+            skipped += result.skipped
+            n_bases += result.n_bases
+        if len(failed) == len(by_read):
+            raise first_error
+        return rows, skipped, n_bases, failed
 
     def _align(self, reads: list[tuple[str, str]]) -> dict[str, tuple[Record, ...]]:
         """Alignment records for (read id, sequence) that came without (FASTQ, unaligned BAM)."""
@@ -476,8 +515,8 @@ class Daemon:
         self.cache.discard(w.read_id for w in waiting)
         counters = Counter({"records_in": len(skipped)})
         counters.update(f"skipped.{s.reason.label}" for s in skipped)
-        self._commit([(s.read_id, s.reason.label) for s in skipped], [], [_skip_row(s) for s in skipped],
-                     counters, None)
+        self._commit([(s.read_id, s.reason.label) for s in skipped], [],
+                     [_skip_row(s.read_id, s.reason.label, s.detail) for s in skipped], counters, None)
         log.warning("%d reads recorded as missing their partner file (%s)", len(skipped), when)
 
     # ------------------------------------------------------------------ outputs and status
@@ -523,6 +562,7 @@ class Daemon:
         return {
             "state": self.state.value,
             "ending": self.ending.reason if self.ending else None,
+            "error": f"{type(self.failure).__name__}: {self.failure}" if self.failure else None,
             "watch_dir": str(self.config.watch.dir),
             "started": _iso(self._started_wall),
             "updated": _iso(time.time()),
@@ -585,9 +625,9 @@ class Daemon:
                 self._publish_failed.add(what)
 
 
-def _skip_row(s: Skipped) -> str:
-    detail = s.detail.replace("\t", " ").replace("\n", " ")
-    return f"{s.read_id}\t{s.reason.label}\t{detail}\n"
+def _skip_row(read_id: str, reason: str, detail: str) -> str:
+    detail = detail.replace("\t", " ").replace("\n", " ")
+    return f"{read_id}\t{reason}\t{detail}\n"
 
 
 def _iso(t: float) -> str:

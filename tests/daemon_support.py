@@ -50,8 +50,9 @@ class FakePipeline:
 
     TSV_HEADER = CALLS_HEADER
 
-    def __init__(self, skip_ids=(), gate: threading.Event | None = None):
+    def __init__(self, skip_ids=(), gate: threading.Event | None = None, poison=()):
         self.skip_ids = set(skip_ids)
+        self.poison = set(poison)  # a batch holding one of these raises, as a pipeline bug would
         self.batches: list[list[str]] = []
         self.gate = gate
         self.entered = threading.Event()
@@ -61,6 +62,8 @@ class FakePipeline:
         if self.gate is not None:
             self.gate.wait(10)
         self.batches.append([r.read_id for r in reads])
+        if self.poison & {r.read_id for r in reads} or "*" in self.poison:
+            raise IndexError("index 7 is out of bounds")
         return FakeResult(reads, self.skip_ids)
 
 

@@ -187,6 +187,32 @@ def test_bad_files_are_set_aside_and_the_rest_goes_on(source, reference, referen
     assert s["reads"]["called"] == N_READS - 6 and s["reads"]["done"] == N_READS
 
 
+def test_a_read_the_pipeline_fails_on_is_recorded_and_the_rest_goes_on(source, reference, reference_path,
+                                                                        tmp_path, no_leaks):
+    replay(source, tmp_path / "live")
+    poison = source.reads[0].read_id
+    cfg = make_config(tmp_path, reference_path)
+    code, d = run_to_end(cfg, FakePipeline(poison={poison}, skip_ids={source.reads[1].read_id}), reference)
+    assert code == 0 and d.state is State.FINISHED
+    assert skipped(cfg) == {poison: "pipeline error", source.reads[1].read_id: "no events"}
+    lost = [len(source.bam_records[r.read_id]) for r in source.reads[:2]]
+    assert len(rows(cfg.output.dir / "meth.tsv")) == N_RECORDS - sum(lost)
+    s = summary(cfg)
+    assert s["reads"]["done"] == N_READS and s["records"]["skipped_by_reason"] == {"pipeline error": lost[0],
+                                                                                   "no events": lost[1]}
+
+
+def test_a_pipeline_that_fails_on_every_read_stops_the_daemon(source, reference, reference_path, tmp_path,
+                                                              no_leaks):
+    replay(source, tmp_path / "live")
+    cfg = make_config(tmp_path, reference_path)
+    code, d = run_to_end(cfg, FakePipeline(poison={"*"}), reference)
+    assert code == 1 and d.state is State.FAILED and isinstance(d.failure, IndexError)
+    s = summary(cfg)
+    assert s["state"] == "failed" and s["error"] == "IndexError: index 7 is out of bounds"
+    assert s["reads"]["done"] == 0  # nothing recorded: a fixed pipeline redoes them all
+
+
 def test_stop_file_and_join_timeout(source, reference, reference_path, tmp_path, no_leaks):
     run = replay(source, tmp_path / "live")
     (run / next(p.name for p in run.glob("final_summary*"))).unlink()
