@@ -11,7 +11,7 @@ import pytest
 
 from streamer.publish import Categorical, PublisherConfig
 
-HEARTBEAT = 0.1
+HEARTBEAT = 0.2  # lost after 0.6 s of silence: ample even on a loaded machine
 
 
 def local_config(**overrides) -> PublisherConfig:
