@@ -15,7 +15,7 @@ from streams import (  # noqa: F401 (no_leaks is a fixture)
 from streamer.client import Calls, Gap, Status, Subscriber
 from streamer.errors import ConfigError
 from streamer.plugins.cpg.calls import MethCalls, format_calls
-from streamer.publish import CALL_COLUMNS, FREQ_COLUMNS, Categorical, ProtocolError, Publisher, Topic
+from streamer.publish import CALL_COLUMNS, FREQ_COLUMNS, Categorical, ProtocolError, Publisher
 from streamer.publish.messages import CallBatch, SiteFrequencies, decode_message
 from streamer.publish.protocol import Header, decode_columns, encode_columns, pack, unpack
 from streamer.publish.records import call_columns

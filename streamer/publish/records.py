@@ -1,4 +1,4 @@
-"""The pipeline's records as publisher columns, with no per-call Python work.
+"""A batch's calls as publisher columns, with no per-call Python work.
 
 Calls name their read by index, so chromosome, read name and strand become
 `Categorical` columns whose codes are those indices.
@@ -6,17 +6,15 @@ Calls name their read by index, so chromosome, read name and strand become
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from streamer.publish.frequencies import SiteKey
-from streamer.publish.protocol import CALL_COLUMNS, FREQ_COLUMNS, Categorical
+from streamer.publish.protocol import CALL_COLUMNS, Categorical
 
 if TYPE_CHECKING:
     from streamer.plugins.cpg.calls import MethCalls
-    from streamer.plugins.methfreq import SiteStats
 
 
 def call_columns(calls: MethCalls, read_ids: Sequence[str], ref_names: Sequence[str]) -> dict[str, Any]:
@@ -35,18 +33,3 @@ def call_columns(calls: MethCalls, read_ids: Sequence[str], ref_names: Sequence[
         "sequence": calls.sequence,
     }
 
-
-def freq_columns(sites: Mapping[SiteKey, SiteStats], keys: Iterable[SiteKey]) -> dict[str, Any]:
-    """FREQ_COLUMNS (absolute counts) of the `keys` sites of a `MethFreq.sites` table."""
-    keys = list(keys)
-    stats = [sites[k] for k in keys]
-    return {
-        "chromosome": [k[0] for k in keys],
-        "start": np.array([k[1] for k in keys], dtype=FREQ_COLUMNS["start"]),
-        "end": np.array([k[2] for k in keys], dtype=FREQ_COLUMNS["end"]),
-        "num_motifs_in_group": np.array([s.group_size for s in stats], dtype=FREQ_COLUMNS["num_motifs_in_group"]),
-        "called_sites": np.array([s.called_sites for s in stats], dtype=FREQ_COLUMNS["called_sites"]),
-        "called_sites_methylated": np.array([s.called_sites_methylated for s in stats],
-                                            dtype=FREQ_COLUMNS["called_sites_methylated"]),
-        "group_sequence": [s.sequence for s in stats],
-    }
