@@ -185,13 +185,23 @@ class ServiceConfig:
 class PublishConfig:
     endpoint: str | None = _key(
         None, "ZeroMQ PUB endpoint for calls, frequencies, status and run events, e.g. `tcp://127.0.0.1:5556`; "
-        "unset publishes nothing. Addresses beyond loopback are refused (CURVE keys are not configured here).",
+        "unset publishes nothing. Addresses beyond loopback need CURVE keys.",
         type=str, flag="--publish")
     snapshot_endpoint: str | None = _key(
         None, "ZeroMQ endpoint serving the current frequency table to late subscribers, e.g. "
         "`tcp://127.0.0.1:5557`.", type=str, flag="--snapshot")
     heartbeat_interval: float = _key(2.0, "Seconds between status heartbeats on the stream.", type=float,
                                      flag="--heartbeat-interval", minimum=0.1)
+    curve_secret_key: Path | None = _key(
+        None, "This publisher's CURVE key (`NAME.key_secret`, from `streamer keys generate`): subscribers must "
+        "then authenticate, and the endpoints may be beyond loopback.", type=Path, flag="--curve-secret-key",
+        must_exist="file")
+    curve_clients: Path | None = _key(
+        None, "Public keys (`*.key`) of the subscribers let in: a key file or a folder of them.", type=Path,
+        flag="--curve-clients", must_exist="any")
+    insecure_bind: bool = _key(
+        False, "Allow endpoints beyond loopback without CURVE (unauthenticated, unencrypted).", type=bool,
+        flag="--insecure-bind")
 
 
 @dataclass(frozen=True)
@@ -398,6 +408,9 @@ def _check_exists(key: Key, path: Path, problems: list[str]) -> None:
             problems.append(f"{key.path}: {path}: no such file")
         elif not os.access(path, os.R_OK):
             problems.append(f"{key.path}: {path}: file is not readable")
+    elif key.must_exist == "any":
+        if not path.exists():
+            problems.append(f"{key.path}: {path}: no such file or folder")
     elif key.must_exist == "writable":
         existing = path
         while not existing.exists() and existing != existing.parent:

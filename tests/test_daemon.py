@@ -339,3 +339,15 @@ def test_a_restarted_run_keeps_the_daemon_until_both_runs_end(source, reference,
     d.close()
     assert result["code"] == 0 and d.ending.reason == "final_summary"
     assert len(rows(cfg.output.dir / "meth.tsv")) == N_RECORDS  # the second run's reads are copies
+
+
+def test_run_command_builds_the_configured_publisher(tmp_path, reference_path, no_leaks):
+    from streamer.commands.run import _publisher
+    from streamer.errors import ConfigError
+
+    cfg = make_config(tmp_path, reference_path, **{"publish.endpoint": "tcp://127.0.0.1:*"})
+    with _publisher(cfg.publish) as pub:
+        assert pub.endpoints[0].startswith("tcp://127.0.0.1:") and pub.snapshot_endpoint is None
+    exposed = make_config(tmp_path, reference_path, **{"publish.endpoint": "tcp://0.0.0.0:*"})
+    with pytest.raises(ConfigError, match="not a loopback address"):
+        _publisher(exposed.publish)

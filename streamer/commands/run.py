@@ -18,6 +18,7 @@ from streamer.io.reference import Reference
 from streamer.notify import Notifier
 from streamer.pipeline import Pipeline, PipelineOptions
 from streamer.publish.publisher import Publisher, PublisherConfig
+from streamer.publish.security import CurveServer, load_public_keys, load_secret_keys
 
 NAME = "run"
 HELP = "watch a run folder and call methylation on reads as their files land (the daemon)"
@@ -52,11 +53,7 @@ def run(args: argparse.Namespace) -> int:
         pipeline = Pipeline(PipelineOptions(threads=threads, kmer_model=cfg.pipeline.kmer_model,
                                             meth_model=cfg.pipeline.meth_model, cuda=cuda))
         reference = stack.enter_context(Reference(cfg.reference.genome))
-        publisher = None
-        if cfg.publish.endpoint:
-            publisher = stack.enter_context(Publisher(PublisherConfig(
-                endpoints=(cfg.publish.endpoint,), snapshot_endpoint=cfg.publish.snapshot_endpoint,
-                heartbeat_interval=cfg.publish.heartbeat_interval)))
+        publisher = stack.enter_context(_publisher(cfg.publish)) if cfg.publish.endpoint else None
         daemon = Daemon(cfg, pipeline, reference, make_aligner=make_aligner, publisher=publisher, notifier=notifier)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: daemon.request_stop())
@@ -66,3 +63,14 @@ def run(args: argparse.Namespace) -> int:
             os._exit(code)
         daemon.close()
     return code
+
+
+def _publisher(p: configuration.PublishConfig) -> Publisher:
+    curve = None
+    if p.curve_secret_key is not None:
+        clients = load_public_keys([p.curve_clients]) if p.curve_clients is not None else frozenset()
+        curve = CurveServer(load_secret_keys(p.curve_secret_key), clients)
+    return Publisher(PublisherConfig(endpoints=(p.endpoint,), snapshot_endpoint=p.snapshot_endpoint,
+                                     heartbeat_interval=p.heartbeat_interval, curve=curve,
+                                     insecure_bind=p.insecure_bind))
+
