@@ -37,12 +37,12 @@ from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
 from streamer.io.signal import SIGNAL_SUFFIXES, read_signal, signal_read_ids
 from streamer.join import BasecallCache, Basecalls, Record, read_basecall_file
-from streamer.ledger import BatchRecord, Ledger, Pick
+from streamer.ledger import BatchRecord, Ledger, Pick, Registered, Waiting
 from streamer.notify import Notifier
 from streamer.outputs import SKIPPED_HEADER, Outputs, write_atomic
 from streamer.plugins.methfreq import MethFreq
 from streamer.skips import Skip, Skipped
-from streamer.watch import Kind, Layout, Ready, Rejected, Watcher, WatchTimings
+from streamer.watch import Kind, Layout, Ready, Rejected, RunFile, Watcher, WatchTimings
 
 log = logging.getLogger(__name__)
 
@@ -327,7 +327,7 @@ class Daemon:
         except InputError as exc:
             self._reject(f, outcome.size, outcome.mtime_ns, exc.reason)
 
-    def _reject(self, f, size: int, mtime_ns: int, reason: str) -> None:
+    def _reject(self, f: RunFile, size: int, mtime_ns: int, reason: str) -> None:
         log.warning("%s: set aside: %s", f.path, reason)
         self.ledger.reject_file(f.path, f.kind.value, f.fmt, size, mtime_ns, reason)
 
@@ -350,7 +350,7 @@ class Daemon:
         self._log_registered(f.path, "basecalls", reg)
 
     @staticmethod
-    def _log_registered(path: Path, what: str, reg) -> None:
+    def _log_registered(path: Path, what: str, reg: Registered) -> None:
         log.info("%s: %d reads (%d now have signal and basecalls)", path, reg.n_reads, reg.newly_matched)
         if reg.duplicates:
             log.warning("%s: %d reads already had %s from another file; these copies are ignored", path,
@@ -482,7 +482,7 @@ class Daemon:
             return [], skips + [Skipped(p.read_id, Skip.ALIGNMENT_FAILED, str(exc)) for _ in alns]
         return reads, skips
 
-    def _commit(self, outcomes, rows: list[str], skip_rows: list[str], counters: Counter,
+    def _commit(self, outcomes: list[tuple[str, str]], rows: list[str], skip_rows: list[str], counters: Counter,
                 batch: BatchRecord | None) -> None:
         """Append, flush, then commit: the order that makes output exactly-once."""
         offsets = self.outputs.append({METH_TSV: rows, SKIPPED_TSV: skip_rows})
@@ -503,7 +503,7 @@ class Daemon:
             log.warning("%d reads waited more than %g s for their partner file", len(overdue), timeout)
             self._close_waiting(overdue, f"within {timeout:g} s")
 
-    def _close_waiting(self, waiting, when: str) -> None:
+    def _close_waiting(self, waiting: list[Waiting], when: str) -> None:
         if not waiting:
             return
         skipped = []
