@@ -141,24 +141,31 @@ def test_snapshot_endpoint_serves_state_with_its_sequence_number():
 
 
 def test_a_full_queue_drops_counts_and_shows_as_a_gap(monkeypatch):
-    """The sending thread is held; the queue holds three batches; seven more are dropped and counted."""
+    """The sending thread is held on a batch; two more fit the queue; seven are dropped and counted."""
     size = len(pack(encode_columns(call_batch(50), CALL_COLUMNS)))
     with Publisher(local_config(queue_bytes=3 * size + size // 2, heartbeat_interval=30)) as pub:
         with Subscriber(pub.endpoints[0], ["meth.call", "status"], heartbeat_interval=30) as sub:
             assert isinstance(next(sub), Status)  # sent as the subscription arrived: the subscriber is live
             send, entered, gate = pub._send, threading.Event(), threading.Event()
-            monkeypatch.setattr(pub, "_send", lambda frames: (entered.set(), gate.wait(5), send(frames)))
+
+            def held_send(frames):
+                entered.set()
+                gate.wait(5)
+                return send(frames)
+
+            monkeypatch.setattr(pub, "_send", held_send)
             pub.publish_calls(call_batch(50))  # taken by the sending thread, which then waits at the gate
             assert entered.wait(5)
             for i in range(1, 10):
                 pub.publish_calls(call_batch(50, first=i))
-            assert pub.stats.dropped == 6
+            assert pub.stats.dropped == 7
             gate.set()
             pub.publish_status({})  # tells the subscriber the last seq sent: the dropped tail shows
-            received = [next(sub) for _ in range(6)]
-    assert [type(m) for m in received] == [Calls, Calls, Calls, Calls, Gap, Status]
-    assert [m.header.seq for m in received[:4]] == [1, 2, 3, 4]
-    assert received[4] == Gap("meth.call", first_missing=5, missed=6)
+            received = [next(sub) for _ in range(5)]
+    assert [type(m) for m in received] == [Calls, Calls, Calls, Gap, Status]
+    assert [m.header.seq for m in received[:3]] == [1, 2, 3]
+    assert received[3] == Gap("meth.call", first_missing=4, missed=7)
+    assert received[4].dropped == 7
 
 
 def test_close_is_idempotent_and_final():

@@ -55,7 +55,7 @@ class PublisherConfig:
     sndhwm: int = 1000
     """Messages queued per subscriber before PUB drops for that subscriber."""
     queue_bytes: int = 256 << 20
-    """Payload bytes waiting for the sending thread before the publisher drops."""
+    """Payload bytes handed over but not yet sent, beyond which the publisher drops messages."""
     heartbeat_interval: float = 2.0
     linger: float = 1.0
     """Seconds `close` may wait to deliver what is still queued."""
@@ -240,33 +240,42 @@ class Publisher:
                 sock.close()
 
     def _send_queued(self) -> bool:
-        """Send everything queued; True once the close sentinel is reached."""
+        """Send everything queued; True once the close sentinel (always last) is reached.
+
+        Takes the whole queue at once, so the lock (and the GIL it may cost) changes hands per
+        wake-up rather than per message: this keeps up with a producer that holds the GIL.
+        """
         while True:
             with self._lock:
-                if not self._queue:
-                    return False
-                entry = self._queue.popleft()
+                entries, self._queue = self._queue, deque()
+            if not entries:
+                return False
+            size = attempted = sent = 0
+            for entry in entries:
                 if entry is _CLOSE:
-                    return True
-                if entry is not _STATUS:
-                    topic, seq, frames = entry
-                    self._queued_bytes -= len(frames[2]) if frames else 0
-            if entry is _STATUS:
-                self._send_status("running")
-                continue
-            self._handed[topic] = seq
-            if frames is not None:
-                self._send(frames)
+                    break
+                if entry is _STATUS:
+                    self._send_status("running")
+                    continue
+                topic, seq, frames = entry
+                self._handed[topic] = seq
+                if frames is not None:
+                    size += len(frames[2])
+                    attempted += 1
+                    sent += self._send(frames)
+            with self._lock:
+                self._queued_bytes -= size
+                self._sent += sent
+                self._dropped += attempted - sent
+            if entry is _CLOSE:
+                return True
 
-    def _send(self, frames: list[bytes]) -> None:
+    def _send(self, frames: list[bytes]) -> bool:
         try:
             self._pub.send_multipart(frames, flags=zmq.NOBLOCK)
         except zmq.Again:
-            with self._lock:
-                self._dropped += 1
-        else:
-            with self._lock:
-                self._sent += 1
+            return False
+        return True
 
     def _send_status(self, state: str) -> None:
         with self._lock:
@@ -280,7 +289,10 @@ class Publisher:
                 "last_seq": dict(self._handed),
             }
             header = stamp(Topic.STATUS, self.run_id, seq)
-        self._send([Topic.STATUS.encode(), header, pack(body)])
+        sent = self._send([Topic.STATUS.encode(), header, pack(body)])
+        with self._lock:
+            self._sent += sent
+            self._dropped += not sent
 
     def _status_subscribed(self) -> bool:
         """Read XPUB subscription messages; True when one will receive `status`."""
