@@ -40,7 +40,9 @@ from streamer.join import BasecallCache, Basecalls, Record, read_basecall_file
 from streamer.ledger import BatchRecord, Ledger, Pick, Registered, Waiting
 from streamer.notify import Notifier
 from streamer.outputs import SKIPPED_HEADER, Outputs, write_atomic
+from streamer.plugins.cpg.calls import MethCalls
 from streamer.plugins.methfreq import MethFreq
+from streamer.publish.records import call_columns
 from streamer.skips import Skip, Skipped
 from streamer.watch import Kind, Layout, Ready, Rejected, RunFile, Watcher, WatchTimings
 
@@ -55,6 +57,11 @@ PIPELINE_ERROR = "pipeline error"  # an outcome beyond `Skip`: the pipeline rais
 
 
 class BatchResultLike(Protocol):
+    """What the daemon needs of `streamer.pipeline.BatchResult`."""
+
+    read_ids: Sequence[str]
+    ref_names: Sequence[str]
+    calls: MethCalls
     skipped: Sequence[Skipped]
     n_bases: int
 
@@ -96,11 +103,6 @@ class Ending:
 
     reason: str
     run_over: bool
-
-
-# Call-TSV columns, in order, as the publisher's CALL_COLUMNS names them.
-_CALL_FIELDS = ("chromosome", "strand", "start", "end", "read_name", "log_lik_ratio", "log_lik_methylated",
-                "log_lik_unmethylated", "num_calling_strands", "num_motifs", "sequence")
 
 
 class Daemon:
@@ -381,7 +383,9 @@ class Daemon:
             inputs.extend(reads)
             skipped.extend(skips)
             records_of[p.read_id] += len(reads) + len(skips)
-        rows, pipeline_skipped, n_bases, failed_reads = self._call(inputs)
+        results, failed_reads = self._call(inputs)
+        rows = [row for r in results for row in r.tsv_rows()]
+        pipeline_skipped = [s for r in results for s in r.skipped]
         skipped.extend(pipeline_skipped)
         skip_rows = [_skip_row(s.read_id, s.reason.label, s.detail) for s in skipped]
         skip_rows += [_skip_row(rid, PIPELINE_ERROR, why) for rid, why in failed_reads.items()]
@@ -399,7 +403,7 @@ class Daemon:
         lost = sum(1 for r in inputs if r.read_id in failed_reads)
         counters = Counter({"records_in": sum(records_of.values()), "reads_called": len(called),
                             "records_called": len(inputs) - lost - len(pipeline_skipped),
-                            "bases": n_bases, "calls": len(rows)})
+                            "bases": sum(r.n_bases for r in results), "calls": len(rows)})
         counters.update(f"skipped.{s.reason.label}" for s in skipped)
         counters[f"skipped.{PIPELINE_ERROR}"] += lost
         latencies = [max(0.0, done - p.matched) for p in picks]
@@ -407,22 +411,21 @@ class Daemon:
                             time.monotonic() - t0, sum(latencies), max(latencies))
         self._commit(outcomes, rows, skip_rows, counters, batch)
         if rows:
-            self._publish_calls(rows)
+            self._publish_calls(results, rows)
         log.info("batch of %d reads: %d calls, %d records skipped, %.2f s", len(picks), len(rows), len(skipped),
                  batch.seconds)
 
-    def _call(self, inputs: list[ReadInput]) -> tuple[list[str], list[Skipped], int, dict[str, str]]:
-        """The pipeline over a batch: rows, its skipped records, bases, and reads it failed on.
+    def _call(self, inputs: list[ReadInput]) -> tuple[list[BatchResultLike], dict[str, str]]:
+        """The pipeline over a batch: its results, and the reads it failed on with why.
 
         An exception is not allowed to stop the run on one bad read: the batch is redone read
         by read, and a read that fails on its own is recorded as a pipeline error. When every
         read fails the fault is not in the reads, and the exception stops the daemon.
         """
         if not inputs:
-            return [], [], 0, {}
+            return [], {}
         try:
-            result = self.pipeline.process(inputs)
-            return result.tsv_rows(), list(result.skipped), result.n_bases, {}
+            return [self.pipeline.process(inputs)], {}
         except Exception as exc:  # noqa: BLE001 - isolated below, re-raised if not a read's fault
             if len({r.read_id for r in inputs}) == 1:
                 raise
@@ -431,22 +434,18 @@ class Daemon:
         by_read: dict[str, list[ReadInput]] = {}
         for r in inputs:
             by_read.setdefault(r.read_id, []).append(r)
-        rows, skipped, n_bases, failed = [], [], 0, {}
+        results, failed = [], {}
         first_error: Exception | None = None
         for rid, reads in by_read.items():
             try:
-                result = self.pipeline.process(reads)
+                results.append(self.pipeline.process(reads))
             except Exception as exc:  # noqa: BLE001 - recorded against the read
                 first_error = first_error or exc
                 failed[rid] = f"{type(exc).__name__}: {exc}"
                 log.error("read %s: the pipeline fails on it: %s", rid, failed[rid])
-                continue
-            rows += result.tsv_rows()
-            skipped += result.skipped
-            n_bases += result.n_bases
         if len(failed) == len(by_read):
             raise first_error
-        return rows, skipped, n_bases, failed
+        return results, failed
 
     def _align(self, reads: list[tuple[str, str]]) -> dict[str, tuple[Record, ...]]:
         """Alignment records for (read id, sequence) that came without (FASTQ, unaligned BAM)."""
@@ -592,16 +591,13 @@ class Daemon:
 
     # ------------------------------------------------------------------ publishing
 
-    def _publish_calls(self, rows: list[str]) -> None:
+    def _publish_calls(self, results: list[BatchResultLike], rows: list[str]) -> None:
+        """The batch's calls, then the current counts of the sites they touched."""
         if self.publisher is None:
             return
-        cols = list(zip(*(r.rstrip("\n").split("\t") for r in rows)))
-        columns: dict[str, Any] = dict(zip(_CALL_FIELDS, cols))
-        for name in ("start", "end", "num_calling_strands", "num_motifs"):
-            columns[name] = [int(v) for v in columns[name]]
-        for name in ("log_lik_ratio", "log_lik_methylated", "log_lik_unmethylated"):
-            columns[name] = [float(v) for v in columns[name]]
-        self._publish("calls", columns)
+        for r in results:
+            if len(r.calls):
+                self._publish("calls", call_columns(r.calls, r.read_ids, r.ref_names))
         touched = MethFreq(self.freq.call_threshold, self.freq.split_groups)
         touched.add_tsv(chain([self.pipeline.TSV_HEADER], rows))
         keys = [k for k in touched.sites if k in self.freq.sites]

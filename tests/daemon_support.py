@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from streamer.plugins.cpg.calls import CALLS_HEADER
+import numpy as np
+
+from streamer.plugins.cpg.calls import CALLS_HEADER, MethCalls, format_calls
 from streamer.skips import Skip, Skipped
 
 
@@ -30,19 +32,25 @@ def no_leaks():
 
 
 class FakeResult:
+    """One call per record that goes on, at its alignment start; enough to check exactly-once."""
+
     def __init__(self, reads, skip_ids):
-        self._reads = reads
+        self.read_ids = [r.read_id for r in reads]
+        self.ref_names = [r.ref_name for r in reads]
         self.skipped = [Skipped(r.read_id, Skip.NO_EVENTS, "fake") for r in reads if r.read_id in skip_ids]
-        self.n_reads = len(reads)
+        keep = [i for i, r in enumerate(reads) if r.read_id not in skip_ids]
+        n = len(keep)
+        start = np.array([reads[i].ref_start for i in keep], dtype=np.int64)
+        self.calls = MethCalls(
+            read=np.array(keep, dtype=np.int64), start=start, end=start.copy(),
+            strand=np.array([-1 if reads[i].rc else 1 for i in keep], dtype=np.int8),
+            llr=np.full(n, 3.0), ll_meth=np.full(n, -1.0), ll_unmeth=np.full(n, -4.0),
+            num_motifs=np.ones(n, dtype=np.int32), sequence=["ACGTT"] * n,
+        )
         self.n_bases = sum(len(r.seq) for r in reads)
-        self.n_calls = len(self.tsv_rows())
-        self.timings = {"fake": 0.0}
 
     def tsv_rows(self) -> list[str]:
-        """One call per record that goes on, at its alignment start; enough to check exactly-once."""
-        skipped = {s.read_id for s in self.skipped}
-        return [f"{r.ref_name}\t{'-' if r.rc else '+'}\t{r.ref_start}\t{r.ref_start}\t{r.read_id}\t3.00\t-1.00"
-                f"\t-4.00\t1\t1\tACGTT\n" for r in self._reads if r.read_id not in skipped]
+        return format_calls(self.calls, self.read_ids, self.ref_names).splitlines(keepends=True)
 
 
 class FakePipeline:
