@@ -59,6 +59,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _RECV_BATCH = 64  # messages taken per wake-up, so a busy stream still hands messages out
+_TOPICS = {t.encode() for t in Topic}
 
 
 class PublisherLost(StreamerError):
@@ -96,8 +97,10 @@ class _Session:
         return request
 
     def on_message(self, frames: list, now: float) -> list[Message]:
-        msg = decode_message(frames)
         self.last_seen = now
+        if bytes(frames[0]) not in _TOPICS:
+            return []  # a topic added after this client was written
+        msg = decode_message(frames)
         if msg.header.run_id != self._run:
             self._new_run(msg.header.run_id)
         match msg:

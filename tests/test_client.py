@@ -99,6 +99,12 @@ def test_a_joiner_counts_only_what_it_missed_after_joining():
     assert s.missed == {"meth.call": 1}
 
 
+def test_unknown_topics_are_ignored_but_prove_liveness():
+    s = _session(topics=("",))
+    assert s.on_message(_frames("meth.hydroxy", 1, {"anything": 1}), 4.0) == []
+    assert s.last_seen == 4.0
+
+
 def test_a_new_run_starts_the_sequences_again():
     s = _session()
     s.on_message(_calls(50, run="r1"), 1.0)

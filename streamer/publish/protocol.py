@@ -72,7 +72,7 @@ class ProtocolError(ValueError):
     """A message does not follow the protocol (wrong frames, version or schema)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Categorical:
     """A string column given as distinct values plus one code per row.
 
