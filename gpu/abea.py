@@ -25,7 +25,20 @@ from numba.cuda.cudadrv.error import CudaSupportError
 
 from streamer.abea import Alignment, abea
 from streamer.gpu import kernels
-from streamer.gpu.host import CPU, GPU, NOT_MINE, ULTRA, assign_reads, gather, log_trim, merge, read_params, unpack_steps
+from streamer.gpu.host import (
+    CPU,
+    GPU,
+    NOT_MINE,
+    SLOT_BYTES,
+    ULTRA,
+    arena_capacity,
+    assign_reads,
+    gather,
+    log_trim,
+    merge,
+    read_params,
+    unpack_steps,
+)
 from streamer.gpu.options import AbeaBatchStats, CudaOptions
 from streamer.poremodel import PoreModel
 from streamer.scaling import F5C_CODES, require_dtype, require_nucleotide
@@ -37,9 +50,19 @@ warnings.filterwarnings("ignore", message="Grid size .* under-utilization")
 CUDA_ERRORS = (CudaAPIError, CudaSupportError)
 # the simulator reports unbounded free memory: size its arena as on a small device
 SIMULATED_FREE_BYTES = 1 << 28
-# read slots are budgeted for reads averaging at least this many bases
-MIN_MEAN_READ_LEN = 256
-SLOT_BYTES = 4 * 8 + 2 * 4 + 3 * 8 + 4 * 4 + 8 + 1
+# every array carved from the arena starts on this boundary (coalesced loads)
+ALIGN = 256
+# the carved arrays: name, dtype, sized per base / event / row / row x band width / read slot (+1)
+_CARVE = (
+    ("seq", np.uint8, "bases"), ("gp_mean", np.float32, "bases"), ("stdv", np.float32, "bases"),
+    ("log_stdv", np.float32, "bases"), ("ev_mean", np.float32, "events"), ("trace", np.uint8, "cells"),
+    ("ll_e", np.int32, "rows"), ("cap_kmer", np.int32, "rows"), ("cap_event", np.int32, "rows"),
+    ("steps", np.uint8, "rows"), ("base_off", np.int64, "offsets"), ("ev_off", np.int64, "offsets"),
+    ("row_off", np.int64, "offsets"), ("aln_off", np.int64, "offsets"), ("shift", np.float32, "reads"),
+    ("scale", np.float32, "reads"), ("lp", np.float64, "lp"), ("end_event", np.int32, "reads"),
+    ("first_kmer", np.int32, "reads"), ("first_event", np.int32, "reads"), ("n_aligned", np.int32, "reads"),
+    ("sum_emission", np.float64, "reads"), ("status", np.int8, "reads"),
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -55,51 +78,34 @@ class Layout:
 
 
 class Arena:
-    """Device arrays allocated once: per base (X), per event (Y), per band row (X + Y), per read slot.
+    """One device buffer allocated once, carved into arrays per base (X), event (Y), band row (X + Y), read slot.
 
-    A read of r bases and e events needs r bases, e events and e + (r - k + 1) + 2 <= r + e band
-    rows (k >= 3), so bytes per base are C_R + avg_epk * C_E with C_R = 13 + W + 13 and
-    C_E = 4 + W + 13 for band width W (f5c keeps a float score per cell besides the trace byte;
-    here scores live in shared memory only).
+    The partition follows f5c's heuristic (`streamer.gpu.host.arena_capacity`); because the arrays
+    are views of a single allocation, `repartition` can move the X/Y split (a new avg_epk, or band
+    width) between batches without giving memory back to the driver or asking for more.
     """
 
     def __init__(self, n_bytes: int, avg_epk: float, bandwidth: int):
-        self.bandwidth = bandwidth
         self.n_bytes = n_bytes
-        self.bases = max(int(n_bytes // self.bytes_per_base(avg_epk, bandwidth)), 1)
-        self.events = max(int(math.floor(avg_epk * self.bases)), 1)
-        self.rows = self.bases + self.events
-        self.reads = self.bases // MIN_MEAN_READ_LEN + 1
-        x, y, rows, s = self.bases, self.events, self.rows, self.reads
-        self.seq = cuda.device_array(x, np.uint8)
-        self.gp_mean = cuda.device_array(x, np.float32)
-        self.stdv = cuda.device_array(x, np.float32)
-        self.log_stdv = cuda.device_array(x, np.float32)
-        self.ev_mean = cuda.device_array(y, np.float32)
-        self.trace = cuda.device_array(rows * bandwidth, np.uint8)
-        self.ll_e = cuda.device_array(rows, np.int32)
-        self.cap_kmer = cuda.device_array(rows, np.int32)
-        self.cap_event = cuda.device_array(rows, np.int32)
-        self.steps = cuda.device_array(rows, np.uint8)
-        self.base_off = cuda.device_array(s + 1, np.int64)
-        self.ev_off = cuda.device_array(s + 1, np.int64)
-        self.row_off = cuda.device_array(s + 1, np.int64)
-        self.aln_off = cuda.device_array(s + 1, np.int64)
-        self.shift = cuda.device_array(s, np.float32)
-        self.scale = cuda.device_array(s, np.float32)
-        self.lp = cuda.device_array((s, 3), np.float64)
-        self.end_event = cuda.device_array(s, np.int32)
-        self.first_kmer = cuda.device_array(s, np.int32)
-        self.first_event = cuda.device_array(s, np.int32)
-        self.n_aligned = cuda.device_array(s, np.int32)
-        self.sum_emission = cuda.device_array(s, np.float64)
-        self.status = cuda.device_array(s, np.int8)
+        # any partition of n_bytes fits: carved sizes exceed it by at most a slot, an offset each and the padding
+        self._buffer = cuda.device_array(n_bytes + SLOT_BYTES + 4 * 8 + ALIGN * len(_CARVE), np.uint8)
+        self.repartition(avg_epk, bandwidth)
 
-    @staticmethod
-    def bytes_per_base(avg_epk: float, bandwidth: int) -> float:
-        """Device bytes one base of a batch takes, with its avg_epk events, band rows and read slot share."""
-        per_row = bandwidth + 3 * 4 + 1
-        return 13 + per_row + avg_epk * (4 + per_row) + SLOT_BYTES / MIN_MEAN_READ_LEN
+    def repartition(self, avg_epk: float, bandwidth: int | None = None) -> None:
+        """Re-divide the same buffer for avg_epk events per base (and band width); contents are not kept."""
+        self.avg_epk = avg_epk
+        self.bandwidth = bandwidth = self.bandwidth if bandwidth is None else bandwidth
+        cap = arena_capacity(self.n_bytes, avg_epk, bandwidth)
+        self.bases, self.events, self.rows, self.reads = cap.bases, cap.events, cap.rows, cap.reads
+        sizes = {"bases": cap.bases, "events": cap.events, "rows": cap.rows, "cells": cap.rows * bandwidth,
+                 "offsets": cap.reads + 1, "reads": cap.reads, "lp": 3 * cap.reads}  # fmt: skip
+        at = 0
+        for name, dtype, per in _CARVE:
+            n_bytes = sizes[per] * np.dtype(dtype).itemsize
+            view = self._buffer[at : at + n_bytes].view(dtype)
+            setattr(self, name, view.reshape(cap.reads, 3) if per == "lp" else view)
+            at += -(-n_bytes // ALIGN) * ALIGN
+        assert at <= len(self._buffer), "arena partition larger than its buffer"
 
 
 @dataclass
@@ -151,8 +157,9 @@ class CudaAbea:
             if frac is None:
                 frac = 0.7 if getattr(device, "INTEGRATED", 0) else 0.9
             arena_bytes = int(free * frac)
-        self._arena_bytes = arena_bytes
         self.arena = Arena(arena_bytes, options.avg_epk, bandwidth)
+        self._retuned: CudaOptions | None = None
+        self._retune_lock = threading.Lock()
         self._codes = cuda.to_device(F5C_CODES)
         self._model: tuple | None = None
         self._model_of: PoreModel | None = None
@@ -162,6 +169,27 @@ class CudaAbea:
         a = self.arena
         log.info("GPU ABEA on %s: arena %.2f GB for %d bases, %d events, %d reads per batch",
                  self.device_name, arena_bytes / 1e9, a.bases, a.events, a.reads)  # fmt: skip
+
+    def retune(self, options: CudaOptions) -> None:
+        """Split the next batches with these thresholds; a new avg_epk re-partitions the arena in place.
+
+        Taken up at the start of the next `align`, so a batch in flight on another thread keeps its
+        arena. The device, memory share and caps K/B of `options` are not revisited.
+        """
+        with self._retune_lock:
+            self._retuned = options
+
+    def _take_retune(self) -> None:
+        with self._retune_lock:
+            options, self._retuned = self._retuned, None
+        if options is None:
+            return
+        if options.avg_epk != self.arena.avg_epk:
+            self.arena.repartition(options.avg_epk)
+            a = self.arena
+            log.info("GPU ABEA: arena re-partitioned for %.2f events per base: %d bases, %d events, %d reads",
+                     options.avg_epk, a.bases, a.events, a.reads)  # fmt: skip
+        self.options = options
 
     def set_layout(self, layout: Layout) -> None:
         """Launch later batches with another layout (compiled on first use)."""
@@ -186,10 +214,10 @@ class CudaAbea:
         for name, array in (("ev_mean", ev_mean), ("shift", shift), ("scale", scale)):
             require_dtype(name, array, np.float32)
         require_dtype("status", status, np.int8)
+        self._take_retune()
         if bandwidth != self.arena.bandwidth:
-            log.info("GPU ABEA: band width %d, re-allocating the arena", bandwidth)
-            self.arena = None  # free the old arena before taking the new one
-            self.arena = Arena(self._arena_bytes, self.options.avg_epk, bandwidth)
+            log.info("GPU ABEA: band width %d, re-partitioning the arena", bandwidth)
+            self.arena.repartition(self.options.avg_epk, bandwidth)
             self.set_layout(self.layout)
         opt, a = self.options, self.arena
         owner, counts = assign_reads(

@@ -11,6 +11,7 @@ stay with the CPU so that their statuses come from the one place that sets them.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numba
 import numpy as np
@@ -22,6 +23,40 @@ GPU = 1
 ULTRA = 2
 # status given, in a private copy, to reads another worker aligns: the CPU kernel passes them over
 NOT_MINE = -1
+# read slots are budgeted for reads averaging at least this many bases
+MIN_MEAN_READ_LEN = 256
+# device bytes of one read slot: 4 int64 offsets, shift and scale, 3 float64 log probabilities,
+# 4 int32 (end event, first pair, pairs), a float64 emission sum and a status byte
+SLOT_BYTES = 4 * 8 + 2 * 4 + 3 * 8 + 4 * 4 + 8 + 1
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What one batch's GPU reads may take of an arena: X bases, Y events, band rows, read slots."""
+
+    bases: int
+    events: int
+    rows: int
+    reads: int
+
+
+def bytes_per_base(avg_epk: float, bandwidth: int) -> float:
+    """Device bytes one base of a batch takes, with its avg_epk events, band rows and read slot share.
+
+    A read of r bases and e events needs r bases, e events and e + (r - k + 1) + 2 <= r + e band
+    rows (k >= 3), so bytes per base are C_R + avg_epk * C_E with C_R = 13 + W + 13 and
+    C_E = 4 + W + 13 for band width W (f5c keeps a float score per cell besides the trace byte;
+    here scores live in shared memory only).
+    """
+    per_row = bandwidth + 3 * 4 + 1
+    return 13 + per_row + avg_epk * (4 + per_row) + SLOT_BYTES / MIN_MEAN_READ_LEN
+
+
+def arena_capacity(n_bytes: int, avg_epk: float, bandwidth: int) -> Capacity:
+    """f5c's heuristic partition (paper eqs. 3-4): X = n_bytes / (C_R + avg_epk C_E), Y = avg_epk X."""
+    bases = max(int(n_bytes // bytes_per_base(avg_epk, bandwidth)), 1)
+    events = max(int(math.floor(avg_epk * bases)), 1)
+    return Capacity(bases, events, bases + events, bases // MIN_MEAN_READ_LEN + 1)
 
 
 @numba.njit(nogil=True, cache=True)

@@ -21,8 +21,8 @@ import numpy as np
 
 from streamer.abea import align_batch
 from streamer.events import detect_events
-from streamer.gpu.abea import Arena, CudaAbea, Layout
-from streamer.gpu.host import CPU, GPU, ULTRA, assign_reads
+from streamer.gpu.abea import CudaAbea, Layout
+from streamer.gpu.host import CPU, GPU, ULTRA, assign_reads, bytes_per_base
 from streamer.gpu.kernels import SIMULATED
 from streamer.gpu.options import CudaOptions
 from streamer.io.fast5 import iter_fast5
@@ -142,13 +142,21 @@ def main() -> int:
     batch = crafted(windows)
     opt = CudaOptions(max_lf=1.3, max_epk=5.0, ultra_thresh=300)
     arrays = batch.arrays()
-    tiny = CudaAbea(opt, layout=layout, arena_bytes=int(2.5 * len(windows.seqs[0]) * Arena.bytes_per_base(2.0, 100)))
+    tiny = CudaAbea(opt, layout=layout, arena_bytes=int(2.5 * len(windows.seqs[0]) * bytes_per_base(2.0, 100)))
     a = tiny.arena
     owner, counts = assign_reads(arrays[1], arrays[3], arrays[4], model.k, 15.0, opt.max_lf, opt.max_epk,
                                  opt.ultra_thresh, a.bases, a.events, a.rows, a.reads)  # fmt: skip
     results["crafted"] = run_case(model, batch, tiny) | {
         "owner": [{CPU: "cpu", GPU: "gpu", ULTRA: "ultra"}[int(o)] for o in owner],
         "counts": counts[:3].tolist(),
+    }
+
+    # the tuner's avg-epk change: the same buffer divided anew, answers unchanged
+    buffer, before = tiny.arena._buffer, [a.bases, a.events, a.rows, a.reads]
+    tiny.retune(dataclasses.replace(opt, avg_epk=3.0))
+    results["repartition"] = run_case(model, batch, tiny) | {
+        "before": before, "after": [tiny.arena.bases, tiny.arena.events, tiny.arena.rows, tiny.arena.reads],
+        "same_buffer": tiny.arena._buffer is buffer, "avg_epk": tiny.options.avg_epk,
     }
 
     class Broken:

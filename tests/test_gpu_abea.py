@@ -69,6 +69,14 @@ def test_crafted_batch_goes_where_the_rules_send_it(cases):
     assert case["diff"] == []
 
 
+def test_avg_epk_change_repartitions_the_arena_in_place(cases):
+    case = cases["repartition"]
+    assert case["same_buffer"] and case["avg_epk"] == 3.0
+    (bases, events, rows, _), (bases3, events3, rows3, _) = case["before"], case["after"]
+    assert bases3 < bases and events3 > events and events3 == int(3.0 * bases3) and rows3 == bases3 + events3
+    assert case["diff"] == []
+
+
 def test_cuda_error_moves_the_batch_to_the_cpu(cases):
     case = cases["fallback"]
     assert case["diff"] == []
