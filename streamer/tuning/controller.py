@@ -1,0 +1,350 @@
+"""Acting on the monitor's advice: a pure state machine, `observe(stats) -> list[Action]`.
+
+The paper's monitor only advises; here each advice leaf names a knob to move and which way
+(the paper's remedies, in a fixed order), and the controller moves it within safe bounds:
+
+- hysteresis: the trees' own dead bands (70%/30%, |f| <= 0.3), advice only after a leaf's
+  fifth batch in a row, a settling batch after each change, and one change at a time. A load
+  correction, once advised, is carried through until the mean f over the batches after it is
+  within `exit_factor` (0.15): entering at 0.3 and leaving at 0.15, the balance does not end
+  up sitting on the tree's threshold, where noise would flip the leaf batch by batch;
+- no oscillation: every knob keeps a bracket, the highest value the evidence called too low
+  and the lowest it called too high. A move never crosses into it; a move back lands inside
+  (where f crosses zero, interpolated, for the load knobs; the geometric middle otherwise), so
+  each reversal narrows the bracket, and once it is narrower than the smallest step the knob
+  stays where it is. Knob by knob the number of changes is bounded;
+- effect: every change is measured over the batches that follow it (stage throughput, f,
+  utilisation); one that cost more than `revert_loss` of throughput is undone, and its value
+  becomes a bracket end, so it is not tried again.
+
+Measurements, decisions, actions and changes are frozen records; nothing here logs, publishes
+or touches a file (`streamer.tuning.session` does that at the edges).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from streamer.gpu.options import AbeaBatchStats
+from streamer.tuning.monitor import (
+    ADVICE,
+    BOTH_TREES,
+    Decision,
+    Guard,
+    GuardLimits,
+    Leaf,
+    LoadLeaf,
+    Measurements,
+    MemoryLeaf,
+    Monitor,
+    load_leaf,
+)
+
+KNOBS = ("max_reads", "max_bases", "max_lf", "max_epk", "avg_epk", "ultra_thresh")
+INTEGER_KNOBS = frozenset({"max_reads", "max_bases", "ultra_thresh"})
+MEMORY_KNOBS = frozenset({"max_reads", "max_bases", "avg_epk"})  # the batch's shape and the arena's
+# how far a knob moves at once when the advice does not say how far
+STEP = {"max_reads": 2.0, "max_bases": 2.0, "max_lf": 1.5, "max_epk": 1.25, "avg_epk": 1.25, "ultra_thresh": 2.0}
+REVERT = "revert"
+UP, DOWN = 1, -1
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The tunable settings (paper Table 4 but threads): caps K and B, the split thresholds, the arena's avg-epk."""
+
+    max_reads: int = 512
+    max_bases: int = 5_000_000
+    max_lf: float = 3.0
+    max_epk: float = 5.0
+    avg_epk: float = 2.0
+    ultra_thresh: int = 100_000
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """(lowest, highest) the controller may set each knob to; avg-epk stays at or below max-epk."""
+
+    max_reads: tuple[int, int] = (16, 65_536)
+    max_bases: tuple[int, int] = (100_000, 500_000_000)
+    max_lf: tuple[float, float] = (1.0, 20.0)
+    max_epk: tuple[float, float] = (1.5, 15.0)
+    avg_epk: tuple[float, float] = (0.5, 10.0)
+    ultra_thresh: tuple[int, int] = (10_000, 10_000_000)
+
+    def of(self, knob: str, s: Settings) -> tuple[float, float]:
+        lo, hi = getattr(self, knob)
+        if knob == "avg_epk":
+            hi = min(hi, s.max_epk)
+        elif knob == "max_epk":
+            lo = max(lo, s.avg_epk)
+        return lo, hi
+
+
+@dataclass(frozen=True)
+class Policy:
+    autotune: bool = True  # False: advise only, as f5c does
+    settle_batches: int = 1  # batches after a change that may have been assembled or run before it
+    effect_batches: int = 4  # batches over which a change's effect is measured
+    revert_loss: float = 0.20  # a change that cost more than this share of stage throughput is undone
+    min_step: float = 0.05  # no knob moves by less than this fraction: its bracket is settled
+    max_growth: float = 4.0  # K or B grow at most this many times at once
+    target_util: float = 0.85  # S3/S4 grow the batch towards this arena fill
+    epk_headroom: float = 0.05  # S1/S2 partition the arena for the measured events per base plus this
+    exit_factor: float = 0.15  # a load correction goes on until the mean |f| after it is this small
+    guards: GuardLimits = field(default_factory=GuardLimits)
+
+
+@dataclass(frozen=True)
+class Action:
+    """Set `knob` from `old` to `new` from this batch on, following advice `leaf` (or undoing a change)."""
+
+    batch: int
+    knob: str
+    old: float
+    new: float
+    leaf: str
+    why: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": "change", **asdict(self)}
+
+
+@dataclass(frozen=True)
+class Window:
+    """Batches under one setting: stage throughput (bases over stage seconds), mean f and utilisations."""
+
+    batches: int
+    rate: float
+    factor: float
+    x_util: float
+    y_util: float
+
+    @classmethod
+    def of(cls, ms: Sequence[Measurements]) -> Window | None:
+        if not ms:
+            return None
+        seconds = sum(m.seconds for m in ms)
+        n = len(ms)
+        return cls(n, sum(m.n_bases for m in ms) / seconds if seconds > 0 else 0.0, sum(m.factor for m in ms) / n,
+                   sum(m.x_util for m in ms) / n, sum(m.y_util for m in ms) / n)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Change:
+    """An applied action with the batches before it and, once measured, after it."""
+
+    action: Action
+    before: Window | None
+    after: Window | None = None
+
+    @property
+    def effect(self) -> float | None:
+        """Relative change in stage throughput (0.25: a quarter faster)."""
+        if self.before is None or self.after is None or self.before.rate <= 0:
+            return None
+        return self.after.rate / self.before.rate - 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.action.as_dict(), "kind": "effect",
+                "before": asdict(self.before) if self.before else None,
+                "after": asdict(self.after) if self.after else None, "effect": self.effect}  # fmt: skip
+
+
+@dataclass
+class _Bracket:
+    """Values the evidence called too low / too high, with the mean f measured there (None: not a load knob)."""
+
+    low: tuple[float, float | None] | None = None
+    high: tuple[float, float | None] | None = None
+
+
+class Controller:
+    """The monitor plus the moves it advises; feed it every batch's GPU ABEA measurements."""
+
+    def __init__(self, settings: Settings, bounds: Bounds = Bounds(), policy: Policy = Policy()):
+        self.settings = settings
+        self.bounds = bounds
+        self.policy = policy
+        self.monitor = Monitor(policy.guards)
+        self.decision: Decision | None = None  # the latest batch's
+        self.changes: list[Change] = []  # every change, measured or not yet
+        self.measured: tuple[Change, ...] = ()  # changes whose effect the latest batch completed
+        self.stuck: tuple[Leaf, ...] = ()  # the latest batch's advice that no knob could follow
+        self._brackets = {k: _Bracket() for k in KNOBS}
+        self._settle = 0
+        self._recent: deque[Measurements] = deque(maxlen=policy.effect_batches)
+        self._after: list[Decision] = []
+        self._pending: int | None = None
+
+    def observe(self, stats: AbeaBatchStats, last: bool = False) -> list[Action]:
+        """One batch: decide, measure the last change's effect, and return the change to make (if any)."""
+        s = self.settings
+        m = Measurements.from_stats(stats, s.max_reads, s.max_bases, last)
+        d = self.monitor.observe(m, (Guard.SETTLING,) if self._settle else ())
+        self._settle = max(0, self._settle - 1)
+        self.decision, self.measured, self.stuck = d, (), ()
+        if not BOTH_TREES.intersection(d.guards):
+            self._recent.append(m)
+            if self._pending is not None:
+                self._after.append(d)
+        actions: list[Action] = []
+        if self._pending is not None and len(self._after) >= self.policy.effect_batches:
+            actions = self._measure(d.batch)
+        if not actions and self.policy.autotune and d.advice:
+            actions = self._follow(d)
+        for a in actions:
+            self._apply(a)
+        return actions
+
+    def summary(self) -> dict[str, Any]:
+        """Current settings and every change with its effect, as plain values."""
+        return {"settings": self.settings.as_dict(), "changes": [c.as_dict() for c in self.changes]}
+
+    # -- effects -------------------------------------------------------------
+
+    def _measure(self, batch: int) -> list[Action]:
+        after = self._after
+        change = replace(self.changes[self._pending], after=Window.of([d.measurements for d in after]))
+        self.changes[self._pending] = change
+        self.measured = (change,)
+        self._pending, self._after = None, []
+        a, effect = change.action, change.effect
+        if a.leaf == REVERT:
+            return []
+        if effect is None or effect >= -self.policy.revert_loss:
+            return self._carry_on(batch, change.after, after)
+        br = self._brackets[a.knob]
+        if a.new > a.old:
+            br.high = (a.new, None) if br.high is None else min(br.high, (a.new, None), key=lambda e: e[0])
+        else:
+            br.low = (a.new, None) if br.low is None else max(br.low, (a.new, None), key=lambda e: e[0])
+        return [Action(batch, a.knob, a.new, a.old, REVERT, f"{a.leaf} cost {-effect:.0%} of throughput")]
+
+    def _carry_on(self, batch: int, window: Window, after: list[Decision]) -> list[Action]:
+        """After a change, batches that still lean one way by more than exit_factor: the next load move.
+
+        Only once the memory tree is content over those batches (the batch shape is settled) and
+        the load tree looked at each of them (none too small to time).
+        """
+        if not self.policy.autotune or any(d.load is None or d.memory in ADVICE for d in after):
+            return []
+        last = after[-1].measurements
+        leaf = load_leaf(last, window.factor, self.policy.exit_factor)
+        if leaf == LoadLeaf.BALANCED:
+            return []
+        why = f"carried on: mean f {window.factor:+.2f} over {window.batches} batches"
+        for knob, direction, target, _ in self._remedies(leaf, last):
+            action = self._move(batch, leaf, knob, direction, target, why)
+            if action is not None:
+                return [action]
+        return []
+
+    def _apply(self, a: Action) -> None:
+        self.settings = replace(self.settings, **{a.knob: a.new})
+        if a.knob in MEMORY_KNOBS:  # a new batch shape: where the load knobs balanced is to be found again
+            for knob in KNOBS:
+                if knob not in MEMORY_KNOBS:
+                    self._brackets[knob] = _Bracket()
+        self.changes.append(Change(a, Window.of(self._recent)))
+        self._pending, self._after = len(self.changes) - 1, []
+        self._recent.clear()
+        self.monitor.reset()
+        self._settle = self.policy.settle_batches
+
+    # -- remedies ------------------------------------------------------------
+
+    def _follow(self, d: Decision) -> list[Action]:
+        stuck = []
+        for leaf in d.advice:
+            for knob, direction, target, why in self._remedies(leaf, d.measurements):
+                action = self._move(d.batch, leaf, knob, direction, target, why)
+                if action is not None:
+                    return [action]
+            stuck.append(leaf)
+        self.stuck = tuple(stuck)
+        return []
+
+    def _remedies(self, leaf: Leaf, m: Measurements) -> list[tuple[str, int, float | None, str]]:
+        """The paper's remedies for a leaf, as (knob, direction, target or None for a step, why), first choice first."""
+        s, p = self.settings, self.policy
+        # events per base of this batch's GPU reads: X and Y were sized with Y = avg_epk X
+        mu = s.avg_epk * m.y_util / m.x_util if m.x_util > 0 else None
+        epk = mu * (1 + p.epk_headroom) if mu else None
+        grow = min(p.max_growth, max(1 + 2 * p.min_step, p.target_util / max(m.x_util, m.y_util, 1e-9)))
+        fits = (m.n_reads - m.n_memout) / m.n_reads if m.n_reads else 1.0
+        match leaf:
+            case MemoryLeaf.S1:
+                return [("avg_epk", DOWN, epk, "partition for the events per base measured"),
+                        ("max_epk", UP, None, "send more over-segmented reads to the GPU")]  # fmt: skip
+            case MemoryLeaf.S2:
+                return [("avg_epk", UP, epk, "partition for the events per base measured"),
+                        ("max_epk", DOWN, None, "send fewer over-segmented reads to the GPU")]  # fmt: skip
+            case MemoryLeaf.S3:
+                return [("max_bases", UP, s.max_bases * grow, f"fill {p.target_util:.0%} of the arena")]
+            case MemoryLeaf.S4:
+                return [("max_reads", UP, s.max_reads * grow, f"fill {p.target_util:.0%} of the arena")]
+            case LoadLeaf.T1:
+                why = "batch no larger than what fitted the arena"
+                caps = [("max_reads", DOWN, m.n_reads * fits, why)] if m.n_reads >= m.max_reads else []
+                if m.n_bases >= m.max_bases or not caps:
+                    caps.append(("max_bases", DOWN, m.n_bases * fits, why))
+                return caps
+            case LoadLeaf.T2:
+                return [("max_lf", UP, None, "send more long reads to the GPU")]
+            case LoadLeaf.T3:
+                return [("max_epk", UP, None, "send more over-segmented reads to the GPU")]
+            case LoadLeaf.T4:
+                return [("ultra_thresh", DOWN, None, "set more long reads aside until the batch is done")]
+            case LoadLeaf.T5:
+                ultra = [("ultra_thresh", UP, None, "align ultra-long reads beside the GPU")] if m.n_ultra else []
+                return ultra + [("max_lf", DOWN, None, "send more long reads to the CPU"),
+                                ("max_epk", DOWN, None, "send more over-segmented reads to the CPU")]  # fmt: skip
+        return []
+
+    def _move(self, batch: int, leaf: Leaf, knob: str, direction: int, target: float | None,
+              why: str) -> Action | None:  # fmt: skip
+        """The bracketed, bounded move of `knob`, or None where it cannot or need not move."""
+        s, p = self.settings, self.policy
+        v = float(getattr(s, knob))
+        lo, hi = self.bounds.of(knob, s)
+        br = self._brackets[knob]
+        f = sum(m.factor for m in self._recent) / len(self._recent) if isinstance(leaf, LoadLeaf) and self._recent \
+            else None  # fmt: skip
+        if direction == UP:
+            if br.low is None or v >= br.low[0]:
+                br.low = (v, f)
+            t = target if target is not None else v * STEP[knob]
+            if br.high is not None and t >= br.high[0] / (1 + p.min_step):
+                t = _between(br.low, br.high, p.min_step)
+            t = None if t is None else min(t, hi)
+        else:
+            if br.high is None or v <= br.high[0]:
+                br.high = (v, f)
+            t = target if target is not None else v / STEP[knob]
+            if br.low is not None and t <= br.low[0] * (1 + p.min_step):
+                t = _between(br.low, br.high, p.min_step)
+            t = None if t is None else max(t, lo)
+        if t is None:
+            return None
+        new = int(round(t)) if knob in INTEGER_KNOBS else round(float(t), 3)
+        if (new - v) * direction <= 0 or abs(new / v - 1) < p.min_step:
+            return None
+        return Action(batch, knob, getattr(s, knob), new, str(leaf), why)
+
+
+def _between(low: tuple[float, float | None], high: tuple[float, float | None], min_step: float) -> float | None:
+    """A value strictly inside the bracket: where f crosses zero if both ends have f of opposite signs."""
+    (lv, lf), (hv, hf) = low, high
+    if hv <= lv * (1 + min_step) ** 2:
+        return None
+    w = lf / (lf - hf) if lf is not None and hf is not None and lf * hf < 0 else 0.5
+    w = min(max(w, 0.2), 0.8)  # never next to an end: each move back narrows the bracket by a fifth at least
+    return math.exp(math.log(lv) + w * (math.log(hv) - math.log(lv)))

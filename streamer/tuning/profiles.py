@@ -1,0 +1,179 @@
+"""Device profiles (f5c's `-x`): where the settings start on a class of machine, picked from the GPU and CPUs.
+
+`plan` resolves every tunable setting once at start, first match wins: a value the user set,
+the value learned on this GPU in an earlier run (autotune), the profile's. It also sets the
+bounds the controller keeps to on this machine. A flag or key left at its built-in default
+counts as not set (`user_set`), so a copy of the shipped defaults file does not pin every setting.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from streamer.gpu.device import GpuInfo
+from streamer.gpu.options import CudaOptions
+from streamer.tuning.controller import KNOBS, Bounds, Settings
+
+# host bytes a batch holds per read base while it is assembled, prefetched and computed (signal,
+# events, pairs); batches may take a quarter of the host's memory
+HOST_BYTES_PER_BASE = 400
+HOST_SHARE = 0.25
+# band width the arena is sized for (the ABEA default)
+BANDWIDTH = 100
+# names in lower case that mark data-centre GPUs whatever their memory
+DATACENTRE = ("tesla", "a100", "a30", "a40", "h100", "h200", "h800", "gh200", "b100", "b200", "l40", "v100", "p100")
+
+
+@dataclass(frozen=True)
+class Machine:
+    gpu: GpuInfo | None
+    cpus: int
+    host_bytes: int
+
+    @classmethod
+    def this(cls, gpu: GpuInfo | None) -> Machine:
+        """This host, with the GPU `streamer.gpu.device.probe_gpu` found (or None)."""
+        try:
+            host = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError):
+            host = 8 << 30
+        return cls(gpu, os.cpu_count() or 1, host)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Starting settings for a class of machine; threads are every core, up to max_threads."""
+
+    name: str
+    what: str
+    max_reads: int
+    max_bases: int
+    mem_frac: float | None
+    max_threads: int | None = None
+    avg_epk: float = 2.0
+    max_lf: float = 3.0
+    max_epk: float = 5.0
+    ultra_thresh: int = 100_000
+
+    @property
+    def settings(self) -> Settings:
+        return Settings(self.max_reads, self.max_bases, self.max_lf, self.max_epk, self.avg_epk, self.ultra_thresh)
+
+    def threads(self, cpus: int) -> int:
+        return min(cpus, self.max_threads) if self.max_threads else cpus
+
+
+# Jetsons share the host's memory with the GPU, hence the smaller arenas; the caps grow with the
+# memory of each class (f5c's profiles scale them alike)
+PROFILES = {p.name: p for p in (
+    Profile("jetson-nano", "Jetson Nano: 4 cores, 4 GB shared with the GPU", 256, 1_500_000, 0.5, 4),
+    Profile("jetson-tx2", "Jetson TX2: 6 cores, 8 GB shared", 512, 2_500_000, 0.6, 6),
+    Profile("jetson-xavier", "Jetson AGX Xavier: 8 cores, 16-32 GB shared", 1024, 5_000_000, 0.6, 8, max_epk=6.25),
+    Profile("jetson-orin", "Jetson AGX Orin: 12 cores, 32-64 GB shared", 2048, 10_000_000, 0.6, 12),
+    Profile("laptop", "laptop or small GPU (up to 8 GB), or few CPU cores", 512, 5_000_000, 0.8),
+    Profile("workstation", "desktop or workstation GPU (8-40 GB)", 1024, 10_000_000, 0.9),
+    Profile("hpc", "data-centre GPU (40 GB or more, A100/H100/H200...) with 16 cores or more", 4096, 20_000_000, 0.9),
+    Profile("cpu", "no GPU: ABEA on the CPU", 512, 5_000_000, None),
+)}  # fmt: skip
+PROFILE_NAMES = tuple(PROFILES)
+
+
+def pick_profile(machine: Machine) -> Profile:
+    """The profile for the GPU found (name, memory, integrated or not) and the CPU count."""
+    g = machine.gpu
+    if g is None:
+        return PROFILES["cpu"]
+    name, gib = g.name.lower(), g.total_bytes / 2**30
+    if g.integrated or any(w in name for w in ("tegra", "jetson", "orin", "xavier")):
+        for word, profile in (("orin", "jetson-orin"), ("xavier", "jetson-xavier"), ("x2", "jetson-tx2"),
+                              ("x1", "jetson-nano"), ("nano", "jetson-nano")):  # fmt: skip
+            if word in name:
+                return PROFILES[profile]
+        for most, profile in ((4.5, "jetson-nano"), (8.5, "jetson-tx2"), (32.5, "jetson-xavier")):
+            if gib <= most:
+                return PROFILES[profile]
+        return PROFILES["jetson-orin"]
+    if gib <= 8.5 or any(w in name for w in ("laptop", "mobile", "max-q")) or machine.cpus < 4:
+        return PROFILES["laptop"]
+    if (gib >= 39 or any(w in name for w in DATACENTRE)) and machine.cpus >= 16:
+        return PROFILES["hpc"]
+    return PROFILES["workstation"]
+
+
+def bounds_for(machine: Machine, mem_frac: float | None) -> Bounds:
+    """Safe ranges on this machine: B within a share of host memory and twice what the arena holds."""
+    from streamer.gpu.host import arena_capacity
+
+    most_bases = int(machine.host_bytes * HOST_SHARE / HOST_BYTES_PER_BASE)
+    if machine.gpu is not None:
+        frac = mem_frac if mem_frac is not None else (0.7 if machine.gpu.integrated else 0.9)
+        arena = arena_capacity(int(machine.gpu.free_bytes * frac), Settings().avg_epk, BANDWIDTH)
+        most_bases = min(most_bases, 2 * arena.bases)
+    b = Bounds()
+    return replace(b, max_bases=(b.max_bases[0], max(b.max_bases[0], min(b.max_bases[1], most_bases))))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The settings a run starts from, where each came from, and the bounds the controller keeps to."""
+
+    machine: Machine
+    profile: Profile
+    settings: Settings
+    threads: int
+    mem_frac: float | None
+    bounds: Bounds
+    sources: Mapping[str, str]
+
+    def cuda_options(self, base: CudaOptions) -> CudaOptions:
+        """base (device, disable) with this plan's memory share, split thresholds and caps."""
+        return with_settings(replace(base, mem_frac=self.mem_frac), self.settings)
+
+    def describe(self) -> str:
+        s = self.settings
+        given = [k for k, v in self.sources.items() if v != "profile"]
+        return (f"profile {self.profile.name} ({self.profile.what}): K {s.max_reads}, B {s.max_bases}, "
+                f"max-lf {s.max_lf:g}, max-epk {s.max_epk:g}, avg-epk {s.avg_epk:g}, ultra-thresh {s.ultra_thresh}, "
+                f"threads {self.threads}, mem-frac {self.mem_frac if self.mem_frac is not None else 'default'}"
+                + (f"; not from the profile: {', '.join(f'{k} ({self.sources[k]})' for k in given)}" if given else ""))
+
+
+def user_set(values: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """The values that differ from their built-in defaults: what `plan` takes as set by the user."""
+    return {k: v for k, v in values.items() if v is not None and v != defaults.get(k)}
+
+
+def with_settings(cuda: CudaOptions, s: Settings) -> CudaOptions:
+    """cuda with the tunable settings s (the caps are recorded with each batch's measurements)."""
+    return replace(cuda, avg_epk=s.avg_epk, max_lf=s.max_lf, max_epk=s.max_epk, ultra_thresh=s.ultra_thresh,
+                   max_reads=s.max_reads, max_bases=s.max_bases)  # fmt: skip
+
+
+def plan(machine: Machine, profile: str = "auto", given: Mapping[str, Any] | None = None,
+         learned: Mapping[str, Any] | None = None) -> Plan:  # fmt: skip
+    """Settings from the profile (`auto`: picked for the machine), learned values, then the user's.
+
+    `given` maps knob names (and `threads`, `mem_frac`) to the values the user set (see `user_set`);
+    `learned` comes from `TuningStore.load` and is kept within this machine's bounds.
+    """
+    prof = pick_profile(machine) if profile == "auto" else PROFILES[profile]
+    given = dict(given or {})
+    mem_frac = given.get("mem_frac") if given.get("mem_frac") is not None else prof.mem_frac
+    threads = given.get("threads") or prof.threads(machine.cpus)
+    bounds = bounds_for(machine, mem_frac)
+    start = prof.settings
+    values, sources = {}, {}
+    for knob in KNOBS:
+        if given.get(knob) is not None:
+            values[knob], sources[knob] = given[knob], "given"
+        elif learned and knob in learned:
+            lo, hi = getattr(bounds, knob)
+            values[knob], sources[knob] = type(getattr(start, knob))(min(max(learned[knob], lo), hi)), "learned"
+        else:
+            values[knob], sources[knob] = getattr(start, knob), "profile"
+    if values["avg_epk"] > values["max_epk"] and sources["avg_epk"] != "given":
+        values["avg_epk"] = values["max_epk"]
+    return Plan(machine, prof, Settings(**values), threads, mem_frac, bounds, sources)
