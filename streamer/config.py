@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from streamer.errors import ConfigError
+from streamer.tuning.profiles import PROFILE_NAMES
 
 REQUIRED_FOR_RUN = ("watch.dir", "reference.genome", "output.dir")
 
@@ -147,6 +148,14 @@ class GpuConfig:
                           flag="--cuda-max-epk", minimum=0.1)
     ultra_thresh: int = _key(100_000, "Reads longer than this are aligned on the CPU after the rest of their "
                              "batch.", type=int, flag="--ultra-thresh", minimum=1)
+    profile: str = _key(
+        "auto", "Device profile the batch caps, the GPU keys above and the threads start from (like f5c's -x); "
+        "`auto` picks one from the GPU's name and memory and the CPU count. A key set to anything but its default "
+        "overrides the profile.", type=str, flag="--profile", choices=("auto", *PROFILE_NAMES))
+    autotune: bool = _key(
+        True, "Tune the batch caps and the GPU split (max_lf, max_epk, avg_epk, ultra_thresh) while running, on "
+        "the advice of f5c's tuning monitor; what is learned is kept per GPU in the state folder for the next "
+        "start.", type=bool, flag="--autotune")
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from streamer.plugins.cpg.calls import MethCalls
 from streamer.plugins.methfreq import MethFreq
 from streamer.publish.records import call_columns
 from streamer.skips import Skip, Skipped
+from streamer.tuning.session import AutoTuner
 from streamer.watch import Kind, Layout, Ready, Rejected, RunFile, Watcher, WatchTimings
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,8 @@ class PublisherLike(Protocol):
 
     def publish_run(self, event: str, info: Mapping[str, Any]) -> None: ...
 
+    def publish_tuning(self, decision: Mapping[str, Any]) -> None: ...
+
 
 class State(enum.Enum):
     NEW = "new"
@@ -110,9 +113,11 @@ class Daemon:
 
     def __init__(self, config: Config, pipeline: PipelineLike, reference: Reference, *,
                  make_aligner: Callable[[], ReadAligner] | None = None,
-                 publisher: PublisherLike | None = None, notifier: Notifier | None = None):
+                 publisher: PublisherLike | None = None, notifier: Notifier | None = None,
+                 tuner: AutoTuner | None = None):
         self.config = config
         self.pipeline = pipeline
+        self.tuner = tuner  # sees each batch's GPU measurements; its caps K and B apply from the next batch
         self.reference = reference
         self.publisher = publisher
         self.notifier = notifier or Notifier({})
@@ -384,6 +389,8 @@ class Daemon:
             skipped.extend(skips)
             records_of[p.read_id] += len(reads) + len(skips)
         results, failed_reads = self._call(inputs)
+        if len(results) == 1 and not failed_reads:
+            self._tune(results[0])
         rows = [row for r in results for row in r.tsv_rows()]
         pipeline_skipped = [s for r in results for s in r.skipped]
         skipped.extend(pipeline_skipped)
@@ -414,6 +421,16 @@ class Daemon:
             self._publish_calls(results, rows)
         log.info("batch of %d reads: %d calls, %d records skipped, %.2f s", len(picks), len(rows), len(skipped),
                  batch.seconds)
+
+    def _tune(self, result: BatchResultLike) -> None:
+        """The batch's GPU measurements to the tuner (batches of the end-of-run drain count as the last)."""
+        stats = getattr(result, "gpu_stats", None)
+        if self.tuner is None or stats is None:
+            return
+        if self.tuner.observe(stats, last=self.state is State.FINISHING):
+            s = self.tuner.settings
+            self.config = replace(self.config, batch=replace(self.config.batch, max_reads=s.max_reads,
+                                                             max_bases=s.max_bases))
 
     def _call(self, inputs: list[ReadInput]) -> tuple[list[BatchResultLike], dict[str, str]]:
         """The pipeline over a batch: its results, and the reads it failed on with why.
@@ -586,6 +603,7 @@ class Daemon:
                 "max": round(totals["latency_max"], 3),
             },
             "basecall_reloads": self.cache.reloads,
+            "tuning": self.tuner.summary() if self.tuner is not None else None,
             "config": self.config.as_dict(),
         }
 

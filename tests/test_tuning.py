@@ -559,3 +559,38 @@ def test_replay_settings_carry_over_through_the_store(tmp_path):
     second = Controller(start)
     steps = replay(second, Replay(reads, 2 * 10**9), 40)
     assert len(second.changes) <= 1 and not any(s.actions for s in steps[10:])
+
+
+# ---------------------------------------------------------------- the daemon's wiring
+
+
+def test_daemon_config_resolves_from_the_profile_except_keys_set(tmp_path, reference_path):
+    from streamer import config
+    from streamer.tuning.session import plan_config
+
+    flat = {"watch.dir": tmp_path, "reference.genome": reference_path, "output.dir": tmp_path / "out",
+            "gpu.profile": "hpc", "gpu.disable": True, "batch.max_bases": 7_000_000, "gpu.max_lf": 3.0}
+    cfg, p = plan_config(config.build(flat))
+    assert p.profile.name == "hpc" and p.sources["max_bases"] == "given" and p.sources["max_lf"] == "profile"
+    assert (cfg.batch.max_reads, cfg.batch.max_bases, cfg.gpu.mem_frac) == (4096, 7_000_000, 0.9)
+    assert cfg.pipeline.threads == p.threads >= 1
+    cfg, p = plan_config(config.build({**flat, "gpu.profile": "auto"}))
+    assert p.profile.name == "cpu" and cfg.batch.max_reads == 512  # no GPU here: the built-in defaults
+
+
+def test_daemon_takes_new_caps_for_the_next_batch(tmp_path, reference_path):
+    from streamer import config
+    from streamer.daemon import Daemon
+
+    cfg = config.build({"watch.dir": tmp_path, "reference.genome": reference_path, "output.dir": tmp_path / "out",
+                        "batch.max_reads": 64})
+    tuner = AutoTuner(Controller(Settings(max_reads=64)), lambda s: None)
+    daemon = Daemon(cfg, pipeline=None, reference=None, tuner=tuner)
+
+    class Result:
+        gpu_stats = stats(n_reads=64, max_reads=64, n_bases=400_000, x_util=0.05, y_util=0.05)
+
+    for _ in range(5):
+        daemon._tune(Result())
+    assert daemon.config.batch.max_reads == 256 and daemon.config.batch.max_bases == 5_000_000
+    assert tuner.summary()["changes"][0]["knob"] == "max_reads"

@@ -19,6 +19,7 @@ from streamer.notify import Notifier
 from streamer.pipeline import Pipeline, PipelineOptions
 from streamer.publish.publisher import Publisher, PublisherConfig
 from streamer.publish.security import CurveServer, load_public_keys, load_secret_keys
+from streamer.tuning.session import AutoTuner, plan_config
 
 NAME = "run"
 HELP = "watch a run folder and call methylation on reads as their files land (the daemon)"
@@ -33,11 +34,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = configuration.load(args.config, configuration.overrides_from(args))
+    cfg, plan = plan_config(configuration.load(args.config, configuration.overrides_from(args)))
     log.info("configuration: %s", cfg.as_dict())
     notifier = Notifier()
     filt = AlignmentFilter(min_mapq=cfg.alignment.min_mapq, secondary=cfg.alignment.secondary)
-    threads = cfg.pipeline.threads or os.cpu_count() or 1
+    threads = cfg.pipeline.threads
 
     def make_aligner() -> ReadAligner:
         return ReadAligner(cfg.reference.genome, filt, index=cfg.reference.index, preset=cfg.reference.preset,
@@ -54,7 +55,10 @@ def run(args: argparse.Namespace) -> int:
                                             meth_model=cfg.pipeline.meth_model, cuda=cuda))
         reference = stack.enter_context(Reference(cfg.reference.genome))
         publisher = stack.enter_context(_publisher(cfg.publish)) if cfg.publish.endpoint else None
-        daemon = Daemon(cfg, pipeline, reference, make_aligner=make_aligner, publisher=publisher, notifier=notifier)
+        tuner = AutoTuner.for_gpu(plan, pipeline.gpu, autotune=cfg.gpu.autotune, state_dir=cfg.state_dir(),
+                                  publish=publisher.publish_tuning if publisher is not None else None)
+        daemon = Daemon(cfg, pipeline, reference, make_aligner=make_aligner, publisher=publisher, notifier=notifier,
+                        tuner=tuner)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: daemon.request_stop())
         code = daemon.run()

@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from streamer.assemble import BatchLimits
+from streamer.config import Config
 from streamer.gpu.device import GpuInfo, probe_gpu
 from streamer.gpu.options import AbeaBatchStats, CudaOptions
 from streamer.tuning.controller import Action, Controller, Policy, Settings
 from streamer.tuning.monitor import ADVICE, REPEATS
-from streamer.tuning.profiles import Machine, Plan, plan, with_settings
+from streamer.tuning.profiles import Machine, Plan, plan, user_set, with_settings
 from streamer.tuning.store import TuningStore
 
 log = logging.getLogger(__name__)
@@ -26,6 +28,27 @@ class GpuStage(Protocol):
     options: CudaOptions
 
     def retune(self, options: CudaOptions) -> None: ...
+
+
+# where each tunable setting lives in the daemon's configuration
+CONFIG_KEYS = {"max_reads": ("batch", "max_reads"), "max_bases": ("batch", "max_bases"), "max_lf": ("gpu", "max_lf"),
+               "max_epk": ("gpu", "max_epk"), "avg_epk": ("gpu", "avg_epk"), "ultra_thresh": ("gpu", "ultra_thresh"),
+               "threads": ("pipeline", "threads"), "mem_frac": ("gpu", "mem_frac")}  # fmt: skip
+
+
+def plan_config(cfg: Config) -> tuple[Config, Plan]:
+    """The daemon's configuration with every tunable setting resolved: keys left at their defaults take
+    the learned value (autotune) or the profile's."""
+    defaults = Config()
+    values = {k: getattr(getattr(cfg, sec), key) for k, (sec, key) in CONFIG_KEYS.items()}
+    given = user_set(values, {k: getattr(getattr(defaults, sec), key) for k, (sec, key) in CONFIG_KEYS.items()})
+    p = prepare(given, cfg.gpu.profile, dev_id=cfg.gpu.device, disable_cuda=cfg.gpu.disable,
+                state_dir=cfg.state_dir() if cfg.gpu.autotune else None)  # fmt: skip
+    resolved = {**p.settings.as_dict(), "threads": p.threads, "mem_frac": p.mem_frac}
+    for section in ("batch", "gpu", "pipeline"):
+        keys = {key: resolved[k] for k, (sec, key) in CONFIG_KEYS.items() if sec == section}
+        cfg = replace(cfg, **{section: replace(getattr(cfg, section), **keys)})
+    return cfg, p
 
 
 def prepare(given: Mapping[str, Any], profile: str = "auto", *, dev_id: int = 0, disable_cuda: bool = False,
