@@ -13,7 +13,7 @@ import pytest
 
 from streamer.gpu.device import GpuInfo
 from streamer.gpu.host import arena_capacity
-from streamer.gpu.options import AbeaBatchStats
+from streamer.gpu.options import AbeaBatchStats, CudaOptions
 from streamer.tuning import (
     PROFILES,
     Bounds,
@@ -32,6 +32,7 @@ from streamer.tuning import (
     user_set,
 )
 from streamer.tuning.monitor import guards, load_leaf, memory_leaf
+from streamer.tuning.profiles import with_settings
 from streamer.tuning.session import AutoTuner, TunedLimits
 
 from tuning_replay import Reads, Replay, fixed, replay, throughput
@@ -594,3 +595,51 @@ def test_daemon_takes_new_caps_for_the_next_batch(tmp_path, reference_path):
         daemon._tune(Result())
     assert daemon.config.batch.max_reads == 256 and daemon.config.batch.max_bases == 5_000_000
     assert tuner.summary()["changes"][0]["knob"] == "max_reads"
+
+
+# ---------------------------------------------------------------- `streamer call`'s wiring
+
+
+def test_call_flags_resolve_and_batches_reach_the_tuner_one_behind(monkeypatch, tmp_path):
+    from streamer.cli import build_parser
+    from streamer.tuning import session
+
+    monkeypatch.setattr(session, "probe_gpu", lambda dev_id=0: H100)
+    args = build_parser().parse_args(["call", "-r", "r.fa", "-b", "r.bam", "-g", "g.fa", "-K", "64", "--profile",
+                                      "hpc", "--autotune", "--state-dir", str(tmp_path)])  # fmt: skip
+    tuning = session.CallTuning.from_args(args)
+    assert (args.batchsize, args.max_bases, args.cuda_mem_frac, args.cuda_max_lf) == (64, 20_000_000, 0.9, 3.0)
+    limits = tuning.limits(None)
+    assert isinstance(limits, TunedLimits) and limits.max_reads == 64
+
+    class Stage:
+        options = with_settings(CudaOptions(), tuning.plan.settings)
+
+        def retune(self, options):
+            Stage.options = options
+
+    tuning.attach(Stage())
+    small = stats(n_reads=64, max_reads=64, n_bases=400_000, x_util=0.05, y_util=0.05)
+    for _ in range(5):
+        tuning.observe(small)
+    assert limits.max_reads == 64  # the fifth batch is held until the next says it was not the last
+    tuning.observe(small)
+    assert limits.max_reads == Stage.options.max_reads == 256
+    tuning.finish()
+    assert tuning.tuner.controller.decision.guards == (Guard.LAST_BATCH, Guard.SETTLING)
+    assert TuningStore(tmp_path).load(H100)["max_reads"] == 256
+    assert tuning.summary()["autotune"] is True
+
+
+def test_call_without_a_gpu_has_nothing_to_tune(tmp_path):
+    from streamer.cli import build_parser
+    from streamer.tuning.session import CallTuning
+
+    args = build_parser().parse_args(["call", "-r", "r.fa", "-b", "r.bam", "-g", "g.fa", "--disable-cuda",
+                                      "--autotune", "--state-dir", str(tmp_path)])  # fmt: skip
+    tuning = CallTuning.from_args(args)
+    assert tuning.tuner is None and tuning.summary() is None and args.batchsize == 512
+    limits = tuning.limits(object())
+    tuning.observe(stats())
+    tuning.finish()
+    assert not isinstance(limits, TunedLimits) and not (tmp_path / "tuning.json").exists()

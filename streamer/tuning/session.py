@@ -4,7 +4,9 @@ changes applied to the pipeline and kept for the next start.
 
 from __future__ import annotations
 
+import argparse
 import logging
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -16,7 +18,7 @@ from streamer.gpu.device import GpuInfo, probe_gpu
 from streamer.gpu.options import AbeaBatchStats, CudaOptions
 from streamer.tuning.controller import Action, Controller, Policy, Settings
 from streamer.tuning.monitor import ADVICE, REPEATS
-from streamer.tuning.profiles import Machine, Plan, plan, user_set, with_settings
+from streamer.tuning.profiles import PROFILE_NAMES, Machine, Plan, plan, user_set, with_settings
 from streamer.tuning.store import TuningStore
 
 log = logging.getLogger(__name__)
@@ -57,7 +59,8 @@ def prepare(given: Mapping[str, Any], profile: str = "auto", *, dev_id: int = 0,
     gpu = None if disable_cuda else probe_gpu(dev_id)
     learned = TuningStore(state_dir).load(gpu) if state_dir is not None and gpu is not None else {}
     p = plan(Machine.this(gpu), profile, given, learned)
-    log.info("%s%s", f"{gpu.key}: " if gpu else "", p.describe())
+    if gpu is not None:
+        log.info("%s: %s", gpu.key, p.describe())
     return p
 
 
@@ -160,3 +163,88 @@ class TunedLimits(BatchLimits):
     @property
     def max_bases(self) -> int:
         return self._tuner.settings.max_bases
+
+
+# `streamer call`'s argument (dest) of each tunable setting
+CALL_ARGS = {"max_reads": "batchsize", "max_bases": "max_bases", "max_lf": "cuda_max_lf", "max_epk": "cuda_max_epk",
+             "avg_epk": "cuda_avg_epk", "ultra_thresh": "ultra_thresh", "threads": "threads",
+             "mem_frac": "cuda_mem_frac"}  # fmt: skip
+# batches `streamer call` may have planned or started before a change reaches them (read ahead,
+# queued, in the stages, held until the next one says it was not the last)
+CALL_SETTLE_BATCHES = 8
+
+
+def add_call_arguments(p: argparse.ArgumentParser) -> None:
+    """`streamer call`'s tuning flags; added last, so the flags they resolve already have their defaults."""
+    g = p.add_argument_group("tuning (f5c's tuning monitor; it advises in the log, and acts with --autotune)")
+    g.add_argument("--profile", choices=("auto", *PROFILE_NAMES), default="auto",
+                   help="device profile that -K, -B, -t and the GPU settings start from, like f5c's -x; a flag set "
+                        "to other than its default overrides it [auto: picked from the GPU and the CPU count]")
+    g.add_argument("--autotune", action="store_true",
+                   help="tune -K, -B, max-lf, max-epk, avg-epk and ultra-thresh while running, on the monitor's "
+                        "advice; what is learned is kept per GPU in --state-dir for the next run")
+    g.add_argument("--state-dir", type=Path, help="where --autotune keeps learned values "
+                   "[$XDG_STATE_HOME/streamer, or ~/.local/state/streamer]")  # fmt: skip
+    p.set_defaults(_tuned_defaults={dest: p.get_default(dest) for dest in CALL_ARGS.values()})
+
+
+def default_state_dir() -> Path:
+    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "streamer"
+
+
+class CallTuning:
+    """`streamer call`'s side: the plan resolved into the command's arguments, the tuner applied to the
+    GPU stage once the pipeline has one, and each batch passed on once it is known not to be the last."""
+
+    def __init__(self, p: Plan, autotune: bool, state_dir: Path | None):
+        self.plan = p
+        self._gpu: GpuStage | None = None
+        self._held: AbeaBatchStats | None = None
+        self.tuner: AutoTuner | None = None
+        if p.machine.gpu is not None:
+            controller = Controller(p.settings, p.bounds, Policy(autotune=autotune, settle_batches=CALL_SETTLE_BATCHES))
+            store = TuningStore(state_dir) if autotune and state_dir is not None else None
+            self.tuner = AutoTuner(controller, self._apply, store=store, gpu=p.machine.gpu)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> CallTuning:
+        """Plan from the profile, learned values (--autotune) and the flags set; the flags' values become the plan's."""
+        defaults = args._tuned_defaults
+        given = user_set({k: getattr(args, dest) for k, dest in CALL_ARGS.items()},
+                         {k: defaults[dest] for k, dest in CALL_ARGS.items()})  # fmt: skip
+        state_dir = (args.state_dir or default_state_dir()) if args.autotune else None
+        p = prepare(given, args.profile, dev_id=args.cuda_dev_id, disable_cuda=args.disable_cuda, state_dir=state_dir)
+        resolved = {**p.settings.as_dict(), "threads": p.threads, "mem_frac": p.mem_frac}
+        for k, dest in CALL_ARGS.items():
+            setattr(args, dest, resolved[k])
+        return cls(p, args.autotune, state_dir)
+
+    def limits(self, limits: BatchLimits) -> BatchLimits:
+        """The caps to plan batches with: the tuner's own, followed live, under --autotune."""
+        autotune = self.tuner is not None and self.tuner.controller.policy.autotune
+        return TunedLimits(self.tuner) if autotune else limits
+
+    def attach(self, gpu: GpuStage | None) -> None:
+        """The pipeline's GPU ABEA stage (None: ABEA on the CPU, nothing to tune)."""
+        self._gpu = gpu
+
+    def observe(self, stats: AbeaBatchStats | None) -> None:
+        """A batch's measurements, in batch order; the batch before it goes to the tuner now."""
+        if self.tuner is None or stats is None:
+            return
+        if self._held is not None:
+            self.tuner.observe(self._held)
+        self._held = stats
+
+    def finish(self) -> None:
+        """The run is over: its last batch goes to the tuner as such."""
+        if self._held is not None:
+            self.tuner.observe(self._held, last=True)
+            self._held = None
+
+    def summary(self) -> dict[str, Any] | None:
+        return self.tuner.summary() if self.tuner is not None else None
+
+    def _apply(self, s: Settings) -> None:
+        if self._gpu is not None:
+            self._gpu.retune(with_settings(self._gpu.options, s))
