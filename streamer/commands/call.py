@@ -20,6 +20,7 @@ from streamer.io.reference import Reference
 from streamer.pipeline import Pipeline, PipelineOptions
 from streamer.skips import Skipped
 from streamer.summary import RunSummary
+from streamer.tuning.session import CallTuning, add_call_arguments
 
 NAME = "call"
 HELP = "call CpG methylation on finished signal, basecall and alignment files"
@@ -55,6 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="reads with more events per base than this run on the CPU [%(default)s]")
     gpu.add_argument("--ultra-thresh", type=int, default=CudaOptions.ultra_thresh,
                      help="reads longer than this are aligned on the CPU after the rest of their batch [%(default)s]")
+    add_call_arguments(p)
 
 
 def _prefetch(batches, depth: int = 2):
@@ -84,7 +86,8 @@ def _report(skipped: list[Skipped], summary: RunSummary) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    limits = BatchLimits(max_reads=args.batchsize, max_bases=args.max_bases)
+    tuning = CallTuning.from_args(args)
+    limits = tuning.limits(BatchLimits(max_reads=args.batchsize, max_bases=args.max_bases))
     cuda = CudaOptions(disable=args.disable_cuda, dev_id=args.cuda_dev_id, mem_frac=args.cuda_mem_frac,
                        avg_epk=args.cuda_avg_epk, max_lf=args.cuda_max_lf, max_epk=args.cuda_max_epk,
                        ultra_thresh=args.ultra_thresh, max_reads=limits.max_reads, max_bases=limits.max_bases)
@@ -92,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
     filt = AlignmentFilter(min_mapq=args.min_mapq, secondary=args.secondary == "yes")
     summary = RunSummary()
     pipeline = Pipeline(options)
+    tuning.attach(pipeline.gpu)
     progress = sys.stderr.isatty()
     with ExitStack() as stack:
         ref = stack.enter_context(Reference(args.genome))
@@ -109,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
             if not reads:
                 continue
             result = pipeline.process(reads)
+            tuning.observe(result.gpu_stats)
             _report(result.skipped, summary)
             out.writelines(result.tsv_rows())
             out.flush()
@@ -118,9 +123,10 @@ def run(args: argparse.Namespace) -> int:
             summary.stage_seconds.update(result.timings)
             if progress:
                 print(f"\r{summary.progress_line()}", end="", file=sys.stderr, flush=True)
+        tuning.finish()
     if progress:
         print(file=sys.stderr)
     print(summary.report(), file=sys.stderr)
     if args.stats_json:
-        args.stats_json.write_text(json.dumps(summary.as_dict(), indent=2) + "\n")
+        args.stats_json.write_text(json.dumps({**summary.as_dict(), "tuning": tuning.summary()}, indent=2) + "\n")
     return 0
