@@ -129,7 +129,8 @@ def fill_kernel(bandwidth: int, threads_per_read: int, reads_per_block: int):
 
     @cuda.jit(
         "void(float32[::1], float32[::1], float32[::1], float32[::1], int64[::1], int64[::1], int64[::1], "
-        "float64[:, ::1], float64, int64, int64, uint8[::1], int32[::1], int32[::1])"
+        "float64[:, ::1], float64, int64, int64, uint8[::1], int32[::1], int32[::1])",
+        cache=True,
     )
     def fill(ev_mean, gp_mean, stdv, log_stdv, base_off, ev_off, row_off, lp, lp_trim, k, n_reads,
              trace, ll_e, end_event):  # fmt: skip
@@ -314,14 +315,16 @@ def _compact(row_off, aln_off, cap_kmer, cap_event, n_reads, steps, first_kmer, 
         steps[a0 + j] = (cap_kmer[src] - cap_kmer[src + 1]) | ((cap_event[src] - cap_event[src + 1]) << 1)
 
 
-# Kernels compile on first use, for the device then current (importing this module needs no GPU).
+# Kernels compile on first use, for the device then current (importing this module needs no GPU), and
+# are cached on disk beside this file, so later runs load them instead of compiling (start-up).
 
 
 @functools.cache
 def kcache_kernel():
     return cuda.jit(
         "void(uint8[::1], int64[::1], float32[::1], float32[::1], int64, int8[::1], "
-        "float32[::1], float32[::1], float32[::1], int64, float32[::1], float32[::1], float32[::1])"
+        "float32[::1], float32[::1], float32[::1], int64, float32[::1], float32[::1], float32[::1])",
+        cache=True,
     )(_kcache)
 
 
@@ -330,12 +333,14 @@ def backtrack_kernel():
     return cuda.jit(
         "void(float32[::1], float32[::1], float32[::1], float32[::1], int64[::1], int64[::1], int64[::1], int64, "
         "int64, int64, uint8[::1], int32[::1], int32[::1], float64, int64, int32[::1], int32[::1], int32[::1], "
-        "float64[::1], int8[::1])"
+        "float64[::1], int8[::1])",
+        cache=True,
     )(_backtrack)
 
 
 @functools.cache
 def compact_kernel():
     return cuda.jit(
-        "void(int64[::1], int64[::1], int32[::1], int32[::1], int64, uint8[::1], int32[::1], int32[::1])"
+        "void(int64[::1], int64[::1], int32[::1], int32[::1], int64, uint8[::1], int32[::1], int32[::1])",
+        cache=True,
     )(_compact)
