@@ -9,12 +9,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from streamer.gpu.options import AbeaBatchStats, CudaOptions
+from streamer.gpu.options import AbeaBatchStats, CudaOptions, HmmBatchStats
 
 if TYPE_CHECKING:
     from streamer.gpu.abea import CudaAbea
+    from streamer.gpu.hmm import CudaHmm
 
-__all__ = ["AbeaBatchStats", "CudaOptions", "open_gpu"]
+__all__ = ["AbeaBatchStats", "CudaOptions", "HmmBatchStats", "open_gpu", "open_gpu_hmm"]
 
 log = logging.getLogger(__name__)
 
@@ -37,4 +38,26 @@ def open_gpu(options: CudaOptions, bandwidth: int = 100) -> CudaAbea | None:
         return CudaAbea(options, bandwidth)
     except CUDA_ERRORS as exc:
         log.warning("could not start ABEA on GPU %d (%s): ABEA runs on the CPU", options.dev_id, exc)
+        return None
+
+
+def open_gpu_hmm(options: CudaOptions) -> CudaHmm | None:
+    """The GPU CpG HMM on options.dev_id, or None, said in one log line, when there is none to use."""
+    if options.disable or not options.hmm:
+        return None
+    try:
+        from numba import cuda
+    except ImportError as exc:
+        log.info("no CUDA support in this install (%s): the CpG HMM runs on the CPU", exc)
+        return None
+    if not cuda.is_available():
+        log.info("no CUDA GPU found: the CpG HMM runs on the CPU")
+        return None
+    from streamer.gpu.abea import CUDA_ERRORS
+    from streamer.gpu.hmm import CudaHmm
+
+    try:
+        return CudaHmm(options.dev_id)
+    except CUDA_ERRORS as exc:
+        log.warning("could not start the CpG HMM on GPU %d (%s): it runs on the CPU", options.dev_id, exc)
         return None

@@ -16,6 +16,7 @@ class CudaOptions:
     mem_frac None picks 0.9 of the free device memory, or 0.7 on integrated GPUs (Jetson),
     whose memory is the host's. max_reads/max_bases are the batch caps K and B the batches
     were assembled under; they are only recorded with each batch for the tuning monitor.
+    hmm False keeps the CpG HMM on the CPU while ABEA uses the GPU.
     """
 
     disable: bool = False
@@ -27,6 +28,7 @@ class CudaOptions:
     ultra_thresh: int = 100_000
     max_reads: int | None = None
     max_bases: int | None = None
+    hmm: bool = True
 
 
 @dataclass(frozen=True)
@@ -64,4 +66,26 @@ class AbeaBatchStats:
     t_d2h: float
     t_ultra: float
     cells: int
+    fallback: str = ""
+
+
+@dataclass(frozen=True)
+class HmmBatchStats:
+    """Where one batch's CpG HMM windows went and where the GPU time went (wall seconds).
+
+    n_cpu counts windows scored on CPU threads: those over the kernel's k-mer capacity, plus
+    every GPU window of a batch whose GPU part failed (fallback says why). cells counts the
+    forward-matrix cells the GPU filled (events x k-mers, both hypotheses). t_pack is the
+    host-side packing; t_h2d includes the per-read transitions and flanks computed on the host.
+    """
+
+    n_jobs: int
+    n_gpu: int
+    n_cpu: int
+    cells: int
+    t_pack: float
+    t_h2d: float
+    t_kernel: float
+    t_d2h: float
+    t_cpu: float
     fallback: str = ""

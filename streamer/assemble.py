@@ -67,33 +67,21 @@ def load_signals(wanted: Mapping[Path, list[str]]) -> tuple[dict[str, SignalReco
     return got, errors
 
 
-def offline_batches(
+# a record whose signal is still to be read: the alignment, its basecalls, the signal file
+Pending = tuple[Alignment, str, Path]
+
+
+def plan_batches(
     records: Iterable[Alignment | Skipped],
     basecalls: Mapping[str, str],
     index: SignalIndex,
-    ref: Reference,
     limits: BatchLimits,
     reads_path: str = "the reads file",
-) -> Iterator[tuple[list[ReadInput], list[Skipped]]]:
-    """Yield (reads, skipped) per batch from BAM records in file order."""
-    pending: list[tuple[Alignment, str, Path]] = []
+) -> Iterator[tuple[list[Pending], list[Skipped]]]:
+    """Yield (records to load, skipped) per batch from BAM records in file order; no signal is read."""
+    pending: list[Pending] = []
     skipped: list[Skipped] = []
     bases = 0
-
-    def flush():
-        wanted: dict[Path, list[str]] = defaultdict(list)
-        for aln, _, path in pending:
-            wanted[path].append(aln.read_id)
-        signals, errors = load_signals(wanted)
-        reads = []
-        for aln, seq, path in pending:
-            sig = signals.get(aln.read_id)
-            if sig is None:
-                skipped.append(Skipped(aln.read_id, Skip.BAD_SIGNAL_FILE, errors[aln.read_id]))
-            else:
-                reads.append(make_read_input(aln, seq, sig, ref, str(path)))
-        return reads
-
     for aln in records:
         if isinstance(aln, Skipped):
             skipped.append(aln)
@@ -110,7 +98,44 @@ def offline_batches(
         pending.append((aln, seq, path))
         bases += len(seq)
         if len(pending) >= limits.max_reads or bases >= limits.max_bases:
-            yield flush(), skipped
+            yield pending, skipped
             pending, skipped, bases = [], [], 0
     if pending or skipped:
-        yield flush(), skipped
+        yield pending, skipped
+
+
+def signal_requests(pending: list[Pending]) -> dict[Path, list[str]]:
+    """The read ids to load from each signal file, files in first-use order."""
+    wanted: dict[Path, list[str]] = defaultdict(list)
+    for aln, _, path in pending:
+        wanted[path].append(aln.read_id)
+    return wanted
+
+
+def build_reads(
+    pending: list[Pending], signals: Mapping[str, SignalRecord], errors: Mapping[str, str], ref: Reference,
+    skipped: list[Skipped],
+) -> list[ReadInput]:  # fmt: skip
+    """The batch's reads in planned order; a record whose signal did not load is added to `skipped`."""
+    reads = []
+    for aln, seq, path in pending:
+        sig = signals.get(aln.read_id)
+        if sig is None:
+            skipped.append(Skipped(aln.read_id, Skip.BAD_SIGNAL_FILE, errors[aln.read_id]))
+        else:
+            reads.append(make_read_input(aln, seq, sig, ref, str(path)))
+    return reads
+
+
+def offline_batches(
+    records: Iterable[Alignment | Skipped],
+    basecalls: Mapping[str, str],
+    index: SignalIndex,
+    ref: Reference,
+    limits: BatchLimits,
+    reads_path: str = "the reads file",
+) -> Iterator[tuple[list[ReadInput], list[Skipped]]]:
+    """Yield (reads, skipped) per batch from BAM records in file order, reading signal as it goes."""
+    for pending, skipped in plan_batches(records, basecalls, index, limits, reads_path):
+        signals, errors = load_signals(signal_requests(pending))
+        yield build_reads(pending, signals, errors, ref, skipped), skipped

@@ -8,6 +8,7 @@ runs in parallel over reads; reads a stage fails carry their `Skip` code onwards
 from __future__ import annotations
 
 import os
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ import numpy as np
 from streamer.abea import align_batch
 from streamer.batch import CIGAR_M, ReadBatch, ReadInput, pack
 from streamer.events import detect_events
-from streamer.gpu import AbeaBatchStats, CudaOptions, open_gpu
+from streamer.gpu import AbeaBatchStats, CudaOptions, HmmBatchStats, open_gpu, open_gpu_hmm
 from streamer.plugins.cpg.calls import CALLS_HEADER, MethCalls, call_methylation, format_calls
 from streamer.poremodel import PoreModel, load_default_models
 from streamer.postalign import recalibrate_batch
@@ -46,6 +47,7 @@ class BatchResult:
     n_bases: int
     timings: dict[str, float]
     gpu_stats: AbeaBatchStats | None = None  # the GPU ABEA stage's measurements, when it ran
+    hmm_stats: HmmBatchStats | None = None  # the GPU HMM's measurements, when it ran
 
     @property
     def n_reads(self) -> int:
@@ -61,7 +63,11 @@ class BatchResult:
 
 
 class Pipeline:
-    """Models loaded and kernels compiled once; then `process` batch after batch."""
+    """Models loaded and kernels compiled once; then `process` batch after batch.
+
+    Batches may run on several threads at once (`streamer call` overlaps them); the GPU
+    stages, whose device buffers serve one batch at a time, take turns.
+    """
 
     TSV_HEADER = CALLS_HEADER
 
@@ -70,6 +76,8 @@ class Pipeline:
         self.kmer_model, self.meth_model = load_default_models(options.kmer_model, options.meth_model)
         numba.set_num_threads(max(1, min(options.threads, numba.config.NUMBA_NUM_THREADS)))
         self.gpu = open_gpu(options.cuda)
+        self.gpu_hmm = open_gpu_hmm(options.cuda) if self.gpu is not None else None
+        self._gpu_lock = threading.Lock()
         self._warm_up()
 
     def process(self, reads: list[ReadInput]) -> BatchResult:
@@ -102,7 +110,8 @@ class Pipeline:
             if self.gpu is None:
                 aln = align_batch(*args)
             else:
-                aln, gpu_stats = self.gpu.align(*args)
+                with self._gpu_lock:
+                    aln, gpu_stats = self.gpu.align(*args)
             batch.aln_off, batch.aln_kmer, batch.aln_event = aln.aln_off, aln.aln_kmer, aln.aln_event
         with stage("postalign"):
             post = recalibrate_batch(
@@ -110,13 +119,25 @@ class Pipeline:
                 batch.aln_off, batch.status, batch.shift, batch.scale, batch.var, kmer,
             )  # fmt: skip
             batch.shift, batch.scale, batch.var = post.shift, post.scale, post.var
+        hmm_stats: list[HmmBatchStats] = []
+
+        def score_on_gpu(*args):
+            with self._gpu_lock:
+                ll_u, ll_m, st = self.gpu_hmm.score(*args)
+            hmm_stats.append(st)
+            return ll_u, ll_m
+
         with stage("hmm", chunk=8):
-            calls = call_methylation(batch, kmer, self.meth_model, post.events_per_base)
+            if self.gpu_hmm is None:
+                calls = call_methylation(batch, kmer, self.meth_model, post.events_per_base)
+            else:
+                calls = call_methylation(batch, kmer, self.meth_model, post.events_per_base, scorer=score_on_gpu)
         skipped = [
             Skipped(batch.read_ids[i], Skip(int(batch.status[i])), f"signal from {batch.signal_paths[i]}")
             for i in np.flatnonzero(batch.status != Skip.OK).tolist()
         ]
-        return BatchResult(batch.read_ids, batch.ref_names, calls, skipped, batch.n_bases, timings, gpu_stats)
+        return BatchResult(batch.read_ids, batch.ref_names, calls, skipped, batch.n_bases, timings, gpu_stats,
+                           hmm_stats[0] if hmm_stats else None)  # fmt: skip
 
     def _warm_up(self) -> None:
         """Compile (or load from cache) every kernel on a synthetic read before real data arrives."""

@@ -9,12 +9,13 @@ parallel pass, so long and short reads share the cores evenly.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numba
 import numpy as np
 
 from streamer.batch import ReadBatch
+from streamer.plugins.cpg import tsv
 from streamer.plugins.cpg.hmm import HmmParams, pack_model, pack_scalings, score_windows
 from streamer.plugins.cpg.logsum import LOGSUM_TABLE
 from streamer.plugins.cpg.lookup import (
@@ -166,6 +167,7 @@ def call_methylation(
     max_span: int = MAX_SPAN,
     min_event_span: int = MIN_EVENT_SPAN,
     event_search: int = CLOSEST_EVENT_SEARCH,
+    scorer: Callable[..., tuple[np.ndarray, np.ndarray]] = score_windows,
 ) -> MethCalls:
     """Score every CpG group of every read with status 0, as f5c call-methylation does.
 
@@ -174,7 +176,8 @@ def call_methylation(
     `events_per_base` (float64[n]) defaults to f5c's (max event - min event) / k-mers from the
     ABEA pairs. `log_var` (float[n]) is log of recalibration's double-precision var, which f5c
     uses; without it the log is taken of the float32 `batch.var` (differs by at most an ulp).
-    Reads left with no call get status NO_CPG (SPLICED for N in the CIGAR).
+    Reads left with no call get status NO_CPG (SPLICED for N in the CIGAR). `scorer` scores the
+    (read, window) jobs: `score_windows` or a function with its signature and answers (the GPU's).
     """
     if kmer_model.alphabet != NUCLEOTIDE or meth_model.alphabet != METHYL_CPG or kmer_model.k != meth_model.k:
         raise ValueError("call_methylation needs a nucleotide model and a CpG (ACGMT) model of the same k")
@@ -191,7 +194,7 @@ def call_methylation(
 
     jobs = _plan_jobs(batch, ref, status, k, event_search, min_separation, max_span, min_event_span)
     span_len = np.diff(batch.ref_seq_off)[jobs.read]
-    ll_u, ll_m = score_windows(
+    ll_u, ll_m = scorer(
         jobs.read, jobs.first - min_separation, np.minimum(jobs.last + min_separation + 1, span_len),
         jobs.e1, jobs.e2, ref, batch.ref_seq_off, batch.rc, batch.ev_mean, batch.ev_off,
         pack_scalings(batch.scale, batch.shift, batch.var, log_var), events_per_base, k,
@@ -204,11 +207,12 @@ def call_methylation(
         else:
             batch.fail(int(i), Skip.SPLICED if jobs.spliced[i] else Skip.NO_CPG)
 
+    # slices of one str: a numpy slice and decode per call cost microseconds each, millions per run
     base = batch.ref_seq_off[jobs.read]
-    sequence = [
-        ref[b + max(f - k + 1, 0) : b + min(l + k, s)].tobytes().decode()
-        for b, f, l, s in zip(base.tolist(), jobs.first.tolist(), jobs.last.tolist(), span_len.tolist())
-    ]
+    text = ref.tobytes().decode("ascii")
+    seq_start = (base + np.maximum(jobs.first - k + 1, 0)).tolist()
+    seq_end = (base + np.minimum(jobs.last + k, span_len)).tolist()
+    sequence = [text[a:b] for a, b in zip(seq_start, seq_end)]
     ll_m64 = ll_m.astype(np.float64)
     ll_u64 = ll_u.astype(np.float64)
     return MethCalls(
@@ -225,7 +229,24 @@ def call_methylation(
 
 
 def format_calls(calls: MethCalls, read_ids: Sequence[str], ref_names: Sequence[str]) -> str:
-    """The calls as call-methylation TSV rows (no header), formatted exactly as f5c prints them."""
+    """The calls as call-methylation TSV rows (no header), formatted exactly as f5c prints them.
+
+    Written by `tsv.format_rows` (the same bytes, in parallel, without the GIL); values beyond
+    its exact range, which no log-likelihood reaches, are formatted by Python.
+    """
+    if not tsv.fits(calls.llr, calls.ll_meth, calls.ll_unmeth):
+        return _format_calls_python(calls, read_ids, ref_names)
+    refs, ref_off = tsv.blob(ref_names)
+    ids, id_off = tsv.blob(read_ids)
+    seqs, seq_off = tsv.ascii_blob(calls.sequence)
+    text = tsv.format_rows(
+        calls.read, calls.start, calls.end, calls.strand, calls.llr, calls.ll_meth, calls.ll_unmeth, calls.num_motifs,
+        refs, ref_off, ids, id_off, seqs, seq_off, tsv.NAN, tsv.INF,
+    )  # fmt: skip
+    return text.tobytes().decode()
+
+
+def _format_calls_python(calls: MethCalls, read_ids: Sequence[str], ref_names: Sequence[str]) -> str:
     rows = []
     for j in range(len(calls)):
         r = int(calls.read[j])

@@ -5,19 +5,19 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import queue
 import sys
-import threading
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
-from streamer.assemble import BatchLimits, offline_batches
+from streamer.assemble import BatchLimits, plan_batches
 from streamer.gpu import CudaOptions
 from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments
 from streamer.io.fastx import load_basecalls
 from streamer.io.index import open_index
 from streamer.io.reference import Reference
-from streamer.pipeline import Pipeline, PipelineOptions
+from streamer.overlap import OverlapOptions, reader_pool, run_overlapped
+from streamer.pipeline import BatchResult, Pipeline, PipelineOptions
 from streamer.skips import Skipped
 from streamer.summary import RunSummary
 from streamer.tuning.session import CallTuning, add_call_arguments
@@ -43,8 +43,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stats-json", type=Path, help="also write the run summary as JSON to this file")
     p.add_argument("--kmer-model", type=Path, help="nucleotide pore model file (default: r9.4 450bps 6-mer)")
     p.add_argument("--meth-model", type=Path, help="CpG methylation pore model file (default: r9.4 450bps 6-mer)")
-    gpu = p.add_argument_group("GPU (ABEA on an NVIDIA GPU when numba-cuda and a GPU are present)")
-    gpu.add_argument("--disable-cuda", action="store_true", help="align on the CPU only")
+    p.add_argument("--io-workers", type=int, default=OverlapOptions.io_workers,
+                   help="signal readers (processes for FAST5, threads otherwise) [%(default)s]")
+    p.add_argument("--compute-threads", type=int, default=OverlapOptions.compute_threads,
+                   help="batches in the stages at once, so CPU and GPU stages overlap [%(default)s]")
+    gpu = p.add_argument_group("GPU (ABEA and the CpG HMM on an NVIDIA GPU when numba-cuda and a GPU are present)")
+    gpu.add_argument("--disable-cuda", action="store_true", help="align and call on the CPU only")
+    gpu.add_argument("--disable-cuda-hmm", action="store_true", help="run the CpG HMM on the CPU, ABEA on the GPU")
     gpu.add_argument("--cuda-dev-id", type=int, default=CudaOptions.dev_id, help="GPU to use [%(default)s]")
     gpu.add_argument("--cuda-mem-frac", type=float, default=CudaOptions.mem_frac,
                      help="fraction of free GPU memory to take [0.9; 0.7 on integrated GPUs]")
@@ -59,24 +64,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_call_arguments(p)
 
 
-def _prefetch(batches, depth: int = 2):
-    """Assemble the next batches on a thread while the current one computes (the stages release the GIL)."""
-    q: queue.Queue = queue.Queue(maxsize=depth)
-    done = object()
-
-    def fill():
-        try:
-            for item in batches:
-                q.put(item)
-        except BaseException as exc:  # re-raised in the consumer, with its traceback
-            q.put(exc)
-        q.put(done)
-
-    threading.Thread(target=fill, name="batch-loader", daemon=True).start()
-    while (item := q.get()) is not done:
-        if isinstance(item, BaseException):
-            raise item
-        yield item
+def _basecalls(bam: Path, filt: AlignmentFilter, reads: Path) -> dict[str, str]:
+    """Basecalls of the reads the BAM aligns."""
+    wanted = {aln.read_id for aln in iter_alignments(bam, filt) if isinstance(aln, Alignment)}
+    return load_basecalls(reads, wanted)
 
 
 def _report(skipped: list[Skipped], summary: RunSummary) -> None:
@@ -90,39 +81,38 @@ def run(args: argparse.Namespace) -> int:
     limits = tuning.limits(BatchLimits(max_reads=args.batchsize, max_bases=args.max_bases))
     cuda = CudaOptions(disable=args.disable_cuda, dev_id=args.cuda_dev_id, mem_frac=args.cuda_mem_frac,
                        avg_epk=args.cuda_avg_epk, max_lf=args.cuda_max_lf, max_epk=args.cuda_max_epk,
-                       ultra_thresh=args.ultra_thresh, max_reads=limits.max_reads, max_bases=limits.max_bases)
+                       ultra_thresh=args.ultra_thresh, max_reads=limits.max_reads, max_bases=limits.max_bases,
+                       hmm=not args.disable_cuda_hmm)
     options = PipelineOptions(threads=args.threads, kmer_model=args.kmer_model, meth_model=args.meth_model, cuda=cuda)
+    overlap = OverlapOptions(io_workers=max(1, args.io_workers), compute_threads=max(1, args.compute_threads))
     filt = AlignmentFilter(min_mapq=args.min_mapq, secondary=args.secondary == "yes")
     summary = RunSummary()
-    pipeline = Pipeline(options)
-    tuning.attach(pipeline.gpu)
     progress = sys.stderr.isatty()
     with ExitStack() as stack:
-        ref = stack.enter_context(Reference(args.genome))
-        wanted = {aln.read_id for aln in iter_alignments(args.bam, filt) if isinstance(aln, Alignment)}
-        basecalls = load_basecalls(args.reads, wanted)
         index = open_index(args.reads, args.signal)
         for path, reason in index.bad_files.items():
             log.warning("%s: unreadable signal file, its reads are reported as missing signal: %s", path, reason)
+        # readers start while the pipeline loads its models and kernels
+        pool = reader_pool(index, overlap.io_workers)
+        stack.callback(pool.shutdown, wait=True, cancel_futures=True)
+        with ThreadPoolExecutor(1) as early:  # the reads' basecalls load while the pipeline starts
+            basecalls = early.submit(_basecalls, args.bam, filt, args.reads)
+            pipeline = Pipeline(options)
+            tuning.attach(pipeline.gpu)
+            summary.startup_s = summary.elapsed
+            basecalls = basecalls.result()
+        ref = stack.enter_context(Reference(args.genome))
         out = stack.enter_context(open(args.output, "w")) if args.output else sys.stdout
         out.write(Pipeline.TSV_HEADER)
-        records = iter_alignments(args.bam, filt)
-        for reads, skipped in _prefetch(offline_batches(records, basecalls, index, ref, limits, str(args.reads))):
-            summary.reads_in += len(reads) + len(skipped)
-            _report(skipped, summary)
-            if not reads:
-                continue
-            result = pipeline.process(reads)
+        plans = plan_batches(iter_alignments(args.bam, filt), basecalls, index, limits, str(args.reads))
+
+        def on_result(result: BatchResult) -> None:
             tuning.observe(result.gpu_stats)
-            _report(result.skipped, summary)
-            out.writelines(result.tsv_rows())
-            out.flush()
-            summary.reads_called += result.n_reads - len(result.skipped)
-            summary.bases += result.n_bases
-            summary.calls += result.n_calls
-            summary.stage_seconds.update(result.timings)
             if progress:
                 print(f"\r{summary.progress_line()}", end="", file=sys.stderr, flush=True)
+
+        run_overlapped(pipeline, plans, ref, pool, out, summary, overlap, on_result,
+                       lambda skipped: _report(skipped, summary))  # fmt: skip
         tuning.finish()
     if progress:
         print(file=sys.stderr)

@@ -1,0 +1,111 @@
+"""GPU CpG HMM: bit-identical to the CPU `score_windows` under numba's CUDA simulator (and on a GPU
+when there is one), windows over the kernel's capacity and failed batches scored on the CPU, and
+the host-side helpers and the no-GPU path without CUDA."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from streamer.gpu import CudaOptions, open_gpu_hmm
+from streamer.gpu.hmm_host import flank_table, launch_order, pack_jobs, read_transitions
+from streamer.plugins.cpg.hmm import HmmParams, block_transitions, clip_flanks
+from test_gpu_abea import HAS_CUDA_MODULE, _gpu_present
+
+CASES = Path(__file__).parent / "gpu_hmm_cases.py"
+
+
+@pytest.fixture(scope="module", params=["simulator", "gpu"])
+def cases(request) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    if request.param == "simulator":
+        if not HAS_CUDA_MODULE:
+            pytest.skip("neither numba-cuda nor numba's built-in CUDA target is installed")
+        env["NUMBA_ENABLE_CUDASIM"] = "1"
+    elif not _gpu_present():
+        pytest.skip("no CUDA GPU")
+    proc = subprocess.run([sys.executable, str(CASES)], capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_windows_identical_to_cpu(cases):
+    case = cases["windows"]
+    assert case["diff"] == 0 and case["finite"]
+    assert cases["rc"] == [False, True]  # both strands
+    stats = case["stats"]
+    assert stats["n_gpu"] == case["n"] and stats["n_cpu"] == 0 and stats["fallback"] == ""
+    assert stats["cells"] > 0
+
+
+def test_launch_order_does_not_change_answers(cases):
+    assert cases["in_job_order"]["diff"] == 0
+
+
+def test_windows_over_capacity_go_to_the_cpu(cases):
+    case = cases["capacity"]
+    assert case["diff"] == 0
+    assert case["over"] > 0
+    assert (case["stats"]["n_cpu"], case["stats"]["n_gpu"]) == (case["over"], case["n"] - case["over"])
+
+
+def test_cuda_error_scores_the_batch_on_the_cpu(cases):
+    case = cases["fallback"]
+    assert case["diff"] == 0
+    assert "CUDA_ERROR_OUT_OF_MEMORY" in case["stats"]["fallback"]
+    assert case["stats"]["n_gpu"] == 0 and case["stats"]["n_cpu"] == case["n"]
+
+
+@pytest.mark.parametrize("n_events", [1, 2, 3, 17])
+def test_one_flank_table_serves_both_ends_of_every_window(n_events):
+    params = HmmParams().as_array()
+    table = flank_table(40, params)
+    pre = np.empty(n_events, np.float32)
+    post = np.empty(n_events, np.float32)
+    clip_flanks(n_events, params, pre, post)
+    assert pre.tobytes() == table[:n_events].tobytes()
+    assert post.tobytes() == table[:n_events][::-1].tobytes()
+
+
+def test_jobs_packed_to_batch_coordinates():
+    # read 1 spans ref 100..160 and events 50..90; its window 5..30 has 25 bases, 20 6-mers
+    job_read = np.array([1, 0], np.int64)
+    w0, w1 = np.array([5, 0]), np.array([30, 12])
+    e1, e2 = np.array([30, 3]), np.array([10, 9])
+    ref_seq_off = np.array([0, 100, 160])
+    ev_off = np.array([0, 50, 90])
+    read, p_w0, length, p_e1, p_e2, cells, fits = pack_jobs(job_read, w0, w1, e1, e2, ref_seq_off, ev_off, 6, 16)
+    assert read.tolist() == [1, 0] and read.dtype == np.int32
+    assert p_w0.tolist() == [105, 0] and length.tolist() == [25, 12]
+    assert p_e1.tolist() == [80, 3] and p_e2.tolist() == [60, 9]
+    assert cells.tolist() == [20 * 21, 7 * 7]
+    assert fits.tolist() == [False, True]
+    assert launch_order(np.array([0, 1]), cells, True).tolist() == [0, 1]
+    assert launch_order(np.array([1, 0]), cells, False).tolist() == [1, 0]
+
+
+def test_transitions_are_the_cpu_helpers():
+    params = HmmParams().as_array()
+    epb = np.array([1.7, 0.0, 2.3])
+    trans = read_transitions(np.array([2, 0, 2]), epb, params)
+    assert trans[0].tobytes() == block_transitions(1.7, params).tobytes()
+    assert trans[2].tobytes() == block_transitions(2.3, params).tobytes()
+    assert not trans[1].any()  # no jobs: never computed (its rate would divide by zero)
+
+
+def test_disabled_or_absent_gpu_keeps_the_hmm_on_the_cpu(caplog):
+    assert open_gpu_hmm(CudaOptions(disable=True)) is None
+    assert open_gpu_hmm(CudaOptions(hmm=False)) is None
+    if _gpu_present():
+        pytest.skip("a GPU is present")
+    with caplog.at_level(logging.INFO, logger="streamer.gpu"):
+        assert open_gpu_hmm(CudaOptions()) is None
+    lines = [r for r in caplog.records if r.name.startswith("streamer.gpu")]
+    assert len(lines) == 1 and "HMM runs on the CPU" in lines[0].getMessage()

@@ -1,0 +1,91 @@
+"""The overlapped `streamer call`: signal packed straight from the readers' samples, batch order kept
+whatever the threads, readers chosen by format, failures raised rather than hung on."""
+
+from __future__ import annotations
+
+import io
+import shutil
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import ECOLI, REFERENCE
+from streamer import overlap
+from streamer.assemble import BatchLimits, build_reads, load_signals, plan_batches, signal_requests
+from streamer.batch import pack
+from streamer.gpu import CudaOptions
+from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments
+from streamer.io.fastx import load_basecalls
+from streamer.io.index import SignalIndex, open_index
+from streamer.io.reference import Reference
+from streamer.pipeline import Pipeline, PipelineOptions
+from streamer.summary import RunSummary
+from test_call import streamer
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("overlap")
+    reads = tmp / "reads.fasta"
+    shutil.copy(ECOLI / "reads.fasta", reads)
+    filt = AlignmentFilter()
+    wanted = {a.read_id for a in iter_alignments(ECOLI / "reads.bam", filt) if isinstance(a, Alignment)}
+    index = open_index(reads, [ECOLI / "fast5"])
+    basecalls = load_basecalls(reads, wanted)
+    return list(plan_batches(iter_alignments(ECOLI / "reads.bam", filt), basecalls, index, BatchLimits(3), "r"))
+
+
+def test_signal_packed_from_chunks_is_packs_signal(plans):
+    pending = [p for ps, _ in plans for p in ps]
+    wanted = signal_requests(pending)
+    half = dict(list(wanted.items())[: len(wanted) // 2])
+    rest = dict(list(wanted.items())[len(wanted) // 2 :])
+    chunks = [overlap.load_chunk(half), overlap.load_chunk(rest)]
+    records, where = {}, {}
+    for i, c in enumerate(chunks):
+        records.update(c.records)
+        where.update((rid, (i, s, n)) for rid, (s, n) in c.where.items())
+    with Reference(REFERENCE) as ref:
+        ours = overlap.pack_with_signal(build_reads(pending, records, {}, ref, []), records, where,
+                                        [c.raw for c in chunks])  # fmt: skip
+        signals, _ = load_signals(wanted)
+        theirs = pack(build_reads(pending, signals, {}, ref, []))
+    assert ours.signal.tobytes() == theirs.signal.tobytes()
+    assert np.array_equal(ours.signal_off, theirs.signal_off)
+    assert ours.read_ids == theirs.read_ids and np.array_equal(ours.seq, theirs.seq)
+
+
+def test_readers_are_processes_for_fast5_threads_otherwise():
+    fast5 = SignalIndex({"a": Path("x.fast5"), "b": Path("y.blow5")}, [], {})
+    pool = overlap.reader_pool(fast5, 1)
+    assert isinstance(pool, ProcessPoolExecutor)
+    pool.shutdown()
+    pool = overlap.reader_pool(SignalIndex({"a": Path("x.pod5")}, [], {}), 1)
+    assert isinstance(pool, ThreadPoolExecutor)
+    pool.shutdown()
+
+
+def test_a_reader_failure_is_raised_in_the_caller(plans, monkeypatch):
+    def broken(wanted):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(overlap, "load_chunk", broken)
+    pipeline = Pipeline(PipelineOptions(threads=1, cuda=CudaOptions(disable=True)))
+    with Reference(REFERENCE) as ref, ThreadPoolExecutor(2) as pool, pytest.raises(RuntimeError, match="on fire"):
+        overlap.run_overlapped(pipeline, iter(plans), ref, pool, io.StringIO(), RunSummary())
+
+
+@pytest.mark.parametrize("extra", [["--compute-threads", "1", "--io-workers", "1"], ["--compute-threads", "3"]])
+def test_output_in_batch_order_whatever_the_threads(tmp_path, extra):
+    shutil.copy(ECOLI / "reads.fasta", tmp_path / "reads.fasta")
+    outs = []
+    for k, more in (("512", []), ("2", extra)):
+        out = tmp_path / f"meth{k}.tsv"
+        proc = streamer("call", "-r", tmp_path / "reads.fasta", "-b", ECOLI / "reads.bam", "-g", REFERENCE,
+                        "--signal", ECOLI / "fast5", "-o", out, "-t", "2", "-K", k, *more)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert "calls written:    790" in proc.stderr and "throughput:" in proc.stderr
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
