@@ -1,0 +1,100 @@
+"""bedMethyl, as modkit pileup writes it, from CpG group calls.
+
+A group call covers every CpG of its group: each CpG gets one count from the call, on the
+strand of the read. A forward-strand call counts at the CpG's C (its reference position p); a
+reverse-strand call counts at p + 1, the C of the CpG on the reverse strand, as modkit reports
+strands separately. A call is valid when |log_lik_ratio| >= the threshold (f5c meth-freq's 2.5,
+on the ratio as printed with two decimals, so counts agree with `streamer meth-freq -s`):
+modified if positive, canonical otherwise; below the threshold it counts as Nfail. Only CpGs
+of the reference are called, so Ndelete, Ndiff, Nnocall and Nother_mod are 0. As in modkit,
+rows with no valid coverage are not written; rows are sorted by contig (byte order), position
+and strand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from streamer.errors import InputError
+from streamer.plugins.cpg.calls import MethCalls
+from streamer.plugins.methfreq import CALL_THRESHOLD
+
+MOD_CODE = "m"
+COLOUR = "255,0,0"
+_STRAND = {1: "+", -1: "-"}
+
+
+@dataclass
+class SiteCounts:
+    """Read counts at one (contig, position, strand)."""
+
+    n_mod: int = 0
+    n_canonical: int = 0
+    n_fail: int = 0
+
+    @property
+    def n_valid(self) -> int:
+        return self.n_mod + self.n_canonical
+
+
+class BedMethyl:
+    """Accumulates group calls into per-CpG, per-strand counts; `write()` prints the table."""
+
+    def __init__(self, call_threshold: float = CALL_THRESHOLD) -> None:
+        self.call_threshold = call_threshold
+        self.sites: dict[tuple[str, int, str], SiteCounts] = {}
+
+    def add(self, chrom: str, strand: str, start: int, llr: float, sequence: str) -> None:
+        """Add one group call: `start` is the group's first C, `sequence` the TSV's context (llr as printed)."""
+        shift = 0 if strand == "+" else 1
+        first = pos = sequence.find("CG")
+        while pos != -1:
+            key = (chrom, start + pos - first + shift, strand)
+            site = self.sites.get(key)
+            if site is None:
+                site = self.sites[key] = SiteCounts()
+            if abs(llr) < self.call_threshold:
+                site.n_fail += 1
+            elif llr > 0:
+                site.n_mod += 1
+            else:
+                site.n_canonical += 1
+            pos = sequence.find("CG", pos + 1)
+
+    def add_calls(self, calls: MethCalls, ref_names: Sequence[str]) -> None:
+        """Add a batch's calls; `ref_names` is the batch's contig per record."""
+        for j in range(len(calls)):
+            self.add(ref_names[int(calls.read[j])], _STRAND[int(calls.strand[j])], int(calls.start[j]),
+                     float(f"{calls.llr[j]:.2f}"), calls.sequence[j])  # fmt: skip
+
+    def add_tsv(self, lines: Iterable[str], source: str | Path = "<calls>") -> None:
+        """Add the rows of a call-methylation TSV with a strand column (f5c v2, streamer)."""
+        it = iter(lines)
+        header = next(it, "").rstrip("\n").split("\t")
+        try:
+            cols = [header.index(c) for c in ("chromosome", "strand", "start", "log_lik_ratio", "sequence")]
+        except ValueError:
+            raise InputError(source, "not a call-methylation header with a strand column", line=1) from None
+        for line_no, line in enumerate(it, start=2):
+            fields = line.rstrip("\n").split("\t")
+            try:
+                chrom, strand, start, llr, seq = (fields[c] for c in cols)
+                self.add(chrom, strand, int(start), float(llr), seq)
+            except (IndexError, ValueError) as exc:
+                raise InputError(source, f"malformed row: {exc}", line=line_no) from None
+
+    def rows(self) -> list[tuple[str, int, str, SiteCounts]]:
+        """Sites with valid coverage, in output order."""
+        keys = sorted(self.sites, key=lambda k: (k[0].encode(), k[1], k[2] != "+"))
+        return [(*k, self.sites[k]) for k in keys if self.sites[k].n_valid > 0]
+
+    def write(self, fh: TextIO) -> None:
+        for chrom, pos, strand, s in self.rows():
+            n = s.n_valid
+            fh.write(
+                f"{chrom}\t{pos}\t{pos + 1}\t{MOD_CODE}\t{n}\t{strand}\t{pos}\t{pos + 1}\t{COLOUR}\t{n}"
+                f"\t{100 * s.n_mod / n:.2f}\t{s.n_mod}\t{s.n_canonical}\t0\t0\t{s.n_fail}\t0\t0\n"
+            )

@@ -1,0 +1,78 @@
+"""bedMethyl: modkit's 18 columns, with counts that agree with meth-freq on the same calls."""
+
+import io
+from collections import Counter
+
+import numpy as np
+import pytest
+from conftest import ECOLI, SHARED
+
+from streamer.plugins.bedmethyl import BedMethyl
+from streamer.plugins.cpg.calls import MethCalls
+from streamer.plugins.methfreq import MethFreq
+
+CALL_FILES = [ECOLI / "meth.f5c-1.1.tsv", SHARED / "expected" / "f5c-1.1" / "meth.tsv"]
+
+
+def bed_rows(bed: BedMethyl) -> list[list[str]]:
+    out = io.StringIO()
+    bed.write(out)
+    return [line.split("\t") for line in out.getvalue().splitlines()]
+
+
+@pytest.mark.parametrize("path", CALL_FILES, ids=["fixture", "shared-2kb"])
+def test_counts_agree_with_meth_freq(path):
+    if not path.is_file():
+        pytest.skip(f"{path} not present")
+    bed = BedMethyl()
+    with open(path) as fh:
+        bed.add_tsv(fh, path)
+    rows = bed_rows(bed)
+    assert rows and all(len(r) == 18 for r in rows)
+    valid, mod = Counter(), Counter()
+    for r in rows:
+        chrom, start, end, code, score, strand, s2, e2, colour = r[:9]
+        n_valid, pct, n_mod, n_canon, n_other, n_del, n_fail, n_diff, n_nocall = r[9:]
+        assert (code, colour, score, s2, e2) == ("m", "255,0,0", n_valid, start, end)
+        assert int(end) == int(start) + 1 and strand in "+-"
+        assert int(n_valid) == int(n_mod) + int(n_canon) > 0
+        assert pct == f"{100 * int(n_mod) / int(n_valid):.2f}"
+        assert n_other == n_del == n_diff == n_nocall == "0"
+        site = int(start) - (strand == "-")  # the CpG's C on the forward strand
+        valid[chrom, site] += int(n_valid)
+        mod[chrom, site] += int(n_mod)
+    freq = MethFreq.from_tsv(path, split_groups=True)
+    want = {(c, s): (st.called_sites, st.called_sites_methylated) for c, s, e, st in freq.rows()}
+    assert {k: (valid[k], mod[k]) for k in valid} == want
+
+
+def test_strands_fail_and_group_split():
+    bed = BedMethyl()
+    bed.add("chr1", "+", 100, 3.0, "AAAAACGTTTTCGAAAAA")  # CpGs at 100 and 106
+    bed.add("chr1", "-", 100, -2.6, "AAAAACGTTTTCGAAAAA")
+    bed.add("chr1", "+", 100, 2.49, "AAAAACGTTTTCGAAAAA")
+    got = {(int(r[1]), r[5]): (r[9], r[11], r[12], r[15]) for r in bed_rows(bed)}
+    assert got == {
+        (100, "+"): ("1", "1", "0", "1"), (106, "+"): ("1", "1", "0", "1"),
+        (101, "-"): ("1", "0", "1", "0"), (107, "-"): ("1", "0", "1", "0"),
+    }  # fmt: skip
+    only_fail = BedMethyl()
+    only_fail.add("chr1", "+", 100, 1.0, "AAAAACGAAAAA")
+    assert bed_rows(only_fail) == []
+
+
+def test_calls_records_match_their_tsv():
+    calls = MethCalls(
+        read=np.array([0, 1]), start=np.array([10, 20]), end=np.array([10, 20]), strand=np.array([1, -1], np.int8),
+        llr=np.array([2.504, -7.0]), ll_meth=np.zeros(2), ll_unmeth=np.zeros(2), num_motifs=np.array([1, 1], np.int32),
+        sequence=["AAAAACGAAAAA", "AAAAACGAAAAA"],
+    )  # fmt: skip
+    from_calls = BedMethyl()
+    from_calls.add_calls(calls, ["c1", "c2"])
+    from_tsv = BedMethyl()
+    from_tsv.add_tsv(["chromosome\tstrand\tstart\tend\tread_name\tlog_lik_ratio\tsequence\n",
+                      "c1\t+\t10\t10\tr\t2.50\tAAAAACGAAAAA\n", "c2\t-\t20\t20\tr\t-7.00\tAAAAACGAAAAA\n"])  # fmt: skip
+    assert bed_rows(from_calls) == bed_rows(from_tsv) == [
+        ["c1", "10", "11", "m", "1", "+", "10", "11", "255,0,0", "1", "100.00", "1", "0", "0", "0", "0", "0", "0"],
+        ["c2", "21", "22", "m", "1", "-", "21", "22", "255,0,0", "1", "0.00", "0", "1", "0", "0", "0", "0", "0"],
+    ]
