@@ -108,7 +108,7 @@ def sum6(x0, x1, x2, x3, x4, x5, table):
 @functools.cache
 def forward_kernel(max_kmers: int):
     """The forward kernel for windows of up to max_kmers k-mers (the size of its local arrays)."""
-    MAXK = max_kmers
+    CELLS = SLOTS * max_kmers  # a constant of the kernel: local arrays need one
 
     @cuda.jit(
         "void(uint8[::1], float32[::1], int32[::1], int32[::1], int64[::1], int32[::1], int64[::1], int64[::1], "
@@ -132,7 +132,7 @@ def forward_kernel(max_kmers: int):
         n_kmers = length - k + 1
         stride = 1 if e1 <= e2 else -1
         n_events = (e2 - e1) * stride + 1
-        cell = cuda.local.array(SLOTS * MAXK, np.float32)
+        cell = cuda.local.array(CELLS, np.float32)
         ninf = np.float32(-np.inf)
 
         sc_scale = scalings[r, S_SCALE]

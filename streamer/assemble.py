@@ -2,14 +2,20 @@
 
 Batches are capped by K reads and B bases, counted over the records that go on,
 as f5c does. Every record that cannot go on leaves as a `Skipped` with its reason.
+`plan_batches` decides the batches without reading signal, so that the overlapped
+`streamer call` can hand their signal to reader workers (`load_chunk`, one task).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from streamer.batch import ReadInput
 from streamer.errors import InputError
@@ -125,6 +131,34 @@ def build_reads(
         else:
             reads.append(make_read_input(aln, seq, sig, ref, str(path)))
     return reads
+
+
+_NO_SAMPLES = np.zeros(0, np.int16)
+
+
+@dataclass
+class SignalChunk:
+    """One reader task's reads: records with their samples moved to `raw`, where each read's are, failures."""
+
+    records: dict[str, SignalRecord]  # raw left empty
+    where: dict[str, tuple[int, int]]  # read id -> (start, length) in raw
+    raw: np.ndarray  # int16
+    errors: dict[str, str]
+    seconds: float  # busy time of the task
+
+
+def load_chunk(wanted: Mapping[Path, list[str]]) -> SignalChunk:
+    """`load_signals` as a reader task (a worker process or thread), the samples laid end to end."""
+    t0 = time.perf_counter()
+    signals, errors = load_signals(wanted)
+    where: dict[str, tuple[int, int]] = {}
+    at = 0
+    for rid, rec in signals.items():
+        where[rid] = (at, len(rec.raw))
+        at += len(rec.raw)
+    raw = np.concatenate([rec.raw for rec in signals.values()]) if signals else _NO_SAMPLES
+    records = {rid: dataclasses.replace(rec, raw=_NO_SAMPLES) for rid, rec in signals.items()}
+    return SignalChunk(records, where, raw.astype(np.int16, copy=False), errors, time.perf_counter() - t0)
 
 
 def offline_batches(

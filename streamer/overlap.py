@@ -3,9 +3,11 @@
     plan (BAM order) -> reader pool -> assemble -> compute threads -> write (batch order)
 
 - The reader pool loads each planned batch's signal in small tasks, `ahead` batches before the
-  stages need them. FAST5 goes to processes, because h5py serialises every thread of a process
-  on one lock; POD5 and BLOW5 readers release the GIL, so threads read them. A task hands back
-  its reads' raw samples as one int16 array (half the bytes of pA, one object to pickle).
+  stages need them. FAST5 and POD5 go to processes: h5py serialises every thread of a process on
+  one lock, and the POD5 reader holds the GIL for most of its work (on 16 cores, threads spent
+  44 s reading what processes read in 2.5 s). SLOW5/BLOW5, read through slow5lib with the GIL
+  released, go to threads. A task hands back its reads' raw samples as one int16 array (half
+  the bytes of pA, one object to pickle).
 - One assembler thread packs a batch; its signal goes from the tasks' arrays to pA straight
   into the batch's flat array, in parallel (the same float32 steps as `SignalRecord.to_pa`).
 - Compute threads each run `Pipeline.run_batch` on a batch, so one batch's CPU stages run while
@@ -18,7 +20,6 @@ A failure in any thread stops the others and is raised in the caller.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import multiprocessing
 import os
@@ -29,14 +30,13 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 import numba
 import numpy as np
 from numba.typed import List
 
-from streamer.assemble import Pending, build_reads, load_signals, signal_requests
+from streamer.assemble import Pending, build_reads, load_chunk, signal_requests
 from streamer.batch import ReadBatch, ReadInput, pack
 from streamer.io.fast5 import SignalRecord
 from streamer.io.index import SignalIndex
@@ -57,48 +57,42 @@ class OverlapOptions:
     batches are read while the stages work; a reader task loads about reads_per_task reads."""
 
     io_workers: int = os.cpu_count() or 1
+    io_mode: str = "auto"  # "processes", "threads", or by format (`reader_pool`)
     compute_threads: int = 2
     ahead: int = 2
     reads_per_task: int = 32
 
 
-def reader_pool(index: SignalIndex, workers: int) -> Executor:
-    """Processes when any indexed file is FAST5, else threads; started now, so workers are ready early."""
-    fast5 = any(p.suffix.lower() == ".fast5" for p in set(index.paths.values()))
-    if not fast5:
+IO_MODES = ("auto", "processes", "threads")
+
+
+def reader_pool(index: SignalIndex, workers: int, mode: str = "auto") -> Executor:
+    """Signal readers: processes, threads, or ("auto") threads only when every indexed file is SLOW5/BLOW5.
+
+    Processes come from a fork server that has imported the readers once (a fork of this
+    process could inherit its threads' locks; a fresh interpreter per worker imports for a
+    second); they are started on a side thread, so they come up while the pipeline starts.
+    """
+    if mode not in IO_MODES:
+        raise ValueError(f"io mode must be one of {', '.join(IO_MODES)}, not {mode!r}")
+    if mode == "auto":
+        slow5 = all(p.suffix.lower() in (".slow5", ".blow5") for p in set(index.paths.values()))
+        mode = "threads" if slow5 else "processes"
+    if mode == "threads":
         return ThreadPoolExecutor(workers, thread_name_prefix="signal-reader")
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
-    for _ in range(workers):
-        pool.submit(os.getpid)
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["streamer.assemble"])
+    pool = ProcessPoolExecutor(workers, mp_context=ctx)
+    threading.Thread(target=_start_workers, args=(pool, workers), name="reader-start", daemon=True).start()
     return pool
 
 
-_NO_SAMPLES = np.zeros(0, np.int16)
-
-
-@dataclass
-class SignalChunk:
-    """One reader task's reads: records with their samples moved to `raw`, where each read's are, failures."""
-
-    records: dict[str, SignalRecord]  # raw left empty
-    where: dict[str, tuple[int, int]]  # read id -> (start, length) in raw
-    raw: np.ndarray  # int16
-    errors: dict[str, str]
-    seconds: float  # busy time of the task
-
-
-def load_chunk(wanted: dict[Path, list[str]]) -> SignalChunk:
-    """`load_signals` in a reader worker, the samples laid end to end."""
-    t0 = time.perf_counter()
-    signals, errors = load_signals(wanted)
-    where: dict[str, tuple[int, int]] = {}
-    at = 0
-    for rid, rec in signals.items():
-        where[rid] = (at, len(rec.raw))
-        at += len(rec.raw)
-    raw = np.concatenate([rec.raw for rec in signals.values()]) if signals else _NO_SAMPLES
-    records = {rid: dataclasses.replace(rec, raw=_NO_SAMPLES) for rid, rec in signals.items()}
-    return SignalChunk(records, where, raw.astype(np.int16, copy=False), errors, time.perf_counter() - t0)
+def _start_workers(pool: ProcessPoolExecutor, workers: int) -> None:
+    try:
+        for _ in range(workers):
+            pool.submit(os.getpid)
+    except RuntimeError:  # shut down already: the run ended before its readers were needed
+        pass
 
 
 @numba.njit(nogil=True, cache=True, parallel=True)

@@ -57,14 +57,18 @@ def test_signal_packed_from_chunks_is_packs_signal(plans):
     assert ours.read_ids == theirs.read_ids and np.array_equal(ours.seq, theirs.seq)
 
 
-def test_readers_are_processes_for_fast5_threads_otherwise():
+def test_readers_are_threads_for_slow5_processes_otherwise():
     fast5 = SignalIndex({"a": Path("x.fast5"), "b": Path("y.blow5")}, [], {})
-    pool = overlap.reader_pool(fast5, 1)
-    assert isinstance(pool, ProcessPoolExecutor)
-    pool.shutdown()
-    pool = overlap.reader_pool(SignalIndex({"a": Path("x.pod5")}, [], {}), 1)
-    assert isinstance(pool, ThreadPoolExecutor)
-    pool.shutdown()
+    pod5 = SignalIndex({"a": Path("x.pod5")}, [], {})
+    blow5 = SignalIndex({"a": Path("x.blow5"), "b": Path("y.slow5")}, [], {})
+    for index, mode, kind in ((fast5, "auto", ProcessPoolExecutor), (pod5, "auto", ProcessPoolExecutor),
+                              (blow5, "auto", ThreadPoolExecutor), (fast5, "threads", ThreadPoolExecutor),
+                              (blow5, "processes", ProcessPoolExecutor)):
+        pool = overlap.reader_pool(index, 1, mode)
+        assert isinstance(pool, kind)
+        pool.shutdown()
+    with pytest.raises(ValueError, match="io mode"):
+        overlap.reader_pool(pod5, 1, "fibres")
 
 
 def test_a_reader_failure_is_raised_in_the_caller(plans, monkeypatch):

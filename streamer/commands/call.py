@@ -13,11 +13,13 @@ from pathlib import Path
 from streamer.assemble import BatchLimits, plan_batches
 from streamer.gpu import CudaOptions
 from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments
-from streamer.io.fastx import load_basecalls
+from streamer.io.bamreads import load_reads
 from streamer.io.index import open_index
 from streamer.io.reference import Reference
-from streamer.overlap import OverlapOptions, reader_pool, run_overlapped
+from streamer.overlap import IO_MODES, OverlapOptions, reader_pool, run_overlapped
 from streamer.pipeline import BatchResult, Pipeline, PipelineOptions
+from streamer.plugins.bedmethyl import BedMethyl
+from streamer.plugins.modbam import ModCalls, write_modbam
 from streamer.skips import Skipped
 from streamer.summary import RunSummary
 from streamer.tuning.session import CallTuning, add_call_arguments
@@ -29,7 +31,7 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-r", "--reads", required=True, type=Path, help="basecalls (FASTA/FASTQ, plain or gzip)")
+    p.add_argument("-r", "--reads", required=True, type=Path, help="basecalls: FASTA/FASTQ (plain or gzip) or BAM (dorado/MinKNOW, unaligned or aligned)")
     p.add_argument("-b", "--bam", required=True, type=Path, help="reads aligned to the reference (BAM)")
     p.add_argument("-g", "--genome", required=True, type=Path, help="reference FASTA")
     p.add_argument("--signal", nargs="+", metavar="DIR_OR_FILE",
@@ -40,11 +42,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-B", "--max-bases", type=int, default=BatchLimits.max_bases, help="most bases per batch [%(default)s]")
     p.add_argument("--min-mapq", type=int, default=AlignmentFilter.min_mapq, help="minimum mapping quality [%(default)s]")
     p.add_argument("--secondary", choices=("yes", "no"), default="no", help="use secondary alignments [%(default)s]")
+    p.add_argument("--bedmethyl", type=Path, metavar="FILE",
+                   help="also write per-CpG, per-strand counts as bedMethyl (modkit)")
+    p.add_argument("--modbam", type=Path, metavar="FILE",
+                   help="also write the --bam alignments with the calls as MM/ML tags (modBAM)")
     p.add_argument("--stats-json", type=Path, help="also write the run summary as JSON to this file")
     p.add_argument("--kmer-model", type=Path, help="nucleotide pore model file (default: r9.4 450bps 6-mer)")
     p.add_argument("--meth-model", type=Path, help="CpG methylation pore model file (default: r9.4 450bps 6-mer)")
     p.add_argument("--io-workers", type=int, default=OverlapOptions.io_workers,
-                   help="signal readers (processes for FAST5, threads otherwise) [%(default)s]")
+                   help="signal readers working ahead of the stages [%(default)s]")
+    p.add_argument("--io-mode", choices=IO_MODES, default=OverlapOptions.io_mode,
+                   help="signal readers as processes or threads; auto: threads for SLOW5/BLOW5, processes "
+                        "otherwise (FAST5 and POD5 readers hold a lock or the GIL) [%(default)s]")
     p.add_argument("--compute-threads", type=int, default=OverlapOptions.compute_threads,
                    help="batches in the stages at once, so CPU and GPU stages overlap [%(default)s]")
     gpu = p.add_argument_group("GPU (ABEA and the CpG HMM on an NVIDIA GPU when numba-cuda and a GPU are present)")
@@ -67,7 +76,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _basecalls(bam: Path, filt: AlignmentFilter, reads: Path) -> dict[str, str]:
     """Basecalls of the reads the BAM aligns."""
     wanted = {aln.read_id for aln in iter_alignments(bam, filt) if isinstance(aln, Alignment)}
-    return load_basecalls(reads, wanted)
+    return load_reads(reads, wanted)
 
 
 def _report(skipped: list[Skipped], summary: RunSummary) -> None:
@@ -84,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
                        ultra_thresh=args.ultra_thresh, max_reads=limits.max_reads, max_bases=limits.max_bases,
                        hmm=not args.disable_cuda_hmm)
     options = PipelineOptions(threads=args.threads, kmer_model=args.kmer_model, meth_model=args.meth_model, cuda=cuda)
-    overlap = OverlapOptions(io_workers=max(1, args.io_workers), compute_threads=max(1, args.compute_threads))
+    overlap = OverlapOptions(io_workers=max(1, args.io_workers), io_mode=args.io_mode,
+                             compute_threads=max(1, args.compute_threads))
     filt = AlignmentFilter(min_mapq=args.min_mapq, secondary=args.secondary == "yes")
     summary = RunSummary()
     progress = sys.stderr.isatty()
@@ -93,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         for path, reason in index.bad_files.items():
             log.warning("%s: unreadable signal file, its reads are reported as missing signal: %s", path, reason)
         # readers start while the pipeline loads its models and kernels
-        pool = reader_pool(index, overlap.io_workers)
+        pool = reader_pool(index, overlap.io_workers, overlap.io_mode)
         stack.callback(pool.shutdown, wait=True, cancel_futures=True)
         with ThreadPoolExecutor(1) as early:  # the reads' basecalls load while the pipeline starts
             basecalls = early.submit(_basecalls, args.bam, filt, args.reads)
@@ -106,14 +116,26 @@ def run(args: argparse.Namespace) -> int:
         out.write(Pipeline.TSV_HEADER)
         plans = plan_batches(iter_alignments(args.bam, filt), basecalls, index, limits, str(args.reads))
 
+        bed = BedMethyl() if args.bedmethyl else None
+        mod = ModCalls() if args.modbam else None
+
         def on_result(result: BatchResult) -> None:
             tuning.observe(result.gpu_stats)
+            if bed is not None:
+                bed.add_calls(result.calls, result.ref_names)
+            if mod is not None:
+                mod.add_calls(result.calls, result.read_ids, result.ref_names)
             if progress:
                 print(f"\r{summary.progress_line()}", end="", file=sys.stderr, flush=True)
 
         run_overlapped(pipeline, plans, ref, pool, out, summary, overlap, on_result,
                        lambda skipped: _report(skipped, summary))  # fmt: skip
         tuning.finish()
+        if bed is not None:
+            with open(args.bedmethyl, "w") as fh:
+                bed.write(fh)
+        if mod is not None:
+            write_modbam(args.bam, args.modbam, mod, filt, " ".join(sys.argv))
     if progress:
         print(file=sys.stderr)
     print(summary.report(), file=sys.stderr)

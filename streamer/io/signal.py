@@ -94,8 +94,7 @@ def read_signals(path: Path, read_ids: Iterable[str]) -> Iterator[SignalRecord]:
     """The named reads that the file holds, opening it once (the order is the format's)."""
     fmt = signal_format(path)
     if fmt == "fast5":
-        held = set(fast5.fast5_read_ids(path))
-        return (fast5.read_fast5(path, rid) for rid in read_ids if rid in held)
+        return fast5.read_fast5_many(path, read_ids)
     if fmt == "pod5":
         return pod5.read_pod5_many(path, read_ids)
     return slow5.read_slow5_many(path, read_ids)
