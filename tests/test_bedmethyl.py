@@ -1,11 +1,14 @@
 """bedMethyl: modkit's 18 columns, with counts that agree with meth-freq on the same calls."""
 
 import io
+import shutil
+import subprocess
+import sys
 from collections import Counter
 
 import numpy as np
 import pytest
-from conftest import ECOLI, SHARED
+from conftest import ECOLI, REFERENCE, SHARED
 
 from streamer.plugins.bedmethyl import BedMethyl
 from streamer.plugins.cpg.calls import MethCalls
@@ -76,3 +79,16 @@ def test_calls_records_match_their_tsv():
         ["c1", "10", "11", "m", "1", "+", "10", "11", "255,0,0", "1", "100.00", "1", "0", "0", "0", "0", "0", "0"],
         ["c2", "21", "22", "m", "1", "-", "21", "22", "255,0,0", "1", "0.00", "0", "1", "0", "0", "0", "0", "0"],
     ]
+
+
+def test_streamer_call_writes_bedmethyl_of_its_calls(tmp_path):
+    shutil.copy(ECOLI / "reads.fasta", tmp_path / "reads.fasta")
+    proc = subprocess.run([sys.executable, "-m", "streamer", "call", "-r", str(tmp_path / "reads.fasta"),
+                           "-b", str(ECOLI / "reads.bam"), "-g", str(REFERENCE), "--signal", str(ECOLI / "fast5"),
+                           "-o", str(tmp_path / "meth.tsv"), "--bedmethyl", str(tmp_path / "meth.bed"), "-t", "2"],
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    want = BedMethyl()
+    with open(tmp_path / "meth.tsv") as fh:
+        want.add_tsv(fh)
+    assert (tmp_path / "meth.bed").read_text().splitlines() == ["\t".join(r) for r in bed_rows(want)]

@@ -3,10 +3,13 @@
 import array
 import csv
 import math
+import shutil
+import subprocess
+import sys
 
 import pysam
 import pytest
-from conftest import ECOLI
+from conftest import ECOLI, REFERENCE
 
 from streamer.io.alignments import AlignmentFilter
 from streamer.plugins.modbam import ModCalls, mod_tags, probability_code, write_modbam
@@ -111,3 +114,13 @@ def test_existing_tags_replaced_consistently(tmp_path):
     assert uncalled.get_tag("MM") == "A+a?,0;" and list(uncalled.get_tag("ML")) == [7]
     assert list(called.get_tag("mv")) == list(uncalled.get_tag("mv")) == [5, 1, 0]
     assert not (tmp_path / "out.bam.bai").exists()
+
+
+def test_streamer_call_writes_modbam_of_its_calls(tmp_path):
+    shutil.copy(ECOLI / "reads.fasta", tmp_path / "reads.fasta")
+    proc = subprocess.run([sys.executable, "-m", "streamer", "call", "-r", str(tmp_path / "reads.fasta"),
+                           "-b", str(ECOLI / "reads.bam"), "-g", str(REFERENCE), "--signal", str(ECOLI / "fast5"),
+                           "-o", str(tmp_path / "meth.tsv"), "--modbam", str(tmp_path / "mod.bam"), "-t", "2"],
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert check_round_trip(tmp_path / "mod.bam", tsv_calls(tmp_path / "meth.tsv")) > 1000
