@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-r", "--reads", required=True, type=Path, help="basecalls: FASTA/FASTQ (plain or gzip) or BAM (dorado/MinKNOW, unaligned or aligned)")
+    p.add_argument("-r", "--reads", required=True, type=Path,
+                   help="basecalls: FASTA/FASTQ (plain or gzip) or dorado/MinKNOW BAM (unaligned or aligned)")
     p.add_argument("-b", "--bam", required=True, type=Path, help="reads aligned to the reference (BAM)")
     p.add_argument("-g", "--genome", required=True, type=Path, help="reference FASTA")
     p.add_argument("--signal", nargs="+", metavar="DIR_OR_FILE",
@@ -135,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
             with open(args.bedmethyl, "w") as fh:
                 bed.write(fh)
         if mod is not None:
-            write_modbam(args.bam, args.modbam, mod, filt, " ".join(sys.argv))
+            write_modbam(args.bam, args.modbam, mod, filt, " ".join(["streamer", *sys.argv[1:]]))
     if progress:
         print(file=sys.stderr)
     print(summary.report(), file=sys.stderr)
