@@ -12,7 +12,7 @@ import dataclasses
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -77,16 +77,31 @@ def load_signals(wanted: Mapping[Path, list[str]]) -> tuple[dict[str, SignalReco
 Pending = tuple[Alignment, str, Path]
 
 
+@dataclass
+class UltraLong:
+    """Reads longer than `threshold` bases: batched last, or skipped and written to `skip_to`."""
+
+    threshold: int
+    skip_to: Path | None = None
+    skipped_ids: set[str] = field(default_factory=set)
+
+
 def plan_batches(
     records: Iterable[Alignment | Skipped],
     basecalls: Mapping[str, str],
     index: SignalIndex,
     limits: BatchLimits,
     reads_path: str = "the reads file",
+    ultra: UltraLong | None = None,
 ) -> Iterator[tuple[list[Pending], list[Skipped]]]:
-    """Yield (records to load, skipped) per batch from BAM records in file order; no signal is read."""
+    """Yield (records to load, skipped) per batch from BAM records in file order; no signal is read.
+
+    With `ultra`, reads longer than its threshold are set aside: batched after all the others
+    (so they do not hold up a batch of ordinary reads), or skipped and listed for writing out.
+    """
     pending: list[Pending] = []
     skipped: list[Skipped] = []
+    deferred: list[Pending] = []
     bases = 0
     for aln in records:
         if isinstance(aln, Skipped):
@@ -101,11 +116,24 @@ def plan_batches(
         if path is None:
             skipped.append(Skipped(read_id, Skip.NO_SIGNAL, f"not found in the signal files indexed for {reads_path}"))
             continue
+        if ultra is not None and len(seq) > ultra.threshold:
+            if ultra.skip_to is None:
+                deferred.append((aln, seq, path))
+            else:
+                ultra.skipped_ids.add(read_id)
+                skipped.append(Skipped(read_id, Skip.ULTRA_LONG, f"{len(seq)} bases, written to {ultra.skip_to}"))
+            continue
         pending.append((aln, seq, path))
         bases += len(seq)
         if len(pending) >= limits.max_reads or bases >= limits.max_bases:
             yield pending, skipped
             pending, skipped, bases = [], [], 0
+    for item in deferred:
+        if pending and (len(pending) >= limits.max_reads or bases + len(item[1]) > limits.max_bases):
+            yield pending, skipped
+            pending, skipped, bases = [], [], 0
+        pending.append(item)
+        bases += len(item[1])
     if pending or skipped:
         yield pending, skipped
 

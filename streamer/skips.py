@@ -24,6 +24,7 @@ class Skip(IntEnum):
     QC_FAILED = 12
     NO_CPG = 13
     SPLICED = 14
+    ULTRA_LONG = 15
 
     @property
     def label(self) -> str:

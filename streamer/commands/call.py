@@ -10,9 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
-from streamer.assemble import BatchLimits, plan_batches
+from streamer.assemble import BatchLimits, UltraLong, plan_batches
 from streamer.gpu import CudaOptions
-from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments
+from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments, write_records
 from streamer.io.bamreads import load_reads
 from streamer.io.index import open_index
 from streamer.io.reference import Reference
@@ -70,7 +70,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     gpu.add_argument("--cuda-max-epk", type=float, default=CudaOptions.max_epk,
                      help="reads with more events per base than this run on the CPU [%(default)s]")
     gpu.add_argument("--ultra-thresh", type=int, default=CudaOptions.ultra_thresh,
-                     help="reads longer than this are aligned on the CPU after the rest of their batch [%(default)s]")
+                     help="with the GPU, reads longer than this are set aside and aligned on the CPU after all "
+                          "the others [%(default)s]")
+    gpu.add_argument("--skip-ultra", type=Path, metavar="FILE",
+                     help="with the GPU, write the alignments of reads longer than --ultra-thresh to this BAM "
+                          "instead of processing them")
     add_call_arguments(p)
 
 
@@ -115,7 +119,9 @@ def run(args: argparse.Namespace) -> int:
         ref = stack.enter_context(Reference(args.genome))
         out = stack.enter_context(open(args.output, "w")) if args.output else sys.stdout
         out.write(Pipeline.TSV_HEADER)
-        plans = plan_batches(iter_alignments(args.bam, filt), basecalls, index, limits, str(args.reads))
+        # as f5c does, ultra-long reads wait for the end of the run only when the GPU aligns the rest
+        ultra = UltraLong(args.ultra_thresh, args.skip_ultra) if pipeline.gpu is not None else None
+        plans = plan_batches(iter_alignments(args.bam, filt), basecalls, index, limits, str(args.reads), ultra)
 
         bed = BedMethyl() if args.bedmethyl else None
         mod = ModCalls() if args.modbam else None
@@ -132,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
         run_overlapped(pipeline, plans, ref, pool, out, summary, overlap, on_result,
                        lambda skipped: _report(skipped, summary))  # fmt: skip
         tuning.finish()
+        if ultra is not None and ultra.skip_to is not None:
+            write_records(args.bam, ultra.skip_to, ultra.skipped_ids, filt)
         if bed is not None:
             with open(args.bedmethyl, "w") as fh:
                 bed.write(fh)

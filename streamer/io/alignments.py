@@ -73,3 +73,18 @@ def iter_alignments(path: str | Path, filt: AlignmentFilter) -> Iterator[Alignme
                     yield Skipped(rec.query_name, verdict, f"{path}: {detail}")
         except OSError as exc:
             raise InputError(path, f"truncated or corrupt BAM: {exc}") from exc
+
+
+def write_records(src: str | Path, dst: str | Path, read_ids: set[str], filt: AlignmentFilter) -> int:
+    """Copy the records of `read_ids` that pass `filt` from BAM `src` to BAM `dst`; returns how many."""
+    n = 0
+    try:
+        with pysam.AlignmentFile(str(src), "rb", check_sq=False) as fin:
+            with pysam.AlignmentFile(str(dst), "wb", template=fin) as fout:
+                for rec in fin.fetch(until_eof=True):
+                    if rec.query_name in read_ids and filt.verdict(rec)[0] == Skip.OK:
+                        fout.write(rec)
+                        n += 1
+    except (OSError, ValueError) as exc:
+        raise InputError(dst, f"cannot write the set-aside alignments: {exc}") from exc
+    return n
