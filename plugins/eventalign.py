@@ -1,0 +1,611 @@
+"""Event-to-reference alignment (`streamer eventalign`), as nanopolish 0.14 and f5c 1.1 compute it.
+
+ABEA aligns events to the read's own k-mers; eventalign carries them onto the reference. As
+the tools do, the read's CIGAR is walked in pieces of about 100 reference bases: the closest
+events to a piece's ends (through the base-to-event map) bound it, a profile HMM (the
+methylation HMM's states M, B and K, with the nucleotide model) is decoded by Viterbi, and
+about 50 aligned events are kept before the next piece starts from the last one kept. The
+Viterbi cells, emissions and transitions are float32 with the tools' order of operations and
+tie-breaking (a tie goes to the later move), so the same events land on the same k-mers.
+
+Rows come back as columns (`EventalignRows.columns`, what the daemon's `eventalign` topic
+carries) and as the tools' TSV text (`format_tsv`), plus the per-read `--summary` lines.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+from numba import prange
+
+from streamer.abea import align_batch
+from streamer.batch import CIGAR_D, CIGAR_EQ, CIGAR_I, CIGAR_M, CIGAR_N, CIGAR_S, CIGAR_X, ReadBatch
+from streamer.events import detect_events
+from streamer.pipeline import Pipeline, PipelineOptions
+from streamer.plugins.cpg.hmm import (
+    STATE_B,
+    STATE_K,
+    STATE_M,
+    T_BB,
+    T_BK,
+    T_BM_NEXT,
+    T_BM_SELF,
+    T_KK,
+    T_KM,
+    T_MB,
+    T_MK,
+    T_MM_NEXT,
+    T_MM_SELF,
+    HmmParams,
+    block_transitions,
+    log_normal_pdf,
+    pack_model,
+    pack_scalings,
+    scaled_level,
+)
+from streamer.plugins.cpg.lookup import CLOSEST_EVENT_SEARCH, closest_event
+from streamer.plugins.cpg.sites import DISAMBIGUATE
+from streamer.poremodel import NUCLEOTIDE, PoreModel
+from streamer.postalign import recalibrate_batch
+from streamer.scaling import estimate_scalings
+from streamer.skips import Skip, Skipped
+
+ALIGN_STRIDE = 100  # reference bases per HMM piece, about
+OUTPUT_STRIDE = 50  # aligned events kept per piece, about (all of the last piece)
+
+# Viterbi moves, in the order whose ties the tools break towards the later one.
+FROM_SAME_M, FROM_PREV_M, FROM_SAME_B, FROM_PREV_B, FROM_PREV_K, FROM_SOFT = range(6)
+
+STATE_CHAR_M = 77  # 'M'
+STATE_CHAR_B = 66  # 'B'
+
+_BASE_RANK = np.zeros(256, np.int64)  # ACGT -> 0..3; anything else 0, as the tools rank it
+for _i, _b in enumerate(b"ACGT"):
+    _BASE_RANK[_b] = _i
+
+
+@numba.njit(nogil=True, cache=True)
+def _best(x0, x1, x2, x3, x4, x5):
+    """(max, move) over the six moves; an equal later score takes the move (the tools' loop)."""
+    best = x0
+    move = 0
+    xs = (x1, x2, x3, x4, x5)
+    for i in range(5):
+        x = xs[i]
+        if x > best:
+            best = x
+        if best == x:
+            move = i + 1
+    return best, move
+
+
+@numba.njit(nogil=True, cache=True)
+def _kmer_rank(ref, start, k, rc, base_rank):
+    """Nucleotide rank of ref[start:start+k], or of its reverse complement."""
+    r = 0
+    for j in range(k):
+        if rc:
+            r = r * 4 + 3 - base_rank[ref[start + k - 1 - j]]
+        else:
+            r = r * 4 + base_rank[ref[start + j]]
+    return r
+
+
+@numba.njit(nogil=True, cache=True)
+def viterbi_piece(ref, s0, length, rc, ev_mean, e_start, e_stop, k, model, scalings, trans, lp_soft, base_rank,
+                  out_event, out_kmer, out_state):  # fmt: skip
+    """Decode events e_start..e_stop (either direction) against k-mers of ref[s0:s0+length].
+
+    Writes the path in event order (event, k-mer index in the piece, state K/B/M) and returns
+    its length. The path always ends in M of the last k-mer at the last event and stops at the
+    first k-mer's entry from the start state, as the tools' backtrack does.
+    """
+    ninf = np.float32(-np.inf)
+    n_kmers = length - k + 1
+    stride = 1 if e_start <= e_stop else -1
+    n_rows = abs(e_stop - e_start) + 2
+    n_cols = 3 * (n_kmers + 2)
+    mean = np.empty(n_kmers, np.float32)
+    stdv = np.empty(n_kmers, np.float32)
+    log_stdv = np.empty(n_kmers, np.float32)
+    for ki in range(n_kmers):
+        mean[ki], stdv[ki], log_stdv[ki] = scaled_level(_kmer_rank(ref, s0 + ki, k, rc, base_rank), model, scalings)
+    vm = np.full((n_rows, n_cols), ninf, np.float32)
+    bm = np.zeros((n_rows, n_cols), np.uint8)
+    for row in range(1, n_rows):
+        level = ev_mean[e_start + (row - 1) * stride]
+        for block in range(1, n_kmers + 1):
+            ki = block - 1
+            c = 3 * block
+            p = c - 3
+            up = vm[row - 1]
+            cur = vm[row]
+            soft = lp_soft if (ki == 0 and row == 1) else ninf
+            m, move = _best(
+                trans[T_MM_SELF] + up[c + STATE_M],
+                trans[T_MM_NEXT] + up[p + STATE_M],
+                trans[T_BM_SELF] + up[c + STATE_B],
+                trans[T_BM_NEXT] + up[p + STATE_B],
+                trans[T_KM] + up[p + STATE_K],
+                soft,
+            )
+            cur[c + STATE_M] = m + log_normal_pdf(level, mean[ki], stdv[ki], log_stdv[ki])
+            bm[row, c + STATE_M] = move
+            b, move = _best(trans[T_MB] + up[c + STATE_M], ninf, trans[T_BB] + up[c + STATE_B], ninf, ninf, ninf)
+            cur[c + STATE_B] = b  # a bad event emits with log-probability 0
+            bm[row, c + STATE_B] = move
+            s, move = _best(ninf, trans[T_MK] + cur[p + STATE_M], ninf, trans[T_BK] + cur[p + STATE_B],
+                            trans[T_KK] + cur[p + STATE_K], ninf)  # fmt: skip
+            cur[c + STATE_K] = s
+            bm[row, c + STATE_K] = move
+    # backtrack from M of the last k-mer at the last event
+    row = n_rows - 1
+    col = 3 * n_kmers + STATE_M
+    n = 0
+    while row > 0:
+        kmer = col // 3 - 1
+        state = col % 3
+        out_event[n] = e_start + (row - 1) * stride
+        out_kmer[n] = kmer
+        out_state[n] = state
+        n += 1
+        move = bm[row, col]
+        if move == FROM_SOFT:
+            break
+        if move == FROM_SAME_M or move == FROM_PREV_M:
+            nxt = STATE_M
+        elif move == FROM_SAME_B or move == FROM_PREV_B:
+            nxt = STATE_B
+        else:
+            nxt = STATE_K
+        if move == FROM_PREV_M or move == FROM_PREV_B or move == FROM_PREV_K:
+            kmer -= 1
+        if state != STATE_K:
+            row -= 1
+        col = 3 * (kmer + 1) + nxt
+    out_event[:n] = out_event[:n][::-1].copy()
+    out_kmer[:n] = out_kmer[:n][::-1].copy()
+    out_state[:n] = out_state[:n][::-1].copy()
+    return n
+
+
+@numba.njit(nogil=True, cache=True)
+def aligned_segments(cigar, ref_start):
+    """(reference, read) position of every M/=/X base and the segment of each: N starts a new one.
+
+    Read positions count soft clips and insertions, not hard clips, as in the BAM's SEQ.
+    """
+    n = 0
+    for i in range(cigar.shape[0]):
+        if cigar[i, 0] == CIGAR_M or cigar[i, 0] == CIGAR_EQ or cigar[i, 0] == CIGAR_X:
+            n += cigar[i, 1]
+    ref_pos = np.empty(n, np.int64)
+    read_pos = np.empty(n, np.int64)
+    seg_off = [0]
+    r = ref_start
+    q = 0
+    j = 0
+    for i in range(cigar.shape[0]):
+        op = cigar[i, 0]
+        length = cigar[i, 1]
+        if op == CIGAR_M or op == CIGAR_EQ or op == CIGAR_X:
+            for _ in range(length):
+                ref_pos[j] = r
+                read_pos[j] = q
+                j += 1
+                r += 1
+                q += 1
+        elif op == CIGAR_D:
+            r += length
+        elif op == CIGAR_N:
+            seg_off.append(j)
+            r += length
+        elif op == CIGAR_I or op == CIGAR_S:
+            q += length
+    seg_off.append(n)
+    return ref_pos, read_pos, np.array(seg_off, np.int64)
+
+
+@numba.njit(nogil=True, cache=True)
+def _end_pair(ref_pos, p0, p1, ref_max, idx):
+    """Last pair at or after idx (within p0..p1) whose reference position is at most ref_max."""
+    while idx < p1:
+        if ref_pos[idx] > ref_max:
+            return idx - 1
+        idx += 1
+    return p1 - 1
+
+
+@numba.njit(nogil=True, cache=True)
+def realign_read(ref, ref_start, cigar, rc, read_len, k, first_event, ev_mean, model, scalings, trans, lp_soft,
+                 base_rank, search, out_ref, out_event, out_state, out_rank):  # fmt: skip
+    """Eventalign of one read into the out_* arrays; returns the number of rows.
+
+    `ref` is the disambiguated reference of the aligned span, `first_event` the first event of
+    each read k-mer (-1 if none). Rows are in reference order: absolute position, event index,
+    state ('M' or 'B') and the model k-mer's rank (-1 for B).
+    """
+    cap = out_ref.shape[0]
+    n_out = 0
+    ref_pos, read_pos, seg_off = aligned_segments(cigar, ref_start)
+    max_events = ev_mean.shape[0] + 1
+    path_event = np.empty(max_events + ref.shape[0], np.int64)
+    path_kmer = np.empty(max_events + ref.shape[0], np.int64)
+    path_state = np.empty(max_events + ref.shape[0], np.int64)
+    for seg in range(seg_off.shape[0] - 1):
+        p0 = seg_off[seg]
+        p1 = seg_off[seg + 1]
+        while p1 > p0 and read_pos[p1 - 1] > read_len - k:  # the last k-mer must fit in the read
+            p1 -= 1
+        if p1 == p0:
+            return n_out
+        k_start = read_pos[p0]
+        k_end = read_pos[p1 - 1]
+        if rc:
+            k_start = read_len - k_start - k
+            k_end = read_len - k_end - k
+        first = closest_event(first_event, k_start, search)
+        last = closest_event(first_event, k_end, search)
+        forward = first < last
+        cur_event = first
+        cur_ref = ref_pos[p0]
+        cur_pair = p0
+        while (forward and cur_event < last) or (not forward and cur_event > last):
+            end_pair = _end_pair(ref_pos, p0, p1, cur_ref + ALIGN_STRIDE, cur_pair)
+            end_ref = ref_pos[end_pair]
+            end_read = read_pos[end_pair]
+            if rc:
+                end_read = read_len - end_read - k
+            s = cur_ref - ref_start
+            length = end_ref - cur_ref + 1
+            if length < 2 * k:
+                break
+            stop = closest_event(first_event, end_read, search)
+            if cur_event < 0 or stop < 0 or abs(cur_event - stop) < 2:
+                break
+            n_path = viterbi_piece(ref, s, length, rc, ev_mean, cur_event, stop, k, model, scalings, trans, lp_soft,
+                                   base_rank, path_event, path_kmer, path_state)  # fmt: skip
+            last_piece = end_pair == p1 - 1
+            n_kept = 0
+            kept_event = 0
+            kept_ref = 0
+            for a in range(n_path):
+                if n_kept >= OUTPUT_STRIDE and not last_piece:
+                    break
+                if path_state[a] == STATE_K or path_event[a] == cur_event:
+                    continue
+                if n_out == cap:
+                    return n_out
+                pos = cur_ref + path_kmer[a]
+                out_ref[n_out] = pos
+                out_event[n_out] = path_event[a]
+                if path_state[a] == STATE_B:
+                    out_state[n_out] = STATE_CHAR_B
+                    out_rank[n_out] = -1
+                else:
+                    out_state[n_out] = STATE_CHAR_M
+                    out_rank[n_out] = _kmer_rank(ref, pos - ref_start, k, rc, base_rank)
+                n_out += 1
+                kept_event = path_event[a]
+                kept_ref = pos
+                n_kept += 1
+            cur_event = kept_event
+            cur_ref = kept_ref
+            cur_pair = _end_pair(ref_pos, p0, p1, cur_ref, cur_pair)
+            if n_kept == 0:
+                break
+    return n_out
+
+
+@numba.njit(nogil=True, cache=True)
+def _n_segments(cigar):
+    n = 1
+    for i in range(cigar.shape[0]):
+        if cigar[i, 0] == CIGAR_N:
+            n += 1
+    return n
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def realign_batch(ref_seq, ref_seq_off, ref_start, cigar, cigar_off, rc, seq_off, ev_mean, ev_off, status,
+                  b2e_start, kmer_off, events_per_base, k, model, scalings, params, lp_soft, base_rank, search):  # fmt: skip
+    """Eventalign of every read with status 0, in parallel; rows in flat arrays with offsets."""
+    n = seq_off.shape[0] - 1
+    cap_off = np.zeros(n + 1, np.int64)
+    for i in range(n):
+        cap = 0
+        if status[i] == 0:
+            cap = (ev_off[i + 1] - ev_off[i]) * _n_segments(cigar[cigar_off[i] : cigar_off[i + 1]])
+        cap_off[i + 1] = cap_off[i] + cap
+    out_ref = np.empty(cap_off[n], np.int64)
+    out_event = np.empty(cap_off[n], np.int64)
+    out_state = np.empty(cap_off[n], np.uint8)
+    out_rank = np.empty(cap_off[n], np.int64)
+    count = np.zeros(n, np.int64)
+    for i in prange(n):
+        if status[i] != 0 or cap_off[i + 1] == cap_off[i]:
+            continue
+        a = cap_off[i]
+        b = cap_off[i + 1]
+        count[i] = realign_read(
+            ref_seq[ref_seq_off[i] : ref_seq_off[i + 1]], ref_start[i], cigar[cigar_off[i] : cigar_off[i + 1]],
+            rc[i], seq_off[i + 1] - seq_off[i], k, b2e_start[kmer_off[i] : kmer_off[i + 1]],
+            ev_mean[ev_off[i] : ev_off[i + 1]], model, scalings[i], block_transitions(events_per_base[i], params),
+            lp_soft, base_rank, search, out_ref[a:b], out_event[a:b], out_state[a:b], out_rank[a:b],
+        )  # fmt: skip
+    row_off = np.zeros(n + 1, np.int64)
+    for i in range(n):
+        row_off[i + 1] = row_off[i] + count[i]
+    ref_pos = np.empty(row_off[n], np.int64)
+    event = np.empty(row_off[n], np.int64)
+    state = np.empty(row_off[n], np.uint8)
+    rank = np.empty(row_off[n], np.int64)
+    for i in prange(n):
+        a = cap_off[i]
+        o = row_off[i]
+        for j in range(count[i]):
+            ref_pos[o + j] = out_ref[a + j]
+            event[o + j] = out_event[a + j]
+            state[o + j] = out_state[a + j]
+            rank[o + j] = out_rank[a + j]
+    return row_off, ref_pos, event, state, rank
+
+
+@dataclass(frozen=True)
+class EventalignOptions:
+    """What the rows carry: read names or indices, events scaled to the model, signal spans, samples."""
+
+    print_read_names: bool = False
+    scale_events: bool = False
+    signal_index: bool = False
+    samples: bool = False
+
+
+@dataclass
+class EventalignRows:
+    """Eventalign rows of one batch as arrays; `row_off` gives each read's rows."""
+
+    row_off: np.ndarray  # int64[n_reads + 1]
+    read: np.ndarray  # int64: the read (batch index) of each row
+    position: np.ndarray  # int64: reference position of the k-mer
+    reference_kmer: list[str]
+    event_index: np.ndarray  # int64, within the read
+    event_level_mean: np.ndarray  # float32
+    event_stdv: np.ndarray  # float32
+    event_length: np.ndarray  # float32 seconds
+    model_kmer: list[str]  # NNNNNN for a bad event
+    model_mean: np.ndarray  # float32 (0 for a bad event)
+    model_stdv: np.ndarray  # float32
+    standardized_level: np.ndarray  # float32
+    start_idx: np.ndarray  # int64: the event's first sample
+    end_idx: np.ndarray  # int64: past its last sample
+    state: np.ndarray  # uint8: 'M' or 'B'
+
+    def __len__(self) -> int:
+        return len(self.position)
+
+    def columns(self, read_labels: Sequence[str], contigs: Sequence[str]) -> dict[str, object]:
+        """The TSV's columns by name (numeric as arrays, text as lists); labels and contigs per read."""
+        labels = np.asarray(read_labels, dtype=object)[self.read].tolist() if len(self) else []
+        contig = np.asarray(contigs, dtype=object)[self.read].tolist() if len(self) else []
+        return {
+            "contig": contig,
+            "position": self.position,
+            "reference_kmer": self.reference_kmer,
+            "read": labels,
+            "strand": ["t"] * len(self),
+            "event_index": self.event_index,
+            "event_level_mean": self.event_level_mean,
+            "event_stdv": self.event_stdv,
+            "event_length": self.event_length,
+            "model_kmer": self.model_kmer,
+            "model_mean": self.model_mean,
+            "model_stdv": self.model_stdv,
+            "standardized_level": self.standardized_level,
+            "start_idx": self.start_idx,
+            "end_idx": self.end_idx,
+        }
+
+
+def _kmer_names(k: int) -> np.ndarray:
+    """Every nucleotide k-mer in rank order, then NNN..N at index -1 (a bad event's model k-mer)."""
+    names = [""]
+    for _ in range(k):
+        names = [p + b for p in names for b in NUCLEOTIDE]
+    return np.array(names + ["N" * k], dtype=object)
+
+
+def eventalign_batch(batch: ReadBatch, model: PoreModel, b2e_start: np.ndarray, kmer_off: np.ndarray,
+                     events_per_base: np.ndarray, scale_events: bool = False) -> EventalignRows:  # fmt: skip
+    """Eventalign rows of every read of a batch that passed the stages (status 0).
+
+    `b2e_start`, `kmer_off` and `events_per_base` are the post-alignment stage's outputs. Values
+    are float32 computed in the tools' order, so that printing them gives the tools' text.
+    """
+    if model.alphabet != NUCLEOTIDE:
+        raise ValueError("eventalign needs a nucleotide pore model")
+    k = model.k
+    ref = DISAMBIGUATE[batch.ref_seq]
+    status = batch.status.copy()
+    status[(status == Skip.OK) & ~(np.asarray(events_per_base) > 0)] = Skip.QC_FAILED
+    scalings = pack_scalings(batch.scale, batch.shift, batch.var)
+    lp_soft = np.float32(math.log(1.0 - HmmParams.start_to_clip))
+    row_off, position, event, state, rank = realign_batch(
+        ref, batch.ref_seq_off, batch.ref_start, batch.cigar, batch.cigar_off, batch.rc, batch.seq_off, batch.ev_mean,
+        batch.ev_off, status, b2e_start, kmer_off, np.asarray(events_per_base, np.float64), k,
+        pack_model(model.level_mean, model.level_stdv), scalings, HmmParams().as_array(), lp_soft, _BASE_RANK,
+        CLOSEST_EVENT_SEARCH,
+    )  # fmt: skip
+    read = np.repeat(np.arange(batch.n, dtype=np.int64), np.diff(row_off))
+    g = batch.ev_off[read] + event
+    shift = batch.shift[read].astype(np.float32)
+    scale = batch.scale[read].astype(np.float32)
+    var = batch.var[read].astype(np.float32)
+    mean = batch.ev_mean[g]
+    bad = state == STATE_CHAR_B
+    mu = model.level_mean[np.maximum(rank, 0)].astype(np.float32)
+    sd = model.level_stdv[np.maximum(rank, 0)].astype(np.float32)
+    if scale_events:
+        mean = (mean - shift) / scale
+    else:
+        mu = scale * mu + shift
+        sd = sd * var
+    mu = np.where(bad, np.float32(0), mu)
+    sd = np.where(bad, np.float32(0), sd)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = (mean - mu) / (np.sqrt(var) * sd)
+    start = batch.ev_start[g].astype(np.int64)
+    length = batch.ev_length[g]
+    text = ref.tobytes().decode("ascii")
+    kstart = (batch.ref_seq_off[read] + position - batch.ref_start[read]).tolist()
+    names = _kmer_names(k)
+    return EventalignRows(
+        row_off=row_off,
+        read=read,
+        position=position,
+        reference_kmer=[text[a : a + k] for a in kstart],
+        event_index=event,
+        event_level_mean=mean.astype(np.float32),
+        event_stdv=batch.ev_stdv[g],
+        event_length=(length / batch.sample_rate[read].astype(np.float32)).astype(np.float32),
+        model_kmer=names[rank].tolist(),
+        model_mean=mu.astype(np.float32),
+        model_stdv=sd.astype(np.float32),
+        standardized_level=z.astype(np.float32),
+        start_idx=start,
+        end_idx=start + length.astype(np.int64),
+        state=state,
+    )
+
+
+TSV_COLUMNS = ("contig", "position", "reference_kmer", "read_index", "strand", "event_index", "event_level_mean",
+               "event_stdv", "event_length", "model_kmer", "model_mean", "model_stdv", "standardized_level")  # fmt: skip
+
+
+def tsv_header(options: EventalignOptions) -> str:
+    cols = list(TSV_COLUMNS)
+    if options.print_read_names:
+        cols[3] = "read_name"
+    if options.signal_index:
+        cols += ["start_idx", "end_idx"]
+    if options.samples:
+        cols.append("samples")
+    return "\t".join(cols) + "\n"
+
+
+def scaled_samples(signal: np.ndarray, shift: float, scale: float) -> str:
+    """Samples of one event scaled to the model, as the tools print them (C++ stream, 6 digits)."""
+    s = ((signal.astype(np.float64) - np.float64(shift)) / np.float64(scale)).astype(np.float32)
+    return ",".join("%g" % v for v in s.tolist())
+
+
+def format_tsv(rows: EventalignRows, batch: ReadBatch, read_labels: Sequence[str], options: EventalignOptions) -> str:
+    """The rows as eventalign TSV text (no header), formatted as the tools' printf formats them."""
+    if not len(rows):
+        return ""
+    contig = np.asarray(batch.ref_names, dtype=object)[rows.read].tolist()
+    label = np.asarray(read_labels, dtype=object)[rows.read].tolist()
+    cols = [contig, rows.position.tolist(), rows.reference_kmer, label, rows.event_index.tolist(),
+            rows.event_level_mean.tolist(), rows.event_stdv.tolist(), rows.event_length.tolist(), rows.model_kmer,
+            rows.model_mean.tolist(), rows.model_stdv.tolist(), rows.standardized_level.tolist()]  # fmt: skip
+    fmt = "%s\t%d\t%s\t%s\tt\t%d\t%.2f\t%.3f\t%.5f\t%s\t%.2f\t%.2f\t%.2f"
+    if options.signal_index:
+        cols += [rows.start_idx.tolist(), rows.end_idx.tolist()]
+        fmt += "\t%d\t%d"
+    lines = [fmt % t for t in zip(*cols)]
+    if options.samples:
+        read = rows.read.tolist()
+        sig_off = batch.signal_off
+        for j, (r, a, b) in enumerate(zip(read, rows.start_idx.tolist(), rows.end_idx.tolist())):
+            sig = batch.signal[sig_off[r] + a : sig_off[r] + b]
+            lines[j] += "\t" + scaled_samples(sig, batch.shift[r], batch.scale[r])
+    return "\n".join(lines) + "\n"
+
+
+SUMMARY_HEADER = ("read_index\tread_name\tfast5_path\tmodel_name\tstrand\tnum_events\tnum_steps\tnum_skips\t"
+                  "num_stays\ttotal_duration\tshift\tscale\tdrift\tvar\n")  # fmt: skip
+
+
+def summary_lines(rows: EventalignRows, batch: ReadBatch, read_index: Sequence[int], paths: Sequence[str]) -> str:
+    """`--summary` lines of the reads with rows: moves along the reference and the time aligned.
+
+    A move of 0 is a stay, of 1 a step, anything else a skip (the tools compare unsigned, so a
+    move backwards is a skip too); the first row is neither.
+    """
+    out = []
+    for i in range(batch.n):
+        a, b = rows.row_off[i], rows.row_off[i + 1]
+        if a == b:
+            continue
+        move = np.diff(rows.position[a:b])
+        stays = int(np.count_nonzero(move == 0))
+        steps = int(np.count_nonzero(move == 1))
+        skips = len(move) - stays - steps
+        g = batch.ev_off[i] + rows.event_index[a:b]
+        samples = float(np.cumsum(batch.ev_length[g].astype(np.float64))[-1])
+        duration = samples / float(np.float32(batch.sample_rate[i]))
+        out.append(
+            f"{read_index[i]}\t{batch.read_ids[i]}\t{paths[i]}\tdna\ttemplate\t{b - a}\t{steps}\t{skips}\t{stays}\t"
+            f"{duration:.2f}\t{float(batch.shift[i]):.3f}\t{float(batch.scale[i]):.3f}\t0.000\t{float(batch.var[i]):.3f}\n"
+        )
+    return "".join(out)
+
+
+@dataclass
+class EventalignResult:
+    """One batch through the stages: the batch (events, scalings), its rows, and the reads that gave none."""
+
+    batch: ReadBatch
+    rows: EventalignRows
+    skipped: list[Skipped]
+    timings: dict[str, float]
+
+
+class EventalignPipeline(Pipeline):
+    """The pipeline's stages up to recalibration, then eventalign instead of the CpG HMM."""
+
+    def __init__(self, options: PipelineOptions = PipelineOptions(), scale_events: bool = False):
+        self.scale_events = scale_events  # before the warm-up batch runs
+        super().__init__(options)
+
+    def run_batch(self, batch: ReadBatch) -> EventalignResult:  # type: ignore[override]
+        timings: dict[str, float] = {}
+        kmer = self.kmer_model
+
+        def timed(name, fn, *args):
+            t0 = time.perf_counter()
+            with numba.parallel_chunksize(1):  # reads differ in length by orders of magnitude
+                out = fn(*args)
+            timings[name] = time.perf_counter() - t0
+            return out
+
+        batch.ev_off, batch.ev_start, batch.ev_length, batch.ev_mean, batch.ev_stdv = timed(
+            "events", detect_events, batch.signal, batch.signal_off
+        )
+        batch.shift, batch.scale, batch.var = timed(
+            "scaling", estimate_scalings, batch.seq, batch.seq_off, batch.ev_mean, batch.ev_off, batch.status, kmer
+        )
+        args = (batch.seq, batch.seq_off, batch.ev_mean, batch.ev_off, batch.status, batch.shift, batch.scale, kmer)
+        if self.gpu is None:
+            aln = timed("abea", align_batch, *args)
+        else:
+            with self._gpu_lock:
+                aln, _ = timed("abea", self.gpu.align, *args)
+        batch.aln_off, batch.aln_kmer, batch.aln_event = aln.aln_off, aln.aln_kmer, aln.aln_event
+        post = timed(
+            "postalign", recalibrate_batch, batch.seq, batch.seq_off, batch.ev_mean, batch.ev_off, batch.aln_kmer,
+            batch.aln_event, batch.aln_off, batch.status, batch.shift, batch.scale, batch.var, kmer,
+        )  # fmt: skip
+        batch.shift, batch.scale, batch.var = post.shift, post.scale, post.var
+        rows = timed("eventalign", eventalign_batch, batch, kmer, post.b2e_start, post.kmer_off, post.events_per_base,
+                     self.scale_events)  # fmt: skip
+        skipped = [
+            Skipped(batch.read_ids[i], Skip(int(batch.status[i])), f"signal from {batch.signal_paths[i]}")
+            for i in np.flatnonzero(batch.status != Skip.OK).tolist()
+        ]
+        return EventalignResult(batch, rows, skipped, timings)
