@@ -643,3 +643,15 @@ def test_call_without_a_gpu_has_nothing_to_tune(tmp_path):
     tuning.observe(stats())
     tuning.finish()
     assert not isinstance(limits, TunedLimits) and not (tmp_path / "tuning.json").exists()
+
+
+def test_call_flag_given_its_builtin_value_still_overrides_the_profile(monkeypatch):
+    from streamer.cli import build_parser
+    from streamer.tuning import session
+
+    monkeypatch.setattr(session, "probe_gpu", lambda dev_id=0: H100)
+    args = build_parser().parse_args(["call", "-r", "r.fa", "-b", "r.bam", "-g", "g.fa", "-B", "5000000",
+                                      "--profile", "hpc"])  # fmt: skip
+    session.CallTuning.from_args(args)
+    assert args.max_bases == 5_000_000  # the hpc profile alone would give 20 M
+    assert args.batchsize == PROFILES["hpc"].settings.max_reads  # -K not given: the profile decides

@@ -186,7 +186,13 @@ def add_call_arguments(p: argparse.ArgumentParser) -> None:
                         "advice; what is learned is kept per GPU in --state-dir for the next run")
     g.add_argument("--state-dir", type=Path, help="where --autotune keeps learned values "
                    "[$XDG_STATE_HOME/streamer, or ~/.local/state/streamer]")  # fmt: skip
-    p.set_defaults(_tuned_defaults={dest: p.get_default(dest) for dest in CALL_ARGS.values()})
+    # An unset flag is None, so a flag given explicitly wins even when its value is the built-in one;
+    # the help keeps showing the built-in default.
+    for action in p._actions:
+        if action.dest in CALL_ARGS.values():
+            if action.help:
+                action.help = action.help.replace("%(default)s", str(action.default))
+            action.default = None
 
 
 def default_state_dir() -> Path:
@@ -209,10 +215,8 @@ class CallTuning:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> CallTuning:
-        """Plan from the profile, learned values (--autotune) and the flags set; the flags' values become the plan's."""
-        defaults = args._tuned_defaults
-        given = user_set({k: getattr(args, dest) for k, dest in CALL_ARGS.items()},
-                         {k: defaults[dest] for k, dest in CALL_ARGS.items()})  # fmt: skip
+        """Plan from the profile, learned values (--autotune) and the flags given; the flags' values become the plan's."""
+        given = {k: getattr(args, dest) for k, dest in CALL_ARGS.items() if getattr(args, dest) is not None}
         state_dir = (args.state_dir or default_state_dir()) if args.autotune else None
         p = prepare(given, args.profile, dev_id=args.cuda_dev_id, disable_cuda=args.disable_cuda, state_dir=state_dir)
         resolved = {**p.settings.as_dict(), "threads": p.threads, "mem_frac": p.mem_frac}
