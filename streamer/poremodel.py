@@ -4,11 +4,14 @@ A model file has `#key value` header lines, then one row per k-mer in rank order
 `kmer level_mean level_stdv [sd_mean sd_stdv ...]`. Nucleotide models use the
 alphabet ACGT (4^k rows); methylation models ACGMT, where M is a methylated C
 (5^k rows). Ranks are base-|alphabet| numbers with the first base most significant.
+uncalled4's `.npz` level tables (ONT's R10.4.1 400bps 9-mer, MIT; 5.6 MB, so not shipped:
+pass its path) load into the same `PoreModel`.
 """
 
 from __future__ import annotations
 
 import math
+import zipfile
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -23,6 +26,7 @@ METHYL_CPG = "ACGMT"
 
 DEFAULT_KMER_MODEL = "r9.4_450bps.nucleotide.6mer.template.model"
 DEFAULT_METH_MODEL = "r9.4_450bps.cpg.6mer.template.model"
+_NPZ_KEYS = ("_k", "kmer", "current.mean", "current.stdv", "_pa_mean", "_pa_stdv")
 
 # Base -> digit lookup tables indexed by ASCII code; -1 marks a letter outside the alphabet.
 NUC_CODE = np.full(256, -1, dtype=np.int8)
@@ -76,10 +80,52 @@ def _kmer_at_rank(rank: int, k: int, alphabet: str) -> str:
     return "".join(reversed(out))
 
 
-def load_model(path: str | Path) -> PoreModel:
-    """Read and validate a model file; a malformed file raises ModelError naming file and line."""
+def load_npz_model(path: str | Path) -> PoreModel:
+    """Read and validate an uncalled4 `.npz` level table (e.g. ONT's R10.4.1 400bps 9-mer).
+
+    uncalled4 stores levels normalised to mean 0 and stdv 1 of the pA current, with the pA
+    mean and stdv as `_pa_mean` and `_pa_stdv`; levels are turned back into pA so the model
+    sits beside the r9 ones. Rows must be the 4^k k-mers of ACGT in rank order.
+    """
     path = Path(path)
     try:
+        with np.load(path, allow_pickle=False) as z:
+            missing = [key for key in _NPZ_KEYS if key not in z.files]
+            if missing:
+                raise ModelError(path, f"not an uncalled4 level table: no {missing[0]!r} array")
+            k = int(z["_k"])
+            kmers = np.asarray(z["kmer"])
+            mean, stdv = z["current.mean"].astype(np.float64), z["current.stdv"].astype(np.float64)
+            pa_mean, pa_stdv = float(z["_pa_mean"]), float(z["_pa_stdv"])
+            name = str(z["_name"]) if "_name" in z.files else path.name
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise ModelError(path, f"cannot read model file: {exc}") from exc
+    n = len(NUCLEOTIDE) ** k
+    if not 1 <= k <= 15 or len(kmers) != n or len(mean) != n or len(stdv) != n:
+        raise ModelError(path, f"{len(kmers)} rows, expected {len(NUCLEOTIDE)}^{k} = {n} for alphabet {NUCLEOTIDE}")
+    letters = np.asarray(kmers, dtype=f"U{k}")
+    digits = NUC_CODE[np.minimum(np.char.upper(letters).view(np.uint32).reshape(n, k), 255)].astype(np.int64)
+    ranks = (digits * len(NUCLEOTIDE) ** np.arange(k - 1, -1, -1)).sum(axis=1)
+    bad = np.flatnonzero((np.char.str_len(kmers) != k) | (digits < 0).any(axis=1) | (ranks != np.arange(n)))
+    if bad.size:
+        rank = int(bad[0])
+        want = _kmer_at_rank(rank, k, NUCLEOTIDE)
+        raise ModelError(path, f"k-mer {str(kmers[rank])!r} at row {rank} out of rank order (expected {want!r})")
+    level_mean = (mean * pa_stdv + pa_mean).astype(np.float32)
+    level_stdv = (stdv * pa_stdv).astype(np.float32)
+    if not (np.isfinite(level_mean).all() and np.isfinite(level_stdv).all() and (level_stdv > 0).all()):
+        raise ModelError(path, "levels must be finite with positive stdv")
+    return PoreModel(name, k, NUCLEOTIDE, level_mean, level_stdv, logf(level_stdv))
+
+
+def load_model(path: str | Path) -> PoreModel:
+    """Read and validate a model file (text, or uncalled4 `.npz`); a malformed file raises
+    ModelError naming file and line."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as fh:
+            if fh.read(2) == b"PK":  # .npz is a zip archive
+                return load_npz_model(path)
         text = path.read_text()
     except OSError as exc:
         raise ModelError(path, f"cannot read model file: {exc.strerror}") from exc

@@ -6,15 +6,18 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
 from streamer.assemble import BatchLimits, UltraLong, plan_batches
+from streamer.errors import StreamerError
 from streamer.gpu import CudaOptions
 from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments, write_records
 from streamer.io.bamreads import load_reads
 from streamer.io.index import open_index
+from streamer.io.poretype import PORES, R10, pore_of_file
 from streamer.io.reference import Reference
 from streamer.overlap import IO_MODES, OverlapOptions, reader_pool, run_overlapped
 from streamer.pipeline import BatchResult, Pipeline, PipelineOptions
@@ -43,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-B", "--max-bases", type=int, default=BatchLimits.max_bases, help="most bases per batch [%(default)s]")
     p.add_argument("--min-mapq", type=int, default=AlignmentFilter.min_mapq, help="minimum mapping quality [%(default)s]")
     p.add_argument("--secondary", choices=("yes", "no"), default="no", help="use secondary alignments [%(default)s]")
+    p.add_argument("--pore", choices=("auto", *PORES), default="auto",
+                   help="pore chemistry; auto: from the signal files' run metadata, r9 when they do not say "
+                        "[%(default)s]")
     p.add_argument("--bedmethyl", type=Path, metavar="FILE",
                    help="also write per-CpG, per-strand counts as bedMethyl (modkit)")
     p.add_argument("--modbam", type=Path, metavar="FILE",
@@ -84,6 +90,19 @@ def _basecalls(bam: Path, filt: AlignmentFilter, reads: Path) -> dict[str, str]:
     return load_reads(reads, wanted)
 
 
+def _check_pore(pore: str, signal_files: Iterable[Path]) -> None:
+    """Stop on R10.4.1 data: the CpG HMM needs a methylation pore model, and none is public for R10.4.1."""
+    source = "--pore r10"
+    if pore == "auto":
+        first = next(iter(signal_files), None)
+        pore, source = (pore_of_file(first), f"{first}'s run metadata") if first is not None else (None, "")
+    if pore == R10:
+        raise StreamerError(
+            f"R10.4.1 reads ({source}): no public R10.4.1 CpG methylation model exists, so streamer call "
+            "cannot call methylation on them (the R10.4.1 9-mer level table loads for event alignment)"
+        )
+
+
 def _report(skipped: list[Skipped], summary: RunSummary) -> None:
     for s in skipped:
         log.info("%s", s.message())
@@ -105,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
     progress = sys.stderr.isatty()
     with ExitStack() as stack:
         index = open_index(args.reads, args.signal)
+        _check_pore(args.pore, index.paths.values())
         for path, reason in index.bad_files.items():
             log.warning("%s: unreadable signal file, its reads are reported as missing signal: %s", path, reason)
         # readers start while the pipeline loads its models and kernels

@@ -1,0 +1,73 @@
+"""Which pore chemistry a signal file comes from, told from the run metadata it carries.
+
+MinKNOW records the flow cell product code and the sequencing kit (FAST5 `tracking_id` /
+`context_tags`, POD5 run info, SLOW5/BLOW5 header); R10.4.1 flow cells and kits carry "114"
+(FLO-MIN114, FLO-PRO114M, SQK-LSK114, ...), R9.4.1 ones are FLO-MIN106, FLO-PRO002, FLO-FLG001
+and the 108/109/110 kits. Files without such metadata give None, and the caller keeps its default.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import h5py
+import pod5
+
+from streamer.io.signal import signal_format
+
+R9, R10 = "r9", "r10"
+PORES = (R9, R10)
+
+_R10 = re.compile(r"(?:FLO|SQK)-[A-Z]*114", re.IGNORECASE)
+_R9 = re.compile(r"FLO-(?:MIN106|PRO002|FLG001)|SQK-[A-Z]*(?:108|109|110)\b", re.IGNORECASE)
+_KEYS = ("flow_cell_product_code", "sequencing_kit", "exp_script_name", "experiment_kit")
+_SLOW5_HEADER = re.compile(rb"@(" + "|".join(_KEYS).encode() + rb")\t([^\n]*)")
+_SLOW5_HEADER_BYTES = 1 << 20
+
+
+def pore_from_metadata(values: list[str]) -> str | None:
+    """`r10`, `r9` or None from flow cell / kit strings."""
+    text = " ".join(values)
+    if _R10.search(text):
+        return R10
+    if _R9.search(text):
+        return R9
+    return None
+
+
+def _attrs(group) -> list[str]:
+    return [str(v.decode() if isinstance(v, bytes) else v) for k, v in group.attrs.items() if k in _KEYS]
+
+
+def _fast5_metadata(path: Path) -> list[str]:
+    with h5py.File(path, "r") as f:
+        top = f["UniqueGlobalKey"] if "UniqueGlobalKey" in f else next((f[k] for k in f if k.startswith("read_")), None)
+        if top is None:
+            return []
+        return [v for sub in ("tracking_id", "context_tags") if sub in top for v in _attrs(top[sub])]
+
+
+def _pod5_metadata(path: Path) -> list[str]:
+    with pod5.Reader(path) as reader:
+        read = next(reader.reads(), None)
+        return [] if read is None else [read.run_info.flow_cell_product_code, read.run_info.sequencing_kit]
+
+
+def _slow5_metadata(path: Path) -> list[str]:
+    with open(path, "rb") as fh:
+        head = fh.read(_SLOW5_HEADER_BYTES)
+    return [m.group(2).decode(errors="replace") for m in _SLOW5_HEADER.finditer(head)]
+
+
+_READERS = {"fast5": _fast5_metadata, "pod5": _pod5_metadata, "blow5": _slow5_metadata, "slow5": _slow5_metadata}
+
+
+def pore_of_file(path: str | Path) -> str | None:
+    """The pore of a signal file's run; None if its metadata does not say or cannot be read
+    (the signal readers report a bad file when its reads are read)."""
+    path = Path(path)
+    try:
+        return pore_from_metadata(_READERS[signal_format(path)](path))
+    except Exception:  # noqa: BLE001 - h5py, pod5 and OS errors alike mean "not known"
+        return None
