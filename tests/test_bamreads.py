@@ -16,7 +16,8 @@ from streamer.io.fastx import load_basecalls
 def unaligned_bam(path, fasta, aligned) -> None:
     """The reads as dorado writes them unaligned: sequences as sequenced, tags of the aligned records kept."""
     with pysam.AlignmentFile(str(aligned)) as fh:
-        tags = {r.query_name: r.get_tags(with_value_type=True) for r in fh if not (r.is_secondary or r.is_supplementary)}
+        primary = (r for r in fh if not (r.is_secondary or r.is_supplementary))
+        tags = {r.query_name: r.get_tags(with_value_type=True) for r in primary}
     header = {"HD": {"VN": "1.6", "SO": "unknown"}, "RG": [{"ID": "run1", "DS": "basecall_model=dna_r9.4.1"}]}
     with pysam.AlignmentFile(str(path), "wb", header=header) as out:
         for rid, seq in load_basecalls(fasta).items():

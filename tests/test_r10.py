@@ -77,7 +77,8 @@ def call(tmp_path, signal, *extra):
     shutil.copy(ECOLI / "reads.fasta", tmp_path / "reads.fasta")
     return subprocess.run([sys.executable, "-m", "streamer", "call", "-r", str(tmp_path / "reads.fasta"),
                            "-b", str(ECOLI / "reads.bam"), "-g", str(REFERENCE), "--signal", str(signal),
-                           "-o", str(tmp_path / "meth.tsv"), "-t", "2", *extra], capture_output=True, text=True)  # fmt: skip
+                           "-o", str(tmp_path / "meth.tsv"), "-t", "2", *extra],
+                          capture_output=True, text=True)  # fmt: skip
 
 
 def test_methylation_on_r10_stops_plainly(tmp_path):
