@@ -9,7 +9,7 @@ import sys
 
 import pysam
 import pytest
-from conftest import ECOLI, REFERENCE
+from conftest import ECOLI, REFERENCE, SHARED
 
 from streamer.io.alignments import AlignmentFilter
 from streamer.plugins.modbam import ModCalls, mod_tags, probability_code, write_modbam
@@ -54,12 +54,18 @@ def check_round_trip(out_bam, calls: ModCalls) -> int:
     return n_sites
 
 
-def test_round_trip_on_the_fixture(tmp_path):
-    calls = tsv_calls(ECOLI / "meth.f5c-1.1.tsv")
+@pytest.mark.parametrize("bam, tsv", [
+    (ECOLI / "reads.bam", ECOLI / "meth.f5c-1.1.tsv"),
+    (SHARED / "reads.mg1655.sorted.bam", SHARED / "expected" / "f5c-1.1" / "meth.tsv"),
+], ids=["fixture", "shared-2kb"])  # fmt: skip
+def test_round_trip(tmp_path, bam, tsv):
+    if not bam.is_file():
+        pytest.skip(f"{bam} not present")
+    calls = tsv_calls(tsv)
     out = tmp_path / "mod.bam"
-    write_modbam(ECOLI / "reads.bam", out, calls, AlignmentFilter())
+    write_modbam(bam, out, calls, AlignmentFilter())
     assert check_round_trip(out, calls) > 1000
-    with pysam.AlignmentFile(str(ECOLI / "reads.bam")) as a, pysam.AlignmentFile(str(out)) as b:
+    with pysam.AlignmentFile(str(bam)) as a, pysam.AlignmentFile(str(out)) as b:
         assert b.header.to_dict()["PG"][-1]["ID"] == "streamer"
         for x, y in zip(a, b, strict=True):  # same records, same order, other tags intact
             assert (x.query_name, x.flag, x.reference_start, x.cigarstring, x.query_sequence) == (
