@@ -609,3 +609,60 @@ class EventalignPipeline(Pipeline):
             for i in np.flatnonzero(batch.status != Skip.OK).tolist()
         ]
         return EventalignResult(batch, rows, skipped, timings)
+
+
+def event_cigar(position: np.ndarray, event: np.ndarray) -> list[tuple[int, int]]:
+    """One read's rows as an event-space CIGAR (nanopolish's `--sam`): events are the query.
+
+    Events before the first aligned one are soft-clipped; a step of one base and one event is a
+    match, a jump over bases a deletion before the match, another event on the same base an
+    insertion.
+    """
+    ops: list[list[int]] = []
+    if event[0] > 0:
+        ops.append([CIGAR_S, int(event[0])])
+    ops.append([CIGAR_M, 1])
+    r_step = np.abs(np.diff(position)).tolist()
+    e_step = np.abs(np.diff(event)).tolist()
+    for dr, de in zip(r_step, e_step):
+        if dr == 1 and de == 1:
+            op = CIGAR_M
+        elif dr > 1:
+            ops.append([CIGAR_D, dr - 1])
+            op = CIGAR_M
+        else:
+            op = CIGAR_I
+        if ops[-1][0] == op:
+            ops[-1][1] += 1
+        else:
+            ops.append([op, 1])
+    return [(op, n) for op, n in ops]
+
+
+def sam_records(rows: EventalignRows, batch: ReadBatch, mapq: Sequence[int], header) -> list:
+    """`--sam`: one unmapped-sequence record per read, `<name>.template`, its events aligned to the reference.
+
+    `header` is the input BAM's (pysam `AlignmentHeader`); ES:i is +1 when events run with the
+    reference, -1 when against it.
+    """
+    import pysam
+
+    out = []
+    for i in range(batch.n):
+        a, b = rows.row_off[i], rows.row_off[i + 1]
+        if a == b:
+            continue
+        pos, ev = rows.position[a:b], rows.event_index[a:b]
+        rec = pysam.AlignedSegment(header)
+        rec.query_name = f"{batch.read_ids[i]}.template"
+        rec.reference_name = batch.ref_names[i]
+        rec.reference_start = int(pos[0])
+        rec.mapping_quality = int(mapq[i])
+        rec.flag = 16 if batch.rc[i] else 0
+        rec.cigartuples = event_cigar(pos, ev)
+        rec.next_reference_id = -1
+        rec.next_reference_start = -1
+        rec.template_length = 0
+        rec.set_tag("ES", 1 if ev[0] < ev[-1] else -1, "i")
+        out.append(rec)
+    return out

@@ -180,3 +180,35 @@ def test_summary_matches_f5c_and_nanopolish(shared_run):
     theirs = Counter({(r[0], r[1], "dna", *r[3:]): n for r, n in summary_rows(EXPECTED / "nanopolish-0.14" /
                                                                                "eventalign.summary.tsv").items()})
     assert not ours - theirs and sum((theirs - ours).values()) == 2
+
+
+def test_event_cigar():
+    from streamer.plugins.eventalign import event_cigar
+
+    # events 5..10 on bases 100, 100, 101, 104, 105, 105: clip, M, I, M, D2 M, M, I
+    pos = np.array([100, 100, 101, 104, 105, 105])
+    ev = np.arange(5, 11)
+    assert event_cigar(pos, ev) == [(4, 5), (0, 1), (1, 1), (0, 1), (2, 2), (0, 2), (1, 1)]
+
+
+def test_sam_records_span_the_rows(tmp_path, fixture_scaled):
+    import pysam
+
+    rows, _ = fixture_scaled
+    shutil.copy(ECOLI / "reads.fasta", tmp_path / "reads.fasta")
+    sam = tmp_path / "events.sam"
+    proc = subprocess.run([sys.executable, "-m", "streamer", "eventalign", "-r", tmp_path / "reads.fasta", "-b",
+                           ECOLI / "reads.bam", "-g", REFERENCE, "--signal", ECOLI / "fast5", "-t", "2", "--sam",
+                           "-o", sam], capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    by_read: dict[str, list[list[str]]] = {}
+    for r in rows[1:]:
+        by_read.setdefault(r[3], []).append(r)
+    records = list(pysam.AlignmentFile(str(sam)))
+    assert len(records) == 9
+    read1 = next(rec for rec in records if rec.query_name == f"{READ1}.template")
+    mine = by_read[READ1]
+    assert read1.reference_start == int(mine[0][1]) and read1.reference_end == int(mine[-1][1]) + 1
+    assert read1.cigartuples[0] == (4, int(mine[0][5]))  # events before the first aligned one
+    assert read1.infer_query_length() - read1.cigartuples[0][1] == len(mine)  # M + I: one per row
+    assert read1.get_tag("ES") == 1 and read1.mapping_quality == 60

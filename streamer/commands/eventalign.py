@@ -9,6 +9,8 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
+import pysam
+
 from streamer.assemble import BatchLimits, load_signals, make_read_input, plan_batches, signal_requests
 from streamer.batch import pack
 from streamer.commands.call import _basecalls
@@ -22,6 +24,7 @@ from streamer.plugins.eventalign import (
     EventalignOptions,
     EventalignPipeline,
     format_tsv,
+    sam_records,
     summary_lines,
     tsv_header,
 )
@@ -52,6 +55,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--signal-index", action="store_true", help="each event's first and past-last sample index")
     p.add_argument("--samples", action="store_true", help="each event's samples, scaled to the model")
     p.add_argument("--summary", type=Path, metavar="FILE", help="also write a summary line per read to FILE")
+    p.add_argument("--sam", action="store_true",
+                   help="write SAM instead of TSV: each read's events aligned to the reference (nanopolish's format)")
     p.add_argument("--disable-cuda", action="store_true", help="align on the CPU only")
     p.add_argument("--cuda-dev-id", type=int, default=CudaOptions.dev_id, help="GPU to use [%(default)s]")
 
@@ -78,9 +83,13 @@ def run(args: argparse.Namespace) -> int:
                                       scale_events=args.scale_events)  # fmt: skip
         summary.startup_s = summary.elapsed
         ref = stack.enter_context(Reference(args.genome))
-        out = stack.enter_context(open(args.output, "w")) if args.output else sys.stdout
+        if args.sam:
+            with pysam.AlignmentFile(str(args.bam), "rb", check_sq=False) as bam:
+                sam = stack.enter_context(pysam.AlignmentFile(str(args.output or "-"), "w", template=bam))
+        else:
+            out = stack.enter_context(open(args.output, "w")) if args.output else sys.stdout
+            out.write(tsv_header(opts))
         summ = stack.enter_context(open(args.summary, "w")) if args.summary else None
-        out.write(tsv_header(opts))
         if summ is not None:
             summ.write(SUMMARY_HEADER)
         # read_index is the record's place in the BAM, every record counted, as the tools number it
@@ -95,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         for pending, skipped in plan_batches(numbered(), basecalls, index, limits, str(args.reads)):
             summary.reads_in += len(pending) + len(skipped)
             signals, errors = load_signals(signal_requests(pending))
-            reads, numbers = [], []
+            reads, numbers, mapq = [], [], []
             for aln, seq, path in pending:
                 sig = signals.get(aln.read_id)
                 if sig is None:
@@ -103,11 +112,16 @@ def run(args: argparse.Namespace) -> int:
                 else:
                     reads.append(make_read_input(aln, seq, sig, ref, str(path)))
                     numbers.append(record_index.pop(id(aln)))
+                    mapq.append(aln.mapq)
             if reads:
                 result = pipeline.run_batch(pack(reads))
                 batch = result.batch
                 labels = batch.read_ids if opts.print_read_names else [str(n) for n in numbers]
-                out.write(format_tsv(result.rows, batch, labels, opts))
+                if args.sam:
+                    for rec in sam_records(result.rows, batch, mapq, sam.header):
+                        sam.write(rec)
+                else:
+                    out.write(format_tsv(result.rows, batch, labels, opts))
                 if summ is not None:
                     summ.write(summary_lines(result.rows, batch, numbers, [_display_path(p) for p in batch.signal_paths]))
                 skipped += result.skipped
