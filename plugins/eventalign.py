@@ -48,8 +48,10 @@ from streamer.plugins.cpg.hmm import (
     pack_scalings,
     scaled_level,
 )
+from streamer.plugins.cpg import tsv
 from streamer.plugins.cpg.lookup import CLOSEST_EVENT_SEARCH, closest_event
 from streamer.plugins.cpg.sites import DISAMBIGUATE
+from streamer.plugins.cpg.tsv import _put_byte, _put_bytes, _put_int, _put_uint
 from streamer.poremodel import NUCLEOTIDE, PoreModel
 from streamer.postalign import recalibrate_batch
 from streamer.scaling import estimate_scalings
@@ -64,6 +66,7 @@ FROM_SAME_M, FROM_PREV_M, FROM_SAME_B, FROM_PREV_B, FROM_PREV_K, FROM_SOFT = ran
 STATE_CHAR_M = 77  # 'M'
 STATE_CHAR_B = 66  # 'B'
 
+_ACGT = np.frombuffer(b"ACGT", np.uint8)
 _BASE_RANK = np.zeros(256, np.int64)  # ACGT -> 0..3; anything else 0, as the tools rank it
 for _i, _b in enumerate(b"ACGT"):
     _BASE_RANK[_b] = _i
@@ -373,12 +376,14 @@ class EventalignRows:
     row_off: np.ndarray  # int64[n_reads + 1]
     read: np.ndarray  # int64: the read (batch index) of each row
     position: np.ndarray  # int64: reference position of the k-mer
-    reference_kmer: list[str]
+    ref: np.ndarray  # uint8: the batch's disambiguated reference spans
+    kmer_at: np.ndarray  # int64: where each row's reference k-mer starts in `ref`
+    k: int
     event_index: np.ndarray  # int64, within the read
     event_level_mean: np.ndarray  # float32
     event_stdv: np.ndarray  # float32
     event_length: np.ndarray  # float32 seconds
-    model_kmer: list[str]  # NNNNNN for a bad event
+    model_rank: np.ndarray  # int64: nucleotide rank of the model k-mer, -1 for a bad event (NNNNNN)
     model_mean: np.ndarray  # float32 (0 for a bad event)
     model_stdv: np.ndarray  # float32
     standardized_level: np.ndarray  # float32
@@ -388,6 +393,15 @@ class EventalignRows:
 
     def __len__(self) -> int:
         return len(self.position)
+
+    @property
+    def reference_kmer(self) -> list[str]:
+        text = self.ref.tobytes().decode("ascii")
+        return [text[a : a + self.k] for a in self.kmer_at.tolist()]
+
+    @property
+    def model_kmer(self) -> list[str]:
+        return _kmer_names(self.k)[self.model_rank].tolist()
 
     def columns(self, read_labels: Sequence[str], contigs: Sequence[str]) -> dict[str, object]:
         """The TSV's columns by name (numeric as arrays, text as lists); labels and contigs per read."""
@@ -461,19 +475,18 @@ def eventalign_batch(batch: ReadBatch, model: PoreModel, b2e_start: np.ndarray, 
         z = (mean - mu) / (np.sqrt(var) * sd)
     start = batch.ev_start[g].astype(np.int64)
     length = batch.ev_length[g]
-    text = ref.tobytes().decode("ascii")
-    kstart = (batch.ref_seq_off[read] + position - batch.ref_start[read]).tolist()
-    names = _kmer_names(k)
     return EventalignRows(
         row_off=row_off,
         read=read,
         position=position,
-        reference_kmer=[text[a : a + k] for a in kstart],
+        ref=ref,
+        kmer_at=batch.ref_seq_off[read] + position - batch.ref_start[read],
+        k=k,
         event_index=event,
         event_level_mean=mean.astype(np.float32),
         event_stdv=batch.ev_stdv[g],
         event_length=(length / batch.sample_rate[read].astype(np.float32)).astype(np.float32),
-        model_kmer=names[rank].tolist(),
+        model_rank=rank,
         model_mean=mu.astype(np.float32),
         model_stdv=sd.astype(np.float32),
         standardized_level=z.astype(np.float32),
@@ -504,10 +517,153 @@ def scaled_samples(signal: np.ndarray, shift: float, scale: float) -> str:
     return ",".join("%g" % v for v in s.tolist())
 
 
+FIXED_LIMIT = 2.0**20  # the row writer's exact range for float32 values (see `_scaled_int`)
+
+
+@numba.njit(nogil=True, cache=True)
+def _scaled_int(a, decimals):
+    """round-half-even(a * 10^decimals) for a float32 value 0 <= a < 2^20, exactly (printf's `%.Nf`).
+
+    a = m * 2^(e - 24) with an integer m < 2^24, so m * 10^decimals (below 2^41 for up to 5
+    decimals) shifted right by 24 - e is the exact quotient; the remainder decides the rounding.
+    """
+    if a == 0.0:
+        return np.int64(0)
+    m, e = math.frexp(a)
+    p = np.int64(m * 16777216.0) * np.int64(10) ** decimals
+    sh = 24 - e
+    if sh <= 0:
+        return p << -sh
+    if sh >= 62:
+        return np.int64(0)
+    q = p >> sh
+    rem = p & ((np.int64(1) << sh) - 1)
+    half = np.int64(1) << (sh - 1)
+    if rem > half or (rem == half and q & 1):
+        q += 1
+    return q
+
+
+@numba.njit(nogil=True, cache=True)
+def _put_fixed(buf, pos, x, decimals, write):
+    """x (a float32 value) as C's printf("%.<decimals>f") writes it; inf and nan as glibc spells them."""
+    if x != x:
+        for c in (110, 97, 110):
+            pos = _put_byte(buf, pos, c, write)
+        return pos
+    if x < 0.0 or (x == 0.0 and math.copysign(1.0, x) < 0.0):
+        pos = _put_byte(buf, pos, 45, write)
+        x = -x
+    if x == np.inf:
+        for c in (105, 110, 102):
+            pos = _put_byte(buf, pos, c, write)
+        return pos
+    v = _scaled_int(x, decimals)
+    unit = np.int64(10) ** decimals
+    pos = _put_uint(buf, pos, v // unit, write)
+    pos = _put_byte(buf, pos, 46, write)
+    frac = v % unit
+    for d in range(decimals - 1, -1, -1):
+        pos = _put_byte(buf, pos, 48 + (frac // np.int64(10) ** d) % 10, write)
+    return pos
+
+
+@numba.njit(nogil=True, cache=True)
+def _put_kmer(buf, pos, rank, k, write):
+    """The nucleotide k-mer of `rank`, or k N's for -1."""
+    for j in range(k - 1, -1, -1):
+        c = 78 if rank < 0 else _ACGT[(rank >> (2 * j)) & 3]
+        pos = _put_byte(buf, pos, c, write)
+    return pos
+
+
+@numba.njit(nogil=True, cache=True)
+def _tsv_row(buf, pos, j, read, position, ref, kmer_at, k, event, mean, stdv, length, rank, mmean, mstdv, z, start,
+             end, contig, contig_off, label, label_off, signal_index, write):  # fmt: skip
+    r = read[j]
+    tab = 9
+    pos = _put_bytes(buf, pos, contig, contig_off[r], contig_off[r + 1], write)
+    pos = _put_byte(buf, pos, tab, write)
+    pos = _put_int(buf, pos, position[j], write)
+    pos = _put_byte(buf, pos, tab, write)
+    pos = _put_bytes(buf, pos, ref, kmer_at[j], kmer_at[j] + k, write)
+    pos = _put_byte(buf, pos, tab, write)
+    pos = _put_bytes(buf, pos, label, label_off[r], label_off[r + 1], write)
+    pos = _put_byte(buf, pos, tab, write)
+    pos = _put_byte(buf, pos, 116, write)  # strand: template
+    pos = _put_byte(buf, pos, tab, write)
+    pos = _put_int(buf, pos, event[j], write)
+    pos = _put_byte(buf, pos, tab, write)
+    pos = _put_fixed(buf, pos, mean[j], 2, write)
+    pos = _put_byte(buf, pos, tab, write)
+    pos = _put_fixed(buf, pos, stdv[j], 3, write)
+    pos = _put_byte(buf, pos, tab, write)
+    pos = _put_fixed(buf, pos, length[j], 5, write)
+    pos = _put_byte(buf, pos, tab, write)
+    pos = _put_kmer(buf, pos, rank[j], k, write)
+    pos = _put_byte(buf, pos, tab, write)
+    pos = _put_fixed(buf, pos, mmean[j], 2, write)
+    pos = _put_byte(buf, pos, tab, write)
+    pos = _put_fixed(buf, pos, mstdv[j], 2, write)
+    pos = _put_byte(buf, pos, tab, write)
+    pos = _put_fixed(buf, pos, z[j], 2, write)
+    if signal_index:
+        pos = _put_byte(buf, pos, tab, write)
+        pos = _put_int(buf, pos, start[j], write)
+        pos = _put_byte(buf, pos, tab, write)
+        pos = _put_int(buf, pos, end[j], write)
+    return _put_byte(buf, pos, 10, write)
+
+
+@numba.njit(nogil=True, cache=True, parallel=True)
+def write_rows(read, position, ref, kmer_at, k, event, mean, stdv, length, rank, mmean, mstdv, z, start, end, contig,
+               contig_off, label, label_off, signal_index):  # fmt: skip
+    """uint8 text of every row: each row measured, then all written in parallel into one buffer."""
+    n = read.shape[0]
+    dummy = np.empty(0, np.uint8)
+    row_off = np.zeros(n + 1, np.int64)
+    for j in prange(n):
+        row_off[j + 1] = _tsv_row(dummy, 0, j, read, position, ref, kmer_at, k, event, mean, stdv, length, rank,
+                                  mmean, mstdv, z, start, end, contig, contig_off, label, label_off, signal_index,
+                                  False)  # fmt: skip
+    for j in range(n):
+        row_off[j + 1] += row_off[j]
+    buf = np.empty(row_off[n], np.uint8)
+    for j in prange(n):
+        _tsv_row(buf, row_off[j], j, read, position, ref, kmer_at, k, event, mean, stdv, length, rank, mmean, mstdv,
+                 z, start, end, contig, contig_off, label, label_off, signal_index, True)  # fmt: skip
+    return buf
+
+
 def format_tsv(rows: EventalignRows, batch: ReadBatch, read_labels: Sequence[str], options: EventalignOptions) -> str:
-    """The rows as eventalign TSV text (no header), formatted as the tools' printf formats them."""
+    """The rows as eventalign TSV text (no header), byte for byte what the tools' printf gives.
+
+    Rows are written by `write_rows` (values beyond its exact range, which no event reaches,
+    by Python); `--samples` columns are appended by Python.
+    """
     if not len(rows):
         return ""
+    values = (rows.event_level_mean, rows.event_stdv, rows.event_length, rows.model_mean, rows.model_stdv,
+              rows.standardized_level)  # fmt: skip
+    if all(np.all(~np.isfinite(v) | (np.abs(v) < FIXED_LIMIT)) for v in values):
+        contig, contig_off = tsv.blob(batch.ref_names)
+        label, label_off = tsv.blob(read_labels)
+        text = write_rows(rows.read, rows.position, rows.ref, rows.kmer_at, rows.k, rows.event_index, *values[:3],
+                          rows.model_rank, *values[3:], rows.start_idx, rows.end_idx, contig, contig_off, label,
+                          label_off, options.signal_index).tobytes().decode()  # fmt: skip
+        lines = text.split("\n")[:-1]
+    else:
+        lines = _format_python(rows, batch, read_labels, options)
+    if options.samples:
+        sig_off = batch.signal_off
+        for j, (r, a, b) in enumerate(zip(rows.read.tolist(), rows.start_idx.tolist(), rows.end_idx.tolist())):
+            lines[j] += "\t" + scaled_samples(batch.signal[sig_off[r] + a : sig_off[r] + b], batch.shift[r],
+                                              batch.scale[r])  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def _format_python(rows: EventalignRows, batch: ReadBatch, read_labels: Sequence[str],
+                   options: EventalignOptions) -> list[str]:  # fmt: skip
     contig = np.asarray(batch.ref_names, dtype=object)[rows.read].tolist()
     label = np.asarray(read_labels, dtype=object)[rows.read].tolist()
     cols = [contig, rows.position.tolist(), rows.reference_kmer, label, rows.event_index.tolist(),
@@ -517,14 +673,7 @@ def format_tsv(rows: EventalignRows, batch: ReadBatch, read_labels: Sequence[str
     if options.signal_index:
         cols += [rows.start_idx.tolist(), rows.end_idx.tolist()]
         fmt += "\t%d\t%d"
-    lines = [fmt % t for t in zip(*cols)]
-    if options.samples:
-        read = rows.read.tolist()
-        sig_off = batch.signal_off
-        for j, (r, a, b) in enumerate(zip(read, rows.start_idx.tolist(), rows.end_idx.tolist())):
-            sig = batch.signal[sig_off[r] + a : sig_off[r] + b]
-            lines[j] += "\t" + scaled_samples(sig, batch.shift[r], batch.scale[r])
-    return "\n".join(lines) + "\n"
+    return [fmt % t for t in zip(*cols)]
 
 
 SUMMARY_HEADER = ("read_index\tread_name\tfast5_path\tmodel_name\tstrand\tnum_events\tnum_steps\tnum_skips\t"

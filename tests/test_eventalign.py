@@ -212,3 +212,18 @@ def test_sam_records_span_the_rows(tmp_path, fixture_scaled):
     assert read1.cigartuples[0] == (4, int(mine[0][5]))  # events before the first aligned one
     assert read1.infer_query_length() - read1.cigartuples[0][1] == len(mine)  # M + I: one per row
     assert read1.get_tag("ES") == 1 and read1.mapping_quality == 60
+
+
+def test_row_writer_prints_as_printf():
+    from streamer.plugins.eventalign import _put_fixed
+
+    rng = np.random.default_rng(3)
+    values = np.concatenate([
+        rng.normal(0, 50, 20000), rng.uniform(0, 0.01, 5000), np.arange(-2000, 2000) / 8,  # exact ties
+        [0.0, -0.0, 0.005, 0.125, 0.375, 1e-7, -1e-7, 1e5, np.inf, -np.inf, np.nan],
+    ]).astype(np.float32)  # fmt: skip
+    buf = np.empty(64, np.uint8)
+    for decimals in (2, 3, 5):
+        for x in values.tolist():
+            n = _put_fixed(buf, 0, x, decimals, True)
+            assert buf[:n].tobytes().decode() == f"{x:.{decimals}f}", x
