@@ -27,6 +27,7 @@ from streamer.abea import align_batch
 from streamer.batch import CIGAR_D, CIGAR_EQ, CIGAR_I, CIGAR_M, CIGAR_N, CIGAR_S, CIGAR_X, ReadBatch
 from streamer.events import detect_events
 from streamer.pipeline import Pipeline, PipelineOptions
+from streamer.plugins.cpg import tsv
 from streamer.plugins.cpg.hmm import (
     STATE_B,
     STATE_K,
@@ -48,7 +49,6 @@ from streamer.plugins.cpg.hmm import (
     pack_scalings,
     scaled_level,
 )
-from streamer.plugins.cpg import tsv
 from streamer.plugins.cpg.lookup import CLOSEST_EVENT_SEARCH, closest_event
 from streamer.plugins.cpg.sites import DISAMBIGUATE
 from streamer.plugins.cpg.tsv import _put_byte, _put_bytes, _put_int, _put_uint
