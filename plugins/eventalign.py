@@ -72,19 +72,24 @@ for _i, _b in enumerate(b"ACGT"):
     _BASE_RANK[_b] = _i
 
 
+@numba.njit(nogil=True, cache=True, inline="always")
+def _take(best, move, x, i):
+    """One step of the tools' max loop: a later score equal to the best takes the move."""
+    if x > best:
+        best = x
+    if best == x:
+        move = i
+    return best, move
+
+
 @numba.njit(nogil=True, cache=True)
 def _best(x0, x1, x2, x3, x4, x5):
-    """(max, move) over the six moves; an equal later score takes the move (the tools' loop)."""
-    best = x0
-    move = 0
-    xs = (x1, x2, x3, x4, x5)
-    for i in range(5):
-        x = xs[i]
-        if x > best:
-            best = x
-        if best == x:
-            move = i + 1
-    return best, move
+    """(max, move) over the six moves, ties going to the later move as in the tools' loop."""
+    best, move = _take(x0, 0, x1, 1)
+    best, move = _take(best, move, x2, 2)
+    best, move = _take(best, move, x3, 3)
+    best, move = _take(best, move, x4, 4)
+    return _take(best, move, x5, 5)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -122,12 +127,13 @@ def viterbi_piece(ref, s0, length, rc, ev_mean, e_start, e_stop, k, model, scali
     bm = np.zeros((n_rows, n_cols), np.uint8)
     for row in range(1, n_rows):
         level = ev_mean[e_start + (row - 1) * stride]
+        up = vm[row - 1]
+        cur = vm[row]
+        moves = bm[row]
         for block in range(1, n_kmers + 1):
             ki = block - 1
             c = 3 * block
             p = c - 3
-            up = vm[row - 1]
-            cur = vm[row]
             soft = lp_soft if (ki == 0 and row == 1) else ninf
             m, move = _best(
                 trans[T_MM_SELF] + up[c + STATE_M],
@@ -138,14 +144,14 @@ def viterbi_piece(ref, s0, length, rc, ev_mean, e_start, e_stop, k, model, scali
                 soft,
             )
             cur[c + STATE_M] = m + log_normal_pdf(level, mean[ki], stdv[ki], log_stdv[ki])
-            bm[row, c + STATE_M] = move
+            moves[c + STATE_M] = move
             b, move = _best(trans[T_MB] + up[c + STATE_M], ninf, trans[T_BB] + up[c + STATE_B], ninf, ninf, ninf)
             cur[c + STATE_B] = b  # a bad event emits with log-probability 0
-            bm[row, c + STATE_B] = move
+            moves[c + STATE_B] = move
             s, move = _best(ninf, trans[T_MK] + cur[p + STATE_M], ninf, trans[T_BK] + cur[p + STATE_B],
                             trans[T_KK] + cur[p + STATE_K], ninf)  # fmt: skip
             cur[c + STATE_K] = s
-            bm[row, c + STATE_K] = move
+            moves[c + STATE_K] = move
     # backtrack from M of the last k-mer at the last event
     row = n_rows - 1
     col = 3 * n_kmers + STATE_M
