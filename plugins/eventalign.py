@@ -24,7 +24,7 @@ import numpy as np
 from numba import prange
 
 from streamer.abea import align_batch
-from streamer.batch import CIGAR_D, CIGAR_EQ, CIGAR_I, CIGAR_M, CIGAR_N, CIGAR_S, CIGAR_X, ReadBatch
+from streamer.batch import CIGAR_D, CIGAR_I, CIGAR_M, CIGAR_N, CIGAR_S, ReadBatch
 from streamer.events import detect_events
 from streamer.pipeline import Pipeline, PipelineOptions
 from streamer.plugins.cpg import tsv
@@ -49,7 +49,7 @@ from streamer.plugins.cpg.hmm import (
     pack_scalings,
     scaled_level,
 )
-from streamer.plugins.cpg.lookup import CLOSEST_EVENT_SEARCH, closest_event
+from streamer.plugins.cpg.lookup import CLOSEST_EVENT_SEARCH, aligned_segments, closest_event
 from streamer.plugins.cpg.sites import DISAMBIGUATE
 from streamer.plugins.cpg.tsv import _put_byte, _put_bytes, _put_int, _put_uint
 from streamer.poremodel import NUCLEOTIDE, PoreModel
@@ -181,43 +181,6 @@ def viterbi_piece(ref, s0, length, rc, ev_mean, e_start, e_stop, k, model, scali
     out_kmer[:n] = out_kmer[:n][::-1].copy()
     out_state[:n] = out_state[:n][::-1].copy()
     return n
-
-
-@numba.njit(nogil=True, cache=True)
-def aligned_segments(cigar, ref_start):
-    """(reference, read) position of every M/=/X base and the segment of each: N starts a new one.
-
-    Read positions count soft clips and insertions, not hard clips, as in the BAM's SEQ.
-    """
-    n = 0
-    for i in range(cigar.shape[0]):
-        if cigar[i, 0] == CIGAR_M or cigar[i, 0] == CIGAR_EQ or cigar[i, 0] == CIGAR_X:
-            n += cigar[i, 1]
-    ref_pos = np.empty(n, np.int64)
-    read_pos = np.empty(n, np.int64)
-    seg_off = [0]
-    r = ref_start
-    q = 0
-    j = 0
-    for i in range(cigar.shape[0]):
-        op = cigar[i, 0]
-        length = cigar[i, 1]
-        if op == CIGAR_M or op == CIGAR_EQ or op == CIGAR_X:
-            for _ in range(length):
-                ref_pos[j] = r
-                read_pos[j] = q
-                j += 1
-                r += 1
-                q += 1
-        elif op == CIGAR_D:
-            r += length
-        elif op == CIGAR_N:
-            seg_off.append(j)
-            r += length
-        elif op == CIGAR_I or op == CIGAR_S:
-            q += length
-    seg_off.append(n)
-    return ref_pos, read_pos, np.array(seg_off, np.int64)
 
 
 @numba.njit(nogil=True, cache=True)

@@ -28,19 +28,18 @@ def is_spliced(cigar):
 
 
 @numba.njit(nogil=True, cache=True)
-def aligned_pairs(cigar, ref_start):
-    """(reference position, read position) of every M/=/X base, in CIGAR order.
+def aligned_segments(cigar, ref_start):
+    """(reference, read) position of every M/=/X base and the segment of each: N starts a new one.
 
-    Read positions count soft clips and insertions but not hard clips (H and P consume
-    nothing), as in the BAM's SEQ. The caller rejects spliced (N) alignments first.
+    Read positions count soft clips and insertions, not hard clips, as in the BAM's SEQ.
     """
     n = 0
     for i in range(cigar.shape[0]):
-        op = cigar[i, 0]
-        if op == CIGAR_M or op == CIGAR_EQ or op == CIGAR_X:
+        if cigar[i, 0] == CIGAR_M or cigar[i, 0] == CIGAR_EQ or cigar[i, 0] == CIGAR_X:
             n += cigar[i, 1]
     ref_pos = np.empty(n, np.int64)
     read_pos = np.empty(n, np.int64)
+    seg_off = [0]
     r = ref_start
     q = 0
     j = 0
@@ -56,8 +55,19 @@ def aligned_pairs(cigar, ref_start):
                 q += 1
         elif op == CIGAR_D:
             r += length
+        elif op == CIGAR_N:
+            seg_off.append(j)
+            r += length
         elif op == CIGAR_I or op == CIGAR_S:
             q += length
+    seg_off.append(n)
+    return ref_pos, read_pos, np.array(seg_off, np.int64)
+
+
+@numba.njit(nogil=True, cache=True)
+def aligned_pairs(cigar, ref_start):
+    """(reference position, read position) of every M/=/X base, in CIGAR order (see `aligned_segments`)."""
+    ref_pos, read_pos, _ = aligned_segments(cigar, ref_start)
     return ref_pos, read_pos
 
 
