@@ -158,18 +158,19 @@ def test_real_files_from_other_writers_process(path):
     assert ev_off[1] > len(pa) // 20 and np.all(np.isfinite(mean))
 
 
-def test_call_output_identical_for_every_format(tmp_path, copies):
+@pytest.mark.parametrize("command, flags", [("call", []), ("eventalign", ["--print-read-names", "--signal-index"])])
+def test_output_identical_for_every_format(tmp_path, copies, command, flags):
     outputs = {}
     for fmt, signal in (("fast5", ECOLI / "fast5"), ("pod5", copies["pod5"].parent), ("blow5", copies["blow5"].parent)):
         work = tmp_path / fmt
         work.mkdir()
         shutil.copy(ECOLI / "reads.fasta", work / "reads.fasta")
         proc = subprocess.run(
-            [sys.executable, "-m", "streamer", "call", "-r", work / "reads.fasta", "-b", ECOLI / "reads.bam",
-             "-g", REFERENCE, "--signal", signal, "-o", work / "meth.tsv", "-t", "2"],
+            [sys.executable, "-m", "streamer", command, "-r", work / "reads.fasta", "-b", ECOLI / "reads.bam",
+             "-g", REFERENCE, "--signal", signal, "-o", work / "out.tsv", "-t", "2", *flags],
             capture_output=True, text=True,
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr
-        outputs[fmt] = (work / "meth.tsv").read_bytes()
+        outputs[fmt] = (work / "out.tsv").read_bytes()
     assert outputs["fast5"].count(b"\n") > 100
     assert outputs["pod5"] == outputs["fast5"] and outputs["blow5"] == outputs["fast5"]
