@@ -309,7 +309,7 @@ class Daemon:
             self.state = State.STOPPED
         self._refresh(final=True)
         self._publish("run", "end", {"state": self.state.value, "reason": ending.reason, **self._status})
-        log.info("%s: %s", self.state.value, self._status_line())
+        log.info("%s", self._status_line())
 
     # ------------------------------------------------------------------ files
 
