@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import gzip
 import shutil
 import subprocess
 import sys
@@ -11,7 +10,6 @@ import sys
 import h5py
 import numpy as np
 import pysam
-import pytest
 
 from conftest import ECOLI, REFERENCE, SHARED, needs_shared
 

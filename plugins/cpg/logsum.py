@@ -8,7 +8,6 @@ the difference reaches 15.7 nats or one side is -inf. The error is below 0.001 n
 
 from __future__ import annotations
 
-import math
 
 import numba
 import numpy as np

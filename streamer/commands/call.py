@@ -14,9 +14,8 @@ from pathlib import Path
 from streamer.assemble import BatchLimits, UltraLong, plan_batches
 from streamer.errors import StreamerError
 from streamer.gpu import CudaOptions
-from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments, write_records
-from streamer.io.bamreads import load_reads
-from streamer.io.index import open_index
+from streamer.commands._inputs import add_input_arguments, alignment_filter, load_basecalls, signal_index
+from streamer.io.alignments import iter_alignments, write_records
 from streamer.io.poretype import PORES, R10, pore_of_file
 from streamer.io.reference import Reference
 from streamer.overlap import IO_MODES, OverlapOptions, reader_pool, run_overlapped
@@ -34,18 +33,7 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-r", "--reads", required=True, type=Path,
-                   help="basecalls: FASTA/FASTQ (plain or gzip) or dorado/MinKNOW BAM (unaligned or aligned)")
-    p.add_argument("-b", "--bam", required=True, type=Path, help="reads aligned to the reference (BAM)")
-    p.add_argument("-g", "--genome", required=True, type=Path, help="reference FASTA")
-    p.add_argument("--signal", nargs="+", metavar="DIR_OR_FILE",
-                   help="signal files or folders (default: the index cached beside --reads)")
-    p.add_argument("-o", "--output", type=Path, help="call-methylation TSV (default: stdout)")
-    p.add_argument("-t", "--threads", type=int, default=PipelineOptions.threads, help="CPU threads [%(default)s]")
-    p.add_argument("-K", "--batchsize", type=int, default=BatchLimits.max_reads, help="most reads per batch [%(default)s]")
-    p.add_argument("-B", "--max-bases", type=int, default=BatchLimits.max_bases, help="most bases per batch [%(default)s]")
-    p.add_argument("--min-mapq", type=int, default=AlignmentFilter.min_mapq, help="minimum mapping quality [%(default)s]")
-    p.add_argument("--secondary", choices=("yes", "no"), default="no", help="use secondary alignments [%(default)s]")
+    add_input_arguments(p, "call-methylation TSV")
     p.add_argument("--pore", choices=("auto", *PORES), default="auto",
                    help="pore chemistry; auto: from the signal files' run metadata, r9 when they do not say "
                         "[%(default)s]")
@@ -54,7 +42,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--modbam", type=Path, metavar="FILE",
                    help="also write the --bam alignments with the calls as MM/ML tags (modBAM)")
     p.add_argument("--stats-json", type=Path, help="also write the run summary as JSON to this file")
-    p.add_argument("--kmer-model", type=Path, help="nucleotide pore model file (default: r9.4 450bps 6-mer)")
     p.add_argument("--meth-model", type=Path, help="CpG methylation pore model file (default: r9.4 450bps 6-mer)")
     p.add_argument("--io-workers", type=int, default=OverlapOptions.io_workers,
                    help="signal readers working ahead of the stages [%(default)s]")
@@ -82,12 +69,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="with the GPU, write the alignments of reads longer than --ultra-thresh to this BAM "
                           "instead of processing them")
     add_call_arguments(p)
-
-
-def _basecalls(bam: Path, filt: AlignmentFilter, reads: Path) -> dict[str, str]:
-    """Basecalls of the reads the BAM aligns."""
-    wanted = {aln.read_id for aln in iter_alignments(bam, filt) if isinstance(aln, Alignment)}
-    return load_reads(reads, wanted)
 
 
 def _check_pore(pore: str, signal_files: Iterable[Path]) -> None:
@@ -119,19 +100,17 @@ def run(args: argparse.Namespace) -> int:
     options = PipelineOptions(threads=args.threads, kmer_model=args.kmer_model, meth_model=args.meth_model, cuda=cuda)
     overlap = OverlapOptions(io_workers=max(1, args.io_workers), io_mode=args.io_mode,
                              compute_threads=max(1, args.compute_threads))
-    filt = AlignmentFilter(min_mapq=args.min_mapq, secondary=args.secondary == "yes")
+    filt = alignment_filter(args)
     summary = RunSummary()
     progress = sys.stderr.isatty()
     with ExitStack() as stack:
-        index = open_index(args.reads, args.signal)
+        index = signal_index(args)
         _check_pore(args.pore, index.paths.values())
-        for path, reason in index.bad_files.items():
-            log.warning("%s: unreadable signal file, its reads are reported as missing signal: %s", path, reason)
         # readers start while the pipeline loads its models and kernels
         pool = reader_pool(index, overlap.io_workers, overlap.io_mode)
         stack.callback(pool.shutdown, wait=True, cancel_futures=True)
         with ThreadPoolExecutor(1) as early:  # the reads' basecalls load while the pipeline starts
-            basecalls = early.submit(_basecalls, args.bam, filt, args.reads)
+            basecalls = early.submit(load_basecalls, args.bam, filt, args.reads)
             pipeline = Pipeline(options)
             tuning.attach(pipeline.gpu)
             summary.startup_s = summary.elapsed

@@ -13,10 +13,9 @@ import pysam
 
 from streamer.assemble import BatchLimits, load_signals, make_read_input, plan_batches, signal_requests
 from streamer.batch import pack
-from streamer.commands.call import _basecalls
+from streamer.commands._inputs import add_input_arguments, alignment_filter, load_basecalls, signal_index
 from streamer.gpu import CudaOptions
-from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments
-from streamer.io.index import open_index
+from streamer.io.alignments import Alignment, iter_alignments
 from streamer.io.reference import Reference
 from streamer.pipeline import PipelineOptions
 from streamer.plugins.eventalign import (
@@ -38,18 +37,7 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-r", "--reads", required=True, type=Path, help="basecalls (FASTA/FASTQ, plain or gzip)")
-    p.add_argument("-b", "--bam", required=True, type=Path, help="reads aligned to the reference (BAM)")
-    p.add_argument("-g", "--genome", required=True, type=Path, help="reference FASTA")
-    p.add_argument("--signal", nargs="+", metavar="DIR_OR_FILE",
-                   help="signal files or folders (default: the index cached beside --reads)")
-    p.add_argument("-o", "--output", type=Path, help="eventalign TSV (default: stdout)")
-    p.add_argument("-t", "--threads", type=int, default=PipelineOptions.threads, help="CPU threads [%(default)s]")
-    p.add_argument("-K", "--batchsize", type=int, default=BatchLimits.max_reads, help="most reads per batch [%(default)s]")
-    p.add_argument("-B", "--max-bases", type=int, default=BatchLimits.max_bases, help="most bases per batch [%(default)s]")
-    p.add_argument("--min-mapq", type=int, default=AlignmentFilter.min_mapq, help="minimum mapping quality [%(default)s]")
-    p.add_argument("--secondary", choices=("yes", "no"), default="no", help="use secondary alignments [%(default)s]")
-    p.add_argument("--kmer-model", type=Path, help="nucleotide pore model file (default: r9.4 450bps 6-mer)")
+    add_input_arguments(p, "eventalign TSV")
     p.add_argument("--print-read-names", action="store_true", help="read names instead of read indices")
     p.add_argument("--scale-events", action="store_true", help="scale events to the model, not the model to the events")
     p.add_argument("--signal-index", action="store_true", help="each event's first and past-last sample index")
@@ -72,13 +60,11 @@ def run(args: argparse.Namespace) -> int:
     limits = BatchLimits(max_reads=args.batchsize, max_bases=args.max_bases)
     cuda = CudaOptions(disable=args.disable_cuda, dev_id=args.cuda_dev_id, max_reads=limits.max_reads,
                        max_bases=limits.max_bases, hmm=False)  # fmt: skip
-    filt = AlignmentFilter(min_mapq=args.min_mapq, secondary=args.secondary == "yes")
+    filt = alignment_filter(args)
     summary = RunSummary()
     with ExitStack() as stack:
-        index = open_index(args.reads, args.signal)
-        for path, reason in index.bad_files.items():
-            log.warning("%s: unreadable signal file, its reads are reported as missing signal: %s", path, reason)
-        basecalls = _basecalls(args.bam, filt, args.reads)
+        index = signal_index(args)
+        basecalls = load_basecalls(args.bam, filt, args.reads)
         pipeline = EventalignPipeline(PipelineOptions(threads=args.threads, kmer_model=args.kmer_model, cuda=cuda),
                                       scale_events=args.scale_events)  # fmt: skip
         summary.startup_s = summary.elapsed

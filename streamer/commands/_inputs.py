@@ -1,0 +1,53 @@
+"""What `streamer call` and `streamer eventalign` both read: basecalls, alignments, reference, signal.
+
+A private module (its name starts with `_`), so the command discovery in `streamer.cli` passes it over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from streamer.assemble import BatchLimits
+from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments
+from streamer.io.bamreads import load_reads
+from streamer.io.index import SignalIndex, open_index
+from streamer.pipeline import PipelineOptions
+
+log = logging.getLogger(__name__)
+
+
+def add_input_arguments(p: argparse.ArgumentParser, output: str) -> None:
+    """The input files, batching and filtering flags; `output` describes what -o receives."""
+    p.add_argument("-r", "--reads", required=True, type=Path,
+                   help="basecalls: FASTA/FASTQ (plain or gzip) or dorado/MinKNOW BAM (unaligned or aligned)")
+    p.add_argument("-b", "--bam", required=True, type=Path, help="reads aligned to the reference (BAM)")
+    p.add_argument("-g", "--genome", required=True, type=Path, help="reference FASTA")
+    p.add_argument("--signal", nargs="+", metavar="DIR_OR_FILE",
+                   help="signal files or folders (default: the index cached beside --reads)")
+    p.add_argument("-o", "--output", type=Path, help=f"{output} (default: stdout)")
+    p.add_argument("-t", "--threads", type=int, default=PipelineOptions.threads, help="CPU threads [%(default)s]")
+    p.add_argument("-K", "--batchsize", type=int, default=BatchLimits.max_reads, help="most reads per batch [%(default)s]")
+    p.add_argument("-B", "--max-bases", type=int, default=BatchLimits.max_bases, help="most bases per batch [%(default)s]")
+    p.add_argument("--min-mapq", type=int, default=AlignmentFilter.min_mapq, help="minimum mapping quality [%(default)s]")
+    p.add_argument("--secondary", choices=("yes", "no"), default="no", help="use secondary alignments [%(default)s]")
+    p.add_argument("--kmer-model", type=Path, help="nucleotide pore model file (default: r9.4 450bps 6-mer)")
+
+
+def alignment_filter(args: argparse.Namespace) -> AlignmentFilter:
+    return AlignmentFilter(min_mapq=args.min_mapq, secondary=args.secondary == "yes")
+
+
+def load_basecalls(bam: Path, filt: AlignmentFilter, reads: Path) -> dict[str, str]:
+    """Basecalls of the reads the BAM aligns."""
+    wanted = {aln.read_id for aln in iter_alignments(bam, filt) if isinstance(aln, Alignment)}
+    return load_reads(reads, wanted)
+
+
+def signal_index(args: argparse.Namespace) -> SignalIndex:
+    """The read id -> signal file index; unreadable signal files are reported here, once."""
+    index = open_index(args.reads, args.signal)
+    for path, reason in index.bad_files.items():
+        log.warning("%s: unreadable signal file, its reads are reported as missing signal: %s", path, reason)
+    return index
