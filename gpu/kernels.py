@@ -68,7 +68,7 @@ ALIGNMENT_FAILED = np.int8(Skip.ALIGNMENT_FAILED)
 
 @cuda.jit(device=True)
 def log_emission(level, gp_mean, stdv, log_stdv):
-    """`streamer.abea.log_emission` with gp_mean = scale*mean + shift taken from the k-mer cache."""
+    """`streamer.abea.log_emission`, gp_mean = scale*mean + shift from the k-mer cache."""
     a = fdiv(fsub(level, gp_mean), stdv)
     return fadd(fsub(np.float32(-0.918938), log_stdv), fmul(fmul(np.float32(-0.5), a), a))
 

@@ -32,17 +32,12 @@ FROM_L = 2  # left: the k-mer is skipped
 
 
 @numba.njit(nogil=True, cache=True)
-def log_emission(level, scale, shift, mean, stdv, log_stdv):
-    """ln N(level; scale*mean + shift, stdv) in float32, with f5c's -0.918938 for ln(1/sqrt(2 pi)).
+def log_emission(level, scaled_mean, stdv, log_stdv):
+    """ln N(level; scaled_mean, stdv) in float32, with f5c's -0.918938 for ln(1/sqrt(2 pi)).
 
-    var is not applied during ABEA.
+    `scaled_mean` is the k-mer's level scaled to the read (float32 `scale * mean + shift`, from
+    the read's k-mer cache); var is not applied during ABEA.
     """
-    return scaled_log_emission(level, scale * mean + shift, stdv, log_stdv)
-
-
-@numba.njit(nogil=True, cache=True)
-def scaled_log_emission(level, scaled_mean, stdv, log_stdv):
-    """`log_emission` with the k-mer's level already scaled (float32 `scale * mean + shift`)."""
     a = (level - scaled_mean) / stdv
     return (np.float32(-0.918938) - log_stdv) + (np.float32(-0.5) * a) * a
 
@@ -168,7 +163,7 @@ def align_read(
         ev0 = e0 + lle
         for o in range(lo, hi):
             kk = llk + o
-            em = scaled_log_emission(ev_mean[ev0 - o], k_mean[kk], k_stdv[kk], k_log[kk])
+            em = log_emission(ev_mean[ev0 - o], k_mean[kk], k_stdv[kk], k_log[kk])
             score, move = cell_score(
                 ring[prev2 + o + d_diag], ring[prev + o + d_up], ring[prev + o + d_left], em, lp_step, lp_stay, lp_skip
             )
@@ -200,7 +195,7 @@ def align_read(
         out_kmer[out0 + n] = kk
         out_event[out0 + n] = e
         n += 1
-        sum_emission += np.float64(scaled_log_emission(ev_mean[e0 + e], k_mean[kk], k_stdv[kk], k_log[kk]))
+        sum_emission += np.float64(log_emission(ev_mean[e0 + e], k_mean[kk], k_stdv[kk], k_log[kk]))
         move = trace[b * w + o]
         if move == FROM_D:
             kk -= 1

@@ -39,7 +39,7 @@ def alignment_filter(args: argparse.Namespace) -> AlignmentFilter:
     return AlignmentFilter(min_mapq=args.min_mapq, secondary=args.secondary == "yes")
 
 
-def load_basecalls(bam: Path, filt: AlignmentFilter, reads: Path) -> dict[str, str]:
+def aligned_basecalls(bam: Path, filt: AlignmentFilter, reads: Path) -> dict[str, str]:
     """Basecalls of the reads the BAM aligns."""
     wanted = {aln.read_id for aln in iter_alignments(bam, filt) if isinstance(aln, Alignment)}
     return load_reads(reads, wanted)

@@ -14,7 +14,7 @@ from pathlib import Path
 from streamer.assemble import BatchLimits, UltraLong, plan_batches
 from streamer.errors import StreamerError
 from streamer.gpu import CudaOptions
-from streamer.commands._inputs import add_input_arguments, alignment_filter, load_basecalls, signal_index
+from streamer.commands._inputs import add_input_arguments, alignment_filter, aligned_basecalls, signal_index
 from streamer.io.alignments import iter_alignments, write_records
 from streamer.io.poretype import PORES, R10, pore_of_file
 from streamer.io.reference import Reference
@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         pool = reader_pool(index, overlap.io_workers, overlap.io_mode)
         stack.callback(pool.shutdown, wait=True, cancel_futures=True)
         with ThreadPoolExecutor(1) as early:  # the reads' basecalls load while the pipeline starts
-            basecalls = early.submit(load_basecalls, args.bam, filt, args.reads)
+            basecalls = early.submit(aligned_basecalls, args.bam, filt, args.reads)
             pipeline = Pipeline(options)
             tuning.attach(pipeline.gpu)
             summary.startup_s = summary.elapsed

@@ -13,7 +13,7 @@ import pysam
 
 from streamer.assemble import BatchLimits, load_signals, make_read_input, plan_batches, signal_requests
 from streamer.batch import pack
-from streamer.commands._inputs import add_input_arguments, alignment_filter, load_basecalls, signal_index
+from streamer.commands._inputs import add_input_arguments, alignment_filter, aligned_basecalls, signal_index
 from streamer.gpu import CudaOptions
 from streamer.io.alignments import Alignment, iter_alignments
 from streamer.io.reference import Reference
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     summary = RunSummary()
     with ExitStack() as stack:
         index = signal_index(args)
-        basecalls = load_basecalls(args.bam, filt, args.reads)
+        basecalls = aligned_basecalls(args.bam, filt, args.reads)
         pipeline = EventalignPipeline(PipelineOptions(threads=args.threads, kmer_model=args.kmer_model, cuda=cuda),
                                       scale_events=args.scale_events)  # fmt: skip
         summary.startup_s = summary.elapsed
