@@ -18,6 +18,7 @@ import time
 import warnings
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 from numba import cuda
 from numba.cuda.cudadrv.driver import CudaAPIError
@@ -108,9 +109,24 @@ class Arena:
         assert at <= len(self._buffer), "arena partition larger than its buffer"
 
 
+@dataclass(frozen=True)
+class _Packed:
+    """The GPU reads of a batch, contiguous on the host, with their offsets and parameters."""
+
+    seq: np.ndarray
+    ev_mean: np.ndarray
+    base_off: np.ndarray
+    ev_off: np.ndarray
+    row_off: np.ndarray
+    lp: np.ndarray
+    shift: np.ndarray
+    scale: np.ndarray
+    seconds: float
+
+
 @dataclass
 class _GpuOutput:
-    """What came back for the GPU reads (in their order); pairs as first pair + steps until unpacked."""
+    """What came back for the GPU reads (in their order); pairs as first pair + steps, decoded by the merge."""
 
     n_aligned: np.ndarray
     sum_emission: np.ndarray
@@ -119,24 +135,14 @@ class _GpuOutput:
     first_kmer: np.ndarray
     first_event: np.ndarray
     steps: np.ndarray
-    times: list[float]  # pack, h2d, kernels, d2h (with unpacking)
+    times: list[float]  # pack, h2d, kernels, d2h (with decoding the steps)
     cells: int
-    aln_kmer: np.ndarray | None = None
-    aln_event: np.ndarray | None = None
 
     @classmethod
     def empty(cls) -> _GpuOutput:
         none32 = np.zeros(0, np.int32)
         return cls(none32, np.zeros(0), np.zeros(0, np.int8), np.zeros(1, np.int64), none32, none32,
-                   np.zeros(0, np.uint8), [0.0] * 4, 0, none32, none32)  # fmt: skip
-
-    def unpack(self) -> float:
-        """Fill aln_kmer/aln_event; returns the seconds it took (also counted in the copy-back time)."""
-        t0 = time.perf_counter()
-        self.aln_kmer, self.aln_event = unpack_steps(self.aln_off, self.first_kmer, self.first_event, self.steps)
-        took = time.perf_counter() - t0
-        self.times[3] += took
-        return took
+                   np.zeros(0, np.uint8), [0.0] * 4, 0)  # fmt: skip
 
 
 class CudaAbea:
@@ -231,42 +237,45 @@ class CudaAbea:
         def on_cpu(mine):
             st = np.where(mine, status, np.int8(NOT_MINE))
             t0 = time.perf_counter()
-            out = abea(seq, seq_off, ev_mean, ev_off, st, shift, scale, *cpu_args)
+            # reads of very different lengths: hand them out one at a time, not in equal slices
+            with numba.parallel_chunksize(1):
+                out = abea(seq, seq_off, ev_mean, ev_off, st, shift, scale, *cpu_args)
             return out, st, time.perf_counter() - t0
 
-        cpu_result: list = []
-        cpu_mine = owner == CPU
-        worker = threading.Thread(target=lambda: cpu_result.append(on_cpu(cpu_mine)), name="abea-cpu")
-        worker.start()
         gpu_idx = np.flatnonzero(owner == GPU)
+        # packed before the CPU reads start: the gather has numba's parallel workers to itself
+        packed = self._pack(gpu_idx, seq, seq_off, ev_mean, ev_off, shift, scale, model.k, skip_prob)
+        cpu_result: list = []
+        worker = threading.Thread(target=lambda: cpu_result.append(on_cpu(owner == CPU)), name="abea-cpu")
+        worker.start()
         fallback = ""
         gpu = None
         t0 = time.perf_counter()
         try:
-            gpu = self._run_gpu(gpu_idx, seq, seq_off, ev_mean, ev_off, shift, scale, model, trim_prob, skip_prob,
-                                min_avg_log_emission, max_skip_run)  # fmt: skip
+            gpu = self._run_gpu(packed, model, trim_prob, min_avg_log_emission, max_skip_run)
         except CUDA_ERRORS as exc:
             fallback = f"{type(exc).__name__}: {exc}"
             log.warning("GPU ABEA failed on a batch of %d reads (%s); its %d GPU reads are aligned on the CPU",
                         len(owner), fallback, len(gpu_idx))  # fmt: skip
             owner[gpu_idx] = ULTRA
-        t_gpu = time.perf_counter() - t0
+        t_gpu = time.perf_counter() - t0 + (packed.seconds if packed is not None else 0.0)
         worker.join()
-        if gpu is not None:
-            # after the join: numba's parallel workers are not to be shared with the CPU reads
-            t_gpu += gpu.unpack()
         (cpu_out, cpu_status, t_cpu) = cpu_result[0]
         late = owner == ULTRA
         if late.any():
             late_out, late_status, t_late = on_cpu(late)
         else:
             late_out, late_status, t_late = cpu_out, cpu_status, 0.0
-        gpu_pos = np.zeros(len(owner), dtype=np.int64)
-        gpu_pos[gpu_idx] = np.arange(len(gpu_idx))
         if gpu is None:
             gpu = _GpuOutput.empty()
             gpu_idx = gpu_idx[:0]
-        aln_off, aln_kmer, aln_event = self._merge(owner, gpu_pos, cpu_out, late_out, gpu, gpu_idx)
+        # after the join: numba's parallel workers are not to be shared with the CPU reads
+        t0 = time.perf_counter()
+        aln_off, aln_kmer, aln_event = self._merge(owner, gpu_idx, cpu_out, late_out, gpu)
+        if len(gpu_idx):  # decoding the GPU's steps is part of its copy back
+            took = time.perf_counter() - t0
+            gpu.times[3] += took
+            t_gpu += took
         sum_emission = np.where(late, late_out[3], cpu_out[3])
         n_aligned = np.where(late, late_out[4], cpu_out[4])
         sum_emission[gpu_idx] = gpu.sum_emission
@@ -300,27 +309,29 @@ class CudaAbea:
         return Alignment(aln_off, aln_kmer, aln_event, sum_emission, n_aligned), stats
 
     @staticmethod
-    def _merge(owner, gpu_pos, cpu_out, late_out, gpu: _GpuOutput, gpu_idx):
+    def _merge(owner, gpu_idx, cpu_out, late_out, gpu: _GpuOutput):
         others = cpu_out[0][-1] + (late_out[0][-1] if late_out is not cpu_out else 0)
         if others == 0 and len(gpu_idx):
-            # only GPU reads kept pairs, and they are in batch order already: no copy
+            # only GPU reads kept pairs, and they are in batch order already: decoded in place, no copy
+            kmer, event = unpack_steps(gpu.aln_off, gpu.first_kmer, gpu.first_event, gpu.steps)
             counts = np.zeros(len(owner), dtype=np.int64)
             counts[gpu_idx] = np.diff(gpu.aln_off)
             aln_off = np.zeros(len(owner) + 1, dtype=np.int64)
             np.cumsum(counts, out=aln_off[1:])
-            return aln_off, gpu.aln_kmer, gpu.aln_event
+            return aln_off, kmer, event
+        gpu_pos = np.zeros(len(owner), dtype=np.int64)
+        gpu_pos[gpu_idx] = np.arange(len(gpu_idx))
         return merge(owner, gpu_pos, cpu_out[0], cpu_out[1], cpu_out[2], late_out[0], late_out[1], late_out[2],
-                     gpu.aln_off, gpu.aln_kmer, gpu.aln_event)  # fmt: skip
+                     gpu.aln_off, gpu.first_kmer, gpu.first_event, gpu.steps)  # fmt: skip
 
-    def _run_gpu(self, idx, seq, seq_off, ev_mean, ev_off, shift, scale, model, trim_prob, skip_prob,
-                 min_avg_log_emission, max_skip_run) -> _GpuOutput | None:  # fmt: skip
-        n = len(idx)
-        if n == 0:
+    @staticmethod
+    def _pack(idx, seq, seq_off, ev_mean, ev_off, shift, scale, k, skip_prob) -> _Packed | None:
+        """The GPU reads' bases, events, offsets and per-read parameters, contiguous on the host."""
+        if len(idx) == 0:
             return None
-        a, lay, k, w = self.arena, self.layout, model.k, self.arena.bandwidth
         t0 = time.perf_counter()
         base_off, ev_o, row_off, lp = read_params(seq_off, ev_off, idx, k, skip_prob)
-        if n == len(seq_off) - 1:
+        if len(idx) == len(seq_off) - 1:
             seq_p = seq[seq_off[0] : seq_off[-1]]
             ev_p = ev_mean[ev_off[0] : ev_off[-1]]
         else:
@@ -330,12 +341,19 @@ class CudaAbea:
             gather(ev_mean, ev_off, idx, ev_o, ev_p)
         shift_p = np.ascontiguousarray(shift[idx])
         scale_p = np.ascontiguousarray(scale[idx])
+        return _Packed(seq_p, ev_p, base_off, ev_o, row_off, lp, shift_p, scale_p, time.perf_counter() - t0)
+
+    def _run_gpu(self, p: _Packed | None, model, trim_prob, min_avg_log_emission, max_skip_run) -> _GpuOutput | None:
+        if p is None:
+            return None
+        n = len(p.shift)
+        a, lay, k, w = self.arena, self.layout, model.k, self.arena.bandwidth
         t1 = time.perf_counter()
         level_mean, level_stdv, level_log_stdv = self._device_model(model)
-        a.seq[: len(seq_p)].copy_to_device(seq_p)
-        a.ev_mean[: len(ev_p)].copy_to_device(ev_p)
-        for dev, host in ((a.base_off, base_off), (a.ev_off, ev_o), (a.row_off, row_off), (a.shift, shift_p),
-                          (a.scale, scale_p), (a.lp, lp)):  # fmt: skip
+        a.seq[: len(p.seq)].copy_to_device(p.seq)
+        a.ev_mean[: len(p.ev_mean)].copy_to_device(p.ev_mean)
+        for dev, host in ((a.base_off, p.base_off), (a.ev_off, p.ev_off), (a.row_off, p.row_off), (a.shift, p.shift),
+                          (a.scale, p.scale), (a.lp, p.lp)):  # fmt: skip
             dev[: len(host)].copy_to_device(host)
         cuda.synchronize()
         t2 = time.perf_counter()
@@ -369,9 +387,9 @@ class CudaAbea:
         first_kmer = a.first_kmer[:n].copy_to_host()
         first_event = a.first_event[:n].copy_to_host()
         t6 = time.perf_counter()
-        times = [t1 - t0, t2 - t1, (t3 - t2) + (t5 - t4), (t4 - t3) + (t6 - t5)]
+        times = [p.seconds, t2 - t1, (t3 - t2) + (t5 - t4), (t4 - t3) + (t6 - t5)]
         return _GpuOutput(n_aligned, sum_emission, status, aln_off, first_kmer, first_event, steps, times,
-                          int(row_off[-1]) * w)  # fmt: skip
+                          int(p.row_off[-1]) * w)  # fmt: skip
 
 
 _default: CudaAbea | None = None

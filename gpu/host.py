@@ -135,13 +135,13 @@ def read_params(seq_off, ev_off, idx, k, skip_prob):
     return base_o, ev_o, row_o, lp
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(nogil=True, cache=True, parallel=True)
 def gather(src, src_off, idx, dst_off, dst):
     """dst[dst_off[j]:dst_off[j+1]] = src[src_off[idx[j]]:...]: the chosen reads, packed.
 
-    Serial: it runs while the CPU reads keep numba's parallel workers busy.
+    Runs before the CPU reads start, so it has numba's parallel workers to itself.
     """
-    for j in range(len(idx)):
+    for j in numba.prange(len(idx)):
         s = src_off[idx[j]]
         d = dst_off[j]
         for t in range(dst_off[j + 1] - d):
@@ -149,11 +149,14 @@ def gather(src, src_off, idx, dst_off, dst):
 
 
 @numba.njit(nogil=True, cache=True, parallel=True)
-def merge(owner, gpu_pos, cpu_off, cpu_kmer, cpu_event, ult_off, ult_kmer, ult_event, gpu_off, gpu_kmer, gpu_event):
+def merge(owner, gpu_pos, cpu_off, cpu_kmer, cpu_event, ult_off, ult_kmer, ult_event, gpu_off, first_kmer,
+          first_event, steps):  # fmt: skip
     """One batch's pairs, in batch order, from the three workers' outputs.
 
     cpu_* and ult_* are full-batch outputs of the CPU kernel (zero pairs for reads it did
-    not own); gpu_* covers the GPU reads only, gpu_pos[i] being read i's place among them.
+    not own); the GPU reads' pairs are decoded here from their first pair and steps (as
+    `unpack_steps` does), straight into their place: one pass over the pairs, not two.
+    gpu_pos[i] is read i's place among the GPU reads.
     """
     n = len(owner)
     aln_off = np.zeros(n + 1, dtype=np.int64)
@@ -170,11 +173,21 @@ def merge(owner, gpu_pos, cpu_off, cpu_kmer, cpu_event, ult_off, ult_kmer, ult_e
     for i in numba.prange(n):
         d = aln_off[i]
         m = aln_off[i + 1] - d
+        if m == 0:
+            continue
         if owner[i] == GPU:
-            s = gpu_off[gpu_pos[i]]
-            for t in range(m):
-                aln_kmer[d + t] = gpu_kmer[s + t]
-                aln_event[d + t] = gpu_event[s + t]
+            g = gpu_pos[i]
+            s = gpu_off[g]
+            km = first_kmer[g]
+            ev = first_event[g]
+            aln_kmer[d] = km
+            aln_event[d] = ev
+            for t in range(1, m):
+                step = steps[s + t]
+                km += step & 1
+                ev += step >> 1
+                aln_kmer[d + t] = km
+                aln_event[d + t] = ev
         else:
             src_k = ult_kmer if owner[i] == ULTRA else cpu_kmer
             src_e = ult_event if owner[i] == ULTRA else cpu_event
