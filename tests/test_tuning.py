@@ -347,6 +347,22 @@ def test_load_corrections_are_carried_to_the_middle_of_the_band():
     assert leaves[0] == ("T5", False) and len(leaves) >= 2 and all(carried for _, carried in leaves[1:])
 
 
+def test_a_long_read_correction_goes_on_after_the_tree_stops_blaming_long_reads():
+    """T2 raises max-lf; under 10% long reads the tree says T4, but max-lf is still what moves work across."""
+
+    def batch(max_lf):  # reads sent to the CPU for length, and the CPU's time, fall as max-lf rises
+        n_long, t_cpu = {3.0: (80, 4.0), 4.5: (30, 2.0)}.get(max_lf, (10, 1.1))
+        return stats(n_long=n_long, n_cpu=n_long, t_cpu=t_cpu, t_gpu=1.0)
+
+    c = Controller(Settings())
+    for _ in range(40):
+        c.observe(batch(c.settings.max_lf))
+    moves = [(ch.action.knob, ch.action.old, ch.action.new, ch.action.leaf) for ch in c.changes]
+    assert moves == [("max_lf", 3.0, 4.5, "T2"), ("max_lf", 4.5, 6.75, "T2")]
+    assert c.changes[1].action.why.startswith("carried on") and c.changes[1].effect > 0
+    assert c.decision.load == LoadLeaf.BALANCED and c.settings.ultra_thresh == Settings().ultra_thresh
+
+
 # ---------------------------------------------------------------- persistence
 
 H100 = GpuInfo("NVIDIA H100 80GB HBM3", 80 * GIB, 79 * GIB, False)

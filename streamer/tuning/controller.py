@@ -220,7 +220,7 @@ class Controller:
         if a.leaf == REVERT:
             return []
         if effect is None or effect >= -self.policy.revert_loss:
-            return self._carry_on(batch, change.after, after)
+            return self._carry_on(batch, a, change.after, after)
         br = self._brackets[a.knob]
         if a.new > a.old:
             br.high = (a.new, None) if br.high is None else min(br.high, (a.new, None), key=lambda e: e[0])
@@ -228,11 +228,14 @@ class Controller:
             br.low = (a.new, None) if br.low is None else max(br.low, (a.new, None), key=lambda e: e[0])
         return [Action(batch, a.knob, a.new, a.old, REVERT, f"{a.leaf} cost {-effect:.0%} of throughput")]
 
-    def _carry_on(self, batch: int, window: Window, after: list[Decision]) -> list[Action]:
+    def _carry_on(self, batch: int, prev: Action, window: Window, after: list[Decision]) -> list[Action]:
         """After a change, batches that still lean one way by more than exit_factor: the next load move.
 
         Only once the memory tree is content over those batches (the batch shape is settled) and
-        the load tree looked at each of them (none too small to time).
+        the load tree looked at each of them (none too small to time). A move that helped and
+        still has reads to shift goes on first: once a long-read correction brings the share of
+        long reads under the tree's 10%, the tree says T4 (nothing to blame) although the same
+        knob is still the one that moves work across.
         """
         if not self.policy.autotune or any(d.load is None or d.memory in ADVICE for d in after):
             return []
@@ -241,8 +244,11 @@ class Controller:
         if leaf == LoadLeaf.BALANCED:
             return []
         why = f"carried on: mean f {window.factor:+.2f} over {window.batches} batches"
-        for knob, direction, target, _ in self._remedies(leaf, last):
-            action = self._move(batch, leaf, knob, direction, target, why)
+        same = _still_shifts(prev, leaf, last)
+        moves = [(LoadLeaf(prev.leaf), prev.knob, same, None)] if same is not None else []
+        moves += [(leaf, knob, direction, target) for knob, direction, target, _ in self._remedies(leaf, last)]
+        for follows, knob, direction, target in moves:
+            action = self._move(batch, follows, knob, direction, target, why)
             if action is not None:
                 return [action]
         return []
@@ -338,6 +344,26 @@ class Controller:
         if (new - v) * direction <= 0 or abs(new / v - 1) < p.min_step:
             return None
         return Action(batch, knob, getattr(s, knob), new, str(leaf), why)
+
+
+LOAD_LEAVES = frozenset(str(leaf) for leaf in LoadLeaf if leaf != LoadLeaf.BALANCED)
+CPU_SLOW = frozenset({LoadLeaf.T1, LoadLeaf.T2, LoadLeaf.T3, LoadLeaf.T4})
+
+
+def _still_shifts(prev: Action, leaf: LoadLeaf, m: Measurements) -> int | None:
+    """The direction to move prev's knob again, if the same correction is still called for and has reads to move.
+
+    The CPU still slow after max-lf (max-epk) went up, with reads still sent to the CPU for length
+    (events): up again. The GPU still slow after max-lf or max-epk went down: down again.
+    """
+    if prev.leaf not in LOAD_LEAVES or prev.knob not in ("max_lf", "max_epk"):
+        return None
+    up = prev.new > prev.old
+    if up and leaf in CPU_SLOW:
+        return UP if (m.n_long if prev.knob == "max_lf" else m.n_events) > 0 else None
+    if not up and leaf == LoadLeaf.T5:
+        return DOWN
+    return None
 
 
 def _between(low: tuple[float, float | None], high: tuple[float, float | None], min_step: float) -> float | None:
