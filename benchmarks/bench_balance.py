@@ -136,8 +136,7 @@ def summarise(rows: list[dict], changes: list[dict]) -> dict:
         balanced_from = r["batch"]
     moves: dict[str, list[int]] = {}
     for c in changes:
-        if c["kind"] == "change":
-            moves.setdefault(c["knob"], []).append(1 if c["new"] > c["old"] else -1)
+        moves.setdefault(c["knob"], []).append(1 if c["new"] > c["old"] else -1)
     tail = rows[-10:]
 
     def rate(rs):

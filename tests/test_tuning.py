@@ -363,6 +363,38 @@ def test_a_long_read_correction_goes_on_after_the_tree_stops_blaming_long_reads(
     assert c.decision.load == LoadLeaf.BALANCED and c.settings.ultra_thresh == Settings().ultra_thresh
 
 
+def test_a_load_correction_goes_on_while_the_memory_tree_asks_only_for_what_the_bounds_forbid():
+    """B at its bound and the arena still mostly empty: S3 every batch, yet the CPU/GPU split is free to move."""
+    most = 8_000_000
+
+    def batch(max_lf):
+        n_long, t_cpu = {3.0: (80, 4.0), 4.5: (30, 2.0)}.get(max_lf, (10, 1.1))
+        return stats(n_reads=300, n_bases=most, max_bases=most, x_util=0.1, y_util=0.1, n_long=n_long, n_cpu=n_long,
+                     t_cpu=t_cpu, t_gpu=1.0)  # fmt: skip
+
+    c = Controller(Settings(max_bases=most), Bounds(max_bases=(100_000, most)))
+    for _ in range(40):
+        c.observe(batch(c.settings.max_lf))
+    assert [(ch.action.knob, ch.action.new) for ch in c.changes] == [("max_lf", 4.5), ("max_lf", 6.75)]
+    assert c.decision.memory == MemoryLeaf.S3 and c.decision.load == LoadLeaf.BALANCED
+
+
+def test_a_split_threshold_that_overshot_comes_back_inside_its_bracket():
+    """max-lf up twice sends every long read to the GPU, which is then the slow side: back, between the two."""
+
+    def batch(max_lf):
+        n_long, t_cpu, t_gpu = (80, 4.0, 1.0) if max_lf < 4 else (30, 2.0, 1.0) if max_lf < 4.8 else \
+            (15, 1.1, 1.0) if max_lf < 6 else (0, 0.05, 2.0)  # fmt: skip
+        return stats(n_long=n_long, n_cpu=n_long, t_cpu=t_cpu, t_gpu=t_gpu)
+
+    c = Controller(Settings())
+    for _ in range(60):
+        c.observe(batch(c.settings.max_lf))
+    moves = [(ch.action.knob, ch.action.new, ch.action.leaf) for ch in c.changes]
+    assert moves[:2] == [("max_lf", 4.5, "T2"), ("max_lf", 6.75, "T2")] and moves[2][2] == "T5"
+    assert len(moves) == 3 and 4.8 <= c.settings.max_lf < 6 and c.decision.load == LoadLeaf.BALANCED
+
+
 # ---------------------------------------------------------------- persistence
 
 H100 = GpuInfo("NVIDIA H100 80GB HBM3", 80 * GIB, 79 * GIB, False)

@@ -231,27 +231,39 @@ class Controller:
     def _carry_on(self, batch: int, prev: Action, window: Window, after: list[Decision]) -> list[Action]:
         """After a change, batches that still lean one way by more than exit_factor: the next load move.
 
-        Only once the memory tree is content over those batches (the batch shape is settled) and
-        the load tree looked at each of them (none too small to time). A move that helped and
-        still has reads to shift goes on first: once a long-read correction brings the share of
-        long reads under the tree's 10%, the tree says T4 (nothing to blame) although the same
-        knob is still the one that moves work across.
+        Only once the memory tree is content over those batches, or asks only for what the bounds
+        forbid (the batch shape is settled), and the load tree looked at each of them (none too
+        small to time). The knob just moved goes on first while it still moves work off the slow
+        side: once a long-read correction brings the share of long reads under the tree's 10%, the
+        tree says T4 (nothing to blame) although max-lf is still what moves work across; and a move
+        that overshot comes back inside its bracket.
         """
-        if not self.policy.autotune or any(d.load is None or d.memory in ADVICE for d in after):
+        if not self.policy.autotune or any(d.load is None or not self._memory_settled(d) for d in after):
             return []
         last = after[-1].measurements
         leaf = load_leaf(last, window.factor, self.policy.exit_factor)
         if leaf == LoadLeaf.BALANCED:
             return []
         why = f"carried on: mean f {window.factor:+.2f} over {window.batches} batches"
-        same = _still_shifts(prev, leaf, last)
-        moves = [(LoadLeaf(prev.leaf), prev.knob, same, None)] if same is not None else []
+        same = _same_knob(prev, leaf, last)
+        moves = [(same[0], prev.knob, same[1], None)] if same is not None else []
         moves += [(leaf, knob, direction, target) for knob, direction, target, _ in self._remedies(leaf, last)]
         for follows, knob, direction, target in moves:
             action = self._move(batch, follows, knob, direction, target, why)
             if action is not None:
                 return [action]
         return []
+
+    def _memory_settled(self, d: Decision) -> bool:
+        """No memory advice, or advice every remedy of which has its knob at the bound (S3 with B at its most)."""
+        if d.memory not in ADVICE:
+            return True
+        for knob, direction, _, _ in self._remedies(d.memory, d.measurements):
+            lo, hi = self.bounds.of(knob, self.settings)
+            v = getattr(self.settings, knob)
+            if (direction == UP and v < hi) or (direction == DOWN and v > lo):
+                return False
+        return True
 
     def _apply(self, a: Action) -> None:
         self.settings = replace(self.settings, **{a.knob: a.new})
@@ -350,19 +362,20 @@ LOAD_LEAVES = frozenset(str(leaf) for leaf in LoadLeaf if leaf != LoadLeaf.BALAN
 CPU_SLOW = frozenset({LoadLeaf.T1, LoadLeaf.T2, LoadLeaf.T3, LoadLeaf.T4})
 
 
-def _still_shifts(prev: Action, leaf: LoadLeaf, m: Measurements) -> int | None:
-    """The direction to move prev's knob again, if the same correction is still called for and has reads to move.
+def _same_knob(prev: Action, leaf: LoadLeaf, m: Measurements) -> tuple[LoadLeaf, int] | None:
+    """The leaf and direction for moving prev's split threshold again, where it still moves work off the slow side.
 
-    The CPU still slow after max-lf (max-epk) went up, with reads still sent to the CPU for length
-    (events): up again. The GPU still slow after max-lf or max-epk went down: down again.
+    After a max-lf (max-epk) move, the CPU still slow with reads still sent to it for length
+    (events): up, as T2 (T3) would; the GPU slow: down, as T5 would. Whichever way prev went, so
+    a move that overshot comes back inside its bracket rather than handing over to another knob.
     """
     if prev.leaf not in LOAD_LEAVES or prev.knob not in ("max_lf", "max_epk"):
         return None
-    up = prev.new > prev.old
-    if up and leaf in CPU_SLOW:
-        return UP if (m.n_long if prev.knob == "max_lf" else m.n_events) > 0 else None
-    if not up and leaf == LoadLeaf.T5:
-        return DOWN
+    if leaf in CPU_SLOW:
+        counted = m.n_long if prev.knob == "max_lf" else m.n_events
+        return ((LoadLeaf.T2 if prev.knob == "max_lf" else LoadLeaf.T3), UP) if counted > 0 else None
+    if leaf == LoadLeaf.T5:
+        return LoadLeaf.T5, DOWN
     return None
 
 
