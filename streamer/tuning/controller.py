@@ -353,7 +353,7 @@ class Controller:
         if t is None:
             return None
         new = int(round(t)) if knob in INTEGER_KNOBS else round(float(t), 3)
-        if (new - v) * direction <= 0 or abs(new / v - 1) < p.min_step:
+        if (new - v) * direction <= 0 or abs(math.log(new / v)) < math.log1p(p.min_step):
             return None
         return Action(batch, knob, getattr(s, knob), new, str(leaf), why)
 
@@ -380,10 +380,16 @@ def _same_knob(prev: Action, leaf: LoadLeaf, m: Measurements) -> tuple[LoadLeaf,
 
 
 def _between(low: tuple[float, float | None], high: tuple[float, float | None], min_step: float) -> float | None:
-    """A value strictly inside the bracket: where f crosses zero if both ends have f of opposite signs."""
+    """A value strictly inside the bracket: where f crosses zero if both ends have f of opposite signs.
+
+    Never next to an end: at least a fifth of the bracket, and at least min_step, from either
+    (so each move back narrows the bracket, and no interpolated point is too close to take).
+    """
     (lv, lf), (hv, hf) = low, high
-    if hv <= lv * (1 + min_step) ** 2:
+    width = math.log(hv) - math.log(lv)
+    if width <= 2 * math.log1p(min_step):
         return None
     w = lf / (lf - hf) if lf is not None and hf is not None and lf * hf < 0 else 0.5
-    w = min(max(w, 0.2), 0.8)  # never next to an end: each move back narrows the bracket by a fifth at least
-    return math.exp(math.log(lv) + w * (math.log(hv) - math.log(lv)))
+    edge = max(0.2, 1.01 * math.log1p(min_step) / width)
+    w = min(max(w, edge), 1 - edge)
+    return math.exp(math.log(lv) + w * width)
