@@ -216,6 +216,7 @@ class CudaAbea:
         Ultra-long reads are set aside to the end of the batch: aligned on the CPU once the GPU
         and the CPU threads are done with the rest, so that they hold neither back.
         """
+        t_start = time.perf_counter()
         require_nucleotide(model)
         for name, array in (("ev_mean", ev_mean), ("shift", shift), ("scale", scale)):
             require_dtype(name, array, np.float32)
@@ -305,6 +306,7 @@ class CudaAbea:
             t_ultra=t_late,
             cells=gpu.cells,
             fallback=fallback,
+            t_wall=time.perf_counter() - t_start,
         )
         return Alignment(aln_off, aln_kmer, aln_event, sum_emission, n_aligned), stats
 

@@ -43,7 +43,8 @@ class AbeaBatchStats:
     because the arena was full, because they were longer than max_lf x the batch's mean
     length, and because they had more events per base than max_epk. cells counts the band
     cells the GPU filled (bands x bandwidth). fallback is empty, or why the GPU part of this
-    batch failed and was aligned on the CPU instead.
+    batch failed and was aligned on the CPU instead. t_wall is the whole stage, split and merge
+    included (0: not measured).
     """
 
     n_reads: int
@@ -67,6 +68,7 @@ class AbeaBatchStats:
     t_ultra: float
     cells: int
     fallback: str = ""
+    t_wall: float = 0.0
 
 
 @dataclass(frozen=True)

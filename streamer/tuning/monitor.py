@@ -108,13 +108,14 @@ class Measurements:
     t_ultra: float
     fallback: bool = False
     last: bool = False
+    t_wall: float = 0.0
 
     @classmethod
     def from_stats(cls, stats: AbeaBatchStats, max_reads: int, max_bases: int, last: bool = False) -> Measurements:
         return cls(int(stats.n_reads), int(stats.n_bases), max_reads, max_bases, int(stats.n_gpu), int(stats.n_cpu),
                    int(stats.n_ultra), int(stats.n_memout), int(stats.n_long), int(stats.n_events), float(stats.x_util),
                    float(stats.y_util), float(stats.t_cpu), float(stats.t_gpu), float(stats.t_ultra),
-                   bool(stats.fallback), last)  # fmt: skip
+                   bool(stats.fallback), last, float(stats.t_wall))  # fmt: skip
 
     @property
     def factor(self) -> float:
@@ -124,7 +125,12 @@ class Measurements:
 
     @property
     def seconds(self) -> float:
-        """Wall time of the stage: CPU and GPU side by side, then the ultra-long reads."""
+        """Wall time of the stage, as measured (split, packing and merge included).
+
+        Unmeasured: CPU and GPU side by side, then the ultra-long reads.
+        """
+        if self.t_wall > 0:
+            return self.t_wall
         return max(self.t_cpu, self.t_gpu) + self.t_ultra
 
     @property
