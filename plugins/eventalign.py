@@ -370,7 +370,7 @@ class EventalignRows:
 
     @property
     def model_kmer(self) -> list[str]:
-        return _kmer_names(self.k)[self.model_rank].tolist()
+        return _kmer_names(self.model_rank, self.k)
 
     def columns(self, read_labels: Sequence[str], contigs: Sequence[str]) -> dict[str, object]:
         """The TSV's columns by name (numeric as arrays, text as lists); labels and contigs per read."""
@@ -395,12 +395,12 @@ class EventalignRows:
         }
 
 
-def _kmer_names(k: int) -> np.ndarray:
-    """Every nucleotide k-mer in rank order, then NNN..N at index -1 (a bad event's model k-mer)."""
-    names = [""]
-    for _ in range(k):
-        names = [p + b for p in names for b in NUCLEOTIDE]
-    return np.array(names + ["N" * k], dtype=object)
+def _kmer_names(rank: np.ndarray, k: int) -> list[str]:
+    """The nucleotide k-mer of each rank, NNN..N for -1 (a bad event's model k-mer); decoded per row,
+    as the table of all 4^k names is large for 9-mers."""
+    digits = (rank[:, None] >> (2 * np.arange(k - 1, -1, -1))) & 3
+    letters = np.where(rank[:, None] < 0, ord("N"), _ACGT[digits]).astype(np.uint8)
+    return np.ascontiguousarray(letters).view(f"S{k}").ravel().astype(f"U{k}").tolist()
 
 
 def eventalign_batch(batch: ReadBatch, model: PoreModel, b2e_start: np.ndarray, kmer_off: np.ndarray,
@@ -686,6 +686,8 @@ class EventalignResult:
 
 class EventalignPipeline(Pipeline):
     """The pipeline's stages up to recalibration, then eventalign instead of the CpG HMM."""
+
+    calls_methylation = False
 
     def __init__(self, options: PipelineOptions = PipelineOptions(), scale_events: bool = False):
         self.scale_events = scale_events  # before the warm-up batch runs

@@ -47,7 +47,7 @@ class EventParams:
             raise ValueError(f"window lengths must be >= 1, got w1={self.w1}, w2={self.w2}")
 
 
-DNA_PARAMS = EventParams()  # R9.4 and R10 DNA
+DNA_PARAMS = EventParams()  # DNA on R9.4.1 (4 kHz) and R10.4.1 (5 kHz) alike, as in f5c 1.2 and later
 RNA_PARAMS = EventParams(w1=7, w2=14, threshold1=2.5, threshold2=9.0, peak_height=1.0)
 
 

@@ -22,7 +22,7 @@ from streamer.batch import CIGAR_M, ReadBatch, ReadInput, pack
 from streamer.events import detect_events
 from streamer.gpu import AbeaBatchStats, CudaOptions, HmmBatchStats, open_gpu, open_gpu_hmm
 from streamer.plugins.cpg.calls import CALLS_HEADER, MethCalls, call_methylation, format_calls
-from streamer.poremodel import PoreModel, load_default_models
+from streamer.poremodel import PoreModel, load_default_models, load_kmer_model
 from streamer.postalign import recalibrate_batch
 from streamer.scaling import estimate_scalings
 from streamer.skips import Skip, Skipped
@@ -70,10 +70,15 @@ class Pipeline:
     """
 
     TSV_HEADER = CALLS_HEADER
+    calls_methylation = True  # False for pipelines without the CpG HMM: they need no methylation model
 
     def __init__(self, options: PipelineOptions = PipelineOptions()):
         self.options = options
-        self.kmer_model, self.meth_model = load_default_models(options.kmer_model, options.meth_model)
+        self.meth_model: PoreModel | None = None
+        if self.calls_methylation:
+            self.kmer_model, self.meth_model = load_default_models(options.kmer_model, options.meth_model)
+        else:  # any nucleotide model, e.g. the R10.4.1 9-mer one, for which no CpG model is public
+            self.kmer_model = load_kmer_model(options.kmer_model)
         numba.set_num_threads(max(1, min(options.threads, numba.config.NUMBA_NUM_THREADS)))
         self.gpu = open_gpu(options.cuda)
         self.gpu_hmm = open_gpu_hmm(options.cuda) if self.gpu is not None else None

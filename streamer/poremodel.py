@@ -187,12 +187,18 @@ def builtin_model_path(name: str) -> Path:
     return Path(str(resources.files("streamer") / "data" / "models" / name))
 
 
-def load_default_models(kmer_model: str | Path | None = None, meth_model: str | Path | None = None):
-    """The nucleotide and CpG models, from the given files or the shipped r9.4 ones."""
+def load_kmer_model(kmer_model: str | Path | None = None) -> PoreModel:
+    """The nucleotide model, from the given file (text or `.npz`, any k) or the shipped r9.4 6-mer one."""
     kmer = load_model(kmer_model or builtin_model_path(DEFAULT_KMER_MODEL))
-    meth = load_model(meth_model or builtin_model_path(DEFAULT_METH_MODEL))
     if kmer.alphabet != NUCLEOTIDE:
         raise ModelError(kmer.name, f"k-mer model must use alphabet {NUCLEOTIDE}, not {kmer.alphabet}")
+    return kmer
+
+
+def load_default_models(kmer_model: str | Path | None = None, meth_model: str | Path | None = None):
+    """The nucleotide and CpG models, from the given files or the shipped r9.4 ones."""
+    kmer = load_kmer_model(kmer_model)
+    meth = load_model(meth_model or builtin_model_path(DEFAULT_METH_MODEL))
     if meth.alphabet != METHYL_CPG:
         raise ModelError(meth.name, f"methylation model must use alphabet {METHYL_CPG}, not {meth.alphabet}")
     if kmer.k != meth.k:

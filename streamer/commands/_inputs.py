@@ -13,6 +13,7 @@ from streamer.assemble import BatchLimits
 from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments
 from streamer.io.bamreads import load_reads
 from streamer.io.index import SignalIndex, open_index
+from streamer.io.poretype import PORES, pore_of_file
 from streamer.pipeline import PipelineOptions
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,12 @@ def add_input_arguments(p: argparse.ArgumentParser, output: str) -> None:
     p.add_argument("-B", "--max-bases", type=int, default=BatchLimits.max_bases, help="most bases per batch [%(default)s]")
     p.add_argument("--min-mapq", type=int, default=AlignmentFilter.min_mapq, help="minimum mapping quality [%(default)s]")
     p.add_argument("--secondary", choices=("yes", "no"), default="no", help="use secondary alignments [%(default)s]")
-    p.add_argument("--kmer-model", type=Path, help="nucleotide pore model file (default: r9.4 450bps 6-mer)")
+    p.add_argument("--kmer-model", type=Path,
+                   help="nucleotide pore model file, text or uncalled4 .npz (default: r9.4 450bps 6-mer; R10.4.1 "
+                        "data needs the 9-mer level table, e.g. uncalled4's dna_r10.4.1_400bps_9mer.npz)")
+    p.add_argument("--pore", choices=("auto", *PORES), default="auto",
+                   help="pore chemistry; auto: from the signal files' run metadata, r9 when they do not say "
+                        "[%(default)s]")
 
 
 def alignment_filter(args: argparse.Namespace) -> AlignmentFilter:
@@ -51,3 +57,12 @@ def signal_index(args: argparse.Namespace) -> SignalIndex:
     for path, reason in index.bad_files.items():
         log.warning("%s: unreadable signal file, its reads are reported as missing signal: %s", path, reason)
     return index
+
+
+def pore_of_inputs(args: argparse.Namespace, index: SignalIndex) -> tuple[str | None, str]:
+    """The pore `--pore` names or, with `auto`, the first signal file's run metadata names (None if it
+    does not say); and where that came from, for messages."""
+    if args.pore != "auto":
+        return args.pore, f"--pore {args.pore}"
+    first = next(iter(index.paths.values()), None)
+    return (pore_of_file(first), f"{first}'s run metadata") if first is not None else (None, "")

@@ -6,7 +6,6 @@ import argparse
 import json
 import logging
 import sys
-from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
@@ -14,9 +13,15 @@ from pathlib import Path
 from streamer.assemble import BatchLimits, UltraLong, plan_batches
 from streamer.errors import StreamerError
 from streamer.gpu import CudaOptions
-from streamer.commands._inputs import add_input_arguments, alignment_filter, aligned_basecalls, signal_index
+from streamer.commands._inputs import (
+    add_input_arguments,
+    aligned_basecalls,
+    alignment_filter,
+    pore_of_inputs,
+    signal_index,
+)
 from streamer.io.alignments import iter_alignments, write_records
-from streamer.io.poretype import PORES, R10, pore_of_file
+from streamer.io.poretype import R10
 from streamer.io.reference import Reference
 from streamer.overlap import IO_MODES, OverlapOptions, reader_pool, run_overlapped
 from streamer.pipeline import BatchResult, Pipeline, PipelineOptions
@@ -34,9 +39,6 @@ log = logging.getLogger(__name__)
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_input_arguments(p, "call-methylation TSV")
-    p.add_argument("--pore", choices=("auto", *PORES), default="auto",
-                   help="pore chemistry; auto: from the signal files' run metadata, r9 when they do not say "
-                        "[%(default)s]")
     p.add_argument("--bedmethyl", type=Path, metavar="FILE",
                    help="also write per-CpG, per-strand counts as bedMethyl (modkit)")
     p.add_argument("--modbam", type=Path, metavar="FILE",
@@ -71,12 +73,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_call_arguments(p)
 
 
-def _check_pore(pore: str, signal_files: Iterable[Path]) -> None:
+def _check_pore(pore: str | None, source: str) -> None:
     """Stop on R10.4.1 data: the CpG HMM needs a methylation pore model, and none is public for R10.4.1."""
-    source = "--pore r10"
-    if pore == "auto":
-        first = next(iter(signal_files), None)
-        pore, source = (pore_of_file(first), f"{first}'s run metadata") if first is not None else (None, "")
     if pore == R10:
         raise StreamerError(
             f"R10.4.1 reads ({source}): no public R10.4.1 CpG methylation model exists, so streamer call "
@@ -105,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     progress = sys.stderr.isatty()
     with ExitStack() as stack:
         index = signal_index(args)
-        _check_pore(args.pore, index.paths.values())
+        _check_pore(*pore_of_inputs(args, index))
         # readers start while the pipeline loads its models and kernels
         pool = reader_pool(index, overlap.io_workers, overlap.io_mode)
         stack.callback(pool.shutdown, wait=True, cancel_futures=True)

@@ -13,9 +13,17 @@ import pysam
 
 from streamer.assemble import BatchLimits, load_signals, make_read_input, plan_batches, signal_requests
 from streamer.batch import pack
-from streamer.commands._inputs import add_input_arguments, alignment_filter, aligned_basecalls, signal_index
+from streamer.commands._inputs import (
+    add_input_arguments,
+    aligned_basecalls,
+    alignment_filter,
+    pore_of_inputs,
+    signal_index,
+)
+from streamer.errors import StreamerError
 from streamer.gpu import CudaOptions
 from streamer.io.alignments import Alignment, iter_alignments
+from streamer.io.poretype import R10
 from streamer.io.reference import Reference
 from streamer.pipeline import PipelineOptions
 from streamer.plugins.eventalign import (
@@ -55,6 +63,16 @@ def _display_path(path: str) -> str:
     return path if rel.startswith("..") else rel
 
 
+def _check_pore(pore: str | None, source: str, kmer_model: Path | None) -> None:
+    """Stop on R10.4.1 data without a model for it: the shipped model is R9.4's 6-mer one, and the
+    R10.4.1 9-mer table is not shipped (5.6 MB)."""
+    if pore == R10 and kmer_model is None:
+        raise StreamerError(
+            f"R10.4.1 reads ({source}): the built-in pore model is R9.4's 6-mer one; pass the R10.4.1 9-mer "
+            "level table with --kmer-model (uncalled4's dna_r10.4.1_400bps_9mer.npz)"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     opts = EventalignOptions(args.print_read_names, args.scale_events, args.signal_index, args.samples)
     limits = BatchLimits(max_reads=args.batchsize, max_bases=args.max_bases)
@@ -64,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
     summary = RunSummary()
     with ExitStack() as stack:
         index = signal_index(args)
+        _check_pore(*pore_of_inputs(args, index), args.kmer_model)
         basecalls = aligned_basecalls(args.bam, filt, args.reads)
         pipeline = EventalignPipeline(PipelineOptions(threads=args.threads, kmer_model=args.kmer_model, cuda=cuda),
                                       scale_events=args.scale_events)  # fmt: skip

@@ -24,7 +24,7 @@ from __future__ import annotations
 import datetime
 import logging
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -86,12 +86,13 @@ def read_pod5_many(path: str | Path, read_ids: Iterable[str]) -> Iterator[Signal
         yield from _records(path, reader.reads(selection=list(read_ids), missing_ok=True))
 
 
-def write_pod5(path: str | Path, records: Iterable[SignalRecord]) -> int:
+def write_pod5(path: str | Path, records: Iterable[SignalRecord], run: Mapping[str, str] | None = None) -> int:
     """Write reads to a new POD5 file with the official writer; returns how many.
 
     Calibration and ADC span are set as `pod5 convert fast5` sets them, so a FAST5 read
-    written here reads back with the same pA bits. For tests, benchmarks and replays;
-    read ids must be UUIDs, as POD5 requires.
+    written here reads back with the same pA bits. `run` sets string fields of the run
+    info (e.g. `flow_cell_product_code`, `sequencing_kit`, which tell the pore). For tests,
+    benchmarks and replays; read ids must be UUIDs, as POD5 requires.
     """
     epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
     runs: dict[tuple[int, int], pod5.RunInfo] = {}
@@ -101,7 +102,7 @@ def write_pod5(path: str | Path, records: Iterable[SignalRecord]) -> int:
             key = (int(rec.sample_rate), int(rec.digitisation))
             if key not in runs:
                 adc_min = -4096 if key[1] == 8192 else 0
-                runs[key] = pod5.RunInfo(
+                fields = dict(
                     acquisition_id=f"streamer-{key[0]}hz-{key[1]}", acquisition_start_time=epoch,
                     adc_max=adc_min + key[1] - 1, adc_min=adc_min, context_tags={}, experiment_name="",
                     flow_cell_id="", flow_cell_product_code="", protocol_name="", protocol_run_id="",
@@ -109,6 +110,7 @@ def write_pod5(path: str | Path, records: Iterable[SignalRecord]) -> int:
                     sequencer_position="", sequencer_position_type="", software="streamer", system_name="",
                     system_type="", tracking_id={},
                 )
+                runs[key] = pod5.RunInfo(**{**fields, **(run or {})})
             writer.add_read(pod5.Read(
                 read_id=uuid.UUID(rec.read_id),
                 pore=pod5.Pore(channel=1, well=1, pore_type="not_set"),

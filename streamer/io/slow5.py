@@ -25,7 +25,7 @@ import os
 import struct
 import tempfile
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -181,11 +181,12 @@ def read_slow5_many(path: str | Path, read_ids: Iterable[str]) -> Iterator[Signa
             yield _record(path, rec.contents, read_id)
 
 
-def write_blow5(path: str | Path, records: Iterable[SignalRecord]) -> int:
+def write_blow5(path: str | Path, records: Iterable[SignalRecord], header: Mapping[str, str] | None = None) -> int:
     """Write reads to a new BLOW5 file with pyslow5's writer (zlib records, svb-zd signal).
 
     The calibration doubles are stored as they are, so the pA bits read back unchanged.
-    For tests, benchmarks and replays; returns how many reads were written.
+    `header` sets run attributes (e.g. `flow_cell_product_code`, `sequencing_kit`, which
+    tell the pore). For tests, benchmarks and replays; returns how many reads were written.
     """
     path = Path(path)
     if path.suffix != ".blow5":
@@ -193,8 +194,7 @@ def write_blow5(path: str | Path, records: Iterable[SignalRecord]) -> int:
     s5 = pyslow5.Open(str(path), "w")
     n = 0
     try:
-        header = {key: "" for key in s5.get_empty_header()}
-        if s5.write_header(header) != 0:
+        if s5.write_header({**{key: "" for key in s5.get_empty_header()}, **(header or {})}) != 0:
             raise StreamerError(f"{path}: pyslow5 could not write the header")
         for rec in records:
             row = s5.get_empty_record()
