@@ -53,7 +53,7 @@ class Outputs:
         if not path.exists():
             raise LedgerError(f"{path} is missing, but the ledger has {committed} bytes of it committed")
         fh = open(path, "r+b")
-        if committed >= len(header) and fh.read(len(header)) != header.encode():
+        if committed and fh.readline() != header.encode():
             fh.close()
             raise LedgerError(f"{path} was written with other columns than this configuration gives ({header!r}); "
                               "restore the settings it was written with, or move it away")

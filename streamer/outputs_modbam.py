@@ -77,6 +77,9 @@ class ModBams:
         tmp = out.with_name(f".{out.name}.tmp")
         try:
             write_modbam(bam, tmp, self.calls, self.filt, f"streamer run (modBAM of {bam})")
+        except pysam.utils.SamtoolsError as exc:  # only the index: the copy is whole
+            log.warning("%s: its modBAM copy is not indexed (its header says sorted, its records are not): %s",
+                        bam, str(exc).strip())
         except (OSError, ValueError) as exc:
             tmp.unlink(missing_ok=True)
             raise InputError(bam, f"cannot copy it as modBAM: {exc}") from exc
