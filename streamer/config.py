@@ -192,8 +192,8 @@ class EventalignConfig:
     enabled: bool = _key(
         False, "Also write `eventalign.tsv` (the rows of `streamer eventalign` for every read that passes "
         "alignment QC, appended batch by batch like `meth.tsv`) and publish them on the `eventalign` topic. Off by default: the rows "
-        "are about a hundred bytes per event, tens of times the size of `meth.tsv`, and the realignment costs "
-        "CPU time on every batch.", type=bool, flag="--eventalign")
+        "take about 180 bytes per read base, some 60 times `meth.tsv`, and the realignment (on the CPU) and "
+        "printing about as much time again as the calls.", type=bool, flag="--eventalign")
     print_read_names: bool = _key(
         True, "Read names in the read column; otherwise `read_index`, the read's number in the ledger (the "
         "`id` of its row in `reads`): a record's place in one BAM, as the offline command numbers it, names "

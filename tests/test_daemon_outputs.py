@@ -31,7 +31,9 @@ from streamer.outputs_eventalign import EventalignStage
 from streamer.pipeline import Pipeline, PipelineOptions
 from streamer.plugins.bedmethyl import BedMethyl
 from streamer.plugins.modbam import probability_code
-from streamer.publish.protocol import decode_columns, encode_columns, pack, unpack
+from streamer.client import EventAlign
+from streamer.publish.messages import decode_message
+from streamer.publish.protocol import encode_columns, pack, stamp
 from streamer.replay import Replayer, ReplayOptions, load_source
 
 TIMEOUT = 90
@@ -193,8 +195,11 @@ def test_daemon_outputs_equal_the_offline_commands(eventalign_pipeline, eventali
     s = json.loads((out / "summary.json").read_text())
     assert s["eventalign_rows"] == len(got) and s["modbam"] == {"written": 3, "not_written": 0}
     # the topic: through the wire encoding, the messages print as the file's rows
-    messages = [decode_columns(unpack(pack(encode_columns(a[0], None))), None)
-                for name, a in pub.got if name == "publish_eventalign"]
+    sent = [a[0] for name, a in pub.got if name == "publish_eventalign"]
+    decoded = [decode_message([b"eventalign", stamp("eventalign", "r", i + 1), pack(encode_columns(cols, None))])
+               for i, cols in enumerate(sent)]
+    assert all(isinstance(m, EventAlign) for m in decoded)
+    messages = [m.columns for m in decoded]
     assert messages and all(m["read_index"].dtype == np.int64 and m["event_level_mean"].dtype == np.float32
                             for m in messages)
     fmt = "%s\t%d\t%s\t%d\t%s\t%d\t%.2f\t%.3f\t%.5f\t%s\t%.2f\t%.2f\t%.2f\t%d\t%d\n"
