@@ -60,11 +60,18 @@ class ModBams:
         return self.dir / rel
 
     def write(self, bam: Path, read_ids: set[str]) -> Path:
-        """Copy `bam` with its reads' calls, atomically; forget those calls.
+        """Copy `bam` with its reads' calls, atomically; forget those calls, copied or not.
 
         InputError if it cannot be read, or has no alignments to carry the calls (unaligned
         BAM: the daemon aligned its reads itself and keeps no records of that).
         """
+        try:
+            return self._write(bam)
+        finally:
+            for key in [k for k in self.calls.by_record if k[0] in read_ids]:
+                del self.calls.by_record[key]
+
+    def _write(self, bam: Path) -> Path:
         out = self.path_of(bam)
         try:
             with pysam.AlignmentFile(str(bam), "rb", check_sq=False) as fh:
@@ -93,8 +100,6 @@ class ModBams:
         if index.exists():
             os.replace(index, out.with_name(out.name + ".bai"))
         _sync_dir(out.parent)
-        for key in [k for k in self.calls.by_record if k[0] in read_ids]:
-            del self.calls.by_record[key]
         return out
 
 
