@@ -299,3 +299,12 @@ def test_kill_9_and_restart_neither_lose_nor_double_eventalign_rows_or_modbam_re
     assert data_rows(out / "eventalign.tsv") == data_rows(eventalign_tsv("--samples")), where + text[-3000:]
     assert (out / "meth.bed").read_text() == (call_outputs / "meth.bed").read_text(), where
     check_modbams(out, live, call_outputs)
+
+
+def test_eventalign_messages_split_at_read_boundaries():
+    from streamer.outputs_eventalign import _chunks
+
+    row_off = np.array([0, 5, 50, 51, 200, 203])
+    assert list(_chunks(row_off, 10)) == [(0, 50), (50, 200), (200, 203)]
+    assert list(_chunks(row_off, 1000)) == [(0, 203)]
+    assert list(_chunks(np.array([0, 0]), 10)) == []
