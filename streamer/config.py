@@ -161,20 +161,49 @@ class GpuConfig:
 @dataclass(frozen=True)
 class OutputConfig:
     dir: Path | None = _key(
-        None, "Output folder: `meth.tsv`, `meth-freq.tsv`, `skipped.tsv`, `summary.json`. Required.",
+        None, "Output folder: `meth.tsv`, `meth-freq.tsv`, `meth.bed`, `skipped.tsv`, `summary.json`, and "
+        "`eventalign.tsv` and `modbam/` when enabled. Required.",
         type=Path, flag="--output", short="-o", must_exist="writable")
     state_dir: Path | None = _key(
         None, "Folder of the ledger (SQLite) that makes output exactly-once across restarts; default "
         "`OUTDIR/.streamer`.", type=Path, flag="--state-dir",
         must_exist="writable")
     refresh_interval: float = _key(
-        30.0, "Seconds between rewrites of `meth-freq.tsv` and `summary.json` (both are also written when the "
-        "daemon stops).", type=float, flag="--refresh-interval", minimum=0.0)
+        30.0, "Seconds between rewrites of `meth-freq.tsv`, `meth.bed` and `summary.json` (all are also written "
+        "when the daemon stops).", type=float, flag="--refresh-interval", minimum=0.0)
     call_threshold: float = _key(
         2.5, "meth-freq: a site is called when |log-likelihood ratio| is at least this.", type=float,
         flag="--call-threshold", minimum=0.0)
     split_groups: bool = _key(False, "meth-freq: split multi-CpG groups into one row per CpG.", type=bool,
                               flag="--split-groups")
+    bedmethyl: bool = _key(
+        True, "Also write `meth.bed`: per-CpG, per-strand counts as modkit's bedMethyl (what `streamer call "
+        "--bedmethyl` gives on the same reads), replaced whole whenever `meth-freq.tsv` is.", type=bool,
+        flag="--bedmethyl")
+    modbam: bool = _key(
+        False, "Also write modBAM: once every read of a basecall BAM is done, a copy of that BAM with the calls "
+        "as MM/ML tags, at `modbam/` plus its path below the watched folder. Off by default: each BAM is read "
+        "and written once more (disk and time), and basecalls from FASTQ or unaligned BAM get none (their "
+        "alignments are the daemon's own).", type=bool, flag="--modbam")
+
+
+@dataclass(frozen=True)
+class EventalignConfig:
+    enabled: bool = _key(
+        False, "Also write `eventalign.tsv` (the rows of `streamer eventalign` for every read that passes "
+        "alignment QC, appended batch by batch like `meth.tsv`) and publish them on the `eventalign` topic. Off by default: the rows "
+        "take about 180 bytes per read base, some 60 times `meth.tsv`, and the realignment (on the CPU) and "
+        "printing about as much time again as the calls.", type=bool, flag="--eventalign")
+    print_read_names: bool = _key(
+        True, "Read names in the read column; otherwise `read_index`, the read's number in the ledger (the "
+        "`id` of its row in `reads`): a record's place in one BAM, as the offline command numbers it, names "
+        "nothing across the many files of a run.", type=bool, flag="--print-read-names")
+    scale_events: bool = _key(
+        False, "Scale events to the model, not the model to the events.", type=bool, flag="--scale-events")
+    signal_index: bool = _key(
+        False, "Each event's first and past-last sample index.", type=bool, flag="--signal-index")
+    samples: bool = _key(
+        False, "Each event's samples, scaled to the model (much larger rows).", type=bool, flag="--samples")
 
 
 @dataclass(frozen=True)
@@ -224,6 +253,7 @@ class Config:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     gpu: GpuConfig = field(default_factory=GpuConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    eventalign: EventalignConfig = field(default_factory=EventalignConfig)
     service: ServiceConfig = field(default_factory=ServiceConfig)
     publish: PublishConfig = field(default_factory=PublishConfig)
 

@@ -11,11 +11,17 @@ A run ends on a `final_summary*.txt` in every run folder plus a grace period, on
 timeout, or on a STOP file; then every matched read is processed, every read still missing
 its partner is recorded as such, and the derived outputs are written. SIGTERM does not end
 the run: reads not done stay open in the ledger for the next start.
+
+Optional outputs ride on the same commits: eventalign rows are appended with the batch's
+calls (`outputs_eventalign`), `meth.bed` is rewritten with `meth-freq.tsv`, and a basecall
+BAM's modBAM copy is written once the commit that finishes its last read is made
+(`outputs_modbam`).
 """
 
 from __future__ import annotations
 
 import enum
+import io
 import json
 import logging
 import threading
@@ -24,7 +30,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from itertools import chain
+from itertools import chain, islice
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -40,6 +46,9 @@ from streamer.join import BasecallCache, Basecalls, Record, read_basecall_file
 from streamer.ledger import BatchRecord, Ledger, Pick, Registered, Waiting
 from streamer.notify import Notifier
 from streamer.outputs import SKIPPED_HEADER, Outputs, write_atomic
+from streamer.outputs_eventalign import EVENTALIGN_TSV, EventalignBatch, EventalignOutput, options_of
+from streamer.outputs_modbam import ModBams
+from streamer.plugins.bedmethyl import BedMethyl
 from streamer.plugins.cpg.calls import MethCalls
 from streamer.plugins.methfreq import MethFreq
 from streamer.publish.records import call_columns
@@ -52,6 +61,7 @@ log = logging.getLogger(__name__)
 METH_TSV = "meth.tsv"
 SKIPPED_TSV = "skipped.tsv"
 FREQ_TSV = "meth-freq.tsv"
+BEDMETHYL = "meth.bed"
 SUMMARY_JSON = "summary.json"
 CALLED = "called"
 PIPELINE_ERROR = "pipeline error"  # an outcome beyond `Skip`: the pipeline raised on this read alone
@@ -65,6 +75,7 @@ class BatchResultLike(Protocol):
     calls: MethCalls
     skipped: Sequence[Skipped]
     n_bases: int
+    extra: Any  # an `EventalignBatch` when eventalign is on (the pipeline's extra stage)
 
     def tsv_rows(self) -> list[str]: ...
 
@@ -83,6 +94,8 @@ class PublisherLike(Protocol):
     def publish_calls(self, columns: Mapping[str, Any]) -> None: ...
 
     def publish_freq(self, updates: Mapping[str, Any]) -> None: ...
+
+    def publish_eventalign(self, columns: Mapping[str, Any]) -> None: ...
 
     def publish_status(self, counters: Mapping[str, Any]) -> None: ...
 
@@ -137,6 +150,9 @@ class Daemon:
         self.outputs: Outputs | None = None
         self.watcher: Watcher | None = None
         self.freq = MethFreq(config.output.call_threshold, config.output.split_groups)
+        self.bed = BedMethyl(config.output.call_threshold) if config.output.bedmethyl else None
+        self.eventalign = EventalignOutput(options_of(config.eventalign)) if config.eventalign.enabled else None
+        self.modbams = ModBams(config.output.dir, config.watch.dir, self._filter) if config.output.modbam else None
         self.cache = BasecallCache(config.join.max_pending_bases, self._filter)
         self._finals: dict[Path, float] = {}  # run folder -> when its final_summary was seen
         self._stop_file_seen = False
@@ -157,11 +173,13 @@ class Daemon:
         try:
             self.ledger = Ledger(cfg.state_dir(), watch_dir=cfg.watch.dir)
             headers = {METH_TSV: self.pipeline.TSV_HEADER, SKIPPED_TSV: SKIPPED_HEADER}
+            if self.eventalign is not None:
+                headers[EVENTALIGN_TSV] = self.eventalign.header
             self.outputs = Outputs(cfg.output.dir, headers, self.ledger.offsets())
             if self.outputs.fresh:
                 self.ledger.commit((), self.outputs.fresh, {})
-            with open(self.outputs.path(METH_TSV)) as fh:
-                self.freq.add_tsv(fh, self.outputs.path(METH_TSV))
+            self._load_calls()
+            self._write_modbams()
             if self._make_aligner is not None and cfg.watch.basecalls != "bam":
                 self._aligner = self._make_aligner()
             exclude = [cfg.output.dir, cfg.state_dir(), cfg.reference.genome]
@@ -392,6 +410,7 @@ class Daemon:
         if len(results) == 1 and not failed_reads:
             self._tune(results[0])
         rows = [row for r in results for row in r.tsv_rows()]
+        aligned = self._eventalign(results, {p.read_id: p.number for p in picks})
         pipeline_skipped = [s for r in results for s in r.skipped]
         skipped.extend(pipeline_skipped)
         skip_rows = [_skip_row(s.read_id, s.reason.label, s.detail) for s in skipped]
@@ -413,14 +432,33 @@ class Daemon:
                             "bases": sum(r.n_bases for r in results), "calls": len(rows)})
         counters.update(f"skipped.{s.reason.label}" for s in skipped)
         counters[f"skipped.{PIPELINE_ERROR}"] += lost
+        counters["eventalign_rows"] = sum(len(ea.rows) for ea, _, _ in aligned)
         latencies = [max(0.0, done - p.matched) for p in picks]
         batch = BatchRecord(len(picks), counters["records_in"], len(rows), counters["bases"],
                             time.monotonic() - t0, sum(latencies), max(latencies))
-        self._commit(outcomes, rows, skip_rows, counters, batch)
+        bam_reads = {p.read_id for p in picks if p.basecall_fmt == "bam"} if self.modbams is not None else frozenset()
+        self._commit(outcomes, rows, skip_rows, counters, batch, "".join(text for _, _, text in aligned), bam_reads)
         if rows:
             self._publish_calls(results, rows)
+        if self.publisher is not None:
+            for ea, labels, text in aligned:
+                for columns in self.eventalign.messages(ea, labels, text):
+                    self._publish("eventalign", columns)
         log.info("batch of %d reads: %d calls, %d records skipped, %.2f s", len(picks), len(rows), len(skipped),
                  batch.seconds)
+
+    def _eventalign(self, results: list[BatchResultLike],
+                    numbers: dict[str, int]) -> list[tuple[EventalignBatch, list[str], str]]:
+        """Each result's eventalign rows with their read labels and TSV text (none when eventalign is off)."""
+        if self.eventalign is None:
+            return []
+        out = []
+        for r in results:
+            if not isinstance(r.extra, EventalignBatch):
+                raise TypeError("eventalign is on but the pipeline has no eventalign stage")
+            labels = self.eventalign.labels(r.extra.batch, numbers)
+            out.append((r.extra, labels, self.eventalign.text(r.extra, labels)))
+        return out
 
     def _tune(self, result: BatchResultLike) -> None:
         """The batch's GPU measurements to the tuner (batches of the end-of-run drain count as the last)."""
@@ -499,13 +537,52 @@ class Daemon:
         return reads, skips
 
     def _commit(self, outcomes: list[tuple[str, str]], rows: list[str], skip_rows: list[str], counters: Counter,
-                batch: BatchRecord | None) -> None:
-        """Append, flush, then commit: the order that makes output exactly-once."""
-        offsets = self.outputs.append({METH_TSV: rows, SKIPPED_TSV: skip_rows})
+                batch: BatchRecord | None, eventalign: str = "", bam_reads: set[str] | frozenset = frozenset()) -> None:
+        """Append, flush, then commit: the order that makes output exactly-once.
+
+        `bam_reads`: the batch's reads whose basecalls are in a BAM (their calls go to its modBAM).
+        """
+        lines = {METH_TSV: rows, SKIPPED_TSV: skip_rows}
+        if self.eventalign is not None:
+            lines[EVENTALIGN_TSV] = [eventalign] if eventalign else []
+        offsets = self.outputs.append(lines)
         self.ledger.commit(outcomes, offsets, counters, batch)
         if rows:
-            self.freq.add_tsv(chain([self.pipeline.TSV_HEADER], rows))
-            self._freq_dirty = True
+            self._add_calls(rows, bam_reads)
+        self._write_modbams()
+
+    def _load_calls(self) -> None:
+        """The derived outputs' state from the committed `meth.tsv`, read once, a block at a time."""
+        path = self.outputs.path(METH_TSV)
+        awaiting = self.ledger.reads_awaiting_modbam() if self.modbams is not None else frozenset()
+        with open(path) as fh:
+            next(fh, None)
+            while block := list(islice(fh, 100_000)):
+                self._add_calls(block, awaiting, path)
+
+    def _add_calls(self, rows: list[str], bam_reads: set[str] | frozenset, source: Path | str = "<calls>") -> None:
+        """Count rows of `meth.tsv` into the frequency and bedMethyl tables, and keep the modBAM's."""
+        self.freq.add_tsv(chain([self.pipeline.TSV_HEADER], rows), source)
+        if self.bed is not None:
+            self.bed.add_tsv(chain([self.pipeline.TSV_HEADER], rows), source)
+        if self.modbams is not None and bam_reads:
+            self.modbams.add_rows(rows, bam_reads)
+        self._freq_dirty = True
+
+    def _write_modbams(self) -> None:
+        """The modBAM copy of every basecall BAM whose reads are now all done."""
+        if self.modbams is None:
+            return
+        for fid, path in self.ledger.finished_bams():
+            self._beat()
+            try:
+                out = self.modbams.write(path, self.ledger.reads_of_file(fid))
+            except InputError as exc:
+                log.warning("%s", exc)
+                self.ledger.record_modbam(fid, None, exc.reason)
+                continue
+            self.ledger.record_modbam(fid, out)
+            log.info("%s: modBAM written to %s", path, out)
 
     def _time_out_waiting(self) -> None:
         """Reads that waited `join.timeout` for their partner are recorded as missing it."""
@@ -542,11 +619,15 @@ class Daemon:
             self._refresh()
 
     def _refresh(self, final: bool = False) -> None:
-        """Rewrite meth-freq.tsv (if changed) and summary.json; publish status."""
+        """Rewrite meth-freq.tsv and meth.bed (if changed) and summary.json; publish status."""
         self._next_refresh = time.monotonic() + self.config.output.refresh_interval
         out = self.config.output.dir
         if self._freq_dirty or final:
             write_atomic(out / FREQ_TSV, self.freq.format())
+            if self.bed is not None:
+                text = io.StringIO()
+                self.bed.write(text)
+                write_atomic(out / BEDMETHYL, text.getvalue())
             self._freq_dirty = False
         self._refresh_status()
         write_atomic(out / SUMMARY_JSON, json.dumps(self.summary(), indent=2) + "\n")
@@ -590,6 +671,8 @@ class Daemon:
             },
             "calls": counters.get("calls", 0),
             "bases": counters.get("bases", 0),
+            "eventalign_rows": counters.get("eventalign_rows", 0) if self.eventalign is not None else None,
+            "modbam": self.ledger.modbam_counts() if self.modbams is not None else None,
             "files": self.ledger.file_counts(),
             "rejected_files": [{"path": p, "kind": k, "reason": r} for p, k, r in self.ledger.rejected_files()],
             "throughput": {

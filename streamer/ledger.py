@@ -57,6 +57,12 @@ CREATE INDEX IF NOT EXISTS reads_matched ON reads(matched) WHERE outcome IS NULL
 CREATE INDEX IF NOT EXISTS reads_waiting ON reads(since) WHERE outcome IS NULL AND matched IS NULL;
 CREATE INDEX IF NOT EXISTS reads_basecall_file ON reads(basecall_file);
 CREATE TABLE IF NOT EXISTS outputs (name TEXT PRIMARY KEY, offset INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS modbams (  -- basecall BAMs whose modBAM copy is written (or cannot be)
+    file INTEGER PRIMARY KEY,
+    output TEXT,                  -- NULL when none could be written
+    reason TEXT,
+    at REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS batches (
     id INTEGER PRIMARY KEY,
@@ -86,6 +92,7 @@ class Pick:
     basecall_path: Path
     basecall_fmt: str
     matched: float  # wall clock: when its second file was registered
+    number: int  # the read's row id: eventalign's read_index when read names are not printed
 
 
 @dataclass(frozen=True)
@@ -237,13 +244,13 @@ class Ledger:
         picks: list[Pick] = []
         bases = 0
         rows = self._db.execute(
-            "SELECT r.read_id, r.n_bases, s.path, b.path, b.fmt, r.matched FROM reads r "
+            "SELECT r.read_id, r.n_bases, s.path, b.path, b.fmt, r.matched, r.id FROM reads r "
             "JOIN files s ON s.id = r.signal_file JOIN files b ON b.id = r.basecall_file "
             "WHERE r.outcome IS NULL AND r.matched IS NOT NULL ORDER BY r.matched, r.id LIMIT ?", (max_reads,))
-        for rid, n, sp, bp, fmt, matched in rows:
+        for rid, n, sp, bp, fmt, matched, number in rows:
             if picks and bases + n > max_bases:
                 return picks, True
-            picks.append(Pick(rid, n, Path(sp), Path(bp), fmt, matched))
+            picks.append(Pick(rid, n, Path(sp), Path(bp), fmt, matched, number))
             bases += n
         return picks, len(picks) == max_reads or bases >= max_bases
 
@@ -280,6 +287,36 @@ class Ledger:
     def outcome(self, read_id: str) -> str | None:
         row = self._db.execute("SELECT outcome FROM reads WHERE read_id = ?", (read_id,)).fetchone()
         return row[0] if row else None
+
+    # ------------------------------------------------------------------ modBAM
+
+    def finished_bams(self) -> list[tuple[int, Path]]:
+        """(file id, path) of registered basecall BAMs with every read done and no modBAM recorded yet."""
+        rows = self._db.execute(
+            "SELECT f.id, f.path FROM files f WHERE f.kind = 'basecalls' AND f.fmt = 'bam' "
+            "AND f.state = 'registered' AND f.id NOT IN (SELECT file FROM modbams) AND NOT EXISTS "
+            "(SELECT 1 FROM reads r WHERE r.basecall_file = f.id AND r.outcome IS NULL) ORDER BY f.id")
+        return [(fid, Path(p)) for fid, p in rows]
+
+    def reads_of_file(self, file_id: int) -> set[str]:
+        return {r for (r,) in self._db.execute("SELECT read_id FROM reads WHERE basecall_file = ?", (file_id,))}
+
+    def reads_awaiting_modbam(self) -> set[str]:
+        """Reads of basecall BAMs whose modBAM is not written yet (their calls are still needed)."""
+        rows = self._db.execute(
+            "SELECT r.read_id FROM reads r JOIN files f ON f.id = r.basecall_file WHERE f.fmt = 'bam' "
+            "AND f.state = 'registered' AND f.id NOT IN (SELECT file FROM modbams)")
+        return {r for (r,) in rows}
+
+    def record_modbam(self, file_id: int, output: Path | None, reason: str | None = None) -> None:
+        with self._tx():
+            self._db.execute("INSERT OR REPLACE INTO modbams VALUES (?, ?, ?, ?)",
+                             (file_id, None if output is None else str(output), reason, self._clock()))
+
+    def modbam_counts(self) -> dict[str, int]:
+        written, failed = self._db.execute(
+            "SELECT count(output), count(*) - count(output) FROM modbams").fetchone()
+        return {"written": written, "not_written": failed}
 
     # ------------------------------------------------------------------ batches
 

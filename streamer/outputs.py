@@ -4,7 +4,9 @@
 and only then does the ledger commit the new end offsets. At start, `Outputs` cuts each file
 back to its committed offset, which drops the rows of a batch that was written but never
 committed (a crash between the two steps); those reads are still open and are redone.
-`meth-freq.tsv` and `summary.json` are derived and replaced whole (write, then rename).
+`eventalign.tsv`, when enabled, is one more such file. A file keeps the columns it was started
+with: a header that no longer matches the configuration stops the start. `meth-freq.tsv`,
+`meth.bed` and `summary.json` are derived and replaced whole (write, then rename).
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ class Outputs:
         if not path.exists():
             raise LedgerError(f"{path} is missing, but the ledger has {committed} bytes of it committed")
         fh = open(path, "r+b")
+        if committed and fh.readline() != header.encode():
+            fh.close()
+            raise LedgerError(f"{path} was written with other columns than this configuration gives ({header!r}); "
+                              "restore the settings it was written with, or move it away")
         size = fh.seek(0, os.SEEK_END)
         if size < committed:
             fh.close()

@@ -13,6 +13,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import numba
 import numpy as np
@@ -23,7 +24,7 @@ from streamer.events import detect_events
 from streamer.gpu import AbeaBatchStats, CudaOptions, HmmBatchStats, open_gpu, open_gpu_hmm
 from streamer.plugins.cpg.calls import CALLS_HEADER, MethCalls, call_methylation, format_calls
 from streamer.poremodel import PoreModel, load_default_models, load_kmer_model
-from streamer.postalign import recalibrate_batch
+from streamer.postalign import PostAlign, recalibrate_batch
 from streamer.scaling import estimate_scalings
 from streamer.skips import Skip, Skipped
 
@@ -48,6 +49,7 @@ class BatchResult:
     timings: dict[str, float]
     gpu_stats: AbeaBatchStats | None = None  # the GPU ABEA stage's measurements, when it ran
     hmm_stats: HmmBatchStats | None = None  # the GPU HMM's measurements, when it ran
+    extra: Any = None  # what the pipeline's `extra` stage made of the batch, when it has one
 
     @property
     def n_reads(self) -> int:
@@ -62,6 +64,18 @@ class BatchResult:
         return text.splitlines(keepends=True)
 
 
+class ExtraStage(Protocol):
+    """A further output made from the aligned, recalibrated batch (the daemon's eventalign rows).
+
+    It runs before the HMM, which fails the reads it finds no CpG in, so it sees every read
+    that passed post-alignment QC.
+    """
+
+    name: str  # its key in the batch's stage timings
+
+    def __call__(self, batch: ReadBatch, post: PostAlign, kmer_model: PoreModel) -> Any: ...
+
+
 class Pipeline:
     """Models loaded and kernels compiled once; then `process` batch after batch.
 
@@ -72,8 +86,9 @@ class Pipeline:
     TSV_HEADER = CALLS_HEADER
     calls_methylation = True  # False for pipelines without the CpG HMM: they need no methylation model
 
-    def __init__(self, options: PipelineOptions = PipelineOptions()):
+    def __init__(self, options: PipelineOptions = PipelineOptions(), extra: ExtraStage | None = None):
         self.options = options
+        self.extra = extra  # before the warm-up batch, which compiles its kernels too
         self.meth_model: PoreModel | None = None
         if self.calls_methylation:
             self.kmer_model, self.meth_model = load_default_models(options.kmer_model, options.meth_model)
@@ -124,6 +139,10 @@ class Pipeline:
                 batch.aln_off, batch.status, batch.shift, batch.scale, batch.var, kmer,
             )  # fmt: skip
             batch.shift, batch.scale, batch.var = post.shift, post.scale, post.var
+        extra = None
+        if self.extra is not None:
+            with stage(self.extra.name):
+                extra = self.extra(batch, post, kmer)
         hmm_stats: list[HmmBatchStats] = []
 
         def score_on_gpu(*args):
@@ -142,7 +161,7 @@ class Pipeline:
             for i in np.flatnonzero(batch.status != Skip.OK).tolist()
         ]
         return BatchResult(batch.read_ids, batch.ref_names, calls, skipped, batch.n_bases, timings, gpu_stats,
-                           hmm_stats[0] if hmm_stats else None)  # fmt: skip
+                           hmm_stats[0] if hmm_stats else None, extra)  # fmt: skip
 
     def _warm_up(self) -> None:
         """Compile (or load from cache) every kernel on a synthetic read before real data arrives."""

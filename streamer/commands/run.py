@@ -16,6 +16,7 @@ from streamer.gpu.options import CudaOptions
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
 from streamer.notify import Notifier
+from streamer.outputs_eventalign import EventalignStage
 from streamer.pipeline import Pipeline, PipelineOptions
 from streamer.publish.publisher import Publisher, PublisherConfig
 from streamer.publish.security import CurveServer, load_public_keys, load_secret_keys
@@ -51,8 +52,9 @@ def run(args: argparse.Namespace) -> int:
         cuda = CudaOptions(disable=g.disable, dev_id=g.device, mem_frac=g.mem_frac, avg_epk=g.avg_epk,
                            max_lf=g.max_lf, max_epk=g.max_epk, ultra_thresh=g.ultra_thresh,
                            max_reads=cfg.batch.max_reads, max_bases=cfg.batch.max_bases)
+        extra = EventalignStage(cfg.eventalign.scale_events) if cfg.eventalign.enabled else None
         pipeline = Pipeline(PipelineOptions(threads=threads, kmer_model=cfg.pipeline.kmer_model,
-                                            meth_model=cfg.pipeline.meth_model, cuda=cuda))
+                                            meth_model=cfg.pipeline.meth_model, cuda=cuda), extra=extra)
         reference = stack.enter_context(Reference(cfg.reference.genome))
         publisher = stack.enter_context(_publisher(cfg.publish)) if cfg.publish.endpoint else None
         tuner = AutoTuner.for_gpu(plan, pipeline.gpu, autotune=cfg.gpu.autotune, state_dir=cfg.state_dir(),

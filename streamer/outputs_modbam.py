@@ -1,0 +1,111 @@
+"""The daemon's modBAM: each basecall BAM, once all its reads are done, copied with MM/ML tags.
+
+A BAM cannot be appended and cut back the way `meth.tsv` is (BGZF blocks, an index, a
+header first), so the unit is the input file: when the ledger has an outcome for every read
+of a basecall BAM, the BAM is copied to `modbam/<its path below the watched folder>` with
+the calls as MM/ML tags (`write_modbam`, as `streamer call --modbam` writes them), under a
+temporary name, fsynced and renamed; then the ledger records it. A crash before the record
+only means the same file is written again, whole, at the next start: no record is lost or
+doubled, and every record of the input is in its copy, tagged or not.
+
+The calls come from `meth.tsv` rows, with the log-likelihood ratio as printed (two
+decimals), so a copy is the same whether or not the daemon restarted on the way; an ML value
+may differ by one from the full-precision ratio's, within the 1/256 that a value stands for.
+They are held only for reads of BAMs not copied yet, and read back from `meth.tsv` at start.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Container, Iterable
+from pathlib import Path
+
+import pysam
+
+from streamer.errors import InputError
+from streamer.io.alignments import AlignmentFilter
+from streamer.plugins.cpg.calls import CALLS_HEADER
+from streamer.plugins.modbam import ModCalls, write_modbam
+
+log = logging.getLogger(__name__)
+
+MODBAM_DIR = "modbam"
+_COLS = CALLS_HEADER.rstrip("\n").split("\t")
+_CHROM, _STRAND, _START, _READ, _LLR, _SEQ = (
+    _COLS.index(c) for c in ("chromosome", "strand", "start", "read_name", "log_lik_ratio", "sequence"))
+
+
+class ModBams:
+    """Calls of reads whose BAM is not copied yet, and the copying."""
+
+    def __init__(self, out_dir: Path, watch_dir: Path, filt: AlignmentFilter):
+        self.dir = Path(out_dir) / MODBAM_DIR
+        self.watch_dir = Path(watch_dir)
+        self.filt = filt
+        self.calls = ModCalls()
+
+    def add_rows(self, rows: Iterable[str], wanted: Container[str] | None = None) -> None:
+        """Add `meth.tsv` data rows (of the `wanted` reads only, if given)."""
+        for line in rows:
+            f = line.rstrip("\n").split("\t")
+            if wanted is None or f[_READ] in wanted:
+                self.calls.add(f[_READ], f[_CHROM], f[_STRAND] == "-", int(f[_START]), float(f[_LLR]), f[_SEQ])
+
+    def path_of(self, bam: Path) -> Path:
+        try:
+            rel = Path(bam).resolve().relative_to(self.watch_dir.resolve())
+        except ValueError:
+            rel = Path(Path(bam).name)
+        return self.dir / rel
+
+    def write(self, bam: Path, read_ids: set[str]) -> Path:
+        """Copy `bam` with its reads' calls, atomically; forget those calls, copied or not.
+
+        InputError if it cannot be read, or has no alignments to carry the calls (unaligned
+        BAM: the daemon aligned its reads itself and keeps no records of that).
+        """
+        try:
+            return self._write(bam)
+        finally:
+            for key in [k for k in self.calls.by_record if k[0] in read_ids]:
+                del self.calls.by_record[key]
+
+    def _write(self, bam: Path) -> Path:
+        out = self.path_of(bam)
+        try:
+            with pysam.AlignmentFile(str(bam), "rb", check_sq=False) as fh:
+                aligned = fh.nreferences > 0
+        except (OSError, ValueError) as exc:
+            raise InputError(bam, f"cannot open it for its modBAM copy: {exc}") from exc
+        if not aligned:
+            raise InputError(bam, "unaligned BAM: no alignments to carry the calls, so no modBAM copy")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.tmp")
+        try:
+            write_modbam(bam, tmp, self.calls, self.filt, f"streamer run (modBAM of {bam})")
+        except pysam.utils.SamtoolsError as exc:  # only the index: the copy is whole
+            log.warning("%s: its modBAM copy is not indexed (its header says sorted, its records are not): %s",
+                        bam, str(exc).strip())
+        except (OSError, ValueError) as exc:
+            tmp.unlink(missing_ok=True)
+            raise InputError(bam, f"cannot copy it as modBAM: {exc}") from exc
+        except InputError:
+            tmp.unlink(missing_ok=True)
+            raise
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        index = tmp.with_name(tmp.name + ".bai")
+        os.replace(tmp, out)
+        if index.exists():
+            os.replace(index, out.with_name(out.name + ".bai"))
+        _sync_dir(out.parent)
+        return out
+
+
+def _sync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
