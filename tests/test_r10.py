@@ -196,6 +196,21 @@ def test_simulated_r10_blow5_same_rows(simulated, simulated_eventalign):
     assert out.read_text() == simulated_eventalign[0].read_text()
 
 
+def test_simulated_r10_gpu_abea_equals_cpu(simulated):
+    """On a GPU the 9-mer reads are aligned by the CUDA kernels: the rows equal the CPU-only run's."""
+    from test_gpu_abea import _gpu_present
+
+    if not _gpu_present():
+        pytest.skip("no CUDA GPU")
+    tmp, _, _ = simulated
+    flags = ("--kmer-model", str(R10_MODEL), "--scale-events", "--signal-index", "--print-read-names", "--samples")
+    gpu = eventalign(tmp, tmp / "sim.pod5", *flags, "-o", str(tmp / "ea.gpu.tsv"))
+    cpu = eventalign(tmp, tmp / "sim.pod5", *flags, "-o", str(tmp / "ea.cpu.tsv"), "--disable-cuda")
+    assert gpu.returncode == 0 and cpu.returncode == 0, gpu.stderr + cpu.stderr
+    assert "GPU ABEA on" in gpu.stderr and "GPU ABEA on" not in cpu.stderr
+    assert (tmp / "ea.gpu.tsv").read_text() == (tmp / "ea.cpu.tsv").read_text()
+
+
 def test_r10_eventalign_needs_the_9mer_model(simulated):
     tmp, _, _ = simulated
     proc = eventalign(tmp, tmp / "sim.pod5", "-o", str(tmp / "x.tsv"))
