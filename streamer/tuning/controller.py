@@ -6,8 +6,9 @@ The paper's monitor only advises; here each advice leaf names a knob to move and
 - hysteresis: the trees' own dead bands (70%/30%, |f| <= 0.3), advice only after a leaf's
   fifth batch in a row, a settling batch after each change, and one change at a time. A load
   correction, once advised, is carried through until the mean f over the batches after it is
-  within `exit_factor` (0.15): entering at 0.3 and leaving at 0.15, the balance does not end
-  up sitting on the tree's threshold, where noise would flip the leaf batch by batch;
+  within `exit_factor` (0.1): entering at 0.3 and leaving at 0.1 (the slower side at most 1.22
+  times the faster), the balance does not end up sitting on the tree's threshold, where noise
+  would flip the leaf batch by batch, and single batches stay within 30% of each other;
 - no oscillation: every knob keeps a bracket, the highest value the evidence called too low
   and the lowest it called too high. A move never crosses into it; a move back lands inside
   (where f crosses zero, interpolated, for the load knobs; the geometric middle otherwise), so
@@ -98,7 +99,7 @@ class Policy:
     max_growth: float = 4.0  # K or B grow at most this many times at once
     target_util: float = 0.85  # S3/S4 grow the batch towards this arena fill
     epk_headroom: float = 0.05  # S1/S2 partition the arena for the measured events per base plus this
-    exit_factor: float = 0.15  # a load correction goes on until the mean |f| after it is this small
+    exit_factor: float = 0.10  # a load correction goes on until the mean |f| after it is this small
     guards: GuardLimits = field(default_factory=GuardLimits)
 
 
