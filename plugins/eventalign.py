@@ -8,6 +8,13 @@ about 50 aligned events are kept before the next piece starts from the last one 
 Viterbi cells, emissions and transitions are float32 with the tools' order of operations and
 tie-breaking (a tie goes to the later move), so the same events land on the same k-mers.
 
+Paths through repeats (a homopolymer, CACCACCAC...) tie in exact arithmetic: their terms are
+the same, summed in another order, so the last bit of every emission decides. By default the
+arithmetic is f5c 1.1's (float32 model and scalings, log var from recalibration's double var).
+`NanopolishScaling` gives nanopolish 0.14's instead: its built-in model (the model file to 5
+decimals), recalibrated scalings kept in double, Gaussians scaled in double then rounded,
+log(1/sqrt(2 pi)) to float precision, and at least 1.25 events per base in the transitions.
+
 Rows come back as columns (`EventalignRows.columns`, what the daemon's `eventalign` topic
 carries) and as the tools' TSV text (`format_tsv`), plus the per-read `--summary` lines.
 """
@@ -29,6 +36,10 @@ from streamer.events import detect_events
 from streamer.pipeline import Pipeline, PipelineOptions
 from streamer.plugins.cpg import tsv
 from streamer.plugins.cpg.hmm import (
+    S_LOG_VAR,
+    S_SCALE,
+    S_SHIFT,
+    S_VAR,
     STATE_B,
     STATE_K,
     STATE_M,
@@ -44,7 +55,6 @@ from streamer.plugins.cpg.hmm import (
     T_MM_SELF,
     HmmParams,
     block_transitions,
-    log_normal_pdf,
     pack_model,
     pack_scalings,
     scaled_level,
@@ -65,6 +75,10 @@ FROM_SAME_M, FROM_PREV_M, FROM_SAME_B, FROM_PREV_B, FROM_PREV_K, FROM_SOFT = ran
 
 STATE_CHAR_M = 77  # 'M'
 STATE_CHAR_B = 66  # 'B'
+
+F5C_LOG_INV_SQRT_2PI = np.float32(-0.918938)  # f5c's literal
+NANOPOLISH_LOG_INV_SQRT_2PI = np.float32(math.log(0.3989422804014327))  # nanopolish's, to float
+NANOPOLISH_MIN_EVENTS_PER_BASE = 1.25
 
 _ACGT = np.frombuffer(b"ACGT", np.uint8)
 _BASE_RANK = np.zeros(256, np.int64)  # ACGT -> 0..3; anything else 0, as the tools rank it
@@ -105,13 +119,29 @@ def _kmer_rank(ref, start, k, rc, base_rank):
 
 
 @numba.njit(nogil=True, cache=True)
-def viterbi_piece(ref, s0, length, rc, ev_mean, e_start, e_stop, k, model, scalings, trans, lp_soft, base_rank,
-                  out_event, out_kmer, out_state):  # fmt: skip
+def _kmer_level(rank, model, scalings, model64, scalings64):
+    """(mean, stdv, log stdv) of k-mer `rank` scaled to the read, float32.
+
+    f5c scales in float32 (`scaled_level`); with a double model (`model64` non-empty) the
+    scaling is nanopolish's: in double, rounded once.
+    """
+    if model64.shape[1] == 0:
+        return scaled_level(rank, model, scalings)
+    mean = np.float32(scalings64[S_SCALE] * model64[0, rank] + scalings64[S_SHIFT])
+    stdv = np.float32(model64[1, rank] * scalings64[S_VAR])
+    log_stdv = np.float32(model64[2, rank] + scalings64[S_LOG_VAR])
+    return mean, stdv, log_stdv
+
+
+@numba.njit(nogil=True, cache=True)
+def viterbi_piece(ref, s0, length, rc, ev_mean, e_start, e_stop, k, model, scalings, model64, scalings64, log_c,
+                  trans, lp_soft, base_rank, out_event, out_kmer, out_state):  # fmt: skip
     """Decode events e_start..e_stop (either direction) against k-mers of ref[s0:s0+length].
 
     Writes the path in event order (event, k-mer index in the piece, state K/B/M) and returns
     its length. The path always ends in M of the last k-mer at the last event and stops at the
-    first k-mer's entry from the start state, as the tools' backtrack does.
+    first k-mer's entry from the start state, as the tools' backtrack does. `log_c` is the
+    tool's log(1/sqrt(2 pi)).
     """
     ninf = np.float32(-np.inf)
     n_kmers = length - k + 1
@@ -122,7 +152,8 @@ def viterbi_piece(ref, s0, length, rc, ev_mean, e_start, e_stop, k, model, scali
     stdv = np.empty(n_kmers, np.float32)
     log_stdv = np.empty(n_kmers, np.float32)
     for ki in range(n_kmers):
-        mean[ki], stdv[ki], log_stdv[ki] = scaled_level(_kmer_rank(ref, s0 + ki, k, rc, base_rank), model, scalings)
+        rank = _kmer_rank(ref, s0 + ki, k, rc, base_rank)
+        mean[ki], stdv[ki], log_stdv[ki] = _kmer_level(rank, model, scalings, model64, scalings64)
     vm = np.full((n_rows, n_cols), ninf, np.float32)
     bm = np.zeros((n_rows, n_cols), np.uint8)
     for row in range(1, n_rows):
@@ -143,7 +174,8 @@ def viterbi_piece(ref, s0, length, rc, ev_mean, e_start, e_stop, k, model, scali
                 trans[T_KM] + up[p + STATE_K],
                 soft,
             )
-            cur[c + STATE_M] = m + log_normal_pdf(level, mean[ki], stdv[ki], log_stdv[ki])
+            a = (level - mean[ki]) / stdv[ki]
+            cur[c + STATE_M] = m + (log_c - log_stdv[ki] + np.float32(-0.5) * a * a)  # log N(level; mean, stdv)
             moves[c + STATE_M] = move
             b, move = _best(trans[T_MB] + up[c + STATE_M], ninf, trans[T_BB] + up[c + STATE_B], ninf, ninf, ninf)
             cur[c + STATE_B] = b  # a bad event emits with log-probability 0
@@ -194,8 +226,8 @@ def _end_pair(ref_pos, p0, p1, ref_max, idx):
 
 
 @numba.njit(nogil=True, cache=True)
-def realign_read(ref, ref_start, cigar, rc, read_len, k, first_event, ev_mean, model, scalings, trans, lp_soft,
-                 base_rank, search, out_ref, out_event, out_state, out_rank):  # fmt: skip
+def realign_read(ref, ref_start, cigar, rc, read_len, k, first_event, ev_mean, model, scalings, model64, scalings64,
+                 log_c, trans, lp_soft, base_rank, search, out_ref, out_event, out_state, out_rank):  # fmt: skip
     """Eventalign of one read into the out_* arrays; returns the number of rows.
 
     `ref` is the disambiguated reference of the aligned span, `first_event` the first event of
@@ -240,8 +272,9 @@ def realign_read(ref, ref_start, cigar, rc, read_len, k, first_event, ev_mean, m
             stop = closest_event(first_event, end_read, search)
             if cur_event < 0 or stop < 0 or abs(cur_event - stop) < 2:
                 break
-            n_path = viterbi_piece(ref, s, length, rc, ev_mean, cur_event, stop, k, model, scalings, trans, lp_soft,
-                                   base_rank, path_event, path_kmer, path_state)  # fmt: skip
+            n_path = viterbi_piece(ref, s, length, rc, ev_mean, cur_event, stop, k, model, scalings, model64,
+                                   scalings64, log_c, trans, lp_soft, base_rank, path_event, path_kmer,
+                                   path_state)  # fmt: skip
             last_piece = end_pair == p1 - 1
             n_kept = 0
             kept_event = 0
@@ -285,8 +318,14 @@ def _n_segments(cigar):
 
 @numba.njit(parallel=True, nogil=True, cache=True)
 def realign_batch(ref_seq, ref_seq_off, ref_start, cigar, cigar_off, rc, seq_off, ev_mean, ev_off, status,
-                  b2e_start, kmer_off, events_per_base, k, model, scalings, params, lp_soft, base_rank, search):  # fmt: skip
-    """Eventalign of every read with status 0, in parallel; rows in flat arrays with offsets."""
+                  b2e_start, kmer_off, events_per_base, k, model, scalings, model64, scalings64, log_c, params, lp_soft,
+                  base_rank, search):  # fmt: skip
+    """Eventalign of every read with status 0, in parallel; rows in flat arrays with offsets.
+
+    `model64` (float64[3, n_kmers]: mean, stdv, log stdv) and `scalings64` (float64[n, 4], as
+    `pack_scalings` lays them out) scale the model in double; a `model64` with no columns keeps
+    f5c's float32 (`model`, `scalings`).
+    """
     n = seq_off.shape[0] - 1
     cap_off = np.zeros(n + 1, np.int64)
     for i in range(n):
@@ -307,8 +346,9 @@ def realign_batch(ref_seq, ref_seq_off, ref_start, cigar, cigar_off, rc, seq_off
         count[i] = realign_read(
             ref_seq[ref_seq_off[i] : ref_seq_off[i + 1]], ref_start[i], cigar[cigar_off[i] : cigar_off[i + 1]],
             rc[i], seq_off[i + 1] - seq_off[i], k, b2e_start[kmer_off[i] : kmer_off[i + 1]],
-            ev_mean[ev_off[i] : ev_off[i + 1]], model, scalings[i], block_transitions(events_per_base[i], params),
-            lp_soft, base_rank, search, out_ref[a:b], out_event[a:b], out_state[a:b], out_rank[a:b],
+            ev_mean[ev_off[i] : ev_off[i + 1]], model, scalings[i], model64, scalings64[i],
+            log_c, block_transitions(events_per_base[i], params), lp_soft, base_rank, search, out_ref[a:b],
+            out_event[a:b], out_state[a:b], out_rank[a:b],
         )  # fmt: skip
     row_off = np.zeros(n + 1, np.int64)
     for i in range(n):
@@ -359,6 +399,7 @@ class EventalignRows:
     start_idx: np.ndarray  # int64: the event's first sample
     end_idx: np.ndarray  # int64: past its last sample
     state: np.ndarray  # uint8: 'M' or 'B'
+    sample_scaling: np.ndarray  # float64[n_reads, 2]: shift and scale that put `--samples` on the model
 
     def __len__(self) -> int:
         return len(self.position)
@@ -403,45 +444,95 @@ def _kmer_names(rank: np.ndarray, k: int) -> list[str]:
     return np.ascontiguousarray(letters).view(f"S{k}").ravel().astype(f"U{k}").tolist()
 
 
+@dataclass(frozen=True)
+class NanopolishScaling:
+    """nanopolish 0.14's model and per-read scalings, all double (see the module docstring).
+
+    `from_recalibration` builds it from the post-alignment stage run with `nanopolish_model`.
+    """
+
+    level_mean: np.ndarray  # float64[n_kmers]
+    level_stdv: np.ndarray  # float64[n_kmers]
+    shift: np.ndarray  # float64[n_reads]
+    scale: np.ndarray  # float64[n_reads]
+    var: np.ndarray  # float64[n_reads]
+
+    @classmethod
+    def from_recalibration(cls, model: PoreModel, exact: np.ndarray) -> NanopolishScaling:
+        return cls(model.level_mean, model.level_stdv, exact[:, 0], exact[:, 1], exact[:, 2])
+
+
+def nanopolish_model(model: PoreModel) -> PoreModel:
+    """The nucleotide model as nanopolish's built-in tables hold it: values to 5 decimals, in double."""
+    mean = np.round(model.level_mean.astype(np.float64), 5)
+    stdv = np.round(model.level_stdv.astype(np.float64), 5)
+    return PoreModel(model.name, model.k, model.alphabet, mean, stdv, np.log(stdv))
+
+
 def eventalign_batch(batch: ReadBatch, model: PoreModel, b2e_start: np.ndarray, kmer_off: np.ndarray,
-                     events_per_base: np.ndarray, scale_events: bool = False) -> EventalignRows:  # fmt: skip
+                     events_per_base: np.ndarray, scale_events: bool = False, log_var: np.ndarray | None = None,
+                     nanopolish: NanopolishScaling | None = None) -> EventalignRows:  # fmt: skip
     """Eventalign rows of every read of a batch that passed the stages (status 0).
 
-    `b2e_start`, `kmer_off` and `events_per_base` are the post-alignment stage's outputs. Values
-    are float32 computed in the tools' order, so that printing them gives the tools' text.
+    `b2e_start`, `kmer_off` and `events_per_base` are the post-alignment stage's outputs;
+    `log_var` is log of its double var (f5c's; taken from the float32 var when absent). Values
+    are float32 computed in the tools' order, so that printing them gives the tools' text;
+    f5c's arithmetic unless `nanopolish` is given.
     """
     if model.alphabet != NUCLEOTIDE:
         raise ValueError("eventalign needs a nucleotide pore model")
     k = model.k
     ref = DISAMBIGUATE[batch.ref_seq]
     status = batch.status.copy()
-    status[(status == Skip.OK) & ~(np.asarray(events_per_base) > 0)] = Skip.QC_FAILED
-    scalings = pack_scalings(batch.scale, batch.shift, batch.var)
+    epb = np.asarray(events_per_base, np.float64)
+    status[(status == Skip.OK) & ~(epb > 0)] = Skip.QC_FAILED
+    scalings = pack_scalings(batch.scale, batch.shift, batch.var, log_var)
+    if nanopolish is None:
+        model64, scalings64, log_c = np.empty((3, 0)), np.zeros((batch.n, 4)), F5C_LOG_INV_SQRT_2PI
+    else:
+        np_stdv = nanopolish.level_stdv
+        model64 = np.stack([nanopolish.level_mean, np_stdv, np.log(np_stdv)])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            scalings64 = np.stack([nanopolish.scale, nanopolish.shift, nanopolish.var, np.log(nanopolish.var)], axis=1)
+        log_c = NANOPOLISH_LOG_INV_SQRT_2PI
+        epb = np.maximum(epb, NANOPOLISH_MIN_EVENTS_PER_BASE)
     lp_soft = np.float32(math.log(1.0 - HmmParams.start_to_clip))
     row_off, position, event, state, rank = realign_batch(
         ref, batch.ref_seq_off, batch.ref_start, batch.cigar, batch.cigar_off, batch.rc, batch.seq_off, batch.ev_mean,
-        batch.ev_off, status, b2e_start, kmer_off, np.asarray(events_per_base, np.float64), k,
-        pack_model(model.level_mean, model.level_stdv), scalings, HmmParams().as_array(), lp_soft, _BASE_RANK,
-        CLOSEST_EVENT_SEARCH,
+        batch.ev_off, status, b2e_start, kmer_off, epb, k, pack_model(model.level_mean, model.level_stdv), scalings,
+        model64, scalings64, log_c, HmmParams().as_array(), lp_soft, _BASE_RANK, CLOSEST_EVENT_SEARCH,
     )  # fmt: skip
     read = np.repeat(np.arange(batch.n, dtype=np.int64), np.diff(row_off))
     g = batch.ev_off[read] + event
-    shift = batch.shift[read].astype(np.float32)
-    scale = batch.scale[read].astype(np.float32)
-    var = batch.var[read].astype(np.float32)
     mean = batch.ev_mean[g]
     bad = state == STATE_CHAR_B
-    mu = model.level_mean[np.maximum(rank, 0)].astype(np.float32)
-    sd = model.level_stdv[np.maximum(rank, 0)].astype(np.float32)
-    if scale_events:
-        mean = (mean - shift) / scale
+    r = np.maximum(rank, 0)
+    if nanopolish is None:
+        shift = batch.shift[read].astype(np.float32)
+        scale = batch.scale[read].astype(np.float32)
+        var = batch.var[read].astype(np.float32)
+        mu = model.level_mean[r].astype(np.float32)
+        sd = model.level_stdv[r].astype(np.float32)
+        if scale_events:
+            mean = (mean - shift) / scale
+        else:
+            mu = scale * mu + shift
+            sd = sd * var
+        sample_scaling = np.stack([batch.shift, batch.scale], axis=1).astype(np.float32).astype(np.float64)
     else:
-        mu = scale * mu + shift
-        sd = sd * var
+        shift, scale, var = nanopolish.shift[read], nanopolish.scale[read], nanopolish.var[read]
+        mu, sd = nanopolish.level_mean[r], nanopolish.level_stdv[r]
+        if scale_events:
+            mean = ((mean - shift) / scale).astype(np.float32)
+        else:
+            mu = scale * mu + shift
+            sd = sd * var
+        mu, sd = mu.astype(np.float32), sd.astype(np.float32)
+        sample_scaling = np.stack([nanopolish.shift, nanopolish.scale], axis=1)
     mu = np.where(bad, np.float32(0), mu)
     sd = np.where(bad, np.float32(0), sd)
     with np.errstate(divide="ignore", invalid="ignore"):
-        z = (mean - mu) / (np.sqrt(var) * sd)
+        z = (mean - mu) / (np.sqrt(var) * sd)  # float32 (f5c) or double (nanopolish) denominator
     start = batch.ev_start[g].astype(np.int64)
     length = batch.ev_length[g]
     return EventalignRows(
@@ -462,6 +553,7 @@ def eventalign_batch(batch: ReadBatch, model: PoreModel, b2e_start: np.ndarray, 
         start_idx=start,
         end_idx=start + length.astype(np.int64),
         state=state,
+        sample_scaling=sample_scaling,
     )
 
 
@@ -626,8 +718,8 @@ def format_tsv(rows: EventalignRows, batch: ReadBatch, read_labels: Sequence[str
     if options.samples:
         sig_off = batch.signal_off
         for j, (r, a, b) in enumerate(zip(rows.read.tolist(), rows.start_idx.tolist(), rows.end_idx.tolist())):
-            lines[j] += "\t" + scaled_samples(batch.signal[sig_off[r] + a : sig_off[r] + b], batch.shift[r],
-                                              batch.scale[r])  # fmt: skip
+            shift, scale = rows.sample_scaling[r]
+            lines[j] += "\t" + scaled_samples(batch.signal[sig_off[r] + a : sig_off[r] + b], shift, scale)
     return "\n".join(lines) + "\n"
 
 
@@ -684,13 +776,22 @@ class EventalignResult:
     timings: dict[str, float]
 
 
+COMPAT = ("f5c", "nanopolish")
+
 class EventalignPipeline(Pipeline):
-    """The pipeline's stages up to recalibration, then eventalign instead of the CpG HMM."""
+    """The pipeline's stages up to recalibration, then eventalign instead of the CpG HMM.
+
+    `compat` picks whose arithmetic eventalign follows (see the module docstring): "f5c" (1.1)
+    or "nanopolish" (0.14). Both share the stages before it, which are f5c's.
+    """
 
     calls_methylation = False
 
-    def __init__(self, options: PipelineOptions = PipelineOptions(), scale_events: bool = False):
+    def __init__(self, options: PipelineOptions = PipelineOptions(), scale_events: bool = False, compat: str = "f5c"):
+        if compat not in COMPAT:
+            raise ValueError(f"compat must be one of {COMPAT}, not {compat!r}")
         self.scale_events = scale_events  # before the warm-up batch runs
+        self.compat = compat
         super().__init__(options)
 
     def run_batch(self, batch: ReadBatch) -> EventalignResult:  # type: ignore[override]
@@ -721,9 +822,18 @@ class EventalignPipeline(Pipeline):
             "postalign", recalibrate_batch, batch.seq, batch.seq_off, batch.ev_mean, batch.ev_off, batch.aln_kmer,
             batch.aln_event, batch.aln_off, batch.status, batch.shift, batch.scale, batch.var, kmer,
         )  # fmt: skip
+        nanopolish = None
+        if self.compat == "nanopolish":
+            np_model = nanopolish_model(kmer)
+            again = recalibrate_batch(batch.seq, batch.seq_off, batch.ev_mean, batch.ev_off, batch.aln_kmer,
+                                      batch.aln_event, batch.aln_off, batch.status.copy(), batch.shift, batch.scale,
+                                      batch.var, np_model)  # fmt: skip
+            nanopolish = NanopolishScaling.from_recalibration(np_model, again.exact)
         batch.shift, batch.scale, batch.var = post.shift, post.scale, post.var
+        with np.errstate(divide="ignore"):
+            log_var = np.log(post.exact[:, 2])  # NaN for the reads not recalibrated, which give no rows
         rows = timed("eventalign", eventalign_batch, batch, kmer, post.b2e_start, post.kmer_off, post.events_per_base,
-                     self.scale_events)  # fmt: skip
+                     self.scale_events, log_var, nanopolish)  # fmt: skip
         skipped = [
             Skipped(batch.read_ids[i], Skip(int(batch.status[i])), f"signal from {batch.signal_paths[i]}")
             for i in np.flatnonzero(batch.status != Skip.OK).tolist()

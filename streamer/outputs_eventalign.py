@@ -49,8 +49,9 @@ class EventalignStage:
     name: str = "eventalign"
 
     def __call__(self, batch: ReadBatch, post: PostAlign, kmer_model: PoreModel) -> EventalignBatch:
+        # log var from the double var, as f5c takes it (and `streamer eventalign` does)
         rows = eventalign_batch(batch, kmer_model, post.b2e_start, post.kmer_off, post.events_per_base,
-                                self.scale_events)  # fmt: skip
+                                self.scale_events, np.log(post.exact[:, 2]))  # fmt: skip
         return EventalignBatch(batch, rows)
 
 

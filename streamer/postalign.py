@@ -144,7 +144,8 @@ def postalign(
 ):
     """Map, recalibrate and QC every read with status 0 (status updated in place).
 
-    Returns (shift, scale, var) float32 copies with recalibrated values written,
+    Returns (shift, scale, var) float32 copies with recalibrated values written, the
+    recalibrated values as computed (float64[n, 3], NaN where not recalibrated),
     events_per_base float64[n] (0 for reads not aligned), and the base-to-event
     map b2e_start, b2e_stop int32 with offsets kmer_off int64[n + 1] (-1 for
     k-mers without events and for reads not aligned).
@@ -153,6 +154,7 @@ def postalign(
     new_shift = shift.astype(np.float32)
     new_scale = scale.astype(np.float32)
     new_var = var.astype(np.float32)
+    exact = np.full((n, 3), np.nan)
     events_per_base = np.zeros(n, dtype=np.float64)
     kmer_off = kmer_offsets(seq_off, k)
     b2e_start = np.full(kmer_off[n], -1, dtype=np.int32)
@@ -178,12 +180,15 @@ def postalign(
         new_shift[i] = np.float32(s)
         new_scale[i] = np.float32(c)
         new_var[i] = np.float32(v)
+        exact[i, 0] = s
+        exact[i, 1] = c
+        exact[i, 2] = v
         if new_var[i] > max_var:
             status[i] = Skip.RECALIBRATION_FAILED
             continue
         if epb > max_events_per_base:
             status[i] = Skip.QC_FAILED
-    return new_shift, new_scale, new_var, events_per_base, b2e_start, b2e_stop, kmer_off
+    return new_shift, new_scale, new_var, exact, events_per_base, b2e_start, b2e_stop, kmer_off
 
 
 class PostAlign(NamedTuple):
@@ -192,6 +197,7 @@ class PostAlign(NamedTuple):
     shift: np.ndarray  # float32[n]
     scale: np.ndarray  # float32[n]
     var: np.ndarray  # float32[n]
+    exact: np.ndarray  # float64[n, 3]: shift, scale, var before rounding (f5c takes log var from var's double)
     events_per_base: np.ndarray  # float64[n]: aligned event span / k-mers (HMM p_stay)
     b2e_start: np.ndarray  # int32, per k-mer of each read: first event, -1 if none
     b2e_stop: np.ndarray  # int32, per k-mer of each read: last event (inclusive), -1 if none

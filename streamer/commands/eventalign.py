@@ -27,6 +27,7 @@ from streamer.io.poretype import R10
 from streamer.io.reference import Reference
 from streamer.pipeline import PipelineOptions
 from streamer.plugins.eventalign import (
+    COMPAT,
     SUMMARY_HEADER,
     EventalignOptions,
     EventalignPipeline,
@@ -50,6 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scale-events", action="store_true", help="scale events to the model, not the model to the events")
     p.add_argument("--signal-index", action="store_true", help="each event's first and past-last sample index")
     p.add_argument("--samples", action="store_true", help="each event's samples, scaled to the model")
+    p.add_argument("--compat", choices=COMPAT, default="f5c",
+                   help="whose arithmetic to follow where tied paths differ in the last bit: f5c 1.1 or nanopolish "
+                        "0.14 (its built-in model to 5 decimals, scalings in double) [%(default)s]")
     p.add_argument("--summary", type=Path, metavar="FILE", help="also write a summary line per read to FILE")
     p.add_argument("--sam", action="store_true",
                    help="write SAM instead of TSV: each read's events aligned to the reference (nanopolish's format)")
@@ -85,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         _check_pore(*pore_of_inputs(args, index), args.kmer_model)
         basecalls = aligned_basecalls(args.bam, filt, args.reads)
         pipeline = EventalignPipeline(PipelineOptions(threads=args.threads, kmer_model=args.kmer_model, cuda=cuda),
-                                      scale_events=args.scale_events)  # fmt: skip
+                                      scale_events=args.scale_events, compat=args.compat)  # fmt: skip
         summary.startup_s = summary.elapsed
         ref = stack.enter_context(Reference(args.genome))
         if args.sam:
