@@ -38,7 +38,6 @@ from streamer.gpu.host import (
     log_trim,
     merge,
     read_params,
-    unpack_steps,
 )
 from streamer.gpu.options import AbeaBatchStats, CudaOptions
 from streamer.poremodel import PoreModel
@@ -312,15 +311,6 @@ class CudaAbea:
 
     @staticmethod
     def _merge(owner, gpu_idx, cpu_out, late_out, gpu: _GpuOutput):
-        others = cpu_out[0][-1] + (late_out[0][-1] if late_out is not cpu_out else 0)
-        if others == 0 and len(gpu_idx):
-            # only GPU reads kept pairs, and they are in batch order already: decoded in place, no copy
-            kmer, event = unpack_steps(gpu.aln_off, gpu.first_kmer, gpu.first_event, gpu.steps)
-            counts = np.zeros(len(owner), dtype=np.int64)
-            counts[gpu_idx] = np.diff(gpu.aln_off)
-            aln_off = np.zeros(len(owner) + 1, dtype=np.int64)
-            np.cumsum(counts, out=aln_off[1:])
-            return aln_off, kmer, event
         gpu_pos = np.zeros(len(owner), dtype=np.int64)
         gpu_pos[gpu_idx] = np.arange(len(gpu_idx))
         return merge(owner, gpu_pos, cpu_out[0], cpu_out[1], cpu_out[2], late_out[0], late_out[1], late_out[2],

@@ -154,8 +154,8 @@ def merge(owner, gpu_pos, cpu_off, cpu_kmer, cpu_event, ult_off, ult_kmer, ult_e
     """One batch's pairs, in batch order, from the three workers' outputs.
 
     cpu_* and ult_* are full-batch outputs of the CPU kernel (zero pairs for reads it did
-    not own); the GPU reads' pairs are decoded here from their first pair and steps (as
-    `unpack_steps` does), straight into their place: one pass over the pairs, not two.
+    not own); the GPU reads' pairs are decoded here from their first pair and steps (bit 0:
+    next k-mer, bit 1: next event), straight into their place: one pass over the pairs.
     gpu_pos[i] is read i's place among the GPU reads.
     """
     n = len(owner)
@@ -202,27 +202,3 @@ def merge(owner, gpu_pos, cpu_off, cpu_kmer, cpu_event, ult_off, ult_kmer, ult_e
 def log_trim(trim_prob):
     """ln(trim_prob) compiled as the CPU kernel compiles it."""
     return math.log(trim_prob)
-
-
-@numba.njit(nogil=True, cache=True, parallel=True)
-def unpack_steps(aln_off, first_kmer, first_event, steps):
-    """Pairs of each read from its first pair and its steps (bit 0: next k-mer, bit 1: next event)."""
-    n = len(aln_off) - 1
-    kmer = np.empty(aln_off[n], dtype=np.int32)
-    event = np.empty(aln_off[n], dtype=np.int32)
-    for i in numba.prange(n):
-        a0 = aln_off[i]
-        m = aln_off[i + 1] - a0
-        if m == 0:
-            continue
-        k = first_kmer[i]
-        e = first_event[i]
-        kmer[a0] = k
-        event[a0] = e
-        for j in range(1, m):
-            s = steps[a0 + j]
-            k += s & 1
-            e += s >> 1
-            kmer[a0 + j] = k
-            event[a0 + j] = e
-    return kmer, event
