@@ -152,10 +152,14 @@ class Pipeline:
             return ll_u, ll_m
 
         with stage("hmm", chunk=8):
+            # f5c takes log var from the double var (NaN for reads not recalibrated, which are not scored)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                log_var = np.log(post.exact[:, 2])
+            args = (batch, kmer, self.meth_model, post.events_per_base)
             if self.gpu_hmm is None:
-                calls = call_methylation(batch, kmer, self.meth_model, post.events_per_base)
+                calls = call_methylation(*args, log_var=log_var)
             else:
-                calls = call_methylation(batch, kmer, self.meth_model, post.events_per_base, scorer=score_on_gpu)
+                calls = call_methylation(*args, log_var=log_var, scorer=score_on_gpu)
         skipped = [
             Skipped(batch.read_ids[i], Skip(int(batch.status[i])), f"signal from {batch.signal_paths[i]}")
             for i in np.flatnonzero(batch.status != Skip.OK).tolist()

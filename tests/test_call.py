@@ -62,6 +62,8 @@ def test_all_shared_reads_match_nanopolish_and_f5c(tmp_path):
         assert set(ours) == set(theirs)
         within_001, within_05 = agreement(ours, theirs)
         assert within_001 >= 0.99 and within_05 >= 0.999
+    # f5c's arithmetic throughout (float32 scalings, log var from recalibration's double var)
+    assert ours == load_calls(SHARED / "expected" / "f5c-1.1" / "meth.tsv")
     freq = tmp_path / "freq.tsv"
     assert streamer("meth-freq", out, "-o", freq).returncode == 0
     assert freq.read_text() == (SHARED / "expected" / "f5c-1.1" / "freq.tsv").read_text()
