@@ -9,7 +9,7 @@ import pysam
 import pytest
 from conftest import ECOLI, REFERENCE
 
-from streamer.io.bamreads import is_bam, load_reads
+from streamer.io.bamreads import is_bam, open_basecalls
 from streamer.io.fastx import load_basecalls
 
 
@@ -31,9 +31,31 @@ def test_reads_from_bam_equal_the_fasta(tmp_path):
     unaligned_bam(tmp_path / "u.bam", ECOLI / "reads.fasta", ECOLI / "reads.bam")
     fasta = load_basecalls(ECOLI / "reads.fasta")
     assert is_bam(tmp_path / "u.bam") and is_bam(ECOLI / "reads.bam") and not is_bam(ECOLI / "reads.fasta")
-    assert load_reads(tmp_path / "u.bam") == fasta
-    aligned = load_reads(ECOLI / "reads.bam")  # reverse-strand records turned back to the read as sequenced
-    assert aligned and all(fasta[rid] == seq for rid, seq in aligned.items())
+    with open_basecalls(tmp_path / "u.bam") as reads:
+        assert dict(reads) == fasta
+    with open_basecalls(ECOLI / "reads.bam") as aligned:  # reverse-strand records turned back to the read as sequenced
+        assert len(aligned) and all(fasta[rid] == seq for rid, seq in aligned.items())
+
+
+FASTX = {
+    "fa": ">r1 run=1\nACGT\nacg\n>empty\n>r2\r\nTTGA\r\n>r1\nGGCC\n\n>last\nN",
+    "fq": "@r1 x\nACGT\nAC\n+\n@@@@\nII\n@empty\n\n+\n\n@r2\nttga\n+r2\n@III\n@r3\nC\n+\n@",
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(FASTX))
+@pytest.mark.parametrize("compress", [False, True])
+def test_fastx_looked_up_equals_loaded(tmp_path, fmt, compress):
+    """Sequences read at their offsets (or, gzipped, held) equal the parsed file's: wrapped lines,
+    CRLF, lower case, empty records, repeated ids, quality lines that start with '@'."""
+    path = tmp_path / f"r.{fmt}"
+    path.write_text(FASTX[fmt])
+    if compress:
+        subprocess.run(["gzip", str(path)], check=True)
+        path = tmp_path / f"r.{fmt}.gz"
+    with open_basecalls(path) as reads:
+        assert dict(reads) == load_basecalls(path)
+        assert "empty" not in reads and reads.get("absent") is None
 
 
 def call(reads, out, *extra) -> None:

@@ -10,8 +10,7 @@ import logging
 from pathlib import Path
 
 from streamer.assemble import BatchLimits
-from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments
-from streamer.io.bamreads import load_reads
+from streamer.io.alignments import AlignmentFilter
 from streamer.io.index import SignalIndex, open_index
 from streamer.io.poretype import PORES, pore_of_file
 from streamer.pipeline import PipelineOptions
@@ -43,12 +42,6 @@ def add_input_arguments(p: argparse.ArgumentParser, output: str) -> None:
 
 def alignment_filter(args: argparse.Namespace) -> AlignmentFilter:
     return AlignmentFilter(min_mapq=args.min_mapq, secondary=args.secondary == "yes")
-
-
-def aligned_basecalls(bam: Path, filt: AlignmentFilter, reads: Path) -> dict[str, str]:
-    """Basecalls of the reads the BAM aligns."""
-    wanted = {aln.read_id for aln in iter_alignments(bam, filt) if isinstance(aln, Alignment)}
-    return load_reads(reads, wanted)
 
 
 def signal_index(args: argparse.Namespace) -> SignalIndex:

@@ -15,12 +15,12 @@ from streamer.errors import StreamerError
 from streamer.gpu import CudaOptions
 from streamer.commands._inputs import (
     add_input_arguments,
-    aligned_basecalls,
     alignment_filter,
     pore_of_inputs,
     signal_index,
 )
 from streamer.io.alignments import iter_alignments, write_records
+from streamer.io.bamreads import open_basecalls
 from streamer.io.poretype import R10
 from streamer.io.reference import Reference
 from streamer.overlap import IO_MODES, OverlapOptions, reader_pool, run_overlapped
@@ -107,12 +107,12 @@ def run(args: argparse.Namespace) -> int:
         # readers start while the pipeline loads its models and kernels
         pool = reader_pool(index, overlap.io_workers, overlap.io_mode)
         stack.callback(pool.shutdown, wait=True, cancel_futures=True)
-        with ThreadPoolExecutor(1) as early:  # the reads' basecalls load while the pipeline starts
-            basecalls = early.submit(aligned_basecalls, args.bam, filt, args.reads)
+        with ThreadPoolExecutor(1) as early:  # the reads file is indexed while the pipeline starts
+            basecalls = early.submit(open_basecalls, args.reads)
             pipeline = Pipeline(options)
             tuning.attach(pipeline.gpu)
             summary.startup_s = summary.elapsed
-            basecalls = basecalls.result()
+            basecalls = stack.enter_context(basecalls.result())
         ref = stack.enter_context(Reference(args.genome))
         out = stack.enter_context(open(args.output, "w")) if args.output else sys.stdout
         out.write(Pipeline.TSV_HEADER)

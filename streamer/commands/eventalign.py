@@ -15,7 +15,6 @@ from streamer.assemble import BatchLimits, load_signals, make_read_input, plan_b
 from streamer.batch import pack
 from streamer.commands._inputs import (
     add_input_arguments,
-    aligned_basecalls,
     alignment_filter,
     pore_of_inputs,
     signal_index,
@@ -23,6 +22,7 @@ from streamer.commands._inputs import (
 from streamer.errors import StreamerError
 from streamer.gpu import CudaOptions
 from streamer.io.alignments import Alignment, iter_alignments
+from streamer.io.bamreads import open_basecalls
 from streamer.io.poretype import R10
 from streamer.io.reference import Reference
 from streamer.pipeline import PipelineOptions
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         index = signal_index(args)
         _check_pore(*pore_of_inputs(args, index), args.kmer_model)
-        basecalls = aligned_basecalls(args.bam, filt, args.reads)
+        basecalls = stack.enter_context(open_basecalls(args.reads))
         pipeline = EventalignPipeline(PipelineOptions(threads=args.threads, kmer_model=args.kmer_model, cuda=cuda),
                                       scale_events=args.scale_events, compat=args.compat)  # fmt: skip
         summary.startup_s = summary.elapsed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from itertools import chain
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +46,9 @@ class Alignment:
 
 
 def alignment_of(rec: pysam.AlignedSegment) -> Alignment:
+    ops = rec.cigartuples or ()
+    # fromiter: np.asarray over the list of tuples costs most of reading a record
+    cigar = np.fromiter(chain.from_iterable(ops), dtype=np.int32, count=2 * len(ops)).reshape(-1, 2)
     return Alignment(
         read_id=rec.query_name,
         ref_name=rec.reference_name,
@@ -52,7 +56,7 @@ def alignment_of(rec: pysam.AlignedSegment) -> Alignment:
         ref_end=rec.reference_end,
         rc=rec.is_reverse,
         mapq=rec.mapping_quality,
-        cigar=np.asarray(rec.cigartuples, dtype=np.int32).reshape(-1, 2),
+        cigar=cigar,
     )
 
 
