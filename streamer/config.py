@@ -235,8 +235,9 @@ class PublishConfig:
         "unset publishes nothing. Addresses beyond loopback need CURVE keys.",
         type=str, flag="--publish")
     extra_endpoints: tuple[str, ...] = _key(
-        (), "More endpoints the same stream is published on besides `endpoint`, e.g. `[ipc:///run/streamer/pub.sock]` for local "
-        "subscribers without TCP (the flag may be repeated); the loopback and CURVE rules apply to them too.",
+        (), "More endpoints the same stream is published on besides `endpoint`, e.g. "
+        "`[ipc:///run/streamer/pub.sock]` for local subscribers without TCP (the flag may be repeated); the "
+        "loopback and CURVE rules apply to them too.",
         type=tuple, flag="--publish-also")
     send_hwm: int = _key(
         1000, "Messages queued per subscriber before a slow subscriber loses messages (ZeroMQ's send "

@@ -246,7 +246,8 @@ class Ledger:
         rows = self._db.execute(
             "SELECT r.read_id, r.n_bases, s.path, b.path, b.fmt, r.matched, r.id FROM reads r "
             "JOIN files s ON s.id = r.signal_file JOIN files b ON b.id = r.basecall_file "
-            "WHERE r.outcome IS NULL AND r.matched IS NOT NULL ORDER BY r.matched, r.id LIMIT ? OFFSET ?", (max_reads, offset))
+            "WHERE r.outcome IS NULL AND r.matched IS NOT NULL ORDER BY r.matched, r.id LIMIT ? OFFSET ?",
+            (max_reads, offset))
         for rid, n, sp, bp, fmt, matched, number in rows:
             if picks and bases + n > max_bases:
                 return picks, True

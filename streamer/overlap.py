@@ -314,7 +314,8 @@ class _Run:
 
     # -- assembler thread
     def submit(self, pending: list[Pending]) -> list[Future]:
-        return [self.pool.submit(load_chunk, c) for c in read_tasks(signal_requests(pending), self.options.reads_per_task)]
+        chunks = read_tasks(signal_requests(pending), self.options.reads_per_task)
+        return [self.pool.submit(load_chunk, c) for c in chunks]
 
     def assemble(self, plans: Iterable[tuple[list[Pending], list[Skipped]]]) -> None:
         try:
