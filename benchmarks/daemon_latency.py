@@ -11,8 +11,12 @@ fills:
   it landing (the later of its signal and basecall files; their modification time, which the
   move into place keeps) to the commit of the last of its reads, read back from the ledger.
 
+With `--without-read-ahead` every repetition also times a daemon that reads each batch's
+signal only once the batch is picked (`--no-read-ahead`), so both daemons meet the same load.
+
 Usage (from the repository root; the shared 112-read data set is used when present):
     python benchmarks/daemon_latency.py [--source DIR] [--copies 4] [--batch-size 16] [--interval 2] [--repeat 3]
+                                        [--without-read-ahead]
 """
 
 from __future__ import annotations
@@ -86,12 +90,12 @@ def call_rate(run: Path, out: Path, threads: int, *flags: str) -> dict:
     return {"bases": bases, "wall_s": wall, "stages_s": stages, "bases_per_s": bases / wall}
 
 
-def daemon_run(run: Path, work: Path, threads: int, replay_args: list[str]) -> dict:
+def daemon_run(run: Path, work: Path, threads: int, replay_args: list[str], *flags: str) -> dict:
     live, out = work / "live", work / "out"
     live.mkdir()
     log = open(work / "daemon.log", "w")
     daemon = subprocess.Popen(streamer("run", "--watch", live, "-g", REFERENCE, "-o", out, "-t", threads,
-                                       "--grace", "1", "--settle", "1", "--max-wait", "1"),
+                                       "--grace", "1", "--settle", "1", "--max-wait", "1", *flags),
                               stdout=log, stderr=subprocess.STDOUT)
     try:
         while not (out / "summary.json").exists():  # written once the daemon is watching
@@ -143,17 +147,24 @@ def main() -> None:
     p.add_argument("--interval", type=float, default=2.0, help="seconds between batch files for latency [2]")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--repeat", type=int, default=3, help="throughput repetitions (the best is kept) [3]")
+    p.add_argument("--without-read-ahead", action="store_true",
+                   help="also time the daemon with --no-read-ahead, alternating with the rest")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="streamer-bench-") as tmp:
         work = Path(tmp)
         run = finished_run(work, args.source, args.copies)
-        calls, small_calls, daemons = [], [], []
+        calls, small_calls, daemons, plain = [], [], [], []
         for i in range(args.repeat):
             calls.append(call_rate(run, work / f"call{i}.tsv", args.threads))
             small_calls.append(call_rate(run, work / f"call{i}.tsv", args.threads, "-K", str(args.batch_size)))
             d = work / f"throughput{i}"
             d.mkdir()
             daemons.append(daemon_run(run, d, args.threads, ["--speed", "0", "--batch-size", str(args.batch_size)]))
+            if args.without_read_ahead:
+                d = work / f"throughput-plain{i}"
+                d.mkdir()
+                plain.append(daemon_run(run, d, args.threads, ["--speed", "0", "--batch-size", str(args.batch_size)],
+                                        "--no-read-ahead"))
         lat_dir = work / "latency"
         lat_dir.mkdir()
         latency = daemon_run(run, lat_dir, args.threads, ["--interval", str(args.interval),
@@ -175,7 +186,16 @@ def main() -> None:
         # call's time in the stages alone: what the daemon adds per batch, as an upper bound
         "overhead_busy_vs_call_stages": best_daemon["busy_s"] / best_call["stages_s"] - 1,
         "daemon_paced": latency,
+        # every repetition, in order: the spread shows how much the machine's load moved them
+        "bases_per_s_each": {"call": [round(c["bases_per_s"]) for c in calls],
+                             "call_daemon_sized_batches": [round(c["bases_per_s"]) for c in small_calls],
+                             "daemon": [round(d["bases_per_s"]) for d in daemons],
+                             "daemon_without_read_ahead": [round(d["bases_per_s"]) for d in plain]},
     }
+    if plain:
+        best_plain = max(plain, key=lambda d: d["bases_per_s"])
+        report["daemon_full_speed_without_read_ahead"] = best_plain
+        report["overhead_vs_call_wall_without_read_ahead"] = best_call["bases_per_s"] / best_plain["bases_per_s"] - 1
     json.dump(report, sys.stdout, indent=2)
     sys.stdout.write("\n")
 

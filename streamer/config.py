@@ -120,6 +120,9 @@ class BatchConfig:
     max_wait: float = _key(
         5.0, "Seconds the first read of a batch may wait for the batch to fill before a partial batch is "
         "processed.", type=float, flag="--max-wait", minimum=0.0)
+    read_ahead: bool = _key(
+        True, "Read the signal of the next matched reads (one batch at most) while a batch is computed, as "
+        "`streamer call` does; it costs the memory of one batch's signal.", type=bool, flag="--read-ahead")
 
 
 @dataclass(frozen=True)
@@ -130,12 +133,18 @@ class PipelineConfig:
                                    flag="--kmer-model", must_exist="file")
     meth_model: Path | None = _key(None, "CpG methylation pore model file (default: r9.4 450bps 6-mer).",
                                    type=Path, flag="--meth-model", must_exist="file")
+    io_mode: str = _key(
+        "auto", "Signal readers of `batch.read_ahead` as `processes` or `threads`; `auto` takes processes, as "
+        "FAST5 and POD5 readers hold a lock or the GIL (threads suit SLOW5/BLOW5).", type=str, flag="--io-mode",
+        choices=("auto", "processes", "threads"))
 
 
 @dataclass(frozen=True)
 class GpuConfig:
     disable: bool = _key(False, "Align on the CPU only, even where numba-cuda and an NVIDIA GPU are present.",
                          type=bool, flag="--disable-cuda")
+    disable_hmm: bool = _key(False, "Run the CpG HMM on the CPU while ABEA runs on the GPU.", type=bool,
+                             flag="--disable-cuda-hmm")
     device: int = _key(0, "GPU to use.", type=int, flag="--cuda-dev-id", minimum=0)
     mem_frac: float | None = _key(
         None, "Share of free GPU memory to take; unset: 0.9, or 0.7 on integrated GPUs (Jetson).", type=float,
@@ -225,6 +234,14 @@ class PublishConfig:
         None, "ZeroMQ PUB endpoint for calls, frequencies, status and run events, e.g. `tcp://127.0.0.1:5556`; "
         "unset publishes nothing. Addresses beyond loopback need CURVE keys.",
         type=str, flag="--publish")
+    extra_endpoints: tuple[str, ...] = _key(
+        (), "More endpoints the same stream is published on besides `endpoint`, e.g. "
+        "`[ipc:///run/streamer/pub.sock]` for local subscribers without TCP (the flag may be repeated); the "
+        "loopback and CURVE rules apply to them too.",
+        type=tuple, flag="--publish-also")
+    send_hwm: int = _key(
+        1000, "Messages queued per subscriber before a slow subscriber loses messages (ZeroMQ's send "
+        "high-water mark); the daemon never waits for a subscriber.", type=int, flag="--publish-hwm", minimum=1)
     snapshot_endpoint: str | None = _key(
         None, "ZeroMQ endpoint serving the current frequency table to late subscribers, e.g. "
         "`tcp://127.0.0.1:5557`.", type=str, flag="--snapshot")
@@ -306,6 +323,8 @@ def schema() -> list[Key]:
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
     return str(value) if isinstance(value, Path) else value
 
 
@@ -400,7 +419,7 @@ def _describe(value: Any) -> str:
 def _coerce(key: Key, value: Any, problems: list[str]) -> Any:
     """The value with its schema type, or `None` with a problem recorded."""
     if value is None:
-        if key.default is None:
+        if key.default is None or key.type is tuple:  # an empty list may be written as nothing
             return None
         problems.append(f"{key.path}: must not be empty (default: {_plain(key.default)!r})")
         return None
@@ -419,6 +438,12 @@ def _coerce(key: Key, value: Any, problems: list[str]) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return _check_minimum(key, float(value), problems)
         problems.append(f"{key.path}: expected a number, got {_describe(value)}")
+        return None
+    if t is tuple:
+        items = [value] if isinstance(value, str) else value
+        if isinstance(items, list) and all(isinstance(v, str) and v for v in items):
+            return tuple(items)
+        problems.append(f"{key.path}: expected a list of strings, got {_describe(value)}")
         return None
     if not isinstance(value, (str, Path)) or str(value) == "":
         problems.append(f"{key.path}: expected {'a path' if t is Path else 'a string'}, got {_describe(value)}")
@@ -511,6 +536,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
             kwargs: dict[str, Any] = {"dest": key.path, "default": argparse.SUPPRESS, "help": _flag_help(key)}
             if key.type is bool:
                 kwargs["action"] = argparse.BooleanOptionalAction
+            elif key.type is tuple:
+                kwargs["action"] = "append"
+                kwargs["metavar"] = key.path.split(".")[1].upper().removesuffix("S")
             else:
                 kwargs["type"] = key.type
                 kwargs["metavar"] = key.path.split(".")[1].upper()

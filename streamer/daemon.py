@@ -3,9 +3,12 @@
 Two threads. The engine thread does all the work in one loop: take the files the watcher
 reports complete, register them in the ledger (which joins signal and basecalls by read id),
 run a batch through the same pipeline as `streamer call` when one is due, append its rows,
-commit the ledger, and check whether the run is over. The main thread only supervises: it
-feeds systemd's watchdog while the engine makes progress, sends status, and on SIGTERM
-(which only sets an event) waits at most `drain_timeout` for the batch in hand.
+commit the ledger, and check whether the run is over. While a batch computes, the signal of
+the next matched reads (one batch at most) is read on the reader pool `streamer call` uses
+(`streamer.overlap.SignalReads`); nothing read ahead is committed, so a crash loses nothing.
+The main thread only supervises: it feeds systemd's watchdog while the engine makes progress,
+sends status, and on SIGTERM (which only sets an event) waits at most `drain_timeout` for the
+batch in hand.
 
 A run ends on a `final_summary*.txt` in every run folder plus a grace period, on an idle
 timeout, or on a STOP file; then every matched read is processed, every read still missing
@@ -24,6 +27,7 @@ import enum
 import io
 import json
 import logging
+import os
 import threading
 import time
 from collections import Counter
@@ -41,13 +45,15 @@ from streamer.config import Config
 from streamer.errors import InputError
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
-from streamer.io.signal import SIGNAL_SUFFIXES, read_signal, signal_read_ids
+from streamer.io.fast5 import SignalRecord
+from streamer.io.signal import SIGNAL_SUFFIXES, signal_read_ids
 from streamer.join import BasecallCache, Basecalls, Record, read_basecall_file
 from streamer.ledger import BatchRecord, Ledger, Pick, Registered, Waiting
 from streamer.notify import Notifier
 from streamer.outputs import SKIPPED_HEADER, Outputs, write_atomic
 from streamer.outputs_eventalign import EVENTALIGN_TSV, EventalignBatch, EventalignOutput, options_of
 from streamer.outputs_modbam import ModBams
+from streamer.overlap import SignalReads, signal_readers
 from streamer.plugins.bedmethyl import BedMethyl
 from streamer.plugins.cpg.calls import MethCalls
 from streamer.plugins.methfreq import MethFreq
@@ -149,6 +155,7 @@ class Daemon:
         self.ledger: Ledger | None = None
         self.outputs: Outputs | None = None
         self.watcher: Watcher | None = None
+        self.signal: SignalReads | None = None
         self.freq = MethFreq(config.output.call_threshold, config.output.split_groups)
         self.bed = BedMethyl(config.output.call_threshold) if config.output.bedmethyl else None
         self.eventalign = EventalignOutput(options_of(config.eventalign)) if config.eventalign.enabled else None
@@ -188,6 +195,9 @@ class Daemon:
             timings = WatchTimings(cfg.watch.poll_interval, cfg.watch.settle, cfg.watch.incomplete_timeout)
             self.watcher = Watcher(layout, timings, poll=cfg.watch.poll, known=self.ledger.is_known)
             self.watcher.start()
+            workers = cfg.pipeline.threads or os.cpu_count() or 1
+            pool = signal_readers(SIGNAL_SUFFIXES, workers, cfg.pipeline.io_mode) if cfg.batch.read_ahead else None
+            self.signal = SignalReads(pool)
         except BaseException:
             self.close()
             raise
@@ -241,6 +251,8 @@ class Daemon:
             self._engine.join()
         if self.watcher is not None:
             self.watcher.close()
+        if self.signal is not None:
+            self.signal.close()
         if self.outputs is not None:
             self.outputs.close()
         if self.ledger is not None:
@@ -393,6 +405,13 @@ class Daemon:
         unaligned = [(rid, bc.seq) for rid, bc in found.items() if bc.records is None]
         for rid, records in self._align(unaligned).items():
             found[rid] = replace(found[rid], records=records)
+        wanted: dict[Path, list[str]] = {}
+        for p in picks:
+            if p.read_id in found and _needs_signal(found[p.read_id]):
+                wanted.setdefault(p.signal_path, []).append(p.read_id)
+        signal = self.signal.take(wanted)
+        self._read_ahead(len(picks))
+        signals, signal_errors = signal.result()
         inputs: list[ReadInput] = []
         skipped: list[Skipped] = []
         records_of: Counter = Counter()
@@ -402,7 +421,8 @@ class Daemon:
                 skipped.append(Skipped(p.read_id, Skip.NO_BASECALL, failed.get(p.read_id, "")))
                 records_of[p.read_id] += 1
                 continue
-            reads, skips = self._inputs_of(p, bc)
+            sig = signals[p.read_id] if p.read_id in signals else signal_errors.get(p.read_id, "")
+            reads, skips = self._inputs_of(p, bc, sig)
             inputs.extend(reads)
             skipped.extend(skips)
             records_of[p.read_id] += len(reads) + len(skips)
@@ -517,7 +537,18 @@ class Daemon:
             self._aligner = self._make_aligner()
         return out | dict(zip((rid for rid, _ in reads), self._aligner.align_all(reads)))
 
-    def _inputs_of(self, p: Pick, bc: Basecalls) -> tuple[list[ReadInput], list[Skipped]]:
+    def _read_ahead(self, after: int) -> None:
+        """Start reading the signal of the reads matched after the batch in hand (one batch of them)."""
+        if self.signal.pool is None:
+            return
+        ahead, _ = self.ledger.matched(self.config.batch.max_reads, self.config.batch.max_bases, offset=after)
+        wanted: dict[Path, list[str]] = {}
+        for p in ahead:
+            wanted.setdefault(p.signal_path, []).append(p.read_id)
+        self.signal.ahead(wanted)
+
+    def _inputs_of(self, p: Pick, bc: Basecalls, sig: SignalRecord | str) -> tuple[list[ReadInput], list[Skipped]]:
+        """The read's records ready for the pipeline, or skipped; `sig`: its signal, or why it did not load."""
         records = bc.records
         skips = [r for r in records if isinstance(r, Skipped)]
         alns = [r for r in records if not isinstance(r, Skipped)]
@@ -526,10 +557,9 @@ class Daemon:
         if not bc.seq:
             why = f"{p.basecall_path}: no record with the read's full sequence"
             return [], skips + [Skipped(p.read_id, Skip.NO_BASECALL, why) for _ in alns]
-        try:
-            sig = read_signal(p.signal_path, p.read_id)
-        except InputError as exc:
-            return [], skips + [Skipped(p.read_id, Skip.BAD_SIGNAL_FILE, str(exc)) for _ in alns]
+        if isinstance(sig, str):
+            why = sig or f"{p.signal_path}: read not found in this signal file"
+            return [], skips + [Skipped(p.read_id, Skip.BAD_SIGNAL_FILE, why) for _ in alns]
         try:
             reads = [make_read_input(a, bc.seq, sig, self.reference, str(p.signal_path)) for a in alns]
         except InputError as exc:
@@ -720,6 +750,11 @@ class Daemon:
             if what not in self._publish_failed:
                 log.warning("publishing %s failed (%s); results are still written to files", what, exc)
                 self._publish_failed.add(what)
+
+
+def _needs_signal(bc: Basecalls) -> bool:
+    """Whether a read's basecalls let it reach the pipeline (an alignment and the full sequence)."""
+    return bool(bc.seq) and any(not isinstance(r, Skipped) for r in bc.records)
 
 
 def _skip_row(read_id: str, reason: str, detail: str) -> str:

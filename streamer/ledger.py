@@ -238,15 +238,16 @@ class Ledger:
 
     # ------------------------------------------------------------------ reads
 
-    def matched(self, max_reads: int, max_bases: int) -> tuple[list[Pick], bool]:
-        """The oldest matched reads, up to `max_reads` reads and (past the first) `max_bases`
-        bases; and whether that filled a batch."""
+    def matched(self, max_reads: int, max_bases: int, offset: int = 0) -> tuple[list[Pick], bool]:
+        """The oldest matched reads (past the first `offset`), up to `max_reads` reads and (past
+        the first) `max_bases` bases; and whether that filled a batch."""
         picks: list[Pick] = []
         bases = 0
         rows = self._db.execute(
             "SELECT r.read_id, r.n_bases, s.path, b.path, b.fmt, r.matched, r.id FROM reads r "
             "JOIN files s ON s.id = r.signal_file JOIN files b ON b.id = r.basecall_file "
-            "WHERE r.outcome IS NULL AND r.matched IS NOT NULL ORDER BY r.matched, r.id LIMIT ?", (max_reads,))
+            "WHERE r.outcome IS NULL AND r.matched IS NOT NULL ORDER BY r.matched, r.id LIMIT ? OFFSET ?",
+            (max_reads, offset))
         for rid, n, sp, bp, fmt, matched, number in rows:
             if picks and bases + n > max_bases:
                 return picks, True

@@ -16,6 +16,8 @@
   one.
 
 A failure in any thread stops the others and is raised in the caller.
+
+The daemon reads ahead with the same pool and tasks, one batch at a time (`SignalReads`).
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 import numba
@@ -67,7 +70,12 @@ IO_MODES = ("auto", "processes", "threads")
 
 
 def reader_pool(index: SignalIndex, workers: int, mode: str = "auto") -> Executor:
-    """Signal readers: processes, threads, or ("auto") threads only when every indexed file is SLOW5/BLOW5.
+    """Signal readers for the files of `index` (see `signal_readers`)."""
+    return signal_readers({p.suffix for p in index.paths.values()}, workers, mode)
+
+
+def signal_readers(suffixes: Iterable[str], workers: int, mode: str = "auto") -> Executor:
+    """Signal readers: processes, threads, or ("auto") threads only when every file suffix is SLOW5/BLOW5.
 
     Processes come from a fork server that has imported the readers once (a fork of this
     process could inherit its threads' locks; a fresh interpreter per worker imports for a
@@ -76,15 +84,46 @@ def reader_pool(index: SignalIndex, workers: int, mode: str = "auto") -> Executo
     if mode not in IO_MODES:
         raise ValueError(f"io mode must be one of {', '.join(IO_MODES)}, not {mode!r}")
     if mode == "auto":
-        slow5 = all(p.suffix.lower() in (".slow5", ".blow5") for p in set(index.paths.values()))
+        slow5 = all(s.lower() in (".slow5", ".blow5") for s in suffixes)
         mode = "threads" if slow5 else "processes"
     if mode == "threads":
         return ThreadPoolExecutor(workers, thread_name_prefix="signal-reader")
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["streamer.assemble"])
-    pool = ProcessPoolExecutor(workers, mp_context=ctx)
+    pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_end_with, initargs=(os.getpid(),))
     threading.Thread(target=_start_workers, args=(pool, workers), name="reader-start", daemon=True).start()
     return pool
+
+
+def read_tasks(wanted: Mapping[Path, list[str]], reads_per_task: int) -> list[dict[Path, list[str]]]:
+    """The wanted reads of each file split into reader tasks (`load_chunk`) of about `reads_per_task` reads."""
+    tasks, chunk, n = [], {}, 0
+    for path, ids in wanted.items():
+        chunk[path] = ids
+        n += len(ids)
+        if n >= reads_per_task:
+            tasks.append(chunk)
+            chunk, n = {}, 0
+    if chunk:
+        tasks.append(chunk)
+    return tasks
+
+
+def _end_with(pid: int) -> None:
+    """In a reader process: exit once process `pid` is gone. A pool's workers wait for work on a
+    pipe they hold both ends of, so without this they outlive a `kill -9` of their owner."""
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                os._exit(0)
+            except PermissionError:  # the pid is another user's now: ours is gone
+                os._exit(0)
+
+    threading.Thread(target=watch, name="owner-watch", daemon=True).start()
 
 
 def _start_workers(pool: ProcessPoolExecutor, workers: int) -> None:
@@ -128,6 +167,101 @@ def pack_with_signal(reads: list[ReadInput], records: dict[str, SignalRecord], w
     batch.signal = _gather_pa(List(chunks), chunk_of, start, off, unit, offset)
     batch.signal_off = off
     return batch
+
+
+class SignalReads:
+    """The signal of the daemon's batches, read on the reader pool while the batch before computes.
+
+    `ahead` starts reading a later batch's reads; `take` hands a batch's reads back as a
+    `SignalBatch`: those read ahead, and the rest started now. Only the last `ahead` is kept,
+    so at most one batch's signal is held beyond the batch in hand. Without a pool, `take`
+    reads in the calling thread and `ahead` does nothing. A pool that breaks (a reader process
+    killed) is not used again: the reads go on in the calling thread.
+    """
+
+    def __init__(self, pool: Executor | None, reads_per_task: int = OverlapOptions.reads_per_task):
+        self.pool = pool
+        self.reads_per_task = reads_per_task
+        self._ahead: dict[str, tuple[Future, dict[Path, list[str]]]] = {}  # read id -> its task
+        self.hits = 0  # reads whose signal was read ahead
+
+    def ahead(self, wanted: Mapping[Path, list[str]]) -> None:
+        self._drop(self._ahead.values())
+        self._ahead = {}
+        if self.pool is None:
+            return
+        for chunk in read_tasks(wanted, self.reads_per_task):
+            task = (self._submit(chunk), chunk)
+            self._ahead.update((rid, task) for ids in chunk.values() for rid in ids)
+
+    def take(self, wanted: Mapping[Path, list[str]]) -> SignalBatch:
+        tasks: dict[int, tuple[Future, dict[Path, list[str]]]] = {}
+        rest: dict[Path, list[str]] = {}
+        ids: set[str] = set()
+        for path, read_ids in wanted.items():
+            for rid in read_ids:
+                ids.add(rid)
+                task = self._ahead.get(rid)
+                if task is None:
+                    rest.setdefault(path, []).append(rid)
+                else:
+                    tasks[id(task[0])] = task
+                    self.hits += 1
+        self._drop(t for t in self._ahead.values() if id(t[0]) not in tasks)
+        self._ahead = {}
+        for chunk in read_tasks(rest, self.reads_per_task):
+            future = self._submit(chunk)
+            tasks[id(future)] = (future, chunk)
+        return SignalBatch(list(tasks.values()), ids)
+
+    def _submit(self, chunk: dict[Path, list[str]]) -> Future:
+        if self.pool is not None:
+            try:
+                return self.pool.submit(load_chunk, chunk)
+            except BrokenExecutor as exc:
+                log.warning("signal readers stopped working (%s); reading signal in this thread from now on", exc)
+                self.close()
+        future: Future = Future()
+        future.set_result(load_chunk(chunk))
+        return future
+
+    @staticmethod
+    def _drop(tasks: Iterable[tuple[Future, dict]]) -> None:
+        for future, _ in tasks:
+            future.cancel()
+
+    def close(self) -> None:
+        """Stop the readers (what was read ahead is dropped; nothing of it was committed)."""
+        self._drop(self._ahead.values())
+        self._ahead = {}
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool = None
+
+
+@dataclass
+class SignalBatch:
+    """One batch's reader tasks; `result` waits for them (a task that failed is read again here)."""
+
+    tasks: list[tuple[Future, dict[Path, list[str]]]]
+    read_ids: set[str]
+
+    def result(self) -> tuple[dict[str, SignalRecord], dict[str, str]]:
+        """The batch's records (samples are views of their task's array) and the reads that failed, with why."""
+        records: dict[str, SignalRecord] = {}
+        errors: dict[str, str] = {}
+        for future, chunk in self.tasks:
+            try:
+                c = future.result()
+            except Exception as exc:  # noqa: BLE001 - the reader, not the read: read it here instead
+                log.warning("a signal reader failed (%s: %s); reading its %d reads in this thread",
+                            type(exc).__name__, exc, sum(map(len, chunk.values())))
+                c = load_chunk(chunk)
+            for rid, (s, n) in c.where.items():
+                if rid in self.read_ids:
+                    records[rid] = replace(c.records[rid], raw=c.raw[s:s + n])
+            errors.update((rid, why) for rid, why in c.errors.items() if rid in self.read_ids)
+        return records, errors
 
 
 _DONE = object()
@@ -180,16 +314,8 @@ class _Run:
 
     # -- assembler thread
     def submit(self, pending: list[Pending]) -> list[Future]:
-        tasks, chunk, n = [], {}, 0
-        for path, ids in signal_requests(pending).items():
-            chunk[path] = ids
-            n += len(ids)
-            if n >= self.options.reads_per_task:
-                tasks.append(self.pool.submit(load_chunk, chunk))
-                chunk, n = {}, 0
-        if chunk:
-            tasks.append(self.pool.submit(load_chunk, chunk))
-        return tasks
+        chunks = read_tasks(signal_requests(pending), self.options.reads_per_task)
+        return [self.pool.submit(load_chunk, c) for c in chunks]
 
     def assemble(self, plans: Iterable[tuple[list[Pending], list[Skipped]]]) -> None:
         try:

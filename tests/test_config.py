@@ -107,3 +107,33 @@ def test_gpu_defaults_match_the_gpu_stage():
     g, c = config.Config().gpu, CudaOptions()
     assert (g.disable, g.device, g.mem_frac, g.avg_epk, g.max_lf, g.max_epk, g.ultra_thresh) == \
         (c.disable, c.dev_id, c.mem_frac, c.avg_epk, c.max_lf, c.max_epk, c.ultra_thresh)
+
+
+def test_list_keys_from_the_file_and_repeated_flags(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("publish:\n  extra_endpoints: [ipc:///tmp/a.sock, 'tcp://127.0.0.1:6000']\n")
+    assert config.load(f, require=()).publish.extra_endpoints == ("ipc:///tmp/a.sock", "tcp://127.0.0.1:6000")
+    f.write_text("publish:\n  extra_endpoints:\n")
+    assert config.load(f, require=()).publish.extra_endpoints == ()
+    parser = argparse.ArgumentParser()
+    config.add_flags(parser)
+    args = parser.parse_args(["--publish-also", "ipc:///tmp/b.sock", "--publish-also", "ipc:///tmp/c.sock"])
+    got = config.load(f, config.overrides_from(args), require=())
+    assert got.publish.extra_endpoints == ("ipc:///tmp/b.sock", "ipc:///tmp/c.sock")
+    f.write_text("publish:\n  extra_endpoints: [5556]\n")
+    with pytest.raises(ConfigError, match=r"publish.extra_endpoints: expected a list of strings, got \[5556\]"):
+        config.load(f, require=())
+
+
+def test_disable_hmm_reaches_the_pipelines_cuda_options(tmp_path):
+    from streamer.commands.run import cuda_options
+
+    assert cuda_options(config.Config()).hmm is True
+    f = tmp_path / "c.yaml"
+    f.write_text("gpu:\n  disable_hmm: true\n")
+    assert cuda_options(config.load(f, require=())).hmm is False
+    parser = argparse.ArgumentParser()
+    config.add_flags(parser)
+    args = parser.parse_args(["--disable-cuda-hmm", "--cuda-dev-id", "1"])
+    options = cuda_options(config.load(None, config.overrides_from(args), require=()))
+    assert options.hmm is False and options.disable is False and options.dev_id == 1

@@ -42,7 +42,9 @@ def replay(source, live: Path, **opts) -> Path:
 def make_config(tmp_path: Path, reference_path: Path, **keys) -> config.Config:
     flat = {"watch.dir": tmp_path / "live", "reference.genome": reference_path, "output.dir": tmp_path / "out",
             "watch.poll_interval": 0.05, "watch.settle": 0.2, "end.final_summary_grace": 0.2,
-            "batch.max_wait": 0.1, "service.status_interval": 0.1, **keys}
+            "batch.max_wait": 0.1, "service.status_interval": 0.1,
+            "pipeline.io_mode": "threads",  # reader processes (the default) are run by test_daemon_e2e
+            **keys}
     (tmp_path / "live").mkdir(exist_ok=True)
     return config.build(flat)
 
@@ -89,6 +91,20 @@ def test_a_replayed_run_is_processed_once(source, reference, reference_path, tmp
     # a restart after the end finds nothing to do and writes nothing twice
     code, _ = run_to_end(cfg, FakePipeline(), reference)
     assert code == 0 and rows(cfg.output.dir / "meth.tsv") == got
+
+
+def test_read_ahead_changes_when_signal_is_read_not_what_is_written(source, reference, reference_path, tmp_path,
+                                                                    no_leaks):
+    done = {}
+    for ahead in (False, True):
+        base = tmp_path / f"read-ahead-{ahead}"
+        replay(source, base / "live")
+        cfg = make_config(base, reference_path, **{"batch.max_reads": 2, "batch.read_ahead": ahead})
+        code, d = run_to_end(cfg, FakePipeline(), reference)
+        assert code == 0 and d.state is State.FINISHED
+        done[ahead] = sorted(rows(cfg.output.dir / "meth.tsv")), skipped(cfg), d.signal.hits
+    assert done[True][:2] == done[False][:2] and len(done[True][0]) == N_RECORDS
+    assert done[False][2] == 0 and done[True][2] > 0  # batches after the first found their signal read
 
 
 def test_fastq_without_bam_is_aligned_with_mappy(source, reference, reference_path, tmp_path, no_leaks):

@@ -161,7 +161,9 @@ def eventalign_pipeline():
 def make_config(tmp_path: Path, **keys) -> config.Config:
     flat = {"watch.dir": tmp_path / "live", "reference.genome": REFERENCE, "output.dir": tmp_path / "out",
             "watch.poll_interval": 0.05, "watch.settle": 0.2, "end.final_summary_grace": 0.2,
-            "batch.max_wait": 0.1, "service.status_interval": 0.1, **keys}
+            "batch.max_wait": 0.1, "service.status_interval": 0.1,
+            "pipeline.io_mode": "threads",  # reader processes (the default) are run by test_daemon_e2e
+            **keys}
     (tmp_path / "live").mkdir(exist_ok=True)
     return config.build(flat)
 

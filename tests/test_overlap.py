@@ -4,7 +4,9 @@ whatever the threads, readers chosen by format, failures raised rather than hung
 from __future__ import annotations
 
 import io
+import os
 import shutil
+import signal
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
@@ -69,6 +71,64 @@ def test_readers_are_threads_for_slow5_processes_otherwise():
         pool.shutdown()
     with pytest.raises(ValueError, match="io mode"):
         overlap.reader_pool(pod5, 1, "fibres")
+
+
+def _same_signal(got, expected):
+    assert got.keys() == expected.keys()
+    for rid, rec in expected.items():
+        assert np.array_equal(got[rid].raw, rec.raw)
+        assert got[rid].to_pa().tobytes() == rec.to_pa().tobytes()
+        assert (got[rid].offset, got[rid].range, got[rid].digitisation) == (rec.offset, rec.range, rec.digitisation)
+
+
+@pytest.mark.parametrize("mode", ["threads", "processes"])
+def test_signal_read_ahead_gives_what_reading_in_place_gives(plans, mode):
+    """The daemon's read-ahead: a batch's reads come from the tasks started ahead, the rest are read now."""
+    first = signal_requests(plans[0][0])
+    second = signal_requests([p for ps, _ in plans[1:3] for p in ps])
+    reads = overlap.SignalReads(overlap.signal_readers([".fast5"], 2, mode), reads_per_task=2)
+    try:
+        reads.ahead(first)
+        batch = reads.take(second)  # nothing of it was read ahead; the first batch's reads are dropped
+        assert reads.hits == 0
+        got, errors = batch.result()
+        _same_signal(got, load_signals(second)[0])
+        reads.ahead(first)
+        ids = [rid for ids in first.values() for rid in ids]
+        part = {path: [r for r in rids if r != ids[0]] for path, rids in first.items() if rids != [ids[0]]}
+        got, errors = reads.take({**part, **second}).result()
+        assert reads.hits == len(ids) - 1 and not errors
+        _same_signal(got, load_signals({**part, **second})[0])
+    finally:
+        reads.close()
+
+
+def test_signal_reads_set_a_bad_file_apart_and_survive_a_broken_pool(plans, tmp_path):
+    wanted = signal_requests(plans[0][0])
+    path = next(iter(wanted))
+    bad = tmp_path / path.name
+    bad.write_bytes(path.read_bytes()[:4096])
+    wanted = {bad: wanted[path], **{p: ids for p, ids in wanted.items() if p != path}}
+    expected, expected_errors = load_signals(wanted)
+    assert set(expected_errors) == set(wanted[bad]) and all(str(bad) in e for e in expected_errors.values())
+    in_place = overlap.SignalReads(None)
+    got, errors = in_place.take(wanted).result()
+    _same_signal(got, expected)
+    assert errors == expected_errors
+    pool = overlap.signal_readers([".fast5"], 1, "processes")
+    reads = overlap.SignalReads(pool)
+    try:
+        worker = pool.submit(os.getpid).result()
+        os.kill(worker, signal.SIGKILL)  # the pool breaks: what was asked of it is read here instead
+        reads.ahead(wanted)
+        got, errors = reads.take(wanted).result()
+        _same_signal(got, expected)
+        assert errors == expected_errors
+        got, errors = reads.take(wanted).result()  # the broken pool is given up
+        _same_signal(got, expected)
+        assert errors == expected_errors and reads.pool is None
+    finally:
+        reads.close()
 
 
 def test_a_reader_failure_is_raised_in_the_caller(plans, monkeypatch):

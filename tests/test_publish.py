@@ -193,3 +193,25 @@ def test_batch_calls_publish_as_the_tsv_prints_them():
         pub.publish_calls(call_columns(calls, read_ids, ref_names))
         batch = next_of(sub, Calls).calls
     assert "".join(tsv_rows(batch)) == format_calls(calls, read_ids, ref_names)
+
+
+def test_the_daemons_publish_keys_bind_ipc_beside_tcp_with_their_high_water_mark(tmp_path):
+    """`publish.extra_endpoints` and `publish.send_hwm` as `streamer run` builds its publisher."""
+    from streamer import config
+    from streamer.commands.run import publisher_config
+
+    ipc = f"ipc://{tmp_path}/pub.sock"
+    cfg = config.build({"publish.endpoint": "tcp://127.0.0.1:*", "publish.extra_endpoints": [ipc],
+                        "publish.send_hwm": 7, "publish.heartbeat_interval": HEARTBEAT}, require=())
+    with Publisher(publisher_config(cfg.publish)) as pub:
+        assert pub.endpoints[0].startswith("tcp://127.0.0.1:") and pub.endpoints[1] == ipc
+        assert pub._pub.sndhwm == 7
+        with Subscriber(ipc, ["meth.call", "status"], heartbeat_interval=HEARTBEAT) as sub:
+            next_of(sub, Status)
+            pub.publish_calls(call_batch(4))
+            got = next_of(sub, Calls)
+    assert got.calls.start.tolist() == [0, 10, 20, 30]
+    with pytest.raises(ConfigError, match="refusing to bind tcp://0.0.0.0"):
+        exposed = config.build({"publish.endpoint": "tcp://127.0.0.1:*",
+                                "publish.extra_endpoints": ["tcp://0.0.0.0:*"]}, require=())
+        Publisher(publisher_config(exposed.publish))

@@ -48,10 +48,7 @@ def run(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         stack.callback(notifier.close)
         notifier.status("loading models and compiling kernels")
-        g = cfg.gpu
-        cuda = CudaOptions(disable=g.disable, dev_id=g.device, mem_frac=g.mem_frac, avg_epk=g.avg_epk,
-                           max_lf=g.max_lf, max_epk=g.max_epk, ultra_thresh=g.ultra_thresh,
-                           max_reads=cfg.batch.max_reads, max_bases=cfg.batch.max_bases)
+        cuda = cuda_options(cfg)
         extra = EventalignStage(cfg.eventalign.scale_events) if cfg.eventalign.enabled else None
         pipeline = Pipeline(PipelineOptions(threads=threads, kmer_model=cfg.pipeline.kmer_model,
                                             meth_model=cfg.pipeline.meth_model, cuda=cuda), extra=extra)
@@ -71,12 +68,24 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
+def cuda_options(cfg: configuration.Config) -> CudaOptions:
+    """The GPU keys as the pipeline takes them (`gpu.disable_hmm` is `streamer call --disable-cuda-hmm`)."""
+    g = cfg.gpu
+    return CudaOptions(disable=g.disable, dev_id=g.device, mem_frac=g.mem_frac, avg_epk=g.avg_epk, max_lf=g.max_lf,
+                       max_epk=g.max_epk, ultra_thresh=g.ultra_thresh, max_reads=cfg.batch.max_reads,
+                       max_bases=cfg.batch.max_bases, hmm=not g.disable_hmm)
+
+
 def _publisher(p: configuration.PublishConfig) -> Publisher:
     curve = None
     if p.curve_secret_key is not None:
         clients = load_public_keys([p.curve_clients]) if p.curve_clients is not None else frozenset()
         curve = CurveServer(load_secret_keys(p.curve_secret_key), clients)
-    return Publisher(PublisherConfig(endpoints=(p.endpoint,), snapshot_endpoint=p.snapshot_endpoint,
-                                     heartbeat_interval=p.heartbeat_interval, curve=curve,
-                                     insecure_bind=p.insecure_bind))
+    return Publisher(publisher_config(p, curve))
+
+
+def publisher_config(p: configuration.PublishConfig, curve: CurveServer | None = None) -> PublisherConfig:
+    return PublisherConfig(endpoints=(p.endpoint, *p.extra_endpoints), snapshot_endpoint=p.snapshot_endpoint,
+                           sndhwm=p.send_hwm, heartbeat_interval=p.heartbeat_interval, curve=curve,
+                           insecure_bind=p.insecure_bind)
 
