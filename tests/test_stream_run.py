@@ -78,7 +78,8 @@ def test_subscribers_get_every_call_and_a_late_joiner_the_same_frequencies(ecoli
     Replayer(load_source(ecoli), live, ReplayOptions(speed=0, batch_reads=3)).run()
     cfg = config.build({"watch.dir": live, "reference.genome": reference_path, "output.dir": out,
                         "watch.poll_interval": 0.05, "watch.settle": 0.2, "end.final_summary_grace": 0.2,
-                        "batch.max_wait": 0.1, "batch.max_reads": 2, "service.status_interval": 0.1})
+                        "batch.max_wait": 0.1, "batch.max_reads": 2, "service.status_interval": 0.1,
+                        "pipeline.io_mode": "threads"})  # reader processes (the default) are run by test_daemon_e2e
     held = _HeldPipeline(pipeline)
     codes = []
     with Publisher(local_config()) as pub, Reference(reference_path) as reference:
