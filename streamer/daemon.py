@@ -71,6 +71,7 @@ BEDMETHYL = "meth.bed"
 SUMMARY_JSON = "summary.json"
 CALLED = "called"
 PIPELINE_ERROR = "pipeline error"  # an outcome beyond `Skip`: the pipeline raised on this read alone
+RECOVERED = "recovered"  # a skipped.tsv row, not an outcome: an earlier missing-partner row no longer holds
 
 
 class BatchResultLike(Protocol):
@@ -376,6 +377,7 @@ class Daemon:
         ids = signal_read_ids(f.path)
         reg = self.ledger.register_signal_file(f.path, f.fmt, ready.size, ready.mtime_ns, ids)
         self._log_registered(f.path, "signal", reg)
+        self._reload_modbam_calls(reg.reopened_bams)
 
     def _register_basecalls(self, ready: Ready) -> None:
         f = ready.file
@@ -393,8 +395,20 @@ class Daemon:
             log.warning("%s: %d reads already had %s from another file; these copies are ignored", path,
                         reg.duplicates, what)
         if reg.late:
-            log.warning("%s: %d reads had already been reported without their %s (join timeout); they keep "
-                        "that outcome", path, reg.late, what)
+            log.warning("%s: %d reads had already been reported without their %s; they are processed now "
+                        "(skipped.tsv: reason %r)", path, reg.late, what, RECOVERED)
+
+    def _reload_modbam_calls(self, bams: tuple[int, ...]) -> None:
+        """A reopened BAM is copied again once its late reads are done: its other reads' calls,
+        let go when it was first copied, are read back from the committed `meth.tsv`."""
+        if self.modbams is None or not bams:
+            return
+        reads = set().union(*(self.ledger.reads_of_file(fid) for fid in bams))
+        with open(self.outputs.path(METH_TSV)) as fh:
+            next(fh, None)
+            while block := list(islice(fh, 100_000)):
+                self._beat()
+                self.modbams.add_rows(block, reads)
 
     # ------------------------------------------------------------------ batches
 
@@ -433,7 +447,8 @@ class Daemon:
         aligned = self._eventalign(results, {p.read_id: p.number for p in picks})
         pipeline_skipped = [s for r in results for s in r.skipped]
         skipped.extend(pipeline_skipped)
-        skip_rows = [_skip_row(s.read_id, s.reason.label, s.detail) for s in skipped]
+        skip_rows = [_recovered_row(p) for p in picks if p.superseded]
+        skip_rows += [_skip_row(s.read_id, s.reason.label, s.detail) for s in skipped]
         skip_rows += [_skip_row(rid, PIPELINE_ERROR, why) for rid, why in failed_reads.items()]
         for s in skipped:
             log.debug("%s", s.message())
@@ -693,7 +708,8 @@ class Daemon:
             "watch_dir": str(self.config.watch.dir),
             "started": _iso(self._started_wall),
             "updated": _iso(time.time()),
-            "reads": self.ledger.read_counts() | {"called": counters.get("reads_called", 0)},
+            "reads": self.ledger.read_counts() | {"called": counters.get("reads_called", 0),
+                                                  "recovered": self.ledger.recovered()},
             "records": {
                 "considered": counters.get("records_in", 0),
                 "called": counters.get("records_called", 0),
@@ -755,6 +771,13 @@ class Daemon:
 def _needs_signal(bc: Basecalls) -> bool:
     """Whether a read's basecalls let it reach the pipeline (an alignment and the full sequence)."""
     return bool(bc.seq) and any(not isinstance(r, Skipped) for r in bc.records)
+
+
+def _recovered_row(p: Pick) -> str:
+    """The row that supersedes a read's earlier missing-partner row, written with its outcome."""
+    late = p.signal_path if p.superseded == Skip.NO_SIGNAL.label else p.basecall_path
+    return _skip_row(p.read_id, RECOVERED, f"reported '{p.superseded}' earlier; {late} landed later and the read "
+                                           "was processed with it (this row replaces that report)")
 
 
 def _skip_row(read_id: str, reason: str, detail: str) -> str:

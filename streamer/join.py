@@ -5,7 +5,8 @@ basecall file before or after its signal file is closed. The ledger pairs them b
 (it keeps only ids and file numbers, so that side costs no memory). What needs memory is
 the basecalls themselves: `BasecallCache` holds those of open reads up to a bound on bases,
 drops the oldest past it, and reads a file again for the reads it no longer holds. Reads
-whose partner never arrives are reported by the daemon after `join.timeout`.
+whose partner never arrives are reported by the daemon after `join.timeout`, and reopened
+(the ledger's `superseded`) if it lands after all.
 """
 
 from __future__ import annotations

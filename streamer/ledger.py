@@ -9,6 +9,12 @@ those reads, still open in the ledger, are processed again. No read twice, none 
 Reads live here from the moment either of their files is registered, so the join of signal
 and basecalls survives a restart without reading the files again; a read is "matched" once
 both are known, and "done" once it has an outcome: "called" or a skip reason.
+
+A read reported missing its partner ("no signal", "no basecall") is reopened when that
+partner lands after all: in the transaction that registers the late file, the report moves
+to `superseded`, its counters are taken back, and the read is matched like any other; the
+batch that processes it commits its new outcome. So a read has one outcome at any time, and
+a kill at any point leaves it either reported or open, never both, never called twice.
 """
 
 from __future__ import annotations
@@ -23,10 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from streamer.errors import StreamerError
+from streamer.skips import Skip
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -51,7 +58,8 @@ CREATE TABLE IF NOT EXISTS reads (
     since REAL NOT NULL,          -- when the first of its files was registered (wall clock)
     matched REAL,                 -- when the second was
     outcome TEXT,                 -- NULL while open; 'called' or a skip label
-    batch INTEGER
+    batch INTEGER,
+    superseded TEXT               -- the missing-partner outcome it had before its partner landed late
 );
 CREATE INDEX IF NOT EXISTS reads_matched ON reads(matched) WHERE outcome IS NULL AND matched IS NOT NULL;
 CREATE INDEX IF NOT EXISTS reads_waiting ON reads(since) WHERE outcome IS NULL AND matched IS NULL;
@@ -93,6 +101,7 @@ class Pick:
     basecall_fmt: str
     matched: float  # wall clock: when its second file was registered
     number: int  # the read's row id: eventalign's read_index when read names are not printed
+    superseded: str | None = None  # its earlier "no signal"/"no basecall" report, if its partner came late
 
 
 @dataclass(frozen=True)
@@ -124,7 +133,8 @@ class Registered:
     n_reads: int
     newly_matched: int
     duplicates: int  # read ids another file of the same kind already had
-    late: int  # reads already reported as missing this file
+    late: int  # reads already reported as missing this file: reopened, to be processed now
+    reopened_bams: tuple[int, ...] = ()  # basecall BAMs (file ids) whose modBAM copy lacks those reads
 
 
 class Ledger:
@@ -156,6 +166,11 @@ class Ledger:
                     ("schema_version", str(SCHEMA_VERSION)), ("watch_dir", want), ("created", str(self._clock())),
                 ])
             return
+        if meta.get("schema_version") == "1":  # version 2 only adds reads.superseded
+            with self._tx():
+                self._db.execute("ALTER TABLE reads ADD COLUMN superseded TEXT")
+                self._db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
+            meta["schema_version"] = str(SCHEMA_VERSION)
         if meta.get("schema_version") != str(SCHEMA_VERSION):
             raise LedgerError(f"{self.path}: ledger schema {meta.get('schema_version')}, this streamer writes "
                               f"{SCHEMA_VERSION}; use a new state folder")
@@ -213,6 +228,7 @@ class Ledger:
     def _register(self, path: Path, kind: str, fmt: str, size: int, mtime_ns: int,
                   reads: list[tuple[str, int]]) -> Registered:
         mine, other = ("signal_file", "basecall_file") if kind == "signal" else ("basecall_file", "signal_file")
+        missing = (Skip.NO_SIGNAL if kind == "signal" else Skip.NO_BASECALL).label
         now = self._clock()
         with self._tx():
             fid = self._upsert_file(path, kind, fmt, size, mtime_ns, "registered", None, len(reads))
@@ -223,10 +239,33 @@ class Ledger:
                 f"matched = CASE WHEN {other} IS NOT NULL THEN excluded.since ELSE NULL END "
                 f"WHERE {mine} IS NULL",
                 ((rid, fid, n, now) for rid, n in reads))
-            mine_count, matched, late = self._db.execute(
-                f"SELECT count(*), count(matched) FILTER (WHERE outcome IS NULL), "
-                f"count(*) FILTER (WHERE outcome IS NOT NULL) FROM reads WHERE {mine} = ?", (fid,)).fetchone()
-        return Registered(len(reads), matched, len(reads) - mine_count, late)
+            late, bams = self._reopen_late(mine, fid, missing)
+            mine_count, matched = self._db.execute(
+                f"SELECT count(*), count(matched) FILTER (WHERE outcome IS NULL) FROM reads WHERE {mine} = ?",
+                (fid,)).fetchone()
+        return Registered(len(reads), matched, len(reads) - mine_count, late, bams)
+
+    def _reopen_late(self, mine: str, fid: int, missing: str) -> tuple[int, tuple[int, ...]]:
+        """Reopen the reads of file `fid` reported missing it, inside the registering transaction.
+
+        Their report becomes `superseded` and its counters (one record, one skip) are taken
+        back, so the counts hold each read once; a basecall BAM whose modBAM copy was made
+        without them loses its record, to be copied again once they are done.
+        """
+        where = f"{mine} = ? AND outcome = ?"
+        late = self._db.execute(f"SELECT count(*) FROM reads WHERE {where}", (fid, missing)).fetchone()[0]
+        if not late:
+            return 0, ()
+        bams = tuple(b for (b,) in self._db.execute(
+            f"SELECT DISTINCT m.file FROM reads r JOIN modbams m ON m.file = r.basecall_file WHERE {where}",
+            (fid, missing)))
+        self._db.executemany("DELETE FROM modbams WHERE file = ?", ((b,) for b in bams))
+        self._db.execute(f"UPDATE reads SET superseded = outcome, outcome = NULL, batch = NULL WHERE {where}",
+                         (fid, missing))
+        self._db.executemany("UPDATE counters SET value = value - ? WHERE name = ?",
+                             [(late, "records_in"), (late, f"skipped.{missing}")])
+        self._db.execute("DELETE FROM counters WHERE value = 0")
+        return late, bams
 
     def rejected_files(self) -> list[tuple[str, str, str]]:
         """(path, kind, reason) of every file set aside."""
@@ -244,14 +283,14 @@ class Ledger:
         picks: list[Pick] = []
         bases = 0
         rows = self._db.execute(
-            "SELECT r.read_id, r.n_bases, s.path, b.path, b.fmt, r.matched, r.id FROM reads r "
+            "SELECT r.read_id, r.n_bases, s.path, b.path, b.fmt, r.matched, r.id, r.superseded FROM reads r "
             "JOIN files s ON s.id = r.signal_file JOIN files b ON b.id = r.basecall_file "
             "WHERE r.outcome IS NULL AND r.matched IS NOT NULL ORDER BY r.matched, r.id LIMIT ? OFFSET ?",
             (max_reads, offset))
-        for rid, n, sp, bp, fmt, matched, number in rows:
+        for rid, n, sp, bp, fmt, matched, number, superseded in rows:
             if picks and bases + n > max_bases:
                 return picks, True
-            picks.append(Pick(rid, n, Path(sp), Path(bp), fmt, matched, number))
+            picks.append(Pick(rid, n, Path(sp), Path(bp), fmt, matched, number, superseded))
             bases += n
         return picks, len(picks) == max_reads or bases >= max_bases
 
@@ -284,6 +323,11 @@ class Ledger:
             "count(*) FILTER (WHERE outcome IS NULL AND matched IS NULL AND basecall_file IS NOT NULL) "
             "FROM reads").fetchone()
         return {"done": row[0], "matched": row[1], "waiting_for_basecalls": row[2], "waiting_for_signal": row[3]}
+
+    def recovered(self) -> int:
+        """Reads done after all, though once reported missing their partner (it landed late)."""
+        return self._db.execute(
+            "SELECT count(*) FROM reads WHERE superseded IS NOT NULL AND outcome IS NOT NULL").fetchone()[0]
 
     def outcome(self, read_id: str) -> str | None:
         row = self._db.execute("SELECT outcome FROM reads WHERE read_id = ?", (read_id,)).fetchone()

@@ -367,3 +367,100 @@ def test_run_command_builds_the_configured_publisher(tmp_path, reference_path, n
     exposed = make_config(tmp_path, reference_path, **{"publish.endpoint": "tcp://0.0.0.0:*"})
     with pytest.raises(ConfigError, match="not a loopback address"):
         _publisher(exposed.publish)
+
+
+def skip_rows(cfg) -> list[tuple[str, str]]:
+    path = cfg.output.dir / "skipped.tsv"
+    lines = path.read_text().splitlines()[1:] if path.exists() else []
+    return [tuple(line.split("\t")[:2]) for line in lines]
+
+
+def wait_for(predicate, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def hold_back_signal(source, tmp_path: Path) -> tuple[Path, Path, list[str]]:
+    """A replayed run without its first signal file; that file (to land late) and its reads."""
+    run = replay(source, tmp_path / "live")
+    first = sorted((run / "fast5_pass").iterdir())[0]
+    held = Path(shutil.move(first, tmp_path / first.name))
+    return held, first, [r.read_id for r in source.reads[:3]]
+
+
+def reported(cfg, reason: str) -> set[str]:
+    return {rid for rid, why in skip_rows(cfg) if why == reason}
+
+
+def assert_recovered_once(cfg, late: list[str]) -> None:
+    """The late reads (and any other read a busy machine let time out) were reported, then
+    processed once: their calls in meth.tsv, a `recovered` row after their report."""
+    got = rows(cfg.output.dir / "meth.tsv")
+    assert len(got) == N_RECORDS == len(set(got))
+    assert {r.split("\t")[4] for r in got} >= set(late)
+    by_read: dict[str, list[str]] = {}
+    for rid, reason in skip_rows(cfg):
+        by_read.setdefault(rid, []).append(reason)
+    assert set(late) <= set(by_read)
+    assert all(reasons in (["no signal", "recovered"], ["no basecall", "recovered"]) for reasons in by_read.values())
+    s = summary(cfg)
+    assert s["reads"]["done"] == s["reads"]["called"] == N_READS and s["reads"]["recovered"] == len(by_read)
+    assert s["records"] == {"considered": N_RECORDS, "called": N_RECORDS, "skipped_by_reason": {}}
+
+
+def test_a_signal_file_landing_after_the_join_timeout_is_processed(source, reference, reference_path, tmp_path,
+                                                                   no_leaks):
+    held, home, late = hold_back_signal(source, tmp_path)
+    cfg = make_config(tmp_path, reference_path, **{"end.follow": True, "join.timeout": 1.0})
+    d = daemon_for(cfg, FakePipeline(), reference)
+    result = {}
+    t = threading.Thread(target=lambda: result.setdefault("code", d.run()))
+    t.start()
+    try:
+        wait_for(lambda: set(late) <= reported(cfg, "no signal"))
+        shutil.move(held, home)  # the slow copy lands
+        wait_for(lambda: set(late) <= reported(cfg, "recovered"))
+    finally:
+        (tmp_path / "live" / "STOP").touch()
+        t.join(10)
+        d.close()
+    assert result["code"] == 0 and d.state is State.FINISHED
+    assert_recovered_once(cfg, late)
+
+
+def test_a_late_partner_survives_a_crash_before_its_batch_commits(source, reference, reference_path, tmp_path,
+                                                                   monkeypatch, no_leaks):
+    held, home, late = hold_back_signal(source, tmp_path)
+    cfg = make_config(tmp_path, reference_path, **{"end.follow": True, "join.timeout": 1.0})
+    d = daemon_for(cfg, FakePipeline(), reference)
+    result = {}
+    t = threading.Thread(target=lambda: result.setdefault("code", d.run()))
+    t.start()
+    try:
+        wait_for(lambda: set(late) <= reported(cfg, "no signal"))
+    finally:
+        d.request_stop()
+        t.join(10)
+        d.close()
+    assert result["code"] == 0 and d.state is State.STOPPED
+    shutil.move(held, home)  # lands while the daemon is down
+    cfg = make_config(tmp_path, reference_path, **{"join.timeout": 1.0})
+    d = daemon_for(cfg, FakePipeline(), reference)
+    d.start()
+    real_commit = d.ledger.commit
+
+    def dying_commit(outcomes, *args, **kw):
+        outcomes = list(outcomes)
+        if {rid for rid, _ in outcomes} & set(late):  # the late reads' rows are written, never committed
+            raise OSError("simulated crash")
+        return real_commit(outcomes, *args, **kw)
+
+    monkeypatch.setattr(d.ledger, "commit", dying_commit)
+    assert d.run() == 1 and d.state is State.FAILED
+    d.close()
+    assert set(late) <= reported(cfg, "recovered")  # on disk, not committed
+    code, d = run_to_end(cfg, FakePipeline(), reference)
+    assert code == 0 and d.state is State.FINISHED
+    assert_recovered_once(cfg, late)

@@ -85,9 +85,52 @@ def test_waiting_reads_and_late_partners(ledger, tmp_path):
     assert [w.read_id for w in ledger.waiting(since_before=ledger.clock.t - 50)] == ["r1"]
     (w1, w2) = ledger.waiting()
     assert (w1.has_signal, w1.path.name, w2.has_signal) == (False, "a.fastq", True)
-    ledger.commit([("r1", "no signal")], {}, {})
+    ledger.commit([("r1", "no signal"), ("r2", "no basecall")], {}, {"records_in": 2, "skipped.no signal": 1,
+                                                                       "skipped.no basecall": 1})
+    assert ledger.read_counts()["done"] == 2
     reg = ledger.register_signal_file(tmp_path / "b.fast5", "fast5", 1, 1, ["r1"])
-    assert reg.late == 1 and ledger.outcome("r1") == "no signal"
+    # the late signal reopens r1: matched again, its report superseded and taken out of the counts
+    assert (reg.late, reg.newly_matched) == (1, 1) and ledger.outcome("r1") is None
+    assert ledger.counters() == {"records_in": 1, "skipped.no basecall": 1}
+    assert ledger.read_counts() == {"done": 1, "matched": 1, "waiting_for_basecalls": 0, "waiting_for_signal": 0}
+    (pick,), _ = ledger.matched(10, 100)
+    assert (pick.read_id, pick.superseded, pick.signal_path.name) == ("r1", "no signal", "b.fast5")
+    assert ledger.recovered() == 0
+    ledger.commit([("r1", "called")], {}, {"reads_called": 1})
+    assert ledger.outcome("r1") == "called" and ledger.recovered() == 1
+    reg = ledger.register_signal_file(tmp_path / "c.fast5", "fast5", 1, 1, ["r1"])
+    assert (reg.late, reg.duplicates) == (0, 1)  # once it has both files, another copy is a duplicate
+
+
+def test_a_late_read_of_a_copied_bam_has_the_copy_made_again(ledger, tmp_path):
+    ledger.register_basecall_file(tmp_path / "a.bam", "bam", 1, 1, [("r1", 10), ("r2", 10)])
+    ledger.register_signal_file(tmp_path / "a.fast5", "fast5", 1, 1, ["r1"])
+    ledger.commit([("r1", "called"), ("r2", "no signal")], {}, {})
+    ((fid, _),) = ledger.finished_bams()
+    ledger.record_modbam(fid, tmp_path / "modbam" / "a.bam")
+    reg = ledger.register_signal_file(tmp_path / "b.fast5", "fast5", 1, 1, ["r2"])
+    assert reg.reopened_bams == (fid,) and ledger.reads_awaiting_modbam() == {"r1", "r2"}
+    assert ledger.finished_bams() == []
+    ledger.commit([("r2", "called")], {}, {})
+    assert [f for f, _ in ledger.finished_bams()] == [fid]
+
+
+def test_a_version_1_ledger_is_upgraded_in_place(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    db = sqlite3.connect(state / "ledger.sqlite")
+    db.executescript("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+                     "CREATE TABLE reads (id INTEGER PRIMARY KEY, read_id TEXT NOT NULL UNIQUE, signal_file INTEGER, "
+                     "basecall_file INTEGER, n_bases INTEGER NOT NULL DEFAULT 0, since REAL NOT NULL, matched REAL, "
+                     "outcome TEXT, batch INTEGER);"
+                     "INSERT INTO reads (read_id, since, outcome) VALUES ('r1', 0, 'called');")
+    db.executemany("INSERT INTO meta VALUES (?, ?)", [("schema_version", "1"), ("watch_dir", str(tmp_path.resolve()))])
+    db.commit()
+    db.close()
+    with Ledger(state, watch_dir=tmp_path) as led:
+        assert led.outcome("r1") == "called" and led.recovered() == 0
+    with Ledger(state, watch_dir=tmp_path) as led:
+        assert led.read_counts()["done"] == 1
 
 
 def test_files_known_and_rejected(ledger, tmp_path):
