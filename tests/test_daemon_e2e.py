@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from streamer.io.signal import signal_read_ids
+
 from conftest import ECOLI, REFERENCE, SHARED, needs_shared
 from daemon_support import rows
 
@@ -273,3 +275,58 @@ def test_pod5_and_blow5_runs_give_the_same_rows(fmt, fixture_copy, expected, dae
     assert d.wait() == 0, d.output()
     assert summary(out)["files"]["signal_registered"] == 3
     assert rows(out / "meth.tsv") == expected
+
+
+def skip_reasons(out: Path) -> dict[str, list[str]]:
+    by_read: dict[str, list[str]] = {}
+    path = out / "skipped.tsv"
+    for line in (path.read_text().splitlines()[1:] if path.exists() else []):
+        rid, reason = line.split("\t")[:2]
+        by_read.setdefault(rid, []).append(reason)
+    return by_read
+
+
+def wait_until(predicate, what: str, d: Daemon) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while not predicate():
+        assert d.proc.poll() is None and time.monotonic() < deadline, f"{what}: {d.output()}"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("kill", [False, True])
+def test_a_signal_file_landing_after_the_join_timeout_gives_its_calls_once(kill, fixture_copy, expected, daemons,
+                                                                          tmp_path):
+    """Basecalls land, the join times out, the signal file lands later (a slow copy): the reads
+    are called like the others, once, also through a kill -9 at a random point after it lands."""
+    staging = tmp_path / "staging"
+    subprocess.run(streamer("replay", fixture_copy, staging, "--speed", "0", "--batch-size", "3"),
+                   check=True, capture_output=True, timeout=TIMEOUT)
+    run = next(staging.iterdir())
+    for f in run.glob("final_summary*"):
+        f.unlink()
+    first = sorted((run / "fast5_pass").iterdir())[0]
+    held = Path(shutil.move(first, tmp_path / first.name))
+    live, out = tmp_path / "live", tmp_path / "out"
+    live.mkdir()
+    run = Path(shutil.move(run, live / run.name))
+    flags = ("--follow", "--join-timeout", "2", "-K", "2")
+    d = daemons(tmp_path, live, out, *flags)
+    late = signal_read_ids(held)
+    assert len(late) == 3
+    wait_until(lambda: all(skip_reasons(out).get(rid) == ["no signal"] for rid in late), "no signal reported", d)
+    shutil.move(held, run / "fast5_pass" / held.name)  # the slow copy lands
+    seed = int(os.environ.get("STREAMER_KILL_SEED", random.randrange(1 << 30)))
+    if kill:
+        time.sleep(random.Random(seed).uniform(0.0, 2.0))
+        d.kill()
+        d = daemons(tmp_path, live, out, *flags)
+    wait_until(lambda: all("recovered" in skip_reasons(out).get(rid, []) for rid in late), "recovered", d)
+    (live / "STOP").touch()
+    assert d.wait() == 0, d.output()
+    assert rows(out / "meth.tsv") == expected, f"seed {seed}"
+    reasons = skip_reasons(out)  # a busy machine may let other reads time out too; they recover the same way
+    assert set(late) <= set(reasons)
+    assert all(r in (["no signal", "recovered"], ["no basecall", "recovered"]) for r in reasons.values()), reasons
+    s = summary(out)
+    assert s["state"] == "finished" and s["reads"]["done"] == s["reads"]["called"] == 8
+    assert s["reads"]["recovered"] == len(reasons) and s["records"]["skipped_by_reason"] == {}
