@@ -12,6 +12,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -243,6 +244,40 @@ def test_no_modbam_for_fastq_basecalls(tmp_path, no_leaks):
     assert d.state is State.FINISHED and not (cfg.output.dir / "modbam").exists()
     s = json.loads((cfg.output.dir / "summary.json").read_text())
     assert s["modbam"] == {"written": 0, "not_written": 0} and not d.modbams.calls.by_record
+
+
+def test_a_late_read_has_its_bams_copy_made_again_with_every_call(call_outputs, tmp_path, no_leaks):
+    """One BAM for all reads, one read's signal landing after the join timeout and after the BAM
+    was copied: the copy is made again, with that read's calls and the others' read back."""
+    live = tmp_path / "live"
+    shutil.copytree(ECOLI / "fast5", live / "fast5")
+    held = Path(shutil.move(sorted((live / "fast5").iterdir())[0], tmp_path))
+    shutil.copy(ECOLI / "reads.bam", live)
+    cfg = make_config(tmp_path, **{"output.modbam": True, "end.follow": True, "join.timeout": 1.0,
+                                   "output.refresh_interval": 0.1})
+    summary = cfg.output.dir / "summary.json"
+    with Reference(REFERENCE) as ref:
+        d = Daemon(cfg, Pipeline(PipelineOptions(threads=2)), ref)
+        t = threading.Thread(target=d.run)
+        t.start()
+        try:
+            deadline = time.monotonic() + TIMEOUT
+            while not (summary.exists() and json.loads(summary.read_text())["modbam"]["written"] == 1):
+                assert time.monotonic() < deadline and t.is_alive()
+                time.sleep(0.1)
+            shutil.move(held, live / "fast5")
+            while "recovered" not in (cfg.output.dir / "skipped.tsv").read_text():
+                assert time.monotonic() < deadline and t.is_alive()
+                time.sleep(0.1)
+        finally:
+            (live / "STOP").touch()
+            t.join(TIMEOUT)
+            d.close()
+    assert d.state is State.FINISHED
+    s = json.loads(summary.read_text())
+    assert s["modbam"] == {"written": 1, "not_written": 0} and s["reads"]["recovered"] >= 1
+    assert data_rows(cfg.output.dir / "meth.tsv") == data_rows(call_outputs / "meth.tsv")
+    check_modbams(cfg.output.dir, live, call_outputs)
 
 
 # ---------------------------------------------------------------------------- real processes, kill -9
