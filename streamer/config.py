@@ -103,7 +103,8 @@ class AlignmentConfig:
 class JoinConfig:
     timeout: float = _key(
         3600.0, "Seconds a read may wait for its partner (signal or basecalls) while the run goes on; then it is "
-        "reported as missing one (at the end of a run, at once).", type=float, flag="--join-timeout",
+        "reported as missing one (at the end of a run, at once). A partner landing later still has the read "
+        "called, and skipped.tsv says it was recovered.", type=float, flag="--join-timeout",
         minimum=0.0)
     max_pending_bases: int = _key(
         200_000_000, "Most bases of basecalls held in memory while they wait for their signal; beyond that the "
