@@ -8,14 +8,19 @@ start, end; the first call seen for a site fixes its group size and sequence.
 
 The ratio that f5c compares is the one printed in the calls TSV (two decimals), so calls added
 from records are rounded the same way before the threshold applies.
+
+The daemon's table is also the one the publisher serves snapshots from (one table for a
+genome's ~28 M sites, not two), so it is thread-safe: one writer adds whole batches under
+`lock`, and site counts are immutable tuples replaced on update, so `snapshot()` is a plain
+dict copy under the lock and a reader never sees half a batch.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import NamedTuple, TextIO
 
 from streamer.errors import InputError
 from streamer.plugins.cpg.calls import MethCalls
@@ -38,14 +43,16 @@ _FREQ_HEADER = (
 )
 
 
-@dataclass
-class SiteStats:
-    """Counts for one (chromosome, start, end) site."""
+SiteKey = tuple[str, int, int]
+
+
+class SiteStats(NamedTuple):
+    """Counts for one (chromosome, start, end) site, in the publisher's FREQ_COLUMNS order."""
 
     group_size: int
+    called_sites: int
+    called_sites_methylated: int
     sequence: str
-    called_sites: int = 0
-    called_sites_methylated: int = 0
 
 
 class MethFreq:
@@ -55,43 +62,65 @@ class MethFreq:
         self.call_threshold = call_threshold
         self.split_groups = split_groups
         self.group_column = "num_motifs_in_group"
-        self.sites: dict[tuple[str, int, int], SiteStats] = {}
+        self.sites: dict[SiteKey, SiteStats] = {}
+        """Written only under `lock`; read freely by the writer's own thread."""
+        self.lock = threading.Lock()
+        self._strings: dict[str, str] = {}  # one object per chromosome name and group sequence, not one per site
 
-    def _credit(self, key: tuple[str, int, int], n_sites: int, methylated: bool, sequence: str) -> None:
+    def _credit(self, key: SiteKey, n_sites: int, methylated: bool, sequence: str, changed: set | None) -> None:
         site = self.sites.get(key)
+        m = n_sites if methylated else 0
         if site is None:
-            site = self.sites[key] = SiteStats(n_sites, sequence)
-        site.called_sites += n_sites
-        if methylated:
-            site.called_sites_methylated += n_sites
+            self.sites[key] = SiteStats(n_sites, n_sites, m, self._strings.setdefault(sequence, sequence))
+        else:
+            self.sites[key] = SiteStats(site[0], site[1] + n_sites, site[2] + m, site[3])
+        if changed is not None:
+            changed.add(key)
 
-    def add(self, chrom: str, start: int, end: int, llr: float, num_motifs: int, sequence: str) -> None:
-        """Add one call (llr as printed in the calls TSV)."""
+    def add(self, chrom: str, start: int, end: int, llr: float, num_motifs: int, sequence: str,
+            changed: set | None = None) -> None:
+        """Add one call (llr as printed in the calls TSV); the keys it credits go into `changed`."""
+        with self.lock:
+            self._add(chrom, start, end, llr, num_motifs, sequence, changed)
+
+    def _add(self, chrom: str, start: int, end: int, llr: float, num_motifs: int, sequence: str,
+             changed: set | None) -> None:
         if abs(llr) < self.call_threshold:
             return
         methylated = llr > 0
+        chrom = self._strings.setdefault(chrom, chrom)
         if not (self.split_groups and num_motifs > 1):
-            self._credit((chrom, start, end), num_motifs, methylated, sequence)
+            self._credit((chrom, start, end), num_motifs, methylated, sequence, changed)
             return
         first = pos = sequence.find("CG")
         while pos != -1:
-            self._credit((chrom, start + pos - first, start + pos - first), 1, methylated, SPLIT_SEQUENCE)
+            self._credit((chrom, start + pos - first, start + pos - first), 1, methylated, SPLIT_SEQUENCE, changed)
             pos = sequence.find("CG", pos + 1)
 
-    def add_calls(self, calls: MethCalls, ref_names: Sequence[str]) -> None:
+    def add_calls(self, calls: MethCalls, ref_names: Sequence[str], changed: set | None = None) -> None:
         """Add a batch's calls; `ref_names` is the batch's contig per record."""
-        for j in range(len(calls)):
-            self.add(
-                ref_names[int(calls.read[j])],
-                int(calls.start[j]),
-                int(calls.end[j]),
-                float(f"{calls.llr[j]:.2f}"),
-                int(calls.num_motifs[j]),
-                calls.sequence[j],
-            )
+        with self.lock:
+            for j in range(len(calls)):
+                self._add(
+                    ref_names[int(calls.read[j])],
+                    int(calls.start[j]),
+                    int(calls.end[j]),
+                    float(f"{calls.llr[j]:.2f}"),
+                    int(calls.num_motifs[j]),
+                    calls.sequence[j],
+                    changed,
+                )
 
-    def add_tsv(self, lines: Iterable[str], source: str | Path = "<calls>") -> None:
-        """Add the rows of a call-methylation TSV (nanopolish or f5c, with or without strand)."""
+    def add_tsv(self, lines: Iterable[str], source: str | Path = "<calls>", changed: set | None = None) -> None:
+        """Add the rows of a call-methylation TSV (nanopolish or f5c, with or without strand).
+
+        The rows go in as one batch: a concurrent `snapshot()` sees all of them or none.
+        `changed`, when given, collects the keys of the sites they credited.
+        """
+        with self.lock:
+            self._add_tsv(lines, source, changed)
+
+    def _add_tsv(self, lines: Iterable[str], source: str | Path, changed: set | None) -> None:
         it = iter(lines)
         header = next(it, None)
         if header is None:
@@ -115,7 +144,7 @@ class MethFreq:
                 raise InputError(source, f"malformed number: {exc}", line=line_no) from None
             if start < 0 or end < 0 or num < 0:
                 raise InputError(source, "coordinates and motif counts cannot be negative", line=line_no)
-            self.add(fields[0], start, end, llr, num, fields[9])
+            self._add(fields[0], start, end, llr, num, fields[9], changed)
 
     @classmethod
     def from_tsv(cls, path: str | Path, call_threshold: float = CALL_THRESHOLD, split_groups: bool = False):
@@ -127,6 +156,12 @@ class MethFreq:
         except OSError as exc:
             raise InputError(path, f"cannot read calls: {exc.strerror}") from exc
         return freq
+
+    def snapshot(self) -> dict[SiteKey, SiteStats]:
+        """The sites with at least one called CpG, consistent between batches; safe from any thread."""
+        with self.lock:
+            sites = dict(self.sites)
+        return {key: site for key, site in sites.items() if site[1] > 0}
 
     def rows(self) -> list[tuple[str, int, int, SiteStats]]:
         """Sites with at least one called CpG, in f5c's order."""

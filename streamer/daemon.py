@@ -110,6 +110,9 @@ class PublisherLike(Protocol):
 
     def publish_tuning(self, decision: Mapping[str, Any]) -> None: ...
 
+    def serve_sites(self, table: MethFreq) -> None:
+        """Serve snapshots from `table` (read from the publisher's thread through `snapshot()`)."""
+
 
 class State(enum.Enum):
     NEW = "new"
@@ -158,6 +161,7 @@ class Daemon:
         self.watcher: Watcher | None = None
         self.signal: SignalReads | None = None
         self.freq = MethFreq(config.output.call_threshold, config.output.split_groups)
+        """The one per-site table: meth-freq.tsv, and the publisher's snapshots (`serve_sites`)."""
         self.bed = BedMethyl(config.output.call_threshold) if config.output.bedmethyl else None
         self.eventalign = EventalignOutput(options_of(config.eventalign)) if config.eventalign.enabled else None
         self.modbams = ModBams(config.output.dir, config.watch.dir, self._filter) if config.output.modbam else None
@@ -170,6 +174,12 @@ class Daemon:
         self._next_overdue = 0.0
         self._status: dict[str, Any] = {}
         self._publish_failed: set[str] = set()
+        self._changed_sites: set | None = set() if publisher is not None else None  # since the last meth.freq
+        if publisher is not None:
+            try:
+                publisher.serve_sites(self.freq)
+            except Exception as exc:  # noqa: BLE001 - the publisher is an optional consumer
+                log.warning("the publisher cannot serve snapshots of the frequency table (%s)", exc)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -474,7 +484,7 @@ class Daemon:
         bam_reads = {p.read_id for p in picks if p.basecall_fmt == "bam"} if self.modbams is not None else frozenset()
         self._commit(outcomes, rows, skip_rows, counters, batch, "".join(text for _, _, text in aligned), bam_reads)
         if rows:
-            self._publish_calls(results, rows)
+            self._publish_calls(results)
         if self.publisher is not None:
             for ea, labels, text in aligned:
                 for columns in self.eventalign.messages(ea, labels, text):
@@ -593,7 +603,7 @@ class Daemon:
         offsets = self.outputs.append(lines)
         self.ledger.commit(outcomes, offsets, counters, batch)
         if rows:
-            self._add_calls(rows, bam_reads)
+            self._add_calls(rows, bam_reads, changed=self._changed_sites)
         self._write_modbams()
 
     def _load_calls(self) -> None:
@@ -605,9 +615,13 @@ class Daemon:
             while block := list(islice(fh, 100_000)):
                 self._add_calls(block, awaiting, path)
 
-    def _add_calls(self, rows: list[str], bam_reads: set[str] | frozenset, source: Path | str = "<calls>") -> None:
-        """Count rows of `meth.tsv` into the frequency and bedMethyl tables, and keep the modBAM's."""
-        self.freq.add_tsv(chain([self.pipeline.TSV_HEADER], rows), source)
+    def _add_calls(self, rows: list[str], bam_reads: set[str] | frozenset, source: Path | str = "<calls>",
+                   changed: set | None = None) -> None:
+        """Count rows of `meth.tsv` into the frequency and bedMethyl tables, and keep the modBAM's.
+
+        The frequency table changes before its `meth.freq` update is published, as `serve_sites` requires.
+        """
+        self.freq.add_tsv(chain([self.pipeline.TSV_HEADER], rows), source, changed)
         if self.bed is not None:
             self.bed.add_tsv(chain([self.pipeline.TSV_HEADER], rows), source)
         if self.modbams is not None and bam_reads:
@@ -738,16 +752,15 @@ class Daemon:
 
     # ------------------------------------------------------------------ publishing
 
-    def _publish_calls(self, results: list[BatchResultLike], rows: list[str]) -> None:
-        """The batch's calls, then the current counts of the sites they touched."""
+    def _publish_calls(self, results: list[BatchResultLike]) -> None:
+        """The batch's calls, then the current counts of the sites they touched (read on the table's own thread)."""
         if self.publisher is None:
             return
         for r in results:
             if len(r.calls):
                 self._publish("calls", call_columns(r.calls, r.read_ids, r.ref_names))
-        touched = MethFreq(self.freq.call_threshold, self.freq.split_groups)
-        touched.add_tsv(chain([self.pipeline.TSV_HEADER], rows))
-        keys = [k for k in touched.sites if k in self.freq.sites]
+        keys = sorted(self._changed_sites)
+        self._changed_sites.clear()
         sites = [self.freq.sites[k] for k in keys]
         self._publish("freq", {
             "chromosome": [k[0] for k in keys], "start": [k[1] for k in keys], "end": [k[2] for k in keys],

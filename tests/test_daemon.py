@@ -13,13 +13,16 @@ import pytest
 
 from streamer import config
 from streamer.align import ReadAligner
+from streamer.client import Snapshot, Subscriber
 from streamer.daemon import Daemon, State
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
 from streamer.notify import Notifier
+from streamer.publish import Publisher
 from streamer.replay import Replayer, ReplayOptions, load_source
 
 from daemon_support import FakePipeline, no_leaks, rows  # noqa: F401
+from streams import local_config, next_of
 
 N_READS, N_RECORDS = 8, 9
 
@@ -309,7 +312,9 @@ def test_publisher_hook(source, reference, reference_path, tmp_path, no_leaks):
     replay(source, tmp_path / "live")
     cfg = make_config(tmp_path, reference_path)
     pub = RecordingPublisher()
-    code, _ = run_to_end(cfg, FakePipeline(), reference, publisher=pub)
+    code, d = run_to_end(cfg, FakePipeline(), reference, publisher=pub)
+    assert pub.got[0] == ("serve_sites", (d.freq,))  # snapshots come from the daemon's own table
+    del pub.got[0]
     names = [n for n, _ in pub.got]
     assert code == 0 and names[0] == "publish_run" and pub.got[0][1][0] == "start"
     assert pub.got[-1][0] == "publish_run" and pub.got[-1][1][0] == "end"
@@ -321,6 +326,29 @@ def test_publisher_hook(source, reference, reference_path, tmp_path, no_leaks):
     freq = [a[0] for n, a in pub.got if n == "publish_freq"]
     assert freq and all(len(f["chromosome"]) == len(f["called_sites"]) for f in freq)
     assert "publish_status" in names
+
+
+def test_after_a_restart_a_snapshot_holds_the_sites_of_earlier_runs(source, reference, reference_path,
+                                                                    tmp_path, no_leaks):
+    """The publisher serves the daemon's own table, which a restart rebuilds from meth.tsv."""
+    replay(source, tmp_path / "live")
+    cfg = make_config(tmp_path, reference_path)
+    code, _ = run_to_end(cfg, FakePipeline(), reference)
+    freq_tsv = (cfg.output.dir / "meth-freq.tsv").read_text().splitlines()[1:]
+    assert code == 0 and len(freq_tsv) > 1
+    with Publisher(local_config()) as pub:
+        d = daemon_for(cfg, FakePipeline(), reference, publisher=pub)
+        try:
+            d.start()  # a run over already: nothing new to call
+            with Subscriber(pub.endpoints[0], ["meth.freq"]) as sub:
+                sites = next_of(sub, Snapshot).sites
+        finally:
+            d.close()
+    got = [f"{c}\t{s}\t{e}\t{n}\t{k}\t{m}\t{f:.3f}\t{q}"
+           for c, s, e, n, k, m, f, q in zip(sites.chromosome, sites.start, sites.end, sites.num_motifs_in_group,
+                                              sites.called_sites, sites.called_sites_methylated,
+                                              sites.methylated_frequency, sites.group_sequence)]
+    assert got == freq_tsv
 
 
 def test_a_failing_publisher_does_not_stop_the_daemon(source, reference, reference_path, tmp_path, caplog):

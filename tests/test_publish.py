@@ -14,7 +14,8 @@ from streams import (  # noqa: F401 (no_leaks is a fixture)
 
 from streamer.client import Calls, Gap, Status, Subscriber
 from streamer.errors import ConfigError
-from streamer.plugins.cpg.calls import MethCalls, format_calls
+from streamer.plugins.cpg.calls import CALLS_HEADER, MethCalls, format_calls
+from streamer.plugins.methfreq import MethFreq
 from streamer.publish import CALL_COLUMNS, FREQ_COLUMNS, Categorical, ProtocolError, Publisher
 from streamer.publish.messages import CallBatch, SiteFrequencies, decode_message
 from streamer.publish.protocol import Header, decode_columns, encode_columns, pack, unpack
@@ -138,6 +139,36 @@ def test_snapshot_endpoint_serves_state_with_its_sequence_number():
     assert sites["called_sites"].tolist() == [1, 2, 2]
     assert sites["called_sites_methylated"].tolist() == [0, 2, 2]
     assert body["counters"] == {"reads": 7}
+
+
+def _ask_snapshot(pub, ctx) -> tuple[int, dict]:
+    with ctx.socket(zmq.REQ) as req:
+        req.rcvtimeo, req.linger = 5000, 0
+        req.connect(pub.snapshot_endpoint)
+        req.send(b"snapshot")
+        _, header, payload = req.recv_multipart()
+    return msgpack.unpackb(header)["seq"], decode_columns(unpack(payload)["sites"], FREQ_COLUMNS)
+
+
+def test_snapshots_come_from_the_table_the_owner_keeps():
+    """With `serve_sites` there is one table: the owner's changes show in the next snapshot, and
+    `publish_freq` sends without keeping a copy."""
+    freq = MethFreq()
+    row = "chr1\t+\t{0}\t{0}\tr\t{1}\t-1\t-2\t1\t1\tAACGT\n"
+    with Publisher(local_config()) as pub, zmq.Context() as ctx:
+        pub.serve_sites(freq)
+        changed = set()
+        freq.add_tsv([CALLS_HEADER, row.format(10, "3.0"), row.format(20, "-3.0"), row.format(30, "1.0")],
+                     changed=changed)
+        assert changed == {("chr1", 10, 10), ("chr1", 20, 20)}  # 30 is below the threshold: not a site
+        seq, sites = _ask_snapshot(pub, ctx)
+        assert seq == 0 and sites["start"].tolist() == [10, 20]  # changed, not yet announced: already served
+        pub.publish_freq(freq_batch([10, 40], called=99, methylated=0))  # sent, but the table is the owner's
+        freq.add_tsv([CALLS_HEADER, row.format(10, "4.0")])
+        seq, sites = _ask_snapshot(pub, ctx)
+        assert seq == 1 and sites["start"].tolist() == [10, 20]
+        assert sites["called_sites"].tolist() == [2, 1] and sites["called_sites_methylated"].tolist() == [2, 0]
+        assert sites["group_sequence"].tolist() == ["AACGT", "AACGT"]
 
 
 def test_a_full_queue_drops_counts_and_shows_as_a_gap(monkeypatch):

@@ -45,6 +45,8 @@ class FrequencyTable:
         """A copy, for comparing two tables or writing one out."""
         return dict(self._sites)
 
+    snapshot = sites
+
     def columns(self) -> dict[str, Any]:
         return site_columns(self._sites)
 

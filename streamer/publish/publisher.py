@@ -11,6 +11,15 @@ The same thread serves the snapshot endpoint (ROUTER, the clone pattern),
 sends a `status` heartbeat every `heartbeat_interval`, and sends one at once to
 each new `status` subscriber (XPUB sees subscriptions) so a joiner learns the
 snapshot endpoint and the current sequence numbers without waiting.
+
+Snapshots come from one per-site table. By default the publisher keeps it,
+applying each `meth.freq` update; `serve_sites` hands it the table its caller
+already keeps instead (the daemon's `MethFreq`, the source of meth-freq.tsv),
+so a genome's sites are held once. That table's owner writes it from its own
+thread, and only after changing the table publishes the update; this thread
+reads it through `snapshot()`, under the owner's lock. A snapshot may then hold
+a batch whose update is still to come, which is harmless: updates carry
+absolute counts, so applying one on top of a snapshot that has it changes nothing.
 """
 
 from __future__ import annotations
@@ -23,12 +32,12 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import zmq
 
 from streamer.errors import ConfigError
-from streamer.publish.frequencies import FrequencyTable, site_columns
+from streamer.publish.frequencies import FrequencyTable, SiteCounts, SiteKey, site_columns
 from streamer.publish.protocol import (
     CALL_COLUMNS,
     FREQ_COLUMNS,
@@ -46,6 +55,13 @@ log = logging.getLogger(__name__)
 
 _CLOSE = object()  # queue sentinel: flush, say goodbye, stop
 _STATUS = object()  # queue sentinel: send a status now, in order with the data
+
+
+class SiteSource(Protocol):
+    """A per-site table that the publisher may read from its own thread."""
+
+    def snapshot(self) -> Mapping[SiteKey, SiteCounts]:
+        """A consistent copy of the sites, safe to call while the owner writes."""
 
 
 @dataclass(frozen=True)
@@ -109,7 +125,8 @@ class Publisher:
         self._seq = dict.fromkeys(Topic, 0)
         self._handed: dict[str, int] = {}  # sending thread only: last seq sent or dropped, per topic
         self._counters: dict[str, Any] = {}
-        self._table = FrequencyTable()
+        self._table: FrequencyTable | None = FrequencyTable()  # None once `serve_sites` shares a table
+        self._sites: SiteSource = self._table
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_w.setblocking(False)
         self._wake_r.setblocking(False)
@@ -137,11 +154,24 @@ class Publisher:
         """A batch of per-read CpG calls: CALL_COLUMNS as arrays, lists or `Categorical`."""
         self._publish(Topic.CALLS, encode_columns(columns, CALL_COLUMNS))
 
+    def serve_sites(self, table: SiteSource) -> None:
+        """Serve snapshots from `table` (which its owner keeps current) rather than from a copy.
+
+        Call before the first `publish_freq`; from then on `publish_freq` only sends, and the
+        owner must change `table` before publishing the update that says so.
+        """
+        with self._lock:
+            self._table, self._sites = None, table
+
     def publish_freq(self, updates: Mapping[str, Any]) -> None:
-        """Absolute counts (FREQ_COLUMNS) of the sites that changed; kept for snapshots too."""
+        """Absolute counts (FREQ_COLUMNS) of the sites that changed; kept for snapshots too (unless `serve_sites`)."""
         columns = encode_columns(updates, FREQ_COLUMNS)
+        if self._table is None:
+            self._publish(Topic.FREQ, columns)
+            return
         sites = decode_columns(columns, FREQ_COLUMNS)  # exactly what subscribers will apply
-        self._publish(Topic.FREQ, columns, lambda: self._table.apply(sites))
+        table = self._table
+        self._publish(Topic.FREQ, columns, lambda: table.apply(sites))
 
     def publish_eventalign(self, columns: Mapping[str, Any]) -> None:
         """Event-to-k-mer rows: numeric arrays and string sequences, any column names."""
@@ -314,9 +344,9 @@ class Publisher:
                 log.warning("ignored a malformed snapshot request of %d frames", len(frames))
                 continue
             envelope = frames[:frames.index(b"") + 1]
-            with self._lock:
+            with self._lock:  # then the owner's lock, in `snapshot()`; no one takes them the other way
                 seq = self._seq[Topic.FREQ]
-                sites = self._table.sites()
+                sites = self._sites.snapshot()
                 counters = self._counters
             body = {"counters": counters, "sites": encode_columns(site_columns(sites), FREQ_COLUMNS)}
             header = stamp(SNAPSHOT_REQUEST.decode(), self.run_id, seq)
