@@ -31,7 +31,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from itertools import chain, islice
@@ -414,11 +414,8 @@ class Daemon:
         if self.modbams is None or not bams:
             return
         reads = set().union(*(self.ledger.reads_of_file(fid) for fid in bams))
-        with open(self.outputs.path(METH_TSV)) as fh:
-            next(fh, None)
-            while block := list(islice(fh, 100_000)):
-                self._beat()
-                self.modbams.add_rows(block, reads)
+        for block in self._committed_calls():
+            self.modbams.add_rows(block, reads)
 
     # ------------------------------------------------------------------ batches
 
@@ -608,12 +605,17 @@ class Daemon:
 
     def _load_calls(self) -> None:
         """The derived outputs' state from the committed `meth.tsv`, read once, a block at a time."""
-        path = self.outputs.path(METH_TSV)
         awaiting = self.ledger.reads_awaiting_modbam() if self.modbams is not None else frozenset()
-        with open(path) as fh:
+        for block in self._committed_calls():
+            self._add_calls(block, awaiting, self.outputs.path(METH_TSV))
+
+    def _committed_calls(self, block: int = 100_000) -> Iterator[list[str]]:
+        """The committed rows of `meth.tsv`, a block at a time (the watchdog fed between blocks)."""
+        with open(self.outputs.path(METH_TSV)) as fh:
             next(fh, None)
-            while block := list(islice(fh, 100_000)):
-                self._add_calls(block, awaiting, path)
+            while rows := list(islice(fh, block)):
+                self._beat()
+                yield rows
 
     def _add_calls(self, rows: list[str], bam_reads: set[str] | frozenset, source: Path | str = "<calls>",
                    changed: set | None = None) -> None:
