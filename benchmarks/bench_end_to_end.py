@@ -141,14 +141,14 @@ def hmm_stage(data: Path, work: Path, ref_path: Path, copies: int, reps: int) ->
     """CPU against GPU `score_windows` on the shared reads' jobs tiled `copies` times."""
     from streamer.assemble import BatchLimits, offline_batches
     from streamer.batch import pack
-    from streamer.gpu.hmm import CudaHmm
-    from streamer.gpu.options import CudaOptions
+    from streamer_gpu.hmm import CudaHmm
+    from streamer_gpu.options import CudaOptions
     from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments
     from streamer.io.fastx import load_basecalls
     from streamer.io.index import open_index
     from streamer.io.reference import Reference
     from streamer.pipeline import Pipeline, PipelineOptions
-    from streamer.plugins.cpg.hmm import score_windows
+    from streamer_plugins.cpg.hmm import score_windows
 
     class Recorder:
         def score(self, *args):

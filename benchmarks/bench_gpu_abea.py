@@ -34,8 +34,8 @@ from streamer.abea import align_batch
 from streamer.assemble import BatchLimits, offline_batches
 from streamer.batch import pack
 from streamer.events import detect_events
-from streamer.gpu.abea import CudaAbea, Layout
-from streamer.gpu.options import CudaOptions
+from streamer_gpu.abea import CudaAbea, Layout
+from streamer_gpu.options import CudaOptions
 from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments
 from streamer.io.fastx import load_basecalls
 from streamer.io.index import open_index

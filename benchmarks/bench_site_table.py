@@ -20,7 +20,7 @@ import tracemalloc
 
 from streamer.daemon import Daemon
 from streamer.pipeline import Pipeline
-from streamer.plugins.methfreq import MethFreq
+from streamer_plugins.methfreq import MethFreq
 from streamer.publish import Publisher, PublisherConfig
 
 

@@ -54,9 +54,9 @@ from streamer.outputs import SKIPPED_HEADER, Outputs, write_atomic
 from streamer.outputs_eventalign import EVENTALIGN_TSV, EventalignBatch, EventalignOutput, options_of
 from streamer.outputs_modbam import ModBams
 from streamer.overlap import SignalReads, signal_readers
-from streamer.plugins.bedmethyl import BedMethyl
-from streamer.plugins.cpg.calls import MethCalls
-from streamer.plugins.methfreq import MethFreq
+from streamer_plugins.bedmethyl import BedMethyl
+from streamer_plugins.cpg.calls import MethCalls
+from streamer_plugins.methfreq import MethFreq
 from streamer.publish.records import call_columns
 from streamer.skips import Skip, Skipped
 from streamer.tuning.session import AutoTuner

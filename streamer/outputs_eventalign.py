@@ -20,7 +20,7 @@ import numpy as np
 
 from streamer.batch import ReadBatch
 from streamer.config import EventalignConfig
-from streamer.plugins.eventalign import EventalignOptions, EventalignRows, eventalign_batch, format_tsv, tsv_header
+from streamer_plugins.eventalign import EventalignOptions, EventalignRows, eventalign_batch, format_tsv, tsv_header
 from streamer.poremodel import NUCLEOTIDE, PoreModel
 from streamer.postalign import PostAlign
 from streamer.publish.protocol import Categorical

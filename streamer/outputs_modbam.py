@@ -25,8 +25,8 @@ import pysam
 
 from streamer.errors import InputError
 from streamer.io.alignments import AlignmentFilter
-from streamer.plugins.cpg.calls import CALLS_HEADER
-from streamer.plugins.modbam import ModCalls, write_modbam
+from streamer_plugins.cpg.calls import CALLS_HEADER
+from streamer_plugins.modbam import ModCalls, write_modbam
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,10 @@ The daemon reads ahead with the same pool and tasks, one batch at a time (`Signa
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import queue
 import threading
@@ -44,7 +46,7 @@ from streamer.batch import ReadBatch, ReadInput, pack
 from streamer.io.fast5 import SignalRecord
 from streamer.io.index import SignalIndex
 from streamer.io.reference import Reference
-from streamer.plugins.cpg.calls import format_calls
+from streamer_plugins.cpg.calls import format_calls
 from streamer.skips import Skipped
 from streamer.summary import RunSummary
 
@@ -88,9 +90,7 @@ def signal_readers(suffixes: Iterable[str], workers: int, mode: str = "auto") ->
         mode = "threads" if slow5 else "processes"
     if mode == "threads":
         return ThreadPoolExecutor(workers, thread_name_prefix="signal-reader")
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["streamer.assemble"])
-    pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_end_with, initargs=(os.getpid(),))
+    pool = ProcessPoolExecutor(workers, mp_context=_fork_server(), initializer=_end_with, initargs=(os.getpid(),))
     threading.Thread(target=_start_workers, args=(pool, workers), name="reader-start", daemon=True).start()
     return pool
 
@@ -124,6 +124,43 @@ def _end_with(pid: int) -> None:
                 os._exit(0)
 
     threading.Thread(target=watch, name="owner-watch", daemon=True).start()
+
+
+_FORK_SERVER_START = threading.Lock()
+_IMPORT_ROOTS = ("streamer", "streamer_gpu", "streamer_plugins")
+
+
+def _fork_server() -> multiprocessing.context.ForkServerContext:
+    """The fork server, started on this process's own import roots.
+
+    It is started as `python -c`, which puts the current directory first on its path, and
+    Python 3.11-3.13 ignore the path handed to it: run from a folder holding a `streamer`
+    checkout, the readers would import that instead of the package this process runs. So the
+    server starts with the current directory left off (PYTHONSAFEPATH) and the folders this
+    process imported its packages from first (PYTHONPATH).
+    """
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["streamer.assemble"])
+    roots = []
+    for name in _IMPORT_ROOTS:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin is not None:
+            root = str(Path(spec.origin).resolve().parents[1])
+            if root not in roots:
+                roots.append(root)
+    with _FORK_SERVER_START:
+        saved = {key: os.environ.get(key) for key in ("PYTHONPATH", "PYTHONSAFEPATH")}
+        os.environ["PYTHONSAFEPATH"] = "1"
+        os.environ["PYTHONPATH"] = os.pathsep.join(roots + ([saved["PYTHONPATH"]] if saved["PYTHONPATH"] else []))
+        try:
+            multiprocessing.forkserver.ensure_running()
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+    return ctx
 
 
 def _start_workers(pool: ProcessPoolExecutor, workers: int) -> None:

@@ -21,8 +21,8 @@ import numpy as np
 from streamer.abea import align_batch
 from streamer.batch import CIGAR_M, ReadBatch, ReadInput, pack
 from streamer.events import detect_events
-from streamer.gpu import AbeaBatchStats, CudaOptions, HmmBatchStats, open_gpu, open_gpu_hmm
-from streamer.plugins.cpg.calls import CALLS_HEADER, MethCalls, call_methylation, format_calls
+from streamer_gpu import AbeaBatchStats, CudaOptions, HmmBatchStats, open_gpu, open_gpu_hmm
+from streamer_plugins.cpg.calls import CALLS_HEADER, MethCalls, call_methylation, format_calls
 from streamer.poremodel import PoreModel, load_default_models, load_kmer_model
 from streamer.postalign import PostAlign, recalibrate_batch
 from streamer.scaling import estimate_scalings

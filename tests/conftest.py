@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
-import pytest
+# The checkout's code is what is tested, whichever way the project is installed: its three
+# import roots go first on the path (an installed copy would otherwise shadow gpu/ and plugins/).
+ROOT = Path(__file__).resolve().parents[1]
+for root in (ROOT / "plugins", ROOT / "gpu", ROOT):
+    if str(root) not in sys.path[:3]:
+        sys.path.insert(0, str(root))
+
+import pytest  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 ECOLI = DATA / "ecoli"

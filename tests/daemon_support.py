@@ -10,7 +10,7 @@ import pytest
 
 import numpy as np
 
-from streamer.plugins.cpg.calls import CALLS_HEADER, MethCalls, format_calls
+from streamer_plugins.cpg.calls import CALLS_HEADER, MethCalls, format_calls
 from streamer.skips import Skip, Skipped
 
 

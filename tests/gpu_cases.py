@@ -21,10 +21,10 @@ import numpy as np
 
 from streamer.abea import align_batch
 from streamer.events import detect_events
-from streamer.gpu.abea import CudaAbea, Layout
-from streamer.gpu.host import CPU, GPU, ULTRA, assign_reads, bytes_per_base
-from streamer.gpu.kernels import SIMULATED
-from streamer.gpu.options import CudaOptions
+from streamer_gpu.abea import CudaAbea, Layout
+from streamer_gpu.host import CPU, GPU, ULTRA, assign_reads, bytes_per_base
+from streamer_gpu.kernels import SIMULATED
+from streamer_gpu.options import CudaOptions
 from streamer.io.fast5 import iter_fast5
 from streamer.io.fastx import load_basecalls
 from streamer.poremodel import load_default_models

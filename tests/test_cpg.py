@@ -7,8 +7,8 @@ import pytest
 
 import reference_hmm
 from streamer.batch import CIGAR_D, CIGAR_H, CIGAR_I, CIGAR_M, CIGAR_N, CIGAR_S, ReadInput, pack
-from streamer.plugins.cpg.calls import CALLS_HEADER, call_methylation, format_calls
-from streamer.plugins.cpg.hmm import (
+from streamer_plugins.cpg.calls import CALLS_HEADER, call_methylation, format_calls
+from streamer_plugins.cpg.hmm import (
     HmmParams,
     block_transitions,
     pack_model,
@@ -17,8 +17,8 @@ from streamer.plugins.cpg.hmm import (
     score_windows,
     window_kmer_rank,
 )
-from streamer.plugins.cpg.logsum import LOGSUM_TABLE, flogsum
-from streamer.plugins.cpg.lookup import (
+from streamer_plugins.cpg.logsum import LOGSUM_TABLE, flogsum
+from streamer_plugins.cpg.lookup import (
     aligned_pairs,
     batch_events_per_base,
     closest_event,
@@ -27,7 +27,7 @@ from streamer.plugins.cpg.lookup import (
     is_spliced,
     kmer_first_event,
 )
-from streamer.plugins.cpg.sites import DISAMBIGUATE, cpg_sites, group_sites, read_windows
+from streamer_plugins.cpg.sites import DISAMBIGUATE, cpg_sites, group_sites, read_windows
 from streamer.poremodel import load_default_models
 from streamer.skips import Skip
 

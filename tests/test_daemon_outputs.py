@@ -30,8 +30,8 @@ from streamer.io.reference import Reference
 from streamer.ledger import LedgerError
 from streamer.outputs_eventalign import EventalignStage
 from streamer.pipeline import Pipeline, PipelineOptions
-from streamer.plugins.bedmethyl import BedMethyl
-from streamer.plugins.modbam import probability_code
+from streamer_plugins.bedmethyl import BedMethyl
+from streamer_plugins.modbam import probability_code
 from streamer.client import EventAlign
 from streamer.publish.messages import decode_message
 from streamer.publish.protocol import encode_columns, pack, stamp

@@ -175,7 +175,7 @@ def test_columns_publish_as_the_eventalign_topic():
     from streamer.io.reference import Reference
     from streamer.io.index import SignalIndex
     from streamer.io.signal import find_signal_files, read_signal
-    from streamer.plugins.eventalign import EventalignOptions, EventalignPipeline, format_tsv
+    from streamer_plugins.eventalign import EventalignOptions, EventalignPipeline, format_tsv
 
     alns = [a for a in iter_alignments(ECOLI / "reads.bam", AlignmentFilter()) if isinstance(a, Alignment)][:2]
     seqs = load_basecalls(ECOLI / "reads.fasta", {a.read_id for a in alns})
@@ -248,7 +248,7 @@ def test_summary_matches_f5c_and_nanopolish(shared_run):
 
 
 def test_event_cigar():
-    from streamer.plugins.eventalign import event_cigar
+    from streamer_plugins.eventalign import event_cigar
 
     # events 5..10 on bases 100, 100, 101, 104, 105, 105: clip, M, I, M, D2 M, M, I
     pos = np.array([100, 100, 101, 104, 105, 105])
@@ -303,7 +303,7 @@ def test_sam_records_span_the_rows(fixture_sam, fixture_scaled):
 
 
 def test_row_writer_prints_as_printf():
-    from streamer.plugins.eventalign import _put_fixed
+    from streamer_plugins.eventalign import _put_fixed
 
     rng = np.random.default_rng(3)
     values = np.concatenate([

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamer.gpu import CudaOptions, open_gpu
-from streamer.gpu.host import CPU, GPU, ULTRA, assign_reads
+from streamer_gpu import CudaOptions, open_gpu
+from streamer_gpu.host import CPU, GPU, ULTRA, assign_reads
 
 CASES = Path(__file__).parent / "gpu_cases.py"
 HAS_CUDA_MODULE = importlib.util.find_spec("numba.cuda") is not None
@@ -119,7 +119,7 @@ def test_disabled_or_absent_gpu_means_cpu_in_one_log_line(caplog):
     assert open_gpu(CudaOptions(disable=True)) is None
     if _gpu_present():
         pytest.skip("a GPU is present")
-    with caplog.at_level(logging.INFO, logger="streamer.gpu"):
+    with caplog.at_level(logging.INFO, logger="streamer_gpu"):
         assert open_gpu(CudaOptions()) is None
-    lines = [r for r in caplog.records if r.name.startswith("streamer.gpu")]
+    lines = [r for r in caplog.records if r.name.startswith("streamer_gpu")]
     assert len(lines) == 1 and "ABEA runs on the CPU" in lines[0].getMessage()

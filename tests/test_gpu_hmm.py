@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamer.gpu import CudaOptions, open_gpu_hmm
-from streamer.gpu.hmm_host import flank_table, launch_order, pack_jobs, read_transitions
-from streamer.plugins.cpg.hmm import HmmParams, block_transitions, clip_flanks
+from streamer_gpu import CudaOptions, open_gpu_hmm
+from streamer_gpu.hmm_host import flank_table, launch_order, pack_jobs, read_transitions
+from streamer_plugins.cpg.hmm import HmmParams, block_transitions, clip_flanks
 from test_gpu_abea import HAS_CUDA_MODULE, _gpu_present
 
 CASES = Path(__file__).parent / "gpu_hmm_cases.py"
@@ -105,7 +105,7 @@ def test_disabled_or_absent_gpu_keeps_the_hmm_on_the_cpu(caplog):
     assert open_gpu_hmm(CudaOptions(hmm=False)) is None
     if _gpu_present():
         pytest.skip("a GPU is present")
-    with caplog.at_level(logging.INFO, logger="streamer.gpu"):
+    with caplog.at_level(logging.INFO, logger="streamer_gpu"):
         assert open_gpu_hmm(CudaOptions()) is None
-    lines = [r for r in caplog.records if r.name.startswith("streamer.gpu")]
+    lines = [r for r in caplog.records if r.name.startswith("streamer_gpu")]
     assert len(lines) == 1 and "HMM runs on the CPU" in lines[0].getMessage()

@@ -14,8 +14,8 @@ from streams import (  # noqa: F401 (no_leaks is a fixture)
 
 from streamer.client import Calls, Gap, Status, Subscriber
 from streamer.errors import ConfigError
-from streamer.plugins.cpg.calls import CALLS_HEADER, MethCalls, format_calls
-from streamer.plugins.methfreq import MethFreq
+from streamer_plugins.cpg.calls import CALLS_HEADER, MethCalls, format_calls
+from streamer_plugins.methfreq import MethFreq
 from streamer.publish import CALL_COLUMNS, FREQ_COLUMNS, Categorical, ProtocolError, Publisher
 from streamer.publish.messages import CallBatch, SiteFrequencies, decode_message
 from streamer.publish.protocol import Header, decode_columns, encode_columns, pack, unpack

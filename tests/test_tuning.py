@@ -11,9 +11,9 @@ import logging
 import numpy as np
 import pytest
 
-from streamer.gpu.device import GpuInfo
-from streamer.gpu.host import arena_capacity
-from streamer.gpu.options import AbeaBatchStats, CudaOptions
+from streamer_gpu.device import GpuInfo
+from streamer_gpu.host import arena_capacity
+from streamer_gpu.options import AbeaBatchStats, CudaOptions
 from streamer.tuning import (
     PROFILES,
     Bounds,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from streamer.assemble import BatchLimits, UltraLong, plan_batches
 from streamer.errors import StreamerError
-from streamer.gpu import CudaOptions
+from streamer_gpu import CudaOptions
 from streamer.commands._inputs import (
     add_input_arguments,
     alignment_filter,
@@ -25,8 +25,8 @@ from streamer.io.poretype import R10
 from streamer.io.reference import Reference
 from streamer.overlap import IO_MODES, OverlapOptions, reader_pool, run_overlapped
 from streamer.pipeline import BatchResult, Pipeline, PipelineOptions
-from streamer.plugins.bedmethyl import BedMethyl
-from streamer.plugins.modbam import ModCalls, write_modbam
+from streamer_plugins.bedmethyl import BedMethyl
+from streamer_plugins.modbam import ModCalls, write_modbam
 from streamer.skips import Skipped
 from streamer.summary import RunSummary
 from streamer.tuning.session import CallTuning, add_call_arguments

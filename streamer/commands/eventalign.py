@@ -20,13 +20,13 @@ from streamer.commands._inputs import (
     signal_index,
 )
 from streamer.errors import StreamerError
-from streamer.gpu import CudaOptions
+from streamer_gpu import CudaOptions
 from streamer.io.alignments import Alignment, iter_alignments
 from streamer.io.bamreads import open_basecalls
 from streamer.io.poretype import R10
 from streamer.io.reference import Reference
 from streamer.pipeline import PipelineOptions
-from streamer.plugins.eventalign import (
+from streamer_plugins.eventalign import (
     COMPAT,
     SUMMARY_HEADER,
     EventalignOptions,

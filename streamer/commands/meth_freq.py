@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from streamer.plugins.methfreq import CALL_THRESHOLD, MethFreq
+from streamer_plugins.methfreq import CALL_THRESHOLD, MethFreq
 
 NAME = "meth-freq"
 HELP = "per-site methylation frequency from call-methylation TSV"

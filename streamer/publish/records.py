@@ -14,7 +14,7 @@ import numpy as np
 from streamer.publish.protocol import CALL_COLUMNS, Categorical
 
 if TYPE_CHECKING:
-    from streamer.plugins.cpg.calls import MethCalls
+    from streamer_plugins.cpg.calls import MethCalls
 
 
 def call_columns(calls: MethCalls, read_ids: Sequence[str], ref_names: Sequence[str]) -> dict[str, Any]:

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from streamer.gpu.device import GpuInfo
-from streamer.gpu.options import CudaOptions
+from streamer_gpu.device import GpuInfo
+from streamer_gpu.options import CudaOptions
 from streamer.tuning.controller import KNOBS, Bounds, Settings
 
 # host bytes a batch holds per read base while it is assembled, prefetched and computed (signal,
@@ -35,7 +35,7 @@ class Machine:
 
     @classmethod
     def this(cls, gpu: GpuInfo | None) -> Machine:
-        """This host, with the GPU `streamer.gpu.device.probe_gpu` found (or None)."""
+        """This host, with the GPU `streamer_gpu.device.probe_gpu` found (or None)."""
         try:
             host = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         except (ValueError, OSError):
@@ -105,7 +105,7 @@ def pick_profile(machine: Machine) -> Profile:
 
 def bounds_for(machine: Machine, mem_frac: float | None) -> Bounds:
     """Safe ranges on this machine: B within a share of host memory and twice what the arena holds."""
-    from streamer.gpu.host import arena_capacity
+    from streamer_gpu.host import arena_capacity
 
     most_bases = int(machine.host_bytes * HOST_SHARE / HOST_BYTES_PER_BASE)
     if machine.gpu is not None:

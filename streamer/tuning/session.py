@@ -14,8 +14,8 @@ from typing import Any, Protocol
 
 from streamer.assemble import BatchLimits
 from streamer.config import Config
-from streamer.gpu.device import GpuInfo, probe_gpu
-from streamer.gpu.options import AbeaBatchStats, CudaOptions
+from streamer_gpu.device import GpuInfo, probe_gpu
+from streamer_gpu.options import AbeaBatchStats, CudaOptions
 from streamer.tuning.controller import Action, Controller, Policy, Settings
 from streamer.tuning.monitor import ADVICE, REPEATS
 from streamer.tuning.profiles import PROFILE_NAMES, Machine, Plan, plan, user_set, with_settings
@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 
 class GpuStage(Protocol):
-    """What the tuner needs of the GPU ABEA stage (`streamer.gpu.abea.CudaAbea`)."""
+    """What the tuner needs of the GPU ABEA stage (`streamer_gpu.abea.CudaAbea`)."""
 
     options: CudaOptions
 

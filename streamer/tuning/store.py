@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from streamer.gpu.device import GpuInfo
+from streamer_gpu.device import GpuInfo
 from streamer.tuning.controller import INTEGER_KNOBS, KNOBS, Settings
 
 log = logging.getLogger(__name__)

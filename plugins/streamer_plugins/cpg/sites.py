@@ -13,7 +13,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from streamer.plugins.cpg.lookup import events_bounding
+from streamer_plugins.cpg.lookup import events_bounding
 
 MIN_SEPARATION = 10
 MAX_SPAN = 200

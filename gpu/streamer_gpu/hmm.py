@@ -6,7 +6,7 @@ they have), a stream, and the compiled kernel. Per batch it packs the jobs, send
 windows too large for the kernel's local arrays to CPU threads while the kernel runs, copies
 the batch's reference spans and events in, launches one thread per (job, hypothesis), and
 copies the two log-likelihoods per job back. Answers are bit-identical to
-`streamer.plugins.cpg.hmm.score_windows`; a CUDA error or device out-of-memory in a batch
+`streamer_plugins.cpg.hmm.score_windows`; a CUDA error or device out-of-memory in a batch
 scores that batch on the CPU and is logged and recorded, never lost.
 """
 
@@ -19,12 +19,12 @@ import time
 import numpy as np
 from numba import cuda
 
-from streamer.gpu import hmm_kernels
-from streamer.gpu.abea import CUDA_ERRORS
-from streamer.gpu.hmm_host import flank_table, launch_order, pack_jobs, read_transitions
-from streamer.gpu.options import HmmBatchStats
-from streamer.plugins.cpg import hmm as cpu_hmm
-from streamer.plugins.cpg.sites import MAX_SPAN, MIN_SEPARATION
+from streamer_gpu import hmm_kernels
+from streamer_gpu.abea import CUDA_ERRORS
+from streamer_gpu.hmm_host import flank_table, launch_order, pack_jobs, read_transitions
+from streamer_gpu.options import HmmBatchStats
+from streamer_plugins.cpg import hmm as cpu_hmm
+from streamer_plugins.cpg.sites import MAX_SPAN, MIN_SEPARATION
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ _default_lock = threading.Lock()
 
 def score_windows(job_read, job_w0, job_w1, job_e1, job_e2, ref_seq, ref_seq_off, rc, ev_mean, ev_off, scalings,
                   events_per_base, k, model, params, table) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """`streamer.plugins.cpg.hmm.score_windows` on the GPU (default device and launch settings)."""
+    """`streamer_plugins.cpg.hmm.score_windows` on the GPU (default device and launch settings)."""
     global _default
     with _default_lock:
         if _default is None:

@@ -1,4 +1,4 @@
-"""CUDA kernel of the CpG profile-HMM forward pass, cell for cell the arithmetic of `streamer.plugins.cpg.hmm`.
+"""CUDA kernel of the CpG profile-HMM forward pass, cell for cell the arithmetic of `streamer_plugins.cpg.hmm`.
 
 One thread scores one (read, window) job under one hypothesis: threads 2j and 2j+1 take job
 order[j] unmethylated and methylated, so the two threads of a pair run the same number of
@@ -12,7 +12,7 @@ overwritten) and the current row's values of that block (which the skip state K 
 values and the order in which each is formed are the CPU's.
 
 Exactness: every float32 add, subtract, multiply and divide goes through the round-to-nearest
-helpers of `streamer.gpu.kernels` (libdevice intrinsics, never contracted into fused
+helpers of `streamer_gpu.kernels` (libdevice intrinsics, never contracted into fused
 multiply-adds; numpy scalars under the simulator). log is never evaluated on the device: the
 host passes each read's transition log probabilities (`block_transitions`) and the clip
 flanks (`clip_flanks`), computed by the CPU helpers themselves.
@@ -25,8 +25,8 @@ import functools
 import numpy as np
 from numba import cuda
 
-from streamer.gpu.kernels import fadd, fdiv, fmul, fsub
-from streamer.plugins.cpg.hmm import (
+from streamer_gpu.kernels import fadd, fdiv, fmul, fsub
+from streamer_plugins.cpg.hmm import (
     S_LOG_VAR,
     S_SCALE,
     S_SHIFT,
@@ -42,7 +42,7 @@ from streamer.plugins.cpg.hmm import (
     T_MM_NEXT,
     T_MM_SELF,
 )
-from streamer.plugins.cpg.logsum import LOGSUM_CUTOFF, LOGSUM_SCALE
+from streamer_plugins.cpg.logsum import LOGSUM_CUTOFF, LOGSUM_SCALE
 
 # values kept per k-mer block in local memory: the row's M, B, K and the level mean, stdv, log stdv
 SLOTS = 6
@@ -50,7 +50,7 @@ SLOTS = 6
 
 @cuda.jit(device=True)
 def flogsum(a, b, table):
-    """`streamer.plugins.cpg.logsum.flogsum` (the table is read only when it changes the answer)."""
+    """`streamer_plugins.cpg.logsum.flogsum` (the table is read only when it changes the answer)."""
     hi = a if a > b else b
     lo = a if a < b else b
     d = fsub(hi, lo)
@@ -61,7 +61,7 @@ def flogsum(a, b, table):
 
 @cuda.jit(device=True)
 def base_digit(seq, w0, length, pos, rc, methylated):
-    """`streamer.plugins.cpg.hmm.base_digit`: digit (A0 C1 G2 M3 T4) of a window base in read orientation."""
+    """`streamer_plugins.cpg.hmm.base_digit`: digit (A0 C1 G2 M3 T4) of a window base in read orientation."""
     if rc:
         b = seq[w0 + length - 1 - pos]
         if b == 67:
@@ -80,7 +80,7 @@ def base_digit(seq, w0, length, pos, rc, methylated):
 
 @cuda.jit(device=True)
 def window_kmer_rank(seq, w0, length, ki, k, rc, methylated):
-    """`streamer.plugins.cpg.hmm.window_kmer_rank`: base-5 rank of k-mer ki of the window."""
+    """`streamer_plugins.cpg.hmm.window_kmer_rank`: base-5 rank of k-mer ki of the window."""
     r = 0
     start = length - ki - k if rc else ki
     for j in range(k):
@@ -90,14 +90,14 @@ def window_kmer_rank(seq, w0, length, ki, k, rc, methylated):
 
 @cuda.jit(device=True)
 def log_normal_pdf(x, mean, stdv, log_stdv):
-    """`streamer.plugins.cpg.hmm.log_normal_pdf`: (-0.918938 - log stdv) + (-0.5 * a) * a."""
+    """`streamer_plugins.cpg.hmm.log_normal_pdf`: (-0.918938 - log stdv) + (-0.5 * a) * a."""
     a = fdiv(fsub(x, mean), stdv)
     return fadd(fsub(np.float32(-0.918938), log_stdv), fmul(fmul(np.float32(-0.5), a), a))
 
 
 @cuda.jit(device=True)
 def sum6(x0, x1, x2, x3, x4, x5, table):
-    """`streamer.plugins.cpg.hmm.sum6`: log-sum of six terms, left to right."""
+    """`streamer_plugins.cpg.hmm.sum6`: log-sum of six terms, left to right."""
     s = flogsum(x0, x1, table)
     s = flogsum(s, x2, table)
     s = flogsum(s, x3, table)

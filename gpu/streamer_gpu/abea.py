@@ -2,7 +2,7 @@
 
 `CudaAbea` owns one device: at start-up it takes a fraction of the free device memory as
 one arena (f5c's heuristic pre-allocation: X bases and Y = avg_epk * X events), and per
-batch it splits the reads (`streamer.gpu.host.assign_reads`), packs and copies the GPU
+batch it splits the reads (`streamer_gpu.host.assign_reads`), packs and copies the GPU
 reads, runs the kernels while CPU threads align the reads the split gave the CPU, aligns
 ultra-long reads last, and merges everything back into batch order. Answers are identical
 to `streamer.abea.align_batch`; a CUDA error or device out-of-memory in a batch sends that
@@ -25,8 +25,8 @@ from numba.cuda.cudadrv.driver import CudaAPIError
 from numba.cuda.cudadrv.error import CudaSupportError
 
 from streamer.abea import Alignment, abea
-from streamer.gpu import kernels
-from streamer.gpu.host import (
+from streamer_gpu import kernels
+from streamer_gpu.host import (
     CPU,
     GPU,
     NOT_MINE,
@@ -39,7 +39,7 @@ from streamer.gpu.host import (
     merge,
     read_params,
 )
-from streamer.gpu.options import AbeaBatchStats, CudaOptions
+from streamer_gpu.options import AbeaBatchStats, CudaOptions
 from streamer.poremodel import PoreModel
 from streamer.scaling import F5C_CODES, require_dtype, require_nucleotide
 
@@ -80,7 +80,7 @@ class Layout:
 class Arena:
     """One device buffer allocated once, carved into arrays per base (X), event (Y), band row (X + Y), read slot.
 
-    The partition follows f5c's heuristic (`streamer.gpu.host.arena_capacity`); because the arrays
+    The partition follows f5c's heuristic (`streamer_gpu.host.arena_capacity`); because the arrays
     are views of a single allocation, `repartition` can move the X/Y split (a new avg_epk, or band
     width) between batches without giving memory back to the driver or asking for more.
     """

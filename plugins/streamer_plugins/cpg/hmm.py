@@ -22,7 +22,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from streamer.plugins.cpg.logsum import flogsum
+from streamer_plugins.cpg.logsum import flogsum
 
 # Offsets of the three states inside a block.
 STATE_K, STATE_B, STATE_M = 0, 1, 2

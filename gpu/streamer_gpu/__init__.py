@@ -9,11 +9,11 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from streamer.gpu.options import AbeaBatchStats, CudaOptions, HmmBatchStats
+from streamer_gpu.options import AbeaBatchStats, CudaOptions, HmmBatchStats
 
 if TYPE_CHECKING:
-    from streamer.gpu.abea import CudaAbea
-    from streamer.gpu.hmm import CudaHmm
+    from streamer_gpu.abea import CudaAbea
+    from streamer_gpu.hmm import CudaHmm
 
 __all__ = ["AbeaBatchStats", "CudaOptions", "HmmBatchStats", "open_gpu", "open_gpu_hmm"]
 
@@ -32,7 +32,7 @@ def open_gpu(options: CudaOptions, bandwidth: int = 100) -> CudaAbea | None:
     if not cuda.is_available():
         log.info("no CUDA GPU found: ABEA runs on the CPU")
         return None
-    from streamer.gpu.abea import CUDA_ERRORS, CudaAbea
+    from streamer_gpu.abea import CUDA_ERRORS, CudaAbea
 
     try:
         return CudaAbea(options, bandwidth)
@@ -53,8 +53,8 @@ def open_gpu_hmm(options: CudaOptions) -> CudaHmm | None:
     if not cuda.is_available():
         log.info("no CUDA GPU found: the CpG HMM runs on the CPU")
         return None
-    from streamer.gpu.abea import CUDA_ERRORS
-    from streamer.gpu.hmm import CudaHmm
+    from streamer_gpu.abea import CUDA_ERRORS
+    from streamer_gpu.hmm import CudaHmm
 
     try:
         return CudaHmm(options.dev_id)

@@ -36,7 +36,7 @@ def probe_gpu(dev_id: int = 0) -> GpuInfo | None:
         return None
     if not cuda.is_available():
         return None
-    from streamer.gpu.abea import CUDA_ERRORS
+    from streamer_gpu.abea import CUDA_ERRORS
 
     try:
         cuda.select_device(dev_id)

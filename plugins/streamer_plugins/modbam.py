@@ -27,7 +27,7 @@ import pysam
 
 from streamer.errors import InputError
 from streamer.io.alignments import AlignmentFilter
-from streamer.plugins.cpg.calls import MethCalls
+from streamer_plugins.cpg.calls import MethCalls
 from streamer.skips import Skip
 
 _COMPLEMENT = str.maketrans("ACGTN", "TGCAN")

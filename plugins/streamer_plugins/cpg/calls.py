@@ -15,17 +15,17 @@ import numba
 import numpy as np
 
 from streamer.batch import ReadBatch
-from streamer.plugins.cpg import tsv
-from streamer.plugins.cpg.hmm import HmmParams, pack_model, pack_scalings, score_windows
-from streamer.plugins.cpg.logsum import LOGSUM_TABLE
-from streamer.plugins.cpg.lookup import (
+from streamer_plugins.cpg import tsv
+from streamer_plugins.cpg.hmm import HmmParams, pack_model, pack_scalings, score_windows
+from streamer_plugins.cpg.logsum import LOGSUM_TABLE
+from streamer_plugins.cpg.lookup import (
     CLOSEST_EVENT_SEARCH,
     batch_events_per_base,
     event_reference_map,
     is_spliced,
     kmer_first_event,
 )
-from streamer.plugins.cpg.sites import (
+from streamer_plugins.cpg.sites import (
     DISAMBIGUATE,
     MAX_SPAN,
     MIN_EVENT_SPAN,

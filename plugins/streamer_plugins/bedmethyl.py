@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import TextIO
 
 from streamer.errors import InputError
-from streamer.plugins.cpg.calls import MethCalls
-from streamer.plugins.methfreq import CALL_THRESHOLD
+from streamer_plugins.cpg.calls import MethCalls
+from streamer_plugins.methfreq import CALL_THRESHOLD
 
 MOD_CODE = "m"
 COLOUR = "255,0,0"

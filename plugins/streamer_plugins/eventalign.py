@@ -34,8 +34,8 @@ from streamer.abea import align_batch
 from streamer.batch import CIGAR_D, CIGAR_I, CIGAR_M, CIGAR_N, CIGAR_S, ReadBatch
 from streamer.events import detect_events
 from streamer.pipeline import Pipeline, PipelineOptions
-from streamer.plugins.cpg import tsv
-from streamer.plugins.cpg.hmm import (
+from streamer_plugins.cpg import tsv
+from streamer_plugins.cpg.hmm import (
     S_LOG_VAR,
     S_SCALE,
     S_SHIFT,
@@ -59,9 +59,9 @@ from streamer.plugins.cpg.hmm import (
     pack_scalings,
     scaled_level,
 )
-from streamer.plugins.cpg.lookup import CLOSEST_EVENT_SEARCH, aligned_segments, closest_event
-from streamer.plugins.cpg.sites import DISAMBIGUATE
-from streamer.plugins.cpg.tsv import _put_byte, _put_bytes, _put_int, _put_uint
+from streamer_plugins.cpg.lookup import CLOSEST_EVENT_SEARCH, aligned_segments, closest_event
+from streamer_plugins.cpg.sites import DISAMBIGUATE
+from streamer_plugins.cpg.tsv import _put_byte, _put_bytes, _put_int, _put_uint
 from streamer.poremodel import NUCLEOTIDE, PoreModel
 from streamer.postalign import recalibrate_batch
 from streamer.scaling import estimate_scalings

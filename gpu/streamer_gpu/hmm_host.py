@@ -10,7 +10,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from streamer.plugins.cpg.hmm import block_transitions, clip_flanks
+from streamer_plugins.cpg.hmm import block_transitions, clip_flanks
 
 
 @numba.njit(nogil=True, cache=True, parallel=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import NamedTuple, TextIO
 
 from streamer.errors import InputError
-from streamer.plugins.cpg.calls import MethCalls
+from streamer_plugins.cpg.calls import MethCalls
 
 CALL_THRESHOLD = 2.5
 SPLIT_SEQUENCE = "split-group"
