@@ -139,7 +139,7 @@ def call(args: list[str], out: Path, log: Path) -> dict:
 
 def hmm_stage(data: Path, work: Path, ref_path: Path, copies: int, reps: int) -> dict:
     """CPU against GPU `score_windows` on the shared reads' jobs tiled `copies` times."""
-    from streamer.assemble import BatchLimits, offline_batches
+    from streamer.batching import BatchLimits, offline_batches
     from streamer.batch import pack
     from streamer_gpu.hmm import CudaHmm
     from streamer_gpu.options import CudaOptions
@@ -148,6 +148,7 @@ def hmm_stage(data: Path, work: Path, ref_path: Path, copies: int, reps: int) ->
     from streamer.io.index import open_index
     from streamer.io.reference import Reference
     from streamer.pipeline import Pipeline, PipelineOptions
+    from streamer_plugins.cpg.caller import CpgCaller
     from streamer_plugins.cpg.hmm import score_windows
 
     class Recorder:
@@ -161,7 +162,7 @@ def hmm_stage(data: Path, work: Path, ref_path: Path, copies: int, reps: int) ->
     with Reference(ref_path) as ref:
         batches = list(offline_batches(iter_alignments(bam, filt), load_basecalls(work / "reads.fasta", wanted),
                                        open_index(work / "reads.fasta"), ref, BatchLimits(10**6, 10**10)))  # fmt: skip
-    pipeline = Pipeline(PipelineOptions(cuda=CudaOptions(disable=True)))
+    pipeline = Pipeline(PipelineOptions(cuda=CudaOptions(disable=True)), [CpgCaller()])
     pipeline.gpu_hmm = recorder = Recorder()
     pipeline.run_batch(pack([r for rs, _ in batches for r in rs]))
     job_read, w0, w1, e1, e2, ref_seq, ref_off, rc, ev, ev_off, sc, epb, k, model, params, table = recorder.args
@@ -221,7 +222,7 @@ def hmm_stage(data: Path, work: Path, ref_path: Path, copies: int, reps: int) ->
 def signal_stages(data: Path, ref_path: Path, reads: Path, copies: int) -> dict:
     """Event detection and scaling on CPU threads over the shared reads tiled `copies` times, in memory:
     what moving them to the GPU could save at most, against what the signal's copy there costs."""
-    from streamer.assemble import BatchLimits, offline_batches
+    from streamer.batching import BatchLimits, offline_batches
     from streamer.batch import pack
     from streamer.events import detect_events
     from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments

@@ -31,7 +31,7 @@ import numpy as np
 from numba import cuda
 
 from streamer.abea import align_batch
-from streamer.assemble import BatchLimits, offline_batches
+from streamer.batching import BatchLimits, offline_batches
 from streamer.batch import pack
 from streamer.events import detect_events
 from streamer_gpu.abea import CudaAbea, Layout

@@ -5,7 +5,7 @@ reports complete, register them in the ledger (which joins signal and basecalls 
 run a batch through the same pipeline as `streamer call` when one is due, append its rows,
 commit the ledger, and check whether the run is over. While a batch computes, the signal of
 the next matched reads (one batch at most) is read on the reader pool `streamer call` uses
-(`streamer.overlap.SignalReads`); nothing read ahead is committed, so a crash loses nothing.
+(`streamer.signal_pool.SignalReads`); nothing read ahead is committed, so a crash loses nothing.
 The main thread only supervises: it feeds systemd's watchdog while the engine makes progress,
 sends status, and on SIGTERM (which only sets an event) waits at most `drain_timeout` for the
 batch in hand.
@@ -24,7 +24,6 @@ BAM's modBAM copy is written once the commit that finishes its last read is made
 from __future__ import annotations
 
 import enum
-import io
 import json
 import logging
 import os
@@ -34,30 +33,24 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from itertools import chain, islice
 from pathlib import Path
 from typing import Any, Protocol
 
 from streamer.align import ReadAligner
-from streamer.assemble import make_read_input
+from streamer.batching import Pending, batch_inputs
 from streamer.batch import ReadInput
 from streamer.config import Config
 from streamer.errors import InputError
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
-from streamer.io.fast5 import SignalRecord
 from streamer.io.signal import SIGNAL_SUFFIXES, signal_read_ids
 from streamer.join import BasecallCache, Basecalls, Record, read_basecall_file
 from streamer.ledger import BatchRecord, Ledger, Pick, Registered, Waiting
 from streamer.notify import Notifier
-from streamer.outputs import SKIPPED_HEADER, Outputs, write_atomic
-from streamer.outputs_eventalign import EVENTALIGN_TSV, EventalignBatch, EventalignOutput, options_of
-from streamer.outputs_modbam import ModBams
-from streamer.overlap import SignalReads, signal_readers
-from streamer_plugins.bedmethyl import BedMethyl
-from streamer_plugins.cpg.calls import MethCalls
-from streamer_plugins.methfreq import MethFreq
+from streamer.journal import SKIPPED_HEADER, Journal
 from streamer.publish.records import call_columns
+from streamer.signal_pool import SignalReads, signal_readers
+from streamer.sinks import open_sink, write_atomic
 from streamer.skips import Skip, Skipped
 from streamer.tuning.session import AutoTuner
 from streamer.watch import Kind, Layout, Ready, Rejected, RunFile, Watcher, WatchTimings
@@ -69,6 +62,8 @@ SKIPPED_TSV = "skipped.tsv"
 FREQ_TSV = "meth-freq.tsv"
 BEDMETHYL = "meth.bed"
 SUMMARY_JSON = "summary.json"
+EVENTALIGN_TSV = "eventalign.tsv"
+EVENTALIGN = "eventalign"  # the eventalign stage's product
 CALLED = "called"
 PIPELINE_ERROR = "pipeline error"  # an outcome beyond `Skip`: the pipeline raised on this read alone
 RECOVERED = "recovered"  # a skipped.tsv row, not an outcome: an earlier missing-partner row no longer holds
@@ -77,20 +72,16 @@ RECOVERED = "recovered"  # a skipped.tsv row, not an outcome: an earlier missing
 class BatchResultLike(Protocol):
     """What the daemon needs of `streamer.pipeline.BatchResult`."""
 
+    batch: Any
     read_ids: Sequence[str]
     ref_names: Sequence[str]
-    calls: MethCalls
     skipped: Sequence[Skipped]
     n_bases: int
-    extra: Any  # an `EventalignBatch` when eventalign is on (the pipeline's extra stage)
-
-    def tsv_rows(self) -> list[str]: ...
+    products: Mapping[str, Any]  # "calls": `MethCalls`; "eventalign": rows, when eventalign is on
 
 
 class PipelineLike(Protocol):
     """What the daemon needs of `streamer.pipeline.Pipeline` (models loaded, kernels warm)."""
-
-    TSV_HEADER: str
 
     def process(self, reads: list[ReadInput]) -> BatchResultLike: ...
 
@@ -110,7 +101,7 @@ class PublisherLike(Protocol):
 
     def publish_tuning(self, decision: Mapping[str, Any]) -> None: ...
 
-    def serve_sites(self, table: MethFreq) -> None:
+    def serve_sites(self, table: Any) -> None:
         """Serve snapshots from `table` (read from the publisher's thread through `snapshot()`)."""
 
 
@@ -157,24 +148,30 @@ class Daemon:
         self.failure: BaseException | None = None
         self.abandoned = False  # SIGTERM's drain timeout passed with a batch still in hand
         self.ledger: Ledger | None = None
-        self.outputs: Outputs | None = None
+        self.outputs: Journal | None = None
         self.watcher: Watcher | None = None
         self.signal: SignalReads | None = None
-        self.freq = MethFreq(config.output.call_threshold, config.output.split_groups)
+        out, threshold = config.output.dir, config.output.call_threshold
+        self.call_rows = open_sink("calls")
+        self.freq_sink = open_sink("methfreq", path=out / FREQ_TSV, call_threshold=threshold,
+                                   split_groups=config.output.split_groups, track_changes=publisher is not None)
+        self.freq = self.freq_sink.table
         """The one per-site table: meth-freq.tsv, and the publisher's snapshots (`serve_sites`)."""
-        self.bed = BedMethyl(config.output.call_threshold) if config.output.bedmethyl else None
-        self.eventalign = EventalignOutput(options_of(config.eventalign)) if config.eventalign.enabled else None
-        self.modbams = ModBams(config.output.dir, config.watch.dir, self._filter) if config.output.modbam else None
+        self.bed = open_sink("bedmethyl", path=out / BEDMETHYL, call_threshold=threshold) if config.output.bedmethyl \
+            else None
+        ea = config.eventalign
+        self.eventalign = open_sink("eventalign", print_read_names=ea.print_read_names, scale_events=ea.scale_events,
+                                    signal_index=ea.signal_index, samples=ea.samples) if ea.enabled else None
+        self.modbams = open_sink("modbam-copies", out_dir=out, watch_dir=config.watch.dir, filt=self._filter) \
+            if config.output.modbam else None
         self.cache = BasecallCache(config.join.max_pending_bases, self._filter)
         self._finals: dict[Path, float] = {}  # run folder -> when its final_summary was seen
         self._stop_file_seen = False
-        self._freq_dirty = True
         self._next_refresh = 0.0
         self._next_status = 0.0
         self._next_overdue = 0.0
         self._status: dict[str, Any] = {}
         self._publish_failed: set[str] = set()
-        self._changed_sites: set | None = set() if publisher is not None else None  # since the last meth.freq
         if publisher is not None:
             try:
                 publisher.serve_sites(self.freq)
@@ -190,10 +187,10 @@ class Daemon:
         cfg = self.config
         try:
             self.ledger = Ledger(cfg.state_dir(), watch_dir=cfg.watch.dir)
-            headers = {METH_TSV: self.pipeline.TSV_HEADER, SKIPPED_TSV: SKIPPED_HEADER}
+            headers = {METH_TSV: self.call_rows.header, SKIPPED_TSV: SKIPPED_HEADER}
             if self.eventalign is not None:
                 headers[EVENTALIGN_TSV] = self.eventalign.header
-            self.outputs = Outputs(cfg.output.dir, headers, self.ledger.offsets())
+            self.outputs = Journal(cfg.output.dir, headers, self.ledger.offsets())
             if self.outputs.fresh:
                 self.ledger.commit((), self.outputs.fresh, {})
             self._load_calls()
@@ -415,7 +412,7 @@ class Daemon:
             return
         reads = set().union(*(self.ledger.reads_of_file(fid) for fid in bams))
         for block in self._committed_calls():
-            self.modbams.add_rows(block, reads)
+            self.modbams.add(block, reads)
 
     # ------------------------------------------------------------------ batches
 
@@ -433,7 +430,7 @@ class Daemon:
         signal = self.signal.take(wanted)
         self._read_ahead(len(picks))
         signals, signal_errors = signal.result()
-        inputs: list[ReadInput] = []
+        pending: list[Pending] = []
         skipped: list[Skipped] = []
         records_of: Counter = Counter()
         for p in picks:
@@ -442,16 +439,18 @@ class Daemon:
                 skipped.append(Skipped(p.read_id, Skip.NO_BASECALL, failed.get(p.read_id, "")))
                 records_of[p.read_id] += 1
                 continue
-            sig = signals[p.read_id] if p.read_id in signals else signal_errors.get(p.read_id, "")
-            reads, skips = self._inputs_of(p, bc, sig)
-            inputs.extend(reads)
-            skipped.extend(skips)
-            records_of[p.read_id] += len(reads) + len(skips)
+            mine, skips = _pending_of(p, bc)
+            pending += mine
+            skipped += skips
+            records_of[p.read_id] += len(mine) + len(skips)
+        inputs, unusable = batch_inputs(pending, signals, signal_errors, self.reference)
+        skipped += unusable
         results, failed_reads = self._call(inputs)
         if len(results) == 1 and not failed_reads:
             self._tune(results[0])
-        rows = [row for r in results for row in r.tsv_rows()]
-        aligned = self._eventalign(results, {p.read_id: p.number for p in picks})
+        rows = "".join(self.call_rows.render(r) for r in results)
+        n_calls = sum(self.call_rows.count(r) for r in results)
+        aligned = self._eventalign(results)
         pipeline_skipped = [s for r in results for s in r.skipped]
         skipped.extend(pipeline_skipped)
         skip_rows = [_recovered_row(p) for p in picks if p.superseded]
@@ -471,35 +470,35 @@ class Daemon:
         lost = sum(1 for r in inputs if r.read_id in failed_reads)
         counters = Counter({"records_in": sum(records_of.values()), "reads_called": len(called),
                             "records_called": len(inputs) - lost - len(pipeline_skipped),
-                            "bases": sum(r.n_bases for r in results), "calls": len(rows)})
+                            "bases": sum(r.n_bases for r in results), "calls": n_calls})
         counters.update(f"skipped.{s.reason.label}" for s in skipped)
         counters[f"skipped.{PIPELINE_ERROR}"] += lost
-        counters["eventalign_rows"] = sum(len(ea.rows) for ea, _, _ in aligned)
+        counters["eventalign_rows"] = sum(len(rows) for rows, _, _, _ in aligned)
         latencies = [max(0.0, done - p.matched) for p in picks]
-        batch = BatchRecord(len(picks), counters["records_in"], len(rows), counters["bases"],
+        batch = BatchRecord(len(picks), counters["records_in"], n_calls, counters["bases"],
                             time.monotonic() - t0, sum(latencies), max(latencies))
         bam_reads = {p.read_id for p in picks if p.basecall_fmt == "bam"} if self.modbams is not None else frozenset()
-        self._commit(outcomes, rows, skip_rows, counters, batch, "".join(text for _, _, text in aligned), bam_reads)
-        if rows:
+        self._commit(outcomes, rows, skip_rows, counters, batch, "".join(text for _, _, _, text in aligned), results,
+                     bam_reads)
+        if n_calls:
             self._publish_calls(results)
         if self.publisher is not None:
-            for ea, labels, text in aligned:
-                for columns in self.eventalign.messages(ea, labels, text):
+            for rows_, batch_, labels, text in aligned:
+                for columns in self.eventalign.messages(rows_, batch_, labels, text):
                     self._publish("eventalign", columns)
-        log.info("batch of %d reads: %d calls, %d records skipped, %.2f s", len(picks), len(rows), len(skipped),
+        log.info("batch of %d reads: %d calls, %d records skipped, %.2f s", len(picks), n_calls, len(skipped),
                  batch.seconds)
 
-    def _eventalign(self, results: list[BatchResultLike],
-                    numbers: dict[str, int]) -> list[tuple[EventalignBatch, list[str], str]]:
-        """Each result's eventalign rows with their read labels and TSV text (none when eventalign is off)."""
+    def _eventalign(self, results: list[BatchResultLike]) -> list[tuple[Any, Any, list[str], str]]:
+        """Each result's eventalign rows, batch, read labels and TSV text (none when eventalign is off)."""
         if self.eventalign is None:
             return []
         out = []
         for r in results:
-            if not isinstance(r.extra, EventalignBatch):
+            rows = r.products.get(EVENTALIGN)
+            if rows is None:
                 raise TypeError("eventalign is on but the pipeline has no eventalign stage")
-            labels = self.eventalign.labels(r.extra.batch, numbers)
-            out.append((r.extra, labels, self.eventalign.text(r.extra, labels)))
+            out.append((rows, r.batch, self.eventalign.labels(r.batch), self.eventalign.render(r)))
         return out
 
     def _tune(self, result: BatchResultLike) -> None:
@@ -569,66 +568,44 @@ class Daemon:
             wanted.setdefault(p.signal_path, []).append(p.read_id)
         self.signal.ahead(wanted)
 
-    def _inputs_of(self, p: Pick, bc: Basecalls, sig: SignalRecord | str) -> tuple[list[ReadInput], list[Skipped]]:
-        """The read's records ready for the pipeline, or skipped; `sig`: its signal, or why it did not load."""
-        records = bc.records
-        skips = [r for r in records if isinstance(r, Skipped)]
-        alns = [r for r in records if not isinstance(r, Skipped)]
-        if not alns:
-            return [], skips
-        if not bc.seq:
-            why = f"{p.basecall_path}: no record with the read's full sequence"
-            return [], skips + [Skipped(p.read_id, Skip.NO_BASECALL, why) for _ in alns]
-        if isinstance(sig, str):
-            why = sig or f"{p.signal_path}: read not found in this signal file"
-            return [], skips + [Skipped(p.read_id, Skip.BAD_SIGNAL_FILE, why) for _ in alns]
-        try:
-            reads = [make_read_input(a, bc.seq, sig, self.reference, str(p.signal_path)) for a in alns]
-        except InputError as exc:
-            return [], skips + [Skipped(p.read_id, Skip.ALIGNMENT_FAILED, str(exc)) for _ in alns]
-        return reads, skips
-
-    def _commit(self, outcomes: list[tuple[str, str]], rows: list[str], skip_rows: list[str], counters: Counter,
-                batch: BatchRecord | None, eventalign: str = "", bam_reads: set[str] | frozenset = frozenset()) -> None:
-        """Append, flush, then commit: the order that makes output exactly-once.
+    def _commit(self, outcomes: list[tuple[str, str]], rows: str, skip_rows: list[str], counters: Counter,
+                batch: BatchRecord | None, eventalign: str = "", results: Sequence[BatchResultLike] = (),
+                bam_reads: set[str] | frozenset = frozenset()) -> None:
+        """Append, flush, then commit: the order that makes output exactly-once; then the derived tables.
 
         `bam_reads`: the batch's reads whose basecalls are in a BAM (their calls go to its modBAM).
         """
-        lines = {METH_TSV: rows, SKIPPED_TSV: skip_rows}
+        lines = {METH_TSV: [rows] if rows else [], SKIPPED_TSV: skip_rows}
         if self.eventalign is not None:
             lines[EVENTALIGN_TSV] = [eventalign] if eventalign else []
         offsets = self.outputs.append(lines)
         self.ledger.commit(outcomes, offsets, counters, batch)
-        if rows:
-            self._add_calls(rows, bam_reads, changed=self._changed_sites)
+        for r in results:
+            self._add_calls(r, bam_reads)
         self._write_modbams()
 
     def _load_calls(self) -> None:
-        """The derived outputs' state from the committed `meth.tsv`, read once, a block at a time."""
+        """The derived tables' state from the committed `meth.tsv`, replayed once, a block at a time."""
         awaiting = self.ledger.reads_awaiting_modbam() if self.modbams is not None else frozenset()
         for block in self._committed_calls():
-            self._add_calls(block, awaiting, self.outputs.path(METH_TSV))
+            self._add_calls(block, awaiting)
+        if self.freq_sink.changed is not None:
+            self.freq_sink.changed.clear()  # the publisher's updates are of sites changed from here on
 
-    def _committed_calls(self, block: int = 100_000) -> Iterator[list[str]]:
-        """The committed rows of `meth.tsv`, a block at a time (the watchdog fed between blocks)."""
-        with open(self.outputs.path(METH_TSV)) as fh:
-            next(fh, None)
-            while rows := list(islice(fh, block)):
-                self._beat()
-                yield rows
+    def _committed_calls(self) -> Iterator[Any]:
+        """The committed rows of `meth.tsv` as records, a block at a time (the watchdog fed between blocks)."""
+        return self.call_rows.replay(self.outputs.path(METH_TSV), beat=self._beat)
 
-    def _add_calls(self, rows: list[str], bam_reads: set[str] | frozenset, source: Path | str = "<calls>",
-                   changed: set | None = None) -> None:
-        """Count rows of `meth.tsv` into the frequency and bedMethyl tables, and keep the modBAM's.
+    def _add_calls(self, result: Any, bam_reads: set[str] | frozenset) -> None:
+        """A batch's calls into the frequency and bedMethyl tables, and the modBAM's of `bam_reads`.
 
         The frequency table changes before its `meth.freq` update is published, as `serve_sites` requires.
         """
-        self.freq.add_tsv(chain([self.pipeline.TSV_HEADER], rows), source, changed)
+        self.freq_sink.on_batch(result)
         if self.bed is not None:
-            self.bed.add_tsv(chain([self.pipeline.TSV_HEADER], rows), source)
+            self.bed.on_batch(result)
         if self.modbams is not None and bam_reads:
-            self.modbams.add_rows(rows, bam_reads)
-        self._freq_dirty = True
+            self.modbams.add(result, bam_reads)
 
     def _write_modbams(self) -> None:
         """The modBAM copy of every basecall BAM whose reads are now all done."""
@@ -669,7 +646,7 @@ class Daemon:
         self.cache.discard(w.read_id for w in waiting)
         counters = Counter({"records_in": len(skipped)})
         counters.update(f"skipped.{s.reason.label}" for s in skipped)
-        self._commit([(s.read_id, s.reason.label) for s in skipped], [],
+        self._commit([(s.read_id, s.reason.label) for s in skipped], "",
                      [_skip_row(s.read_id, s.reason.label, s.detail) for s in skipped], counters, None)
         log.warning("%d reads recorded as missing their partner file (%s)", len(skipped), when)
 
@@ -683,13 +660,10 @@ class Daemon:
         """Rewrite meth-freq.tsv and meth.bed (if changed) and summary.json; publish status."""
         self._next_refresh = time.monotonic() + self.config.output.refresh_interval
         out = self.config.output.dir
-        if self._freq_dirty or final:
-            write_atomic(out / FREQ_TSV, self.freq.format())
-            if self.bed is not None:
-                text = io.StringIO()
-                self.bed.write(text)
-                write_atomic(out / BEDMETHYL, text.getvalue())
-            self._freq_dirty = False
+        for table in (self.freq_sink, self.bed):
+            if table is not None:
+                table.dirty |= final
+                table.refresh()
         self._refresh_status()
         write_atomic(out / SUMMARY_JSON, json.dumps(self.summary(), indent=2) + "\n")
         self._publish("status", self._status)
@@ -759,10 +733,11 @@ class Daemon:
         if self.publisher is None:
             return
         for r in results:
-            if len(r.calls):
-                self._publish("calls", call_columns(r.calls, r.read_ids, r.ref_names))
-        keys = sorted(self._changed_sites)
-        self._changed_sites.clear()
+            calls = r.products["calls"]
+            if len(calls):
+                self._publish("calls", call_columns(calls, r.read_ids, r.ref_names))
+        keys = sorted(self.freq_sink.changed)
+        self.freq_sink.changed.clear()
         sites = [self.freq.sites[k] for k in keys]
         self._publish("freq", {
             "chromosome": [k[0] for k in keys], "start": [k[1] for k in keys], "end": [k[2] for k in keys],
@@ -781,6 +756,16 @@ class Daemon:
             if what not in self._publish_failed:
                 log.warning("publishing %s failed (%s); results are still written to files", what, exc)
                 self._publish_failed.add(what)
+
+
+def _pending_of(p: Pick, bc: Basecalls) -> tuple[list[Pending], list[Skipped]]:
+    """The read's alignment records that go on to its signal, and those that cannot, with why."""
+    skips = [r for r in bc.records if isinstance(r, Skipped)]
+    alns = [r for r in bc.records if not isinstance(r, Skipped)]
+    if alns and not bc.seq:
+        why = f"{p.basecall_path}: no record with the read's full sequence"
+        return [], skips + [Skipped(p.read_id, Skip.NO_BASECALL, why) for _ in alns]
+    return [Pending(a, bc.seq, p.signal_path, p.number) for a in alns], skips
 
 
 def _needs_signal(bc: Basecalls) -> bool:

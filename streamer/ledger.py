@@ -2,7 +2,7 @@
 
 It is what makes output exactly-once. A batch's rows are appended to the output files and
 flushed first; then one transaction marks the batch's reads done together with the new end
-offset of every output file and the counters. After a crash, `Outputs.repair` cuts each
+offset of every output file and the counters. After a crash, `Journal` cuts each
 output back to its committed offset, so rows written by an uncommitted batch vanish, and
 those reads, still open in the ledger, are processed again. No read twice, none missing.
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from streamer.assemble import BatchLimits, offline_batches
+from streamer.batching import BatchLimits, offline_batches
 from streamer.batch import pack
 from streamer_gpu.hmm import CudaHmm
 from streamer_gpu.kernels import SIMULATED
@@ -31,6 +31,7 @@ from streamer.io.fastx import load_basecalls
 from streamer.io.index import open_index
 from streamer.io.reference import Reference
 from streamer.pipeline import Pipeline, PipelineOptions
+from streamer_plugins.cpg.caller import CpgCaller
 from streamer_plugins.cpg.hmm import score_windows
 
 ECOLI = Path(__file__).parent / "data" / "ecoli"
@@ -60,7 +61,7 @@ def fixture_jobs(work: Path) -> tuple:
     with Reference(REFERENCE) as ref:
         batches = list(offline_batches(iter_alignments(bam, filt), load_basecalls(reads, wanted), index, ref,
                                        BatchLimits(), str(reads)))  # fmt: skip
-    pipeline = Pipeline(PipelineOptions(threads=2, cuda=CudaOptions(disable=True)))
+    pipeline = Pipeline(PipelineOptions(threads=2, cuda=CudaOptions(disable=True)), [CpgCaller()])
     recorder = Recorder()
     pipeline.gpu_hmm = recorder
     pipeline.run_batch(pack([r for rs, _ in batches for r in rs]))

@@ -22,7 +22,6 @@ carries) and as the tools' TSV text (`format_tsv`), plus the per-read `--summary
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -30,10 +29,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from streamer.abea import align_batch
 from streamer.batch import CIGAR_D, CIGAR_I, CIGAR_M, CIGAR_N, CIGAR_S, ReadBatch
-from streamer.events import detect_events
-from streamer.pipeline import Pipeline, PipelineOptions
 from streamer_plugins.cpg import tsv
 from streamer_plugins.cpg.hmm import (
     S_LOG_VAR,
@@ -64,8 +60,7 @@ from streamer_plugins.cpg.sites import DISAMBIGUATE
 from streamer_plugins.cpg.tsv import _put_byte, _put_bytes, _put_int, _put_uint
 from streamer.poremodel import NUCLEOTIDE, PoreModel
 from streamer.postalign import recalibrate_batch
-from streamer.scaling import estimate_scalings
-from streamer.skips import Skip, Skipped
+from streamer.skips import Skip
 
 ALIGN_STRIDE = 100  # reference bases per HMM piece, about
 OUTPUT_STRIDE = 50  # aligned events kept per piece, about (all of the last piece)
@@ -766,79 +761,45 @@ def summary_lines(rows: EventalignRows, batch: ReadBatch, read_index: Sequence[i
     return "".join(out)
 
 
-@dataclass
-class EventalignResult:
-    """One batch through the stages: the batch (events, scalings), its rows, and the reads that gave none."""
-
-    batch: ReadBatch
-    rows: EventalignRows
-    skipped: list[Skipped]
-    timings: dict[str, float]
-
-
 COMPAT = ("f5c", "nanopolish")
 
-class EventalignPipeline(Pipeline):
-    """The pipeline's stages up to recalibration, then eventalign instead of the CpG HMM.
 
-    `compat` picks whose arithmetic eventalign follows (see the module docstring): "f5c" (1.1)
-    or "nanopolish" (0.14). Both share the stages before it, which are f5c's.
+class EventalignStage:
+    """Eventalign as a stage of the chain, after recalibration (`streamer.analyses` entry point
+    `eventalign`); its rows, an `EventalignRows`, go to `batch.products["eventalign"]`.
+
+    Placed before the CpG caller, which fails the reads it finds no CpG in, it sees every read
+    that passed post-alignment QC. `compat` picks whose arithmetic it follows (see the module
+    docstring): "f5c" (1.1) or "nanopolish" (0.14); both share the stages before it, which are f5c's.
     """
 
-    calls_methylation = False
+    name = "eventalign"
+    chunk = 1
 
-    def __init__(self, options: PipelineOptions = PipelineOptions(), scale_events: bool = False, compat: str = "f5c"):
+    def __init__(self, scale_events: bool = False, compat: str = "f5c"):
         if compat not in COMPAT:
             raise ValueError(f"compat must be one of {COMPAT}, not {compat!r}")
-        self.scale_events = scale_events  # before the warm-up batch runs
+        self.scale_events = scale_events
         self.compat = compat
-        super().__init__(options)
 
-    def run_batch(self, batch: ReadBatch) -> EventalignResult:  # type: ignore[override]
-        timings: dict[str, float] = {}
-        kmer = self.kmer_model
+    def open(self, pipeline) -> None:
+        pass
 
-        def timed(name, fn, *args):
-            t0 = time.perf_counter()
-            with numba.parallel_chunksize(1):  # reads differ in length by orders of magnitude
-                out = fn(*args)
-            timings[name] = time.perf_counter() - t0
-            return out
-
-        batch.ev_off, batch.ev_start, batch.ev_length, batch.ev_mean, batch.ev_stdv = timed(
-            "events", detect_events, batch.signal, batch.signal_off
-        )
-        batch.shift, batch.scale, batch.var = timed(
-            "scaling", estimate_scalings, batch.seq, batch.seq_off, batch.ev_mean, batch.ev_off, batch.status, kmer
-        )
-        args = (batch.seq, batch.seq_off, batch.ev_mean, batch.ev_off, batch.status, batch.shift, batch.scale, kmer)
-        if self.gpu is None:
-            aln = timed("abea", align_batch, *args)
-        else:
-            with self._gpu_lock:
-                aln, _ = timed("abea", self.gpu.align, *args)
-        batch.aln_off, batch.aln_kmer, batch.aln_event = aln.aln_off, aln.aln_kmer, aln.aln_event
-        post = timed(
-            "postalign", recalibrate_batch, batch.seq, batch.seq_off, batch.ev_mean, batch.ev_off, batch.aln_kmer,
-            batch.aln_event, batch.aln_off, batch.status, batch.shift, batch.scale, batch.var, kmer,
-        )  # fmt: skip
+    def __call__(self, batch: ReadBatch, pipeline) -> None:
+        kmer = pipeline.kmer_model
+        post = batch.post
         nanopolish = None
-        if self.compat == "nanopolish":
+        if self.compat == "nanopolish":  # recalibrated again from the method-of-moments scalings
             np_model = nanopolish_model(kmer)
+            shift, scale, var = batch.mom_scalings
             again = recalibrate_batch(batch.seq, batch.seq_off, batch.ev_mean, batch.ev_off, batch.aln_kmer,
-                                      batch.aln_event, batch.aln_off, batch.status.copy(), batch.shift, batch.scale,
-                                      batch.var, np_model)  # fmt: skip
+                                      batch.aln_event, batch.aln_off, batch.status.copy(), shift, scale, var,
+                                      np_model)  # fmt: skip
             nanopolish = NanopolishScaling.from_recalibration(np_model, again.exact)
-        batch.shift, batch.scale, batch.var = post.shift, post.scale, post.var
-        with np.errstate(divide="ignore"):
+        with np.errstate(divide="ignore", invalid="ignore"):
             log_var = np.log(post.exact[:, 2])  # NaN for the reads not recalibrated, which give no rows
-        rows = timed("eventalign", eventalign_batch, batch, kmer, post.b2e_start, post.kmer_off, post.events_per_base,
-                     self.scale_events, log_var, nanopolish)  # fmt: skip
-        skipped = [
-            Skipped(batch.read_ids[i], Skip(int(batch.status[i])), f"signal from {batch.signal_paths[i]}")
-            for i in np.flatnonzero(batch.status != Skip.OK).tolist()
-        ]
-        return EventalignResult(batch, rows, skipped, timings)
+        batch.products[self.name] = eventalign_batch(batch, kmer, post.b2e_start, post.kmer_off,
+                                                     post.events_per_base, self.scale_events, log_var, nanopolish)
 
 
 def event_cigar(position: np.ndarray, event: np.ndarray) -> list[tuple[int, int]]:

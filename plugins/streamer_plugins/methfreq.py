@@ -146,15 +146,19 @@ class MethFreq:
                 raise InputError(source, "coordinates and motif counts cannot be negative", line=line_no)
             self._add(fields[0], start, end, llr, num, fields[9], changed)
 
+    def read(self, path: str | Path) -> None:
+        """Add the calls of a call-methylation TSV file."""
+        try:
+            with open(path) as fh:
+                self.add_tsv(fh, path)
+        except OSError as exc:
+            raise InputError(path, f"cannot read calls: {exc.strerror}") from exc
+
     @classmethod
     def from_tsv(cls, path: str | Path, call_threshold: float = CALL_THRESHOLD, split_groups: bool = False):
         """meth-freq of a calls file."""
         freq = cls(call_threshold, split_groups)
-        try:
-            with open(path) as fh:
-                freq.add_tsv(fh, path)
-        except OSError as exc:
-            raise InputError(path, f"cannot read calls: {exc.strerror}") from exc
+        freq.read(path)
         return freq
 
     def snapshot(self) -> dict[SiteKey, SiteStats]:

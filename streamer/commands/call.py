@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
-from streamer.assemble import BatchLimits, UltraLong, plan_batches
+from streamer.batching import BatchLimits, UltraLong, plan_batches
 from streamer.errors import StreamerError
 from streamer_gpu import CudaOptions
 from streamer.commands._inputs import (
@@ -23,10 +23,11 @@ from streamer.io.alignments import iter_alignments, write_records
 from streamer.io.bamreads import open_basecalls
 from streamer.io.poretype import R10
 from streamer.io.reference import Reference
-from streamer.overlap import IO_MODES, OverlapOptions, reader_pool, run_overlapped
+from streamer.batch_runner import RunnerOptions, run_batches
 from streamer.pipeline import BatchResult, Pipeline, PipelineOptions
-from streamer_plugins.bedmethyl import BedMethyl
-from streamer_plugins.modbam import ModCalls, write_modbam
+from streamer.signal_pool import IO_MODES, reader_pool
+from streamer import registry
+from streamer.sinks import open_sink
 from streamer.skips import Skipped
 from streamer.summary import RunSummary
 from streamer.tuning.session import CallTuning, add_call_arguments
@@ -45,12 +46,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also write the --bam alignments with the calls as MM/ML tags (modBAM)")
     p.add_argument("--stats-json", type=Path, help="also write the run summary as JSON to this file")
     p.add_argument("--meth-model", type=Path, help="CpG methylation pore model file (default: r9.4 450bps 6-mer)")
-    p.add_argument("--io-workers", type=int, default=OverlapOptions.io_workers,
+    p.add_argument("--io-workers", type=int, default=RunnerOptions.io_workers,
                    help="signal readers working ahead of the stages [%(default)s]")
-    p.add_argument("--io-mode", choices=IO_MODES, default=OverlapOptions.io_mode,
+    p.add_argument("--io-mode", choices=IO_MODES, default=RunnerOptions.io_mode,
                    help="signal readers as processes or threads; auto: threads for SLOW5/BLOW5, processes "
                         "otherwise (FAST5 and POD5 readers hold a lock or the GIL) [%(default)s]")
-    p.add_argument("--compute-threads", type=int, default=OverlapOptions.compute_threads,
+    p.add_argument("--compute-threads", type=int, default=RunnerOptions.compute_threads,
                    help="batches in the stages at once, so CPU and GPU stages overlap [%(default)s]")
     gpu = p.add_argument_group("GPU (ABEA and the CpG HMM on an NVIDIA GPU when numba-cuda and a GPU are present)")
     gpu.add_argument("--disable-cuda", action="store_true", help="align and call on the CPU only")
@@ -96,8 +97,8 @@ def run(args: argparse.Namespace) -> int:
                        ultra_thresh=args.ultra_thresh, max_reads=limits.max_reads, max_bases=limits.max_bases,
                        hmm=not args.disable_cuda_hmm)
     options = PipelineOptions(threads=args.threads, kmer_model=args.kmer_model, meth_model=args.meth_model, cuda=cuda)
-    overlap = OverlapOptions(io_workers=max(1, args.io_workers), io_mode=args.io_mode,
-                             compute_threads=max(1, args.compute_threads))
+    runner = RunnerOptions(io_workers=max(1, args.io_workers), io_mode=args.io_mode,
+                            compute_threads=max(1, args.compute_threads))
     filt = alignment_filter(args)
     summary = RunSummary()
     progress = sys.stderr.isatty()
@@ -105,43 +106,46 @@ def run(args: argparse.Namespace) -> int:
         index = signal_index(args)
         _check_pore(*pore_of_inputs(args, index))
         # readers start while the pipeline loads its models and kernels
-        pool = reader_pool(index, overlap.io_workers, overlap.io_mode)
+        pool = reader_pool(index, runner.io_workers, runner.io_mode)
         stack.callback(pool.shutdown, wait=True, cancel_futures=True)
         with ThreadPoolExecutor(1) as early:  # the reads file is indexed while the pipeline starts
             basecalls = early.submit(open_basecalls, args.reads)
-            pipeline = Pipeline(options)
+            pipeline = Pipeline(options, [registry.analysis("cpg")])
             tuning.attach(pipeline.gpu)
             summary.startup_s = summary.elapsed
             basecalls = stack.enter_context(basecalls.result())
         ref = stack.enter_context(Reference(args.genome))
         out = stack.enter_context(open(args.output, "w")) if args.output else sys.stdout
-        out.write(Pipeline.TSV_HEADER)
+        rows = open_sink("calls")
+        out.write(rows.header)
         # as f5c does, ultra-long reads wait for the end of the run only when the GPU aligns the rest
         ultra = UltraLong(args.ultra_thresh, args.skip_ultra) if pipeline.gpu is not None else None
         plans = plan_batches(iter_alignments(args.bam, filt), basecalls, index, limits, str(args.reads), ultra)
 
-        bed = BedMethyl() if args.bedmethyl else None
-        mod = ModCalls() if args.modbam else None
+        tables = []
+        if args.bedmethyl:
+            tables.append(open_sink("bedmethyl", path=args.bedmethyl))
+        if args.modbam:
+            tables.append(open_sink("modbam", bam=args.bam, path=args.modbam, filt=filt,
+                                    command_line=" ".join(["streamer", *sys.argv[1:]])))
 
-        def on_result(result: BatchResult) -> None:
+        def on_result(result: BatchResult, text: str) -> int:
+            out.write(text)
+            out.flush()
             tuning.observe(result.gpu_stats)
-            if bed is not None:
-                bed.add_calls(result.calls, result.ref_names)
-            if mod is not None:
-                mod.add_calls(result.calls, result.read_ids, result.ref_names)
+            for table in tables:
+                table.on_batch(result)
             if progress:
                 print(f"\r{summary.progress_line()}", end="", file=sys.stderr, flush=True)
+            return rows.count(result)
 
-        run_overlapped(pipeline, plans, ref, pool, out, summary, overlap, on_result,
-                       lambda skipped: _report(skipped, summary))  # fmt: skip
+        run_batches(pipeline, plans, ref, pool, summary, on_result, rows.render,
+                    lambda skipped: _report(skipped, summary), runner)  # fmt: skip
         tuning.finish()
         if ultra is not None and ultra.skip_to is not None:
             write_records(args.bam, ultra.skip_to, ultra.skipped_ids, filt)
-        if bed is not None:
-            with open(args.bedmethyl, "w") as fh:
-                bed.write(fh)
-        if mod is not None:
-            write_modbam(args.bam, args.modbam, mod, filt, " ".join(["streamer", *sys.argv[1:]]))
+        for table in tables:
+            table.close()
     if progress:
         print(file=sys.stderr)
     print(summary.report(), file=sys.stderr)

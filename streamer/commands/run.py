@@ -10,13 +10,13 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from streamer import config as configuration
+from streamer import registry
 from streamer.align import ReadAligner
 from streamer.daemon import Daemon
 from streamer_gpu.options import CudaOptions
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
 from streamer.notify import Notifier
-from streamer.outputs_eventalign import EventalignStage
 from streamer.pipeline import Pipeline, PipelineOptions
 from streamer.publish.publisher import Publisher, PublisherConfig
 from streamer.publish.security import CurveServer, load_public_keys, load_secret_keys
@@ -49,9 +49,11 @@ def run(args: argparse.Namespace) -> int:
         stack.callback(notifier.close)
         notifier.status("loading models and compiling kernels")
         cuda = cuda_options(cfg)
-        extra = EventalignStage(cfg.eventalign.scale_events) if cfg.eventalign.enabled else None
+        # eventalign before the CpG caller, which fails the reads it finds no CpG in
+        analyses = [registry.analysis("eventalign", cfg.eventalign.scale_events)] if cfg.eventalign.enabled else []
         pipeline = Pipeline(PipelineOptions(threads=threads, kmer_model=cfg.pipeline.kmer_model,
-                                            meth_model=cfg.pipeline.meth_model, cuda=cuda), extra=extra)
+                                            meth_model=cfg.pipeline.meth_model, cuda=cuda),
+                            [*analyses, registry.analysis("cpg")])
         reference = stack.enter_context(Reference(cfg.reference.genome))
         publisher = stack.enter_context(_publisher(cfg.publish)) if cfg.publish.endpoint else None
         tuner = AutoTuner.for_gpu(plan, pipeline.gpu, autotune=cfg.gpu.autotune, state_dir=cfg.state_dir(),

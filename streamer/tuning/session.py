@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from streamer.assemble import BatchLimits
+from streamer.batching import BatchLimits
 from streamer.config import Config
 from streamer_gpu.device import GpuInfo, probe_gpu
 from streamer_gpu.options import AbeaBatchStats, CudaOptions
