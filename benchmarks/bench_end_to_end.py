@@ -143,7 +143,7 @@ def hmm_stage(data: Path, work: Path, ref_path: Path, copies: int, reps: int) ->
     from streamer.batch import pack
     from streamer_gpu.hmm import CudaHmm
     from streamer_gpu.options import CudaOptions
-    from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments
+    from streamer.io.alignments import AlignmentRecord, AlignmentFilter, iter_alignments
     from streamer.io.fastx import load_basecalls
     from streamer.io.index import open_index
     from streamer.io.reference import Reference
@@ -158,7 +158,7 @@ def hmm_stage(data: Path, work: Path, ref_path: Path, copies: int, reps: int) ->
 
     bam = data / "reads.mg1655.sorted.bam"
     filt = AlignmentFilter()
-    wanted = {a.read_id for a in iter_alignments(bam, filt) if isinstance(a, Alignment)}
+    wanted = {a.read_id for a in iter_alignments(bam, filt) if isinstance(a, AlignmentRecord)}
     with Reference(ref_path) as ref:
         batches = list(offline_batches(iter_alignments(bam, filt), load_basecalls(work / "reads.fasta", wanted),
                                        open_index(work / "reads.fasta"), ref, BatchLimits(10**6, 10**10)))  # fmt: skip
@@ -225,7 +225,7 @@ def signal_stages(data: Path, ref_path: Path, reads: Path, copies: int) -> dict:
     from streamer.batching import BatchLimits, offline_batches
     from streamer.batch import pack
     from streamer.events import detect_events
-    from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments
+    from streamer.io.alignments import AlignmentRecord, AlignmentFilter, iter_alignments
     from streamer.io.fastx import load_basecalls
     from streamer.io.index import open_index
     from streamer.io.reference import Reference
@@ -234,7 +234,7 @@ def signal_stages(data: Path, ref_path: Path, reads: Path, copies: int) -> dict:
 
     bam = data / "reads.mg1655.sorted.bam"
     filt = AlignmentFilter()
-    wanted = {a.read_id for a in iter_alignments(bam, filt) if isinstance(a, Alignment)}
+    wanted = {a.read_id for a in iter_alignments(bam, filt) if isinstance(a, AlignmentRecord)}
     with Reference(ref_path) as ref:
         batches = list(offline_batches(iter_alignments(bam, filt), load_basecalls(reads, wanted), open_index(reads),
                                        ref, BatchLimits(10**6, 10**10)))  # fmt: skip

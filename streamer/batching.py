@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 from streamer.batch import ReadInput
 from streamer.errors import InputError
-from streamer.io.alignments import Alignment
+from streamer.io.alignments import AlignmentRecord
 from streamer.io.fast5 import SignalRecord
 from streamer.io.index import SignalIndex
 from streamer.io.reference import Reference
@@ -65,7 +65,7 @@ def load_signals(wanted: Mapping[Path, list[str]]) -> tuple[dict[str, SignalReco
 class Pending(NamedTuple):
     """An alignment record whose signal is still to be read."""
 
-    aln: Alignment
+    aln: AlignmentRecord
     seq: str  # the read's basecalls, as sequenced
     signal_path: Path
     number: int = -1  # its number where it came from (BAM record index, the ledger's read number)
@@ -81,7 +81,7 @@ class UltraLong:
 
 
 def plan_batches(
-    records: Iterable[Alignment | Skipped],
+    records: Iterable[AlignmentRecord | Skipped],
     basecalls: Mapping[str, str],
     index: SignalIndex,
     limits: BatchLimits,
@@ -209,7 +209,7 @@ def chunk_records(chunks: Iterable[SignalChunk], read_ids: Container[str] | None
 
 
 def offline_batches(
-    records: Iterable[Alignment | Skipped],
+    records: Iterable[AlignmentRecord | Skipped],
     basecalls: Mapping[str, str],
     index: SignalIndex,
     ref: Reference,

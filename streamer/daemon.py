@@ -44,7 +44,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
-from streamer.align import ReadAligner
+from streamer.read_aligner import ReadAligner
 from streamer.batching import Pending, batch_inputs
 from streamer.batch import ReadInput
 from streamer.config import Config
@@ -65,7 +65,7 @@ from streamer.errors import InputError
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
 from streamer.io.signal import SIGNAL_SUFFIXES
-from streamer.join import BasecallCache, Basecalls, Record
+from streamer.basecall_cache import BasecallCache, ReadBasecalls, Record
 from streamer.ledger import BatchRecord, Ledger, Pick, Waiting
 from streamer.notify import Notifier
 from streamer.journal import SKIPPED_HEADER, Journal
@@ -74,7 +74,7 @@ from streamer.signal_pool import SignalReads, signal_readers
 from streamer.sinks import open_sink, write_atomic
 from streamer.skips import Skip, Skipped
 from streamer.tuning.session import AutoTuner
-from streamer.watch import Layout, Watcher, WatchTimings
+from streamer.watch import RunLayout, Watcher, WatchTimings
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ class Daemon:
             if self._make_aligner is not None and cfg.watch.basecalls != "bam":
                 self._aligner = self._make_aligner()
             exclude = [cfg.output.dir, cfg.state_dir(), cfg.reference.genome]
-            layout = Layout(cfg.watch.dir, stop_file=cfg.end.stop_file, include_fail=cfg.watch.include_fail,
+            layout = RunLayout(cfg.watch.dir, stop_file=cfg.end.stop_file, include_fail=cfg.watch.include_fail,
                             basecalls=cfg.watch.basecalls, exclude=tuple(exclude))
             timings = WatchTimings(cfg.watch.poll_interval, cfg.watch.settle, cfg.watch.incomplete_timeout)
             self.intake = FileIntake(self.ledger, self.cache, self._filter, self.end, self._reload_modbam_calls)
@@ -624,7 +624,7 @@ class Daemon:
         }
 
 
-def _pending_of(p: Pick, bc: Basecalls) -> tuple[list[Pending], list[Skipped]]:
+def _pending_of(p: Pick, bc: ReadBasecalls) -> tuple[list[Pending], list[Skipped]]:
     """The read's alignment records that go on to its signal, and those that cannot, with why."""
     skips = [r for r in bc.records if isinstance(r, Skipped)]
     alns = [r for r in bc.records if not isinstance(r, Skipped)]
@@ -634,7 +634,7 @@ def _pending_of(p: Pick, bc: Basecalls) -> tuple[list[Pending], list[Skipped]]:
     return [Pending(a, bc.seq, p.signal_path, p.number) for a in alns], skips
 
 
-def _needs_signal(bc: Basecalls) -> bool:
+def _needs_signal(bc: ReadBasecalls) -> bool:
     """Whether a read's basecalls let it reach the pipeline (an alignment and the full sequence)."""
     return bool(bc.seq) and any(not isinstance(r, Skipped) for r in bc.records)
 

@@ -18,7 +18,7 @@ from streamer.daemon_policy import RECOVERED, EndOfRun
 from streamer.errors import InputError
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.signal import SIGNAL_SUFFIXES, signal_read_ids
-from streamer.join import BasecallCache, read_basecall_file
+from streamer.basecall_cache import BasecallCache, read_basecall_file
 from streamer.ledger import Ledger, Registered
 from streamer.watch import Kind, Ready, Rejected, RunFile
 

@@ -294,11 +294,6 @@ class Ledger:
             bases += n
         return picks, len(picks) == max_reads or bases >= max_bases
 
-    def oldest_match(self) -> float | None:
-        """When the longest-waiting matched read was matched (wall clock)."""
-        row = self._db.execute("SELECT min(matched) FROM reads WHERE outcome IS NULL AND matched IS NOT NULL")
-        return row.fetchone()[0]
-
     def waiting(self, since_before: float | None = None) -> list[Waiting]:
         """Open reads with one file only, first registered before `since_before` (all if None)."""
         cutoff = float("inf") if since_before is None else since_before

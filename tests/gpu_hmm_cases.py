@@ -26,7 +26,7 @@ from streamer.batch import pack
 from streamer_gpu.hmm import CudaHmm
 from streamer_gpu.kernels import SIMULATED
 from streamer_gpu.options import CudaOptions
-from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments
+from streamer.io.alignments import AlignmentRecord, AlignmentFilter, iter_alignments
 from streamer.io.fastx import load_basecalls
 from streamer.io.index import open_index
 from streamer.io.reference import Reference
@@ -56,7 +56,7 @@ def fixture_jobs(work: Path) -> tuple:
     reads.write_text((ECOLI / "reads.fasta").read_text())
     filt = AlignmentFilter()
     bam = ECOLI / "reads.bam"
-    wanted = {a.read_id for a in iter_alignments(bam, filt) if isinstance(a, Alignment)}
+    wanted = {a.read_id for a in iter_alignments(bam, filt) if isinstance(a, AlignmentRecord)}
     index = open_index(reads, [ECOLI / "fast5"])
     with Reference(REFERENCE) as ref:
         batches = list(offline_batches(iter_alignments(bam, filt), load_basecalls(reads, wanted), index, ref,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from streamer import config
-from streamer.align import ReadAligner
+from streamer.read_aligner import ReadAligner
 from streamer.client import Snapshot, Subscriber
 from streamer.daemon import Daemon, State
 from streamer.io.alignments import AlignmentFilter

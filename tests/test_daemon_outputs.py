@@ -23,7 +23,7 @@ import pytest
 from conftest import ECOLI, REFERENCE
 from daemon_support import FakePipeline, no_leaks, rows  # noqa: F401
 from streamer import config
-from streamer.align import ReadAligner
+from streamer.read_aligner import ReadAligner
 from streamer.daemon import Daemon, State
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference

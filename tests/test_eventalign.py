@@ -170,7 +170,7 @@ def test_read_indices_samples_and_columns(tmp_path):
 def test_columns_publish_as_the_eventalign_topic():
     from streamer.batching import Pending, batch_inputs
     from streamer.batch import pack
-    from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments
+    from streamer.io.alignments import AlignmentRecord, AlignmentFilter, iter_alignments
     from streamer.io.fastx import load_basecalls
     from streamer.io.reference import Reference
     from streamer.io.index import SignalIndex
@@ -178,7 +178,7 @@ def test_columns_publish_as_the_eventalign_topic():
     from streamer.pipeline import Pipeline
     from streamer_plugins.eventalign import EventalignOptions, EventalignStage, format_tsv
 
-    alns = [a for a in iter_alignments(ECOLI / "reads.bam", AlignmentFilter()) if isinstance(a, Alignment)][:2]
+    alns = [a for a in iter_alignments(ECOLI / "reads.bam", AlignmentFilter()) if isinstance(a, AlignmentRecord)][:2]
     seqs = load_basecalls(ECOLI / "reads.fasta", {a.read_id for a in alns})
     index = SignalIndex.build(find_signal_files([ECOLI / "fast5"]))
     with Reference(REFERENCE) as ref:

@@ -18,7 +18,7 @@ from streamer import batch_runner, signal_pool
 from streamer.batching import BatchLimits, batch_inputs, chunk_records, load_chunk, load_signals, plan_batches, signal_requests
 from streamer.batch import pack
 from streamer_gpu import CudaOptions
-from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments
+from streamer.io.alignments import AlignmentRecord, AlignmentFilter, iter_alignments
 from streamer.io.fastx import load_basecalls
 from streamer.io.index import SignalIndex, open_index
 from streamer.io.reference import Reference
@@ -34,7 +34,7 @@ def plans(tmp_path_factory):
     reads = tmp / "reads.fasta"
     shutil.copy(ECOLI / "reads.fasta", reads)
     filt = AlignmentFilter()
-    wanted = {a.read_id for a in iter_alignments(ECOLI / "reads.bam", filt) if isinstance(a, Alignment)}
+    wanted = {a.read_id for a in iter_alignments(ECOLI / "reads.bam", filt) if isinstance(a, AlignmentRecord)}
     index = open_index(reads, [ECOLI / "fast5"])
     basecalls = load_basecalls(reads, wanted)
     return list(plan_batches(iter_alignments(ECOLI / "reads.bam", filt), basecalls, index, BatchLimits(3), "r"))

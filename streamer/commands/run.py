@@ -11,7 +11,7 @@ from pathlib import Path
 
 from streamer import config as configuration
 from streamer import registry
-from streamer.align import ReadAligner
+from streamer.read_aligner import ReadAligner
 from streamer.daemon import Daemon
 from streamer_gpu.options import CudaOptions
 from streamer.io.alignments import AlignmentFilter
