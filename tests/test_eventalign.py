@@ -305,7 +305,7 @@ def test_sam_records_span_the_rows(fixture_sam, fixture_scaled):
 
 
 def test_row_writer_prints_as_printf():
-    from streamer_plugins.eventalign import _put_fixed
+    from streamer_plugins.eventalign.output import _put_fixed
 
     rng = np.random.default_rng(3)
     values = np.concatenate([

@@ -59,11 +59,12 @@ class CallRows(BaseSink):
             line_no = 1
             while rows := list(islice(fh, block)):
                 beat()
-                yield _parse(rows, path, line_no + 1)
+                yield parse_rows(rows, path, line_no + 1)
                 line_no += len(rows)
 
 
-def _parse(rows: list[str], path: Path, first_line: int) -> CallBlock:
+def parse_rows(rows: list[str], path: Path, first_line: int) -> CallBlock:
+    """Data rows of a calls TSV (the first at `first_line` of `path`) as records."""
     n = len(rows)
     cols: list[list[str]] = [[] for _ in _COLUMNS]
     for line_no, line in enumerate(rows, start=first_line):

@@ -99,17 +99,11 @@ class MethFreq:
 
     def add_calls(self, calls: MethCalls, ref_names: Sequence[str], changed: set | None = None) -> None:
         """Add a batch's calls; `ref_names` is the batch's contig per record."""
+        llrs = [float(f"{x:.2f}") for x in calls.llr.tolist()]
         with self.lock:
-            for j in range(len(calls)):
-                self._add(
-                    ref_names[int(calls.read[j])],
-                    int(calls.start[j]),
-                    int(calls.end[j]),
-                    float(f"{calls.llr[j]:.2f}"),
-                    int(calls.num_motifs[j]),
-                    calls.sequence[j],
-                    changed,
-                )
+            for read, start, end, llr, num, seq in zip(calls.read.tolist(), calls.start.tolist(), calls.end.tolist(),
+                                                       llrs, calls.num_motifs.tolist(), calls.sequence):
+                self._add(ref_names[read], start, end, llr, num, seq, changed)
 
     def add_tsv(self, lines: Iterable[str], source: str | Path = "<calls>", changed: set | None = None) -> None:
         """Add the rows of a call-methylation TSV (nanopolish or f5c, with or without strand).

@@ -67,14 +67,18 @@ class PublishSink:
             if len(calls):
                 self.send("calls", call_columns(calls, r.read_ids, r.ref_names))
         if n:
-            keys = sorted(self.changed)
-            self.changed.clear()
-            sites = [self.table.sites[k] for k in keys]
-            self.send("freq", {
-                "chromosome": [k[0] for k in keys], "start": [k[1] for k in keys], "end": [k[2] for k in keys],
-                "num_motifs_in_group": [s.group_size for s in sites], "called_sites": [s.called_sites for s in sites],
-                "called_sites_methylated": [s.called_sites_methylated for s in sites],
-                "group_sequence": [s.sequence for s in sites],
-            })  # fmt: skip
+            self.publish_sites()
         for columns in eventalign:
             self.send("eventalign", columns)
+
+    def publish_sites(self) -> None:
+        """The current counts of the sites changed since the last time."""
+        keys = sorted(self.changed)
+        self.changed.clear()
+        sites = [self.table.sites[k] for k in keys]
+        self.send("freq", {
+            "chromosome": [k[0] for k in keys], "start": [k[1] for k in keys], "end": [k[2] for k in keys],
+            "num_motifs_in_group": [s.group_size for s in sites], "called_sites": [s.called_sites for s in sites],
+            "called_sites_methylated": [s.called_sites_methylated for s in sites],
+            "group_sequence": [s.sequence for s in sites],
+        })  # fmt: skip
