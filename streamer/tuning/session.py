@@ -92,8 +92,16 @@ class AutoTuner:
         def apply(s: Settings) -> None:
             gpu.retune(with_settings(gpu.options, s))
 
-        controller = Controller(p.settings, p.bounds, Policy(autotune=autotune, settle_batches=settle_batches))
-        store = TuningStore(state_dir) if autotune and state_dir is not None else None
+        return cls.from_plan(p, apply, autotune=autotune, settle_batches=settle_batches, state_dir=state_dir,
+                             publish=publish)  # fmt: skip
+
+    @classmethod
+    def from_plan(cls, p: Plan, apply: Callable[[Settings], None], *, autotune: bool, settle_batches: int,
+                  state_dir: Path | None, publish: Callable[[Mapping[str, Any]], None] | None = None) -> AutoTuner:
+        """A tuner starting from the plan's settings and, under autotune, the directions closed on this GPU before."""
+        store = TuningStore(state_dir) if autotune and state_dir is not None and p.machine.gpu is not None else None
+        closed = store.load_closed(p.machine.gpu) if store is not None else ()
+        controller = Controller(p.settings, p.bounds, Policy(autotune=autotune, settle_batches=settle_batches), closed)
         return cls(controller, apply, publish=publish, store=store, gpu=p.machine.gpu)
 
     @property
@@ -122,14 +130,21 @@ class AutoTuner:
                      "unmeasured" if effect is None else f"{effect:+.0%}",
                      change.after.batches if change.after else 0)  # fmt: skip
             self._send(change.as_dict())
+        for closure in c.closing:
+            log.info("tuning: %s: closed until the CPU/GPU time ratio or the mean read length moves %gx / %gx",
+                     closure.why(), c.policy.reopen_ratio, c.policy.reopen_length)  # fmt: skip
+            self._send(closure.as_dict())
+        for closure, why in c.reopened:
+            log.info("tuning: %s %s open again: %s", closure.knob, closure.way, why)
+            self._send({**closure.as_dict(), "kind": "reopened", "why": why})
         for a in actions:
             log.info("tuning: %s %s -> %s (%s: %s)", a.knob, a.old, a.new, a.leaf, a.why)
             self._send(a.as_dict())
         if actions:
             self._stuck_said.clear()
             self._apply(c.settings)
-            if self._store is not None:
-                self._store.save(self._gpu, c.settings, len(c.changes))
+        if (actions or c.reopened) and self._store is not None:
+            self._store.save(self._gpu, c.settings, len(c.changes), c.closed.values())
         return actions
 
     def summary(self) -> dict[str, Any]:
@@ -209,9 +224,8 @@ class CallTuning:
         self._held: AbeaBatchStats | None = None
         self.tuner: AutoTuner | None = None
         if p.machine.gpu is not None:
-            controller = Controller(p.settings, p.bounds, Policy(autotune=autotune, settle_batches=CALL_SETTLE_BATCHES))
-            store = TuningStore(state_dir) if autotune and state_dir is not None else None
-            self.tuner = AutoTuner(controller, self._apply, store=store, gpu=p.machine.gpu)
+            self.tuner = AutoTuner.from_plan(p, self._apply, autotune=autotune, settle_batches=CALL_SETTLE_BATCHES,
+                                             state_dir=state_dir)  # fmt: skip
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> CallTuning:
