@@ -1,0 +1,47 @@
+"""The terminal: streamer's lines short at INFO, other libraries' (numba's bytecode dumps, numba-cuda's
+frees) only with -vv, -q for warnings alone."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from streamer.cli import build_parser, configure_logging
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging():
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level, {n: logging.getLogger(n).level for n in ("streamer", "numba")}
+    yield
+    root.handlers[:], root.level = saved[0], saved[1]
+    for name, level in saved[2].items():
+        logging.getLogger(name).setLevel(level)
+
+
+@pytest.mark.parametrize(("flags", "own", "numba"), [
+    ([], logging.INFO, logging.WARNING),
+    (["-q"], logging.WARNING, logging.WARNING),
+    (["-v"], logging.DEBUG, logging.WARNING),
+    (["-vv"], logging.DEBUG, logging.DEBUG),
+])
+def test_levels_follow_the_flags(flags, own, numba):
+    args = build_parser().parse_args([*flags, "meth-freq", "x.tsv"])
+    configure_logging(args.verbose, args.quiet)
+    assert logging.getLogger("streamer.daemon").getEffectiveLevel() == own
+    assert logging.getLogger("streamer_gpu.abea").getEffectiveLevel() == own
+    assert logging.getLogger("numba.cuda.cudadrv.driver").getEffectiveLevel() == numba
+
+
+def test_default_lines_are_short(capsys):
+    configure_logging()
+    logging.getLogger("streamer.x").info("calls written: 3")
+    logging.getLogger("streamer.x").warning("a.fast5: read r1 has no signal")
+    logging.getLogger("numba.cuda.cudadrv.driver").info("add pending dealloc: cuMemFree 256 bytes")
+    assert capsys.readouterr().err.splitlines() == ["calls written: 3", "warning: a.fast5: read r1 has no signal"]
+
+
+def test_quiet_and_verbose_exclude_each_other():
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["-q", "-v", "meth-freq", "x.tsv"])
