@@ -45,3 +45,27 @@ def test_default_lines_are_short(capsys):
 def test_quiet_and_verbose_exclude_each_other():
     with pytest.raises(SystemExit):
         build_parser().parse_args(["-q", "-v", "meth-freq", "x.tsv"])
+
+
+def test_kernels_are_cached_where_they_can_be(tmp_path):
+    """A read-only install (here: a package folder that cannot be written) with no NUMBA_CACHE_DIR."""
+    from streamer import numba_cache_dir
+
+    read_only = tmp_path / "site-packages" / "streamer"  # absent: not writable
+    assert numba_cache_dir(tmp_path, {}) is None  # numba's own choice works
+    assert numba_cache_dir(read_only, {"NUMBA_CACHE_DIR": "/somewhere"}) is None  # the user's choice
+    cache = numba_cache_dir(read_only, {"XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert cache == tmp_path / "cache" / "streamer" / "numba" and cache.is_dir()
+    assert numba_cache_dir(read_only, {"HOME": str(tmp_path / "home")}) == tmp_path / "home" / ".cache" / "streamer" / "numba"
+    homeless = numba_cache_dir(read_only, {})  # a service user with no home: the temporary folder
+    assert homeless is not None and homeless.name.startswith("streamer-numba-") and homeless.is_dir()
+
+
+def test_version_answers_without_importing_the_commands():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "streamer", "--version"],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.startswith("streamer ")
+    assert "numba" not in out.stderr and "streamer.commands." not in out.stderr
