@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     for mod in _command_modules():
         p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)
         mod.add_arguments(p)
-        p.set_defaults(_run=mod.run)
+        p.set_defaults(_run=mod.run, _parser=p)
     return parser
 
 
@@ -79,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv == ["--version"]:  # without importing every command (numba, pod5...): a tenth of the time
         print(f"streamer {streamer.__version__}")
         return 0
-    args = build_parser().parse_args(argv)
+    args, unknown = build_parser().parse_known_args(argv)
+    if unknown:  # the command's own usage, not the list of commands
+        args._parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     configure_logging(args.verbose, args.quiet)
     if streamer.CACHE_DIR is not None:
         logging.getLogger("streamer").info("compiled kernels are cached in %s (the install folder is read-only)",

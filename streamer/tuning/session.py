@@ -19,6 +19,7 @@ from streamer_gpu.options import AbeaBatchStats, CudaOptions
 from streamer.tuning.controller import Action, Controller, Policy, Settings
 from streamer.tuning.monitor import ADVICE, REPEATS
 from streamer.tuning.profiles import PROFILE_NAMES, Machine, Plan, plan, user_set, with_settings
+from streamer.paths import user_state_dir
 from streamer.tuning.store import TuningStore
 
 log = logging.getLogger(__name__)
@@ -210,10 +211,6 @@ def add_call_arguments(p: argparse.ArgumentParser) -> None:
             action.default = None
 
 
-def default_state_dir() -> Path:
-    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "streamer"
-
-
 class CallTuning:
     """`streamer call`'s side: the plan resolved into the command's arguments, the tuner applied to the
     GPU stage once the pipeline has one, and each batch passed on once it is known not to be the last."""
@@ -231,7 +228,7 @@ class CallTuning:
     def from_args(cls, args: argparse.Namespace) -> CallTuning:
         """Plan from the profile, learned values (--autotune) and the flags given; the flags' values become the plan's."""
         given = {k: getattr(args, dest) for k, dest in CALL_ARGS.items() if getattr(args, dest) is not None}
-        state_dir = (args.state_dir or default_state_dir()) if args.autotune else None
+        state_dir = (args.state_dir or user_state_dir()) if args.autotune else None
         p = prepare(given, args.profile, dev_id=args.cuda_dev_id, disable_cuda=args.disable_cuda, state_dir=state_dir)
         resolved = {**p.settings.as_dict(), "threads": p.threads, "mem_frac": p.mem_frac}
         for k, dest in CALL_ARGS.items():

@@ -1,4 +1,4 @@
-"""The terminal: streamer's lines short at INFO, other libraries' (numba's bytecode dumps, numba-cuda's
+"""The command line: the terminal (streamer's lines short at INFO, other libraries' (numba's bytecode dumps, numba-cuda's
 frees) only with -vv, -q for warnings alone."""
 
 from __future__ import annotations
@@ -69,3 +69,21 @@ def test_version_answers_without_importing_the_commands():
                          capture_output=True, text=True, check=True)
     assert out.stdout.startswith("streamer ")
     assert "numba" not in out.stderr and "streamer.commands." not in out.stderr
+
+
+def test_an_unknown_flag_shows_the_commands_own_usage(capsys):
+    from streamer.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["meth-freq", "--bogus", "calls.tsv"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert err.startswith("usage: streamer meth-freq") and "unrecognized arguments: --bogus" in err
+
+
+def test_keys_list_says_when_there_are_none(tmp_path, capsys):
+    from streamer.cli import main
+
+    assert main(["keys", "--dir", str(tmp_path), "list"]) == 0
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == f"no keys in {tmp_path}: make one with `streamer keys generate NAME`\n"

@@ -1,0 +1,20 @@
+"""The user's folders streamer keeps things in when not told where: caches (rebuilt at will) and
+state (learned values). XDG base directories, as desktop and service users expect."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+
+def user_cache_dir(env: Mapping[str, str] = os.environ) -> Path:
+    """`$XDG_CACHE_HOME/streamer`, by default `~/.cache/streamer`."""
+    base = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".cache")
+    return Path(base) / "streamer"
+
+
+def user_state_dir(env: Mapping[str, str] = os.environ) -> Path:
+    """`$XDG_STATE_HOME/streamer`, by default `~/.local/state/streamer`."""
+    base = env.get("XDG_STATE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".local" / "state")
+    return Path(base) / "streamer"
