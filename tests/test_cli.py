@@ -1,5 +1,5 @@
-"""The command line: the terminal (streamer's lines short at INFO, other libraries' (numba's bytecode dumps, numba-cuda's
-frees) only with -vv, -q for warnings alone."""
+"""The command line: streamer's lines short at INFO, other libraries' (numba's bytecode dumps,
+numba-cuda's frees) only with -vv, -q for warnings alone; a read-only install; --version; usage."""
 
 from __future__ import annotations
 
