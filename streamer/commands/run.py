@@ -9,6 +9,8 @@ import signal
 from contextlib import ExitStack
 from pathlib import Path
 
+import yaml
+
 from streamer import config as configuration
 from streamer.align import ReadAligner
 from streamer.daemon import Daemon
@@ -36,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg, plan = plan_config(configuration.load(args.config, configuration.overrides_from(args)))
-    log.info("configuration: %s", cfg.as_dict())
+    log.debug("configuration:\n%s", yaml.safe_dump(cfg.as_dict(), sort_keys=False).rstrip())
     notifier = Notifier()
     filt = AlignmentFilter(min_mapq=cfg.alignment.min_mapq, secondary=cfg.alignment.secondary)
     threads = cfg.pipeline.threads
