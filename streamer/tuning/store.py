@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from streamer_gpu.device import GpuInfo
+from streamer.gpu_api import GpuInfo
 from streamer.tuning.controller import INTEGER_KNOBS, KNOBS, Settings
 
 log = logging.getLogger(__name__)
