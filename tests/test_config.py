@@ -121,7 +121,7 @@ def test_defaults_printed(capsys):
 
 
 def test_gpu_defaults_match_the_gpu_stage():
-    from streamer_gpu.options import CudaOptions
+    from streamer.gpu_api import CudaOptions
 
     g, c = config.Config().gpu, CudaOptions()
     assert (g.disable, g.device, g.mem_frac, g.avg_epk, g.max_lf, g.max_epk, g.ultra_thresh) == \

@@ -11,9 +11,8 @@ import logging
 import numpy as np
 import pytest
 
-from streamer_gpu.device import GpuInfo
 from streamer_gpu.host import arena_capacity
-from streamer_gpu.options import AbeaBatchStats, CudaOptions
+from streamer.gpu_api import AbeaBatchStats, CudaOptions, GpuInfo
 from streamer.tuning import (
     PROFILES,
     Bounds,

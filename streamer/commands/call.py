@@ -12,7 +12,7 @@ from pathlib import Path
 
 from streamer.assemble import BatchLimits, UltraLong, plan_batches
 from streamer.errors import StreamerError
-from streamer_gpu import CudaOptions
+from streamer.gpu_api import CudaOptions
 from streamer.commands._inputs import (
     add_input_arguments,
     alignment_filter,

@@ -20,7 +20,7 @@ from streamer.commands._inputs import (
     signal_index,
 )
 from streamer.errors import StreamerError
-from streamer_gpu import CudaOptions
+from streamer.gpu_api import CudaOptions
 from streamer.io.alignments import Alignment, iter_alignments
 from streamer.io.bamreads import open_basecalls
 from streamer.io.poretype import R10

@@ -14,7 +14,7 @@ import yaml
 from streamer import config as configuration
 from streamer.align import ReadAligner
 from streamer.daemon import Daemon
-from streamer_gpu.options import CudaOptions
+from streamer.gpu_api import CudaOptions
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
 from streamer.notify import Notifier

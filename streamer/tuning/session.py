@@ -14,8 +14,7 @@ from typing import Any, Protocol
 
 from streamer.assemble import BatchLimits
 from streamer.config import Config
-from streamer_gpu.device import GpuInfo, probe_gpu
-from streamer_gpu.options import AbeaBatchStats, CudaOptions
+from streamer.gpu_api import AbeaBatchStats, CudaOptions, GpuInfo, gpu_module
 from streamer.tuning.controller import Action, Controller, Policy, Settings
 from streamer.tuning.monitor import ADVICE, REPEATS
 from streamer.tuning.profiles import PROFILE_NAMES, Machine, Plan, plan, user_set, with_settings
@@ -52,6 +51,11 @@ def plan_config(cfg: Config) -> tuple[Config, Plan]:
         keys = {key: resolved[k] for k, (sec, key) in CONFIG_KEYS.items() if sec == section}
         cfg = replace(cfg, **{section: replace(getattr(cfg, section), **keys)})
     return cfg, p
+
+
+def probe_gpu(dev_id: int = 0) -> GpuInfo | None:
+    """The GPU the profiles plan for (`streamer_gpu.device.probe_gpu`), None where there is none."""
+    return gpu_module("device").probe_gpu(dev_id)
 
 
 def prepare(given: Mapping[str, Any], profile: str = "auto", *, dev_id: int = 0, disable_cuda: bool = False,

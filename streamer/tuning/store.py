@@ -13,13 +13,12 @@ import json
 import logging
 import os
 import tempfile
+from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from streamer_gpu.device import GpuInfo
-from collections.abc import Iterable
-
+from streamer.gpu_api import GpuInfo
 from streamer.tuning.controller import INTEGER_KNOBS, KNOBS, Closure, Settings
 
 log = logging.getLogger(__name__)
