@@ -267,7 +267,7 @@ def model_dir() -> Path:
 
 
 def pore_models(pore: str | None, kmer_model: Path | None = None, meth_model: Path | None = None,
-                folder: Path | None = None, *, methylation: bool = True) -> tuple[Path | None, Path | None]:  # fmt: skip
+                folder: Path | None = None, *, methylation: bool = True) -> tuple[Path | None, Path | None]:
     """The model files for a pore: those given, else the pore's default location (r9: the shipped
     ones, returned as None). R10.4.1 models are not shipped: a missing one raises ModelError naming
     the file looked for and where it is published. `methylation=False` needs no CpG model."""

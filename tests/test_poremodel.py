@@ -102,7 +102,8 @@ def test_cpg_model_any_k(tmp_path):
     [
         ("#alphabet\tgpc\n", _rows(2, METHYL_CPG), "alphabet 'gpc' is not one streamer reads", 1),
         ("#alphabet\tcpg\n", _rows(2), "16 rows, expected 5^2 = 25 for alphabet ACGMT", None),
-        ("#k\t2\n", _rows(2, METHYL_CPG)[:7] + ["AMA\t80.0\t1.5\n"] + _rows(2, METHYL_CPG)[8:], "has length 3, not 2", 9),
+        ("#k\t2\n", _rows(2, METHYL_CPG)[:7] + ["AMA\t80.0\t1.5\n"] + _rows(2, METHYL_CPG)[8:],
+         "has length 3, not 2", 9),
         ("", [r.replace("\t80.0", "\t" + "8" * 40) for r in _rows(2)], "non-numeric level", 1),
         ("#k\tnine\n", _rows(2), "invalid k-mer size 'nine'", 1),
     ],
@@ -165,7 +166,8 @@ def test_text_model_cached_by_content(tmp_path, model_cache, caplog):
     with caplog.at_level("INFO", logger="streamer.modeltext"):
         again = load_model(p)
     assert not caplog.records
-    assert all(np.array_equal(getattr(again, a), getattr(first, a)) for a in ("level_mean", "level_stdv", "level_log_stdv"))
+    for a in ("level_mean", "level_stdv", "level_log_stdv"):
+        assert np.array_equal(getattr(again, a), getattr(first, a))
     assert (again.k, again.alphabet, again.name) == (3, METHYL_CPG, p.name)
     p.write_text(p.read_text().replace("\t80.0\t1.5", "\t81.0\t1.5", 1))
     edited = load_model(p)
