@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pysam
 
 from streamer.io.fast5 import SignalRecord
+from streamer.io.slow5 import write_blow5
 from streamer.poremodel import METH_CODE, METHYL_CPG, NUC_CODE, NUCLEOTIDE, PoreModel, logf
 
 SAMPLE_RATE = 5000.0
@@ -156,3 +159,31 @@ def _all_kmers(k: int, alphabet: str) -> list[str]:
     letters = np.frombuffer(alphabet.encode(), np.uint8)
     cols = letters[(ranks[:, None] // len(alphabet) ** np.arange(k - 1, -1, -1)) % len(alphabet)]
     return cols.astype(np.uint8).view(f"S{k}").ravel().astype(str).tolist()
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A simulated read and where it came from: the forward-strand stretch at `start`."""
+
+    read: SimulatedRead
+    start: int
+    rc: bool
+    stretch: str
+
+
+def write_run(work: Path, reads: Sequence[Placed], contig: str, length: int) -> None:
+    """The files both tools read: `sim.blow5` (R10.4.1 run metadata), the sequences as basecalls
+    (`reads.fasta`) and their exact alignments (`reads.bam`, sorted and indexed)."""
+    write_blow5(work / "sim.blow5", [p.read.record for p in reads], header=R10_RUN)
+    (work / "reads.fasta").write_text("".join(f">{p.read.record.read_id}\n{p.read.seq}\n" for p in reads))
+    header = {"HD": {"VN": "1.6", "SO": "unsorted"}, "SQ": [{"SN": contig, "LN": length}]}
+    with pysam.AlignmentFile(str(work / "unsorted.bam"), "wb", header=header) as bam:
+        for p in reads:
+            rec = pysam.AlignedSegment(bam.header)
+            rec.query_name, rec.query_sequence, rec.flag = p.read.record.read_id, p.stretch, 16 if p.rc else 0
+            rec.reference_id, rec.reference_start, rec.mapping_quality = 0, p.start, 60
+            rec.cigartuples = [(0, len(p.stretch))]
+            bam.write(rec)
+    pysam.sort("-o", str(work / "reads.bam"), str(work / "unsorted.bam"))
+    pysam.index(str(work / "reads.bam"))
+    (work / "unsorted.bam").unlink()
