@@ -5,8 +5,8 @@ scale) whose CpGs are each methylated with probability --p-meth, their signal dr
 9-mer nucleotide table for unmethylated k-mers and from a synthetic CpG 9-mer model for k-mers
 holding a methylated C (`tests/r10_sim.py`); the truth per site goes to `truth.tsv`. Both models
 are written as the text both tools read (`model.txt`, `cpg.model`, 5^9 rows). Then it runs
-`f5c call-methylation --pore r10` and `streamer call` on 2 threads (each twice: the first run
-warms caches, the second is timed) and reports, for the rows (read, chromosome, strand, start,
+`f5c call-methylation --pore r10` and `streamer call` on 2 threads (a warm-up run, then
+--repeats timed ones; bases/s from the median) and reports, for the rows (read, chromosome, strand, start,
 end) each writes, how they coincide, the share of LLRs within 0.01 and the largest difference,
 per-site accuracy and AUC against the truth, and bases/s. A tool that fails is reported and
 the other still scored.
@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import argparse
 import csv
+import filecmp
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -69,18 +71,18 @@ def write_inputs(work: Path, model_path: Path, genome: Path, n_reads: int, p_met
     return sum(len(r.stretch) for r in reads)
 
 
-def run_timed(cmd: list[str], out: Path, cwd: Path) -> tuple[float | None, str]:
-    """Wall seconds of the second of two runs (the first warms caches), or None and the error line."""
-    wall = None
-    for _ in range(2):
+def run_timed(cmd: list[str], out: Path, cwd: Path, repeats: int) -> tuple[list[float], str]:
+    """Wall seconds of `repeats` runs after one that warms caches, or [] and the error line."""
+    walls = []
+    for _ in range(repeats + 1):
         t0 = time.perf_counter()
         with open(out, "w") as fh:
             proc = subprocess.run(cmd, cwd=cwd, stdout=fh, stderr=subprocess.PIPE, text=True)
         if proc.returncode != 0:
             lines = proc.stderr.strip().splitlines()
-            return None, f"exit {proc.returncode}: {lines[-1] if lines else ''}"
-        wall = time.perf_counter() - t0
-    return wall, ""
+            return [], f"exit {proc.returncode}: {lines[-1] if lines else ''}"
+        walls.append(time.perf_counter() - t0)
+    return walls[1:], ""
 
 
 def read_calls(path: Path) -> dict[tuple, dict]:
@@ -125,7 +127,8 @@ def score(calls: dict[tuple, dict], truth: dict[tuple, bool]) -> dict:
         "accuracy_single_cpg": float(right[single].mean()), "auc_single_cpg": auc(llr[single], label[single]),
         "auc_single_cpg_plus": auc(llr[single & ~minus], label[single & ~minus]),
         "auc_single_cpg_minus": auc(llr[single & minus], label[single & minus]),
-        "accuracy_uniform_groups": float(right[uniform].mean()), "auc_uniform_groups": auc(llr[uniform], label[uniform]),
+        "accuracy_uniform_groups": float(right[uniform].mean()),
+        "auc_uniform_groups": auc(llr[uniform], label[uniform]),
     }  # fmt: skip
 
 
@@ -150,6 +153,7 @@ def main() -> int:
     p.add_argument("--p-meth", type=float, default=0.5)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=13)
+    p.add_argument("--repeats", type=int, default=3, help="timed runs of each tool, after a warm-up run")
     p.add_argument("--streamer-args", default="--disable-cuda", help="extra flags for streamer call [%(default)s]")
     args = p.parse_args()
     work = args.work.resolve()
@@ -167,7 +171,7 @@ def main() -> int:
     runs = {
         "f5c": [str(args.f5c.resolve()), "call-methylation", *common, "--slow5", "sim.blow5", "--pore", "r10"],
         "streamer": [sys.executable, "-m", "streamer", "call", *common, "--signal", "sim.blow5", "--pore", "r10",
-                     *args.streamer_args.split()],
+                     "--stats-json", "stats.json", *args.streamer_args.split()],
     }  # fmt: skip
     with open(work / "truth.tsv") as fh:
         truth = {(r["read_name"], r["chromosome"], int(r["position"])): r["methylated"] == "1"
@@ -175,16 +179,25 @@ def main() -> int:
     report: dict = {"reads": args.reads, "bases": bases, "p_meth": args.p_meth, "threads": args.threads}
     calls = {}
     for tool, cmd in runs.items():
-        wall, error = run_timed(cmd, work / f"{tool}.tsv", work)
-        if wall is None:
+        walls, error = run_timed(cmd, work / f"{tool}.tsv", work, args.repeats)
+        if not walls:
             report[tool] = {"error": error}
             print(f"{tool}: FAILED ({error})")
             continue
         calls[tool] = read_calls(work / f"{tool}.tsv")
-        report[tool] = {"wall_s": round(wall, 2), "bases_per_s": round(bases / wall), **score(calls[tool], truth)}
+        wall = statistics.median(walls)
+        report[tool] = {"wall_s": [round(w, 2) for w in walls], "bases_per_s": round(bases / wall),
+                        **score(calls[tool], truth)}  # fmt: skip
         print(f"{tool}: {json.dumps(report[tool])}")
+    if "error" not in report["streamer"]:  # the last run's own account: start-up and stage times
+        stats = json.loads((work / "stats.json").read_text())
+        stages = stats["stage_seconds"]
+        report["streamer"]["startup_s"] = stats["startup_s"]
+        report["streamer"]["stage_share"] = {k: round(v / sum(stages.values()), 3) for k, v in stages.items()}
+        print(f"streamer stages: startup {stats['startup_s']} s, {report['streamer']['stage_share']}")
     if len(calls) == 2:
         report["parity"] = compare(calls["f5c"], calls["streamer"])
+        report["parity"]["tsv_byte_identical"] = filecmp.cmp(work / "f5c.tsv", work / "streamer.tsv", shallow=False)
         print(f"parity: {json.dumps(report['parity'])}")
     (work / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     return 0 if "parity" in report and report["parity"]["rows_identical"] else 1

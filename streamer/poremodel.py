@@ -213,8 +213,10 @@ def _parse_text(path: Path, data: bytes) -> PoreModel:
     expected = len(alphabet) ** k
     if len(rows) != expected:
         raise ModelError(path, f"{len(rows)} rows, expected {len(alphabet)}^{k} = {expected} for alphabet {alphabet}")
-    digits = (METH_CODE if alphabet == METHYL_CPG else NUC_CODE)[letters].astype(np.int64)
-    ranks = digits @ (len(alphabet) ** np.arange(k - 1, -1, -1, dtype=np.int64))
+    digits = (METH_CODE if alphabet == METHYL_CPG else NUC_CODE)[letters]  # int8, -1 outside the alphabet
+    ranks = np.zeros(expected, np.int64)
+    for j in range(k):  # column by column: no (rows, k) int64 temporary for 2 million rows
+        ranks = ranks * len(alphabet) + digits[:, j]
     if (bad := np.flatnonzero((digits < 0).any(axis=1) | (ranks != np.arange(expected)))).size:
         r = int(bad[0])
         raise ModelError(path, f"k-mer {field(int(rows[r]), 0)!r} out of rank order (expected "

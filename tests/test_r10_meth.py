@@ -1,18 +1,34 @@
-"""R10.4.1 methylation inputs: the methylation simulator keeps the truth per CpG and draws the
-signal of methylated k-mers from the CpG model; the daemon finds R10.4.1 models by `pipeline.pore`."""
+"""R10.4.1 methylation: the simulator keeps the truth per CpG and draws the signal of methylated
+k-mers from the CpG model; the daemon finds R10.4.1 models by `pipeline.pore`; `streamer call` on
+simulated R10.4.1 reads, with both 9-mer models found in the model folder, recovers the truth."""
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import REFERENCE
-from r10_sim import cpg_sites, reverse_complement, simulate_methylated, synthetic_cpg_model
+from r10_sim import (
+    Placed,
+    cpg_sites,
+    reverse_complement,
+    simulate_methylated,
+    synthetic_cpg_model,
+    write_run,
+    write_text_model,
+)
 
 from streamer import config
 from streamer.commands.run import model_files
 from streamer.errors import ConfigError
 from streamer.io.reference import Reference
-from streamer.poremodel import METHYL_CPG, R10_KMER_MODEL, R10_METH_MODEL, load_default_models
+from streamer.poremodel import METHYL_CPG, R10_KMER_MODEL, R10_METH_MODEL, load_default_models, load_model
 
 CONTIG = "NC_000913.3"
+R10_MODEL = Path(__file__).resolve().parents[2] / "shared" / "models" / "r10" / "dna_r10.4.1_400bps_9mer.npz"
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +101,69 @@ def test_daemon_finds_r10_models_by_pore(tmp_path, monkeypatch):
     assert model_files(r10) == (folder / R10_KMER_MODEL, folder / R10_METH_MODEL)
     cfg = config.load(None, {"pipeline.pore": "r10", "pipeline.model_dir": str(tmp_path / "models")}, require=())
     assert model_files(cfg.pipeline) == (folder / R10_KMER_MODEL, folder / R10_METH_MODEL)
+
+
+# --- streamer call on simulated R10.4.1 reads with known methylation -------------------------------
+
+READS = ((150_000, False), (420_000, True), (1_700_000, False), (3_100_000, True))  # starts, reverse strand
+READ_LEN = 3000
+
+
+@pytest.fixture(scope="module")
+def r10_meth_run(tmp_path_factory):
+    """Four 3 kb reads (two per strand), each CpG methylated with probability 0.5, as an R10.4.1 BLOW5;
+    the 9-mer table and the synthetic CpG 9-mer model (5^9 rows, text) in a model folder."""
+    if not R10_MODEL.is_file():
+        pytest.skip("../shared R10 model not present")
+    tmp = tmp_path_factory.mktemp("r10meth")
+    kmer = load_model(R10_MODEL)
+    meth = synthetic_cpg_model(kmer)
+    folder = tmp / "models" / "r10"
+    folder.mkdir(parents=True)
+    (folder / R10_KMER_MODEL).symlink_to(R10_MODEL)
+    write_text_model(meth, folder / R10_METH_MODEL)
+    rng = np.random.default_rng(99)
+    placed, truth = [], {}
+    with Reference(REFERENCE) as ref:
+        for start, rc in READS:
+            stretch = ref.fetch(CONTIG, start, start + READ_LEN)
+            sim = simulate_methylated(kmer, meth, stretch, rc, 0.5, rng, shift=float(rng.normal(0, 5)),
+                                      scale=float(rng.uniform(0.95, 1.1)))  # fmt: skip
+            placed.append(Placed(sim.read, start, rc, stretch))
+            rid = sim.read.record.read_id
+            truth.update({(rid, start + int(p)): bool(m) for p, m in zip(sim.sites, sim.methylated)})
+        write_run(tmp, placed, CONTIG, ref.length(CONTIG))
+    return tmp, truth
+
+
+def call(tmp, out):
+    env = {"STREAMER_MODEL_DIR": str(tmp / "models"), "STREAMER_MODEL_CACHE_DIR": str(tmp / "cache")}
+    return subprocess.run([sys.executable, "-m", "streamer", "call", "-r", str(tmp / "reads.fasta"), "-b",
+                           str(tmp / "reads.bam"), "-g", str(REFERENCE), "--signal", str(tmp / "sim.blow5"), "-t", "2",
+                           "--disable-cuda", "-o", str(out)], capture_output=True, text=True,
+                          env={**os.environ, **env})  # fmt: skip
+
+
+def test_r10_calls_recover_the_truth(r10_meth_run):
+    """The pore comes from the BLOW5's run metadata, both models from the model folder; the CpG
+    model is parsed on the first start and read from the cache after (same calls). Single-CpG calls
+    separate methylated from unmethylated sites (f5c 1.6 on 48 such reads: AUC 0.986)."""
+    tmp, truth = r10_meth_run
+    first = call(tmp, tmp / "meth.tsv")
+    assert first.returncode == 0, first.stderr
+    assert "parsed once and cached" in first.stderr
+    again = call(tmp, tmp / "meth.again.tsv")
+    assert again.returncode == 0 and "parsed once" not in again.stderr, again.stderr
+    assert (tmp / "meth.tsv").read_text() == (tmp / "meth.again.tsv").read_text()
+    with open(tmp / "meth.tsv") as fh:
+        rows = list(csv.DictReader(fh, delimiter="\t"))
+    assert {r["strand"] for r in rows} == {"+", "-"}
+    single = [(float(r["log_lik_ratio"]), truth[(r["read_name"], int(r["start"]))]) for r in rows
+              if r["num_motifs"] == "1"]  # fmt: skip
+    llr = np.array([x for x, _ in single])
+    label = np.array([y for _, y in single])
+    assert len(single) > 100 and 0.3 < label.mean() < 0.7
+    pos, neg = llr[label], llr[~label]
+    auc = (pos[:, None] > neg[None, :]).mean() + 0.5 * (pos[:, None] == neg[None, :]).mean()
+    assert auc > 0.95
+    assert ((llr > 0) == label).mean() > 0.85
