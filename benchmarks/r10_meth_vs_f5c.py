@@ -4,12 +4,13 @@ Writes N reads of random E. coli stretches (alternating strands; random dwell sh
 scale) whose CpGs are each methylated with probability --p-meth, their signal drawn from the
 9-mer nucleotide table for unmethylated k-mers and from a synthetic CpG 9-mer model for k-mers
 holding a methylated C (`tests/r10_sim.py`); the truth per site goes to `truth.tsv`. Both models
-are written as the text both tools read (`model.txt`, `cpg.model`, 5^9 rows). Then it runs
-`f5c call-methylation --pore r10` and `streamer call` on 2 threads (a warm-up run, then
---repeats timed ones; bases/s from the median) and reports, for the rows (read, chromosome, strand, start,
-end) each writes, how they coincide, the share of LLRs within 0.01 and the largest difference,
-per-site accuracy and AUC against the truth, and bases/s. A tool that fails is reported and
-the other still scored.
+are written as the text both tools read (`model.txt`, 4^9 rows; `cpg.model`, 5^9 rows). Then it
+runs `f5c call-methylation --pore r10` and `streamer call` on 2 threads (a warm-up run of each,
+then --repeats rounds, the tools alternating so that a shared machine's load swings hit both)
+and reports, for the rows (read, chromosome, strand, start, end) each writes, how they
+coincide, the share of LLRs within 0.01 and the largest difference, per-site accuracy and AUC
+against the truth, bases per wall second and per CPU second (medians), and streamer's start-up
+and stage shares. A tool that fails is reported and the other still scored.
 
     python benchmarks/r10_meth_vs_f5c.py --f5c PATH/f5c --model ../shared/models/r10/dna_r10.4.1_400bps_9mer.npz \
         --genome ecoli.fa --work /tmp/r10meth [--reads 48] [--p-meth 0.5]
@@ -24,6 +25,7 @@ import csv
 import filecmp
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -71,18 +73,17 @@ def write_inputs(work: Path, model_path: Path, genome: Path, n_reads: int, p_met
     return sum(len(r.stretch) for r in reads)
 
 
-def run_timed(cmd: list[str], out: Path, cwd: Path, repeats: int) -> tuple[list[float], str]:
-    """Wall seconds of `repeats` runs after one that warms caches, or [] and the error line."""
-    walls = []
-    for _ in range(repeats + 1):
-        t0 = time.perf_counter()
-        with open(out, "w") as fh:
-            proc = subprocess.run(cmd, cwd=cwd, stdout=fh, stderr=subprocess.PIPE, text=True)
-        if proc.returncode != 0:
-            lines = proc.stderr.strip().splitlines()
-            return [], f"exit {proc.returncode}: {lines[-1] if lines else ''}"
-        walls.append(time.perf_counter() - t0)
-    return walls[1:], ""
+def run_once(cmd: list[str], out: Path, cwd: Path) -> tuple[float, float, str]:
+    """Wall and CPU (user + system) seconds of one run, and its last stderr line when it failed."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    with open(out, "w") as fh:
+        proc = subprocess.run(cmd, cwd=cwd, stdout=fh, stderr=subprocess.PIPE, text=True)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    lines = proc.stderr.strip().splitlines()
+    return wall, cpu, "" if proc.returncode == 0 else f"exit {proc.returncode}: {lines[-1] if lines else ''}"
 
 
 def read_calls(path: Path) -> dict[tuple, dict]:
@@ -178,15 +179,24 @@ def main() -> int:
                  for r in csv.DictReader(fh, delimiter="\t")}  # fmt: skip
     report: dict = {"reads": args.reads, "bases": bases, "p_meth": args.p_meth, "threads": args.threads}
     calls = {}
-    for tool, cmd in runs.items():
-        walls, error = run_timed(cmd, work / f"{tool}.tsv", work, args.repeats)
-        if not walls:
-            report[tool] = {"error": error}
-            print(f"{tool}: FAILED ({error})")
+    times: dict[str, list[tuple[float, float]]] = {tool: [] for tool in runs}
+    for round_ in range(args.repeats + 1):  # round 0 warms caches; tools alternate, so load swings hit both
+        for tool, cmd in runs.items():
+            if tool in report:
+                continue
+            wall, cpu, error = run_once(cmd, work / f"{tool}.tsv", work)
+            if error:
+                report[tool] = {"error": error}
+                print(f"{tool}: FAILED ({error})")
+            elif round_:
+                times[tool].append((wall, cpu))
+    for tool in runs:
+        if tool in report:
             continue
         calls[tool] = read_calls(work / f"{tool}.tsv")
-        wall = statistics.median(walls)
-        report[tool] = {"wall_s": [round(w, 2) for w in walls], "bases_per_s": round(bases / wall),
+        wall, cpu = (statistics.median(x) for x in zip(*times[tool]))
+        report[tool] = {"wall_s": [round(w, 2) for w, _ in times[tool]], "cpu_s": [round(c, 2) for _, c in times[tool]],
+                        "bases_per_s": round(bases / wall), "bases_per_cpu_s": round(bases / cpu),
                         **score(calls[tool], truth)}  # fmt: skip
         print(f"{tool}: {json.dumps(report[tool])}")
     if "error" not in report["streamer"]:  # the last run's own account: start-up and stage times
