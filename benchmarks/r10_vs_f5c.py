@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import argparse
 import filecmp
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT), str(ROOT / "plugins"), str(ROOT / "gpu")]
 from r10_sim import Placed, reverse_complement, simulate, write_run, write_text_model  # noqa: E402
 
 from streamer.io.reference import Reference  # noqa: E402
@@ -64,6 +66,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     n, bases = write_inputs(work, args.model, args.genome, args.reads, args.seed)
     print(f"{n} reads, {bases} bases")
+    os.environ["PYTHONPATH"] = os.pathsep.join(str(ROOT / d) for d in ("", "plugins", "gpu"))  # this checkout's
     common = ["-r", "reads.fasta", "-b", "reads.bam", "-g", str(args.genome.resolve()), "-t", "2"]
     subprocess.run([str(args.f5c.resolve()), "index", "--slow5", "sim.blow5", "reads.fasta"], cwd=work, check=True,
                    capture_output=True)  # fmt: skip
