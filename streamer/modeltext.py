@@ -34,9 +34,9 @@ ROW, COMMENT, BLANK = 0, 1, 2
 def scan_lines(data):
     """Split model text into lines and whitespace-separated fields, in one pass.
 
-    Per line: kind (ROW, COMMENT for `#...` or a `kmer ...` column line, BLANK), byte offsets
-    of its first three fields (start, end; -1 when absent) and its field count. Returns only
-    ROW lines' fields plus every line's kind; line numbers are the index + 1.
+    Per line (line number = index + 1): its kind (ROW; COMMENT for `#...` or a `kmer ...` column
+    line; BLANK), the byte offsets of its first three fields as (start, end) pairs (-1 where
+    absent) and its field count.
     """
     n = len(data)
     n_lines = 1
