@@ -133,10 +133,18 @@ class BatchConfig:
 class PipelineConfig:
     threads: int = _key(0, "CPU threads for the stages; 0 uses every core.", type=int, flag="--threads",
                         short="-t", minimum=0)
-    kmer_model: Path | None = _key(None, "Nucleotide pore model file (default: r9.4 450bps 6-mer).", type=Path,
-                                   flag="--kmer-model", must_exist="file")
-    meth_model: Path | None = _key(None, "CpG methylation pore model file (default: r9.4 450bps 6-mer).",
-                                   type=Path, flag="--meth-model", must_exist="file")
+    pore: str = _key(
+        "r9", "Pore chemistry of the watched runs; it picks the models that `kmer_model` and `meth_model` leave "
+        "unset: r9 the shipped R9.4 6-mer ones, r10 (R10.4.1) the 9-mer ones in `model_dir`/r10.", type=str,
+        flag="--pore", choices=("r9", "r10"))
+    kmer_model: Path | None = _key(None, "Nucleotide pore model file, text or uncalled4 .npz (default: by "
+                                   "`pore`).", type=Path, flag="--kmer-model", must_exist="file")
+    meth_model: Path | None = _key(None, "CpG methylation pore model file, nanopolish/f5c text (default: by "
+                                   "`pore`).", type=Path, flag="--meth-model", must_exist="file")
+    model_dir: Path | None = _key(
+        None, "Folder of per-pore models: for r10, `r10/dna_r10.4.1_400bps_9mer.npz` (uncalled4) and "
+        "`r10/r10_450bps.cpg.9mer.template.round9.model` (f5c's releases); default `$STREAMER_MODEL_DIR`, else "
+        "`$XDG_DATA_HOME/streamer/models`.", type=Path, flag="--model-dir")
     io_mode: str = _key(
         "auto", "Signal readers of `batch.read_ahead` as `processes` or `threads`; `auto` takes processes, as "
         "FAST5 and POD5 readers hold a lock or the GIL (threads suit SLOW5/BLOW5).", type=str, flag="--io-mode",

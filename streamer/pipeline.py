@@ -93,7 +93,7 @@ class Pipeline:
         self.meth_model: PoreModel | None = None
         if self.calls_methylation:
             self.kmer_model, self.meth_model = load_default_models(options.kmer_model, options.meth_model)
-        else:  # any nucleotide model, e.g. the R10.4.1 9-mer one, for which no CpG model is public
+        else:  # any nucleotide model of any k: eventalign needs no CpG model
             self.kmer_model = load_kmer_model(options.kmer_model)
         numba.set_num_threads(max(1, min(options.threads, numba.config.NUMBA_NUM_THREADS)))
         self.gpu = gpu_module("").open_gpu(options.cuda)
