@@ -141,8 +141,8 @@ def hmm_stage(data: Path, work: Path, ref_path: Path, copies: int, reps: int) ->
     """CPU against GPU `score_windows` on the shared reads' jobs tiled `copies` times."""
     from streamer.batching import BatchLimits, offline_batches
     from streamer.batch import pack
-    from streamer_gpu.hmm import CudaHmm
-    from streamer_gpu.options import CudaOptions
+    from streamer.gpu_api import CudaOptions
+    from streamer_plugins.cpg.hmm_cuda import CudaHmm
     from streamer.io.alignments import AlignmentRecord, AlignmentFilter, iter_alignments
     from streamer.io.fastx import load_basecalls
     from streamer.io.index import open_index
@@ -163,7 +163,7 @@ def hmm_stage(data: Path, work: Path, ref_path: Path, copies: int, reps: int) ->
         batches = list(offline_batches(iter_alignments(bam, filt), load_basecalls(work / "reads.fasta", wanted),
                                        open_index(work / "reads.fasta"), ref, BatchLimits(10**6, 10**10)))  # fmt: skip
     pipeline = Pipeline(PipelineOptions(cuda=CudaOptions(disable=True)), [CpgCaller()])
-    pipeline.gpu_hmm = recorder = Recorder()
+    pipeline.analysis("hmm").gpu = recorder = Recorder()
     pipeline.run_batch(pack([r for rs, _ in batches for r in rs]))
     job_read, w0, w1, e1, e2, ref_seq, ref_off, rc, ev, ev_off, sc, epb, k, model, params, table = recorder.args
     n = len(rc)

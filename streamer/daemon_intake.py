@@ -1,7 +1,7 @@
 """The daemon's file intake: a file the watcher reports complete, registered in the ledger.
 
 Signal files give their read ids (`streamer.io.signal.signal_read_ids`), basecall files their
-reads (`streamer.join.read_basecall_file`); the ledger joins the two by read id. A file that
+reads (`streamer.basecall_cache.read_basecall_file`); the ledger joins the two by read id. A file that
 cannot be read is set aside with its reason, once; STOP and `final_summary` files go to the
 end-of-run policy. The completeness checks themselves live with the format readers, which
 the watcher asks.

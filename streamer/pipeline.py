@@ -25,12 +25,12 @@ import numpy as np
 from streamer.abea import align_batch
 from streamer.batch import CIGAR_M, ReadBatch, ReadInput, pack
 from streamer.events import detect_events
+from streamer.gpu_api import AbeaBatchStats, CudaOptions, HmmBatchStats, gpu_module
 from streamer.io.fast5 import SignalRecord
 from streamer.poremodel import PoreModel, load_kmer_model
 from streamer.postalign import recalibrate_batch
 from streamer.scaling import estimate_scalings
 from streamer.skips import Skip, Skipped
-from streamer_gpu import AbeaBatchStats, CudaOptions, HmmBatchStats, open_gpu, open_gpu_hmm
 
 
 @dataclass(frozen=True)
@@ -156,16 +156,16 @@ class Pipeline:
 
     `analyses` are the stages after the core's, in order. Batches may run on several threads
     at once (`streamer call` overlaps them); the GPU stages, whose device buffers serve one
-    batch at a time, take turns on `gpu_lock`.
+    batch at a time, take turns on `gpu_lock`. `gpu` is the GPU ABEA stage, or None; an analysis
+    opens its own GPU part only when it is set.
     """
 
     def __init__(self, options: PipelineOptions = PipelineOptions(), analyses: list[Stage] | tuple[Stage, ...] = ()):
         self.options = options
-        self.kmer_model: PoreModel = load_kmer_model(options.kmer_model)
+        self.kmer_model: PoreModel = load_kmer_model(options.kmer_model)  # any k; a caller checks its own model
         self.stages: list[Stage] = [stage() for stage in CORE_STAGES] + list(analyses)
         numba.set_num_threads(max(1, min(options.threads, numba.config.NUMBA_NUM_THREADS)))
-        self.gpu = open_gpu(options.cuda)
-        self.gpu_hmm = open_gpu_hmm(options.cuda) if self.gpu is not None else None
+        self.gpu = gpu_module("").open_gpu(options.cuda)
         self.gpu_lock = threading.Lock()
         for stage in self.stages:
             stage.open(self)

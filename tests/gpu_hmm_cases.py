@@ -23,9 +23,8 @@ import numpy as np
 
 from streamer.batching import BatchLimits, offline_batches
 from streamer.batch import pack
-from streamer_gpu.hmm import CudaHmm
-from streamer_gpu.kernels import SIMULATED
-from streamer_gpu.options import CudaOptions
+from streamer.gpu_api import CudaOptions
+from streamer_gpu.target import SIMULATED
 from streamer.io.alignments import AlignmentRecord, AlignmentFilter, iter_alignments
 from streamer.io.fastx import load_basecalls
 from streamer.io.index import open_index
@@ -33,6 +32,7 @@ from streamer.io.reference import Reference
 from streamer.pipeline import Pipeline, PipelineOptions
 from streamer_plugins.cpg.caller import CpgCaller
 from streamer_plugins.cpg.hmm import score_windows
+from streamer_plugins.cpg.hmm_cuda import CudaHmm
 
 ECOLI = Path(__file__).parent / "data" / "ecoli"
 REFERENCE = Path(__file__).parent / "data" / "ecoli_k12_mg1655.fa.gz"
@@ -63,7 +63,7 @@ def fixture_jobs(work: Path) -> tuple:
                                        BatchLimits(), str(reads)))  # fmt: skip
     pipeline = Pipeline(PipelineOptions(threads=2, cuda=CudaOptions(disable=True)), [CpgCaller()])
     recorder = Recorder()
-    pipeline.gpu_hmm = recorder
+    pipeline.analysis("hmm").gpu = recorder
     pipeline.run_batch(pack([r for rs, _ in batches for r in rs]))
     return recorder.args
 

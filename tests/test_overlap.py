@@ -17,7 +17,7 @@ from conftest import ECOLI, REFERENCE
 from streamer import batch_runner, signal_pool
 from streamer.batching import BatchLimits, batch_inputs, chunk_records, load_chunk, load_signals, plan_batches, signal_requests
 from streamer.batch import pack
-from streamer_gpu import CudaOptions
+from streamer.gpu_api import CudaOptions
 from streamer.io.alignments import AlignmentRecord, AlignmentFilter, iter_alignments
 from streamer.io.fastx import load_basecalls
 from streamer.io.index import SignalIndex, open_index

@@ -1,7 +1,7 @@
 """The CpG methylation caller as a stage of the chain (`streamer.analyses` entry point `cpg`).
 
 It runs after recalibration on the reads still going, scores every CpG group with the
-profile HMM (on the GPU when the pipeline has one for it) and keeps the calls, a
+profile HMM (on the GPU when ABEA runs on one and `--disable-cuda-hmm` is not given) and keeps the calls, a
 `MethCalls`, in `batch.products["calls"]`. Reads without a CpG it can score are failed.
 """
 
@@ -13,6 +13,7 @@ from streamer.batch import ReadBatch
 from streamer.pipeline import Pipeline
 from streamer.poremodel import PoreModel, load_default_models
 from streamer_plugins.cpg.calls import call_methylation
+from streamer_plugins.cpg.hmm_gpu import open_gpu_hmm
 
 CALLS = "calls"  # its key in `batch.products`
 
@@ -23,9 +24,12 @@ class CpgCaller:
 
     def __init__(self) -> None:
         self.meth_model: PoreModel | None = None
+        self.gpu = None  # the GPU HMM, when ABEA is on a GPU and the HMM may follow it there
 
     def open(self, pipeline: Pipeline) -> None:
         _, self.meth_model = load_default_models(pipeline.options.kmer_model, pipeline.options.meth_model)
+        if pipeline.gpu is not None:
+            self.gpu = open_gpu_hmm(pipeline.options.cuda)
 
     def __call__(self, batch: ReadBatch, pipeline: Pipeline) -> None:
         post = batch.post
@@ -33,7 +37,7 @@ class CpgCaller:
         with np.errstate(divide="ignore", invalid="ignore"):
             log_var = np.log(post.exact[:, 2])
         args = (batch, pipeline.kmer_model, self.meth_model, post.events_per_base)
-        gpu = pipeline.gpu_hmm
+        gpu = self.gpu
         if gpu is None:
             batch.products[CALLS] = call_methylation(*args, log_var=log_var)
             return
