@@ -215,12 +215,14 @@ def run_batches(
     render: Callable[[BatchResult], Any] = lambda result: None,
     on_skipped: Callable[[list[Skipped]], None] | None = None,
     options: RunnerOptions = RunnerOptions(),
+    on_batch_done: Callable[[], None] | None = None,
 ) -> None:
     """Run every planned batch through the pipeline, counting into `summary`.
 
     `render` runs on the compute threads (formatting); `on_result` gets each result with what
     `render` made of it, in batch order on the calling thread, and returns the rows it wrote;
-    `on_skipped` each batch's skipped records (planning and stages), before its result.
+    `on_skipped` each batch's skipped records (planning and stages), before its result;
+    `on_batch_done` once per batch, when all of it is handed over.
     """
     run = _Run(pipeline, ref, pool, options, render)
     run.start(plans)
@@ -230,16 +232,17 @@ def run_batches(
             summary.reads_in += n_in
             if on_skipped is not None:
                 on_skipped(skipped)
-            if result is None:
-                continue
-            if on_skipped is not None:
-                on_skipped(result.skipped)
-            summary.reads_called += result.n_reads - len(result.skipped)
-            summary.bases += result.n_bases
-            summary.stage_seconds.update(result.timings)
-            _count_gpu(summary, result)
-            summary.calls += on_result(result, rendered)
-            summary.stage_seconds["write"] += time.perf_counter() - t0
+            if result is not None:
+                if on_skipped is not None:
+                    on_skipped(result.skipped)
+                summary.reads_called += result.n_reads - len(result.skipped)
+                summary.bases += result.n_bases
+                summary.stage_seconds.update(result.timings)
+                _count_gpu(summary, result)
+                summary.calls += on_result(result, rendered)
+                summary.stage_seconds["write"] += time.perf_counter() - t0
+            if on_batch_done is not None:
+                on_batch_done()
     finally:
         run.stop()
     summary.stage_seconds["read"] += run.read_seconds

@@ -75,19 +75,29 @@ def read_tasks(wanted: Mapping[Path, list[str]], reads_per_task: int) -> list[di
 
 def _end_with(pid: int) -> None:
     """In a reader process: exit once process `pid` is gone. A pool's workers wait for work on a
-    pipe they hold both ends of, so without this they outlive a `kill -9` of their owner."""
+    pipe they hold both ends of, so without this they outlive a `kill -9` of their owner, and
+    keep its output pipes open: a parent reading those to the end before it reaps the owner
+    would wait for ever. So an owner that has died but is not yet reaped counts as gone."""
 
     def watch() -> None:
         while True:
             time.sleep(1.0)
             try:
                 os.kill(pid, 0)
-            except ProcessLookupError:
+            except (ProcessLookupError, PermissionError):  # PermissionError: the pid is another user's now
                 os._exit(0)
-            except PermissionError:  # the pid is another user's now: ours is gone
+            if _is_zombie(pid):
                 os._exit(0)
 
     threading.Thread(target=watch, name="owner-watch", daemon=True).start()
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rpartition(b")")[2].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return False  # no /proc (macOS): os.kill alone decides
 
 
 _FORK_SERVER_START = threading.Lock()
