@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 import reference_hmm
-from streamer.poremodel import METHYL_CPG, PoreModel, logf
+from streamer.poremodel import METHYL_CPG, NUCLEOTIDE, PoreModel, logf
 from streamer_plugins.cpg.hmm import HmmParams, pack_model, pack_scalings
 from streamer_plugins.cpg.logsum import LOGSUM_TABLE
 
@@ -22,10 +22,17 @@ def methyl_shift(k: int) -> np.ndarray:
     return np.linspace(-3.0, 4.0, k).astype(np.float32)
 
 
-def cpg_model(k: int = K, seed: int = 9) -> PoreModel:
+def nucleotide_model(k: int = K, seed: int = 9) -> PoreModel:
+    """The nucleotide k-mer levels the CpG model is built from."""
     rng = np.random.default_rng(seed)
-    nuc_mean = rng.uniform(60.0, 120.0, 4**k).astype(np.float32)
-    nuc_stdv = rng.uniform(1.0, 3.0, 4**k).astype(np.float32)
+    mean = rng.uniform(60.0, 120.0, 4**k).astype(np.float32)
+    stdv = rng.uniform(1.0, 3.0, 4**k).astype(np.float32)
+    return PoreModel(f"synthetic_{k}mer", k, NUCLEOTIDE, mean, stdv, logf(stdv))
+
+
+def cpg_model(k: int = K, seed: int = 9) -> PoreModel:
+    """Every ACGMT k-mer at its nucleotide k-mer's level (M read as C), shifted for each M."""
+    nuc = nucleotide_model(k, seed)
     ranks = np.arange(5**k, dtype=np.int64)
     nuc_rank = np.zeros(5**k, np.int64)
     shift = np.zeros(5**k, np.float32)
@@ -34,8 +41,8 @@ def cpg_model(k: int = K, seed: int = 9) -> PoreModel:
         digit = ranks // 5 ** (k - 1 - pos) % 5
         nuc_rank = nuc_rank * 4 + as_nucleotide[digit]
         shift[digit == 3] += delta
-    stdv = nuc_stdv[nuc_rank]
-    return PoreModel(f"synthetic_cpg_{k}mer", k, METHYL_CPG, nuc_mean[nuc_rank] + shift, stdv, logf(stdv))
+    stdv = nuc.level_stdv[nuc_rank]
+    return PoreModel(f"synthetic_cpg_{k}mer", k, METHYL_CPG, nuc.level_mean[nuc_rank] + shift, stdv, logf(stdv))
 
 
 def events_for(model, window, rc, methylated, rng, noise=1.0, scale=1.05, shift=-2.0):

@@ -1,5 +1,6 @@
 """The CpG profile HMM with a 9-mer model (R10.4.1's k): bit for bit the slow reference, windows in
-parallel equal to single windows, and the methylated hypothesis winning on methylated events."""
+parallel equal to single windows, the methylated hypothesis winning on methylated events, and the
+windows, their events and their sequence planned for 9-mers."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import numpy as np
 import pytest
 
 import reference_hmm
-from cpg_model9 import cpg_model, events_for, synthetic_jobs
+from cpg_model9 import cpg_model, events_for, nucleotide_model, synthetic_jobs
+from streamer.batch import CIGAR_M
+from streamer_plugins.cpg.calls import call_methylation
+from test_cpg import cig, make_batch, random_ref
 from streamer_plugins.cpg.hmm import (
     HmmParams,
     block_transitions,
@@ -73,3 +77,27 @@ def test_parallel_k9_jobs_equal_single_windows(meth9):
             one = profile_forward(ref, ref_off[r] + w0[i], w1[i] - w0[i], rc[r], meth_flag, events, e1[i], e2[i], k,
                                   model, scalings[r], trans, params, table)  # fmt: skip
             assert out[i] == one and np.isfinite(one)
+
+
+def test_call_methylation_plans_9mer_windows(meth9):
+    rng = np.random.default_rng(4)
+    fwd = random_ref(rng, 200, [50, 57, 120])
+    rev = random_ref(rng, 200, [80])
+    specs = [("fwd", fwd, False, cig((CIGAR_M, 200))), ("rev", rev, True, cig((CIGAR_M, 200)))]
+    models = (nucleotide_model(K), meth9)
+    b = make_batch(models, specs, rng)  # two events per read k-mer, from the methylated model
+    calls = call_methylation(b, *models)
+    assert calls.read.tolist() == [0, 0, 1]
+    assert calls.start.tolist() == [5050, 5120, 5080] and calls.end.tolist() == [5057, 5120, 5080]
+    assert calls.strand.tolist() == [1, 1, -1]
+    assert calls.sequence == [fwd[42:66], fwd[112:129], rev[72:89]]  # k - 1 before the first C to k after the last
+    assert np.all(calls.llr > 0)
+    epb = (2 * 192 - 1) / 192  # (last event - first event) / 9-mers
+    # the first group's window [40, 67] on k-mers 2i -> events 2i: events 80..134
+    want = reference_hmm.forward(fwd[40:68], b.ev_mean[: b.ev_off[1]], 80, 134, False, True, meth9.level_mean,
+                                 meth9.level_stdv, 1.0, 0.0, 1.0, epb, k=K)  # fmt: skip
+    assert calls.ll_meth[0] == want
+    # reverse strand: window [70, 90], read k-mer of reference base p is 200 - p - 9
+    want = reference_hmm.forward(rev[70:91], b.ev_mean[b.ev_off[1] : b.ev_off[2]], 2 * 121, 2 * 101, True, False,
+                                 meth9.level_mean, meth9.level_stdv, 1.0, 0.0, 1.0, epb, k=K)  # fmt: skip
+    assert calls.ll_unmeth[2] == want
