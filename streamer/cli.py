@@ -1,4 +1,6 @@
-"""The `streamer` command: one sub-command per module in `streamer.commands`.
+"""The `streamer` command: one sub-command per module in `streamer.commands`, plus those that
+installed packages register in the `streamer.commands` entry-point group (a plugin's command
+without the core importing the plugin; a core command keeps its name).
 
 Each command module defines `NAME`, `HELP`, `add_arguments(parser)` and `run(args) -> int`.
 Errors that streamer raises on purpose print one line and exit non-zero; set
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import logging
 import os
 import pkgutil
@@ -27,12 +30,19 @@ def _command_modules():
             yield importlib.import_module(f"streamer.commands.{info.name}")
 
 
+def _plugin_command_modules(taken: set[str]):
+    for ep in sorted(importlib.metadata.entry_points(group="streamer.commands"), key=lambda e: e.name):
+        if ep.name not in taken:
+            yield ep.load()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streamer", description=streamer.__doc__)
     parser.add_argument("--version", action="version", version=f"streamer {streamer.__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for mod in _command_modules():
+    core = list(_command_modules())
+    for mod in core + list(_plugin_command_modules({m.NAME for m in core})):
         p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
