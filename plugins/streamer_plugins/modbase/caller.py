@@ -85,14 +85,64 @@ def canonical_probability(probs: np.ndarray) -> np.ndarray:
     return np.float32(1) - np.nansum(probs, axis=1, dtype=np.float32)
 
 
+_FX_SEED = 0x517CC1B727220A95
+_MASK64 = (1 << 64) - 1
+
+
+def _fx_hash(code: str) -> int:
+    """rustc-hash 1.1's FxHasher over modkit's ModCodeRepr (enum discriminant, then the char or ChEBI number)."""
+    h = 0
+    for word in ((0, ord(code)) if not code.isdigit() else (1, int(code))):
+        h = ((((h << 5) | (h >> 59)) & _MASK64) ^ word) * _FX_SEED & _MASK64
+    return h
+
+
+def hash_order(codes: tuple[str, ...]) -> list[int]:
+    """Indices of `codes` (in insertion order) in the order modkit's hash map of them iterates.
+
+    Among mod classes of equal probability modkit's call is the last one its map yields, so
+    this replays hashbrown's slot choice (16-byte control groups, power-of-two buckets).
+    """
+    slots: list[int | None] = []
+    for i in range(len(codes)):
+        capacity = len(slots) - 1 if len(slots) <= 8 else len(slots) // 8 * 7
+        if i + 1 > capacity:
+            n = max(i + 1, capacity + 1)
+            buckets = (4 if n < 4 else 8) if n < 8 else 1 << (n * 8 // 7 - 1).bit_length()
+            old = [j for j in slots if j is not None]
+            slots = [None] * buckets
+            for j in old:
+                _insert(slots, j, codes)
+        _insert(slots, i, codes)
+    return [j for j in slots if j is not None]
+
+
+def _insert(slots: list, i: int, codes) -> None:
+    mask = len(slots) - 1
+    pos = _fx_hash(codes[i]) & mask
+    stride = 0
+    while True:
+        group = [slots[(pos + k) & mask] if pos + k <= mask or len(slots) >= 16 else None for k in range(16)]
+        free = [k for k, v in enumerate(group) if v is None]
+        if free:
+            at = (pos + free[0]) & mask
+            if slots[at] is not None:  # small table: the group ran past the end
+                at = next(k for k, v in enumerate(slots) if v is None)
+            slots[at] = i
+            return
+        stride += 16
+        pos = (pos + stride) & mask
+
+
 def call_positions(probs: np.ndarray, codes: tuple[str, ...], base: int, thresholds: Thresholds) -> np.ndarray:
     """Call index per position: FAIL, a code's index, or len(codes) for canonical."""
     n, k = probs.shape
     canonical = canonical_probability(probs)
     limits = np.array([thresholds.for_code(c, base) for c in codes], dtype=np.float32)
     scores = np.where(probs >= limits, probs, -np.inf) if k else np.zeros((n, 0), np.float32)
-    # among equal mod probabilities the last code of the record's entries wins
-    best = (k - 1 - np.argmax(scores[:, ::-1], axis=1)) if k else np.zeros(n, np.int64)
+    # among equal mod probabilities the last one in modkit's map order wins
+    order = np.array(hash_order(codes), dtype=np.int64)[::-1]
+    best = order[np.argmax(scores[:, order], axis=1)] if k else np.zeros(n, np.int64)
     best_score = scores[np.arange(n), best] if k else np.full(n, -np.inf)
     can_ok = canonical >= thresholds.for_base(base)
     out = np.where(best_score > -np.inf, best, FAIL)
@@ -128,6 +178,10 @@ def ignore_code(codes: tuple[str, ...], probs: np.ndarray, code: str) -> tuple[t
     if code not in codes:
         return codes, probs
     j = codes.index(code)
+    # modkit rebuilds the map in its old iteration order
+    order = [i for i in hash_order(codes) if i != j]
+    codes, probs = tuple(codes[i] for i in order) + (code,), probs[:, order + [j]]
+    j = len(codes) - 1
     marginal = np.nan_to_num(probs[:, j], nan=0.0).astype(np.float32)
     rest = np.delete(probs, j, axis=1)
     share = marginal / (np.sum(~np.isnan(rest), axis=1).astype(np.float32) + np.float32(1))

@@ -8,9 +8,11 @@ count.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import logging
 import random
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,15 +87,20 @@ def _coordinate(item) -> tuple[int, int]:
 
 
 def _open(path: Path) -> pysam.AlignmentFile:
+    """The BAM, opened even without its end-of-file marker (a truncation is reported where reading stops)."""
+    pysam.set_verbosity(0)  # htslib's own messages would add lines to the one we log
     try:
-        return pysam.AlignmentFile(str(path), "rb", check_sq=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return pysam.AlignmentFile(str(path), "rb", check_sq=False, ignore_truncation=True)
     except (OSError, ValueError) as exc:
         raise InputError(path, f"cannot read as BAM: {exc}") from None
 
 
 def _records(path: Path, region: Region | None, mapped_only: bool):
     last = None
-    with _open(path) as bam:
+    bam = _open(path)
+    with contextlib.suppress(OSError), contextlib.closing(bam):
         try:
             if region is not None and bam.has_index():
                 it = bam.fetch(region.contig, region.start, region.end)
