@@ -94,17 +94,17 @@ def render(table: Table, counts: PileupCounts, layout: Layout) -> str:
         order = np.lexsort((table.motif, rank[table.entry], table.strand, table.pos, table.tid))
     named = len(layout.motifs) >= 2
     sep = " " if layout.mixed_delim else "\t"
-    values = table.values
+    values = table.values[order]
     percent = values[:, 1].astype(np.float32) / values[:, 0].astype(np.float32) * np.float32(100)
-    lines = []
-    for i in order.tolist():
-        code = codes[table.entry[i]]
-        name = f"{code},{layout.motifs[table.motif[i]].label}" if named else code
-        p = table.pos[i]
-        v = values[i]
-        lines.append(f"{counts.names[table.tid[i]]}\t{p}\t{p + 1}\t{name}\t{v[0]}\t{_STRAND[table.strand[i]]}\t{p}\t"
-                     f"{p + 1}\t255,0,0\t{v[0]}{sep}{float(percent[i]):.2f}{sep}{v[1]}{sep}{v[2]}{sep}{v[3]}{sep}"
-                     f"{v[4]}{sep}{v[5]}{sep}{v[6]}{sep}{v[7]}\n")
+    if named:
+        names = [f"{codes[e]},{layout.motifs[m].label}" for e, m in zip(table.entry[order].tolist(), table.motif[order].tolist())]
+    else:
+        names = [codes[e] for e in table.entry[order].tolist()]
+    chrom = [counts.names[t] for t in table.tid[order].tolist()]
+    strands = [_STRAND[s] for s in table.strand[order].tolist()]
+    lines = [f"{c}\t{p}\t{p + 1}\t{n}\t{v[0]}\t{st}\t{p}\t{p + 1}\t255,0,0\t{v[0]}{sep}{pc:.2f}{sep}{v[1]}{sep}{v[2]}{sep}"
+             f"{v[3]}{sep}{v[4]}{sep}{v[5]}{sep}{v[6]}{sep}{v[7]}\n"
+             for c, p, n, st, v, pc in zip(chrom, table.pos[order].tolist(), names, strands, values.tolist(), percent.tolist())]
     return "".join(lines)
 
 

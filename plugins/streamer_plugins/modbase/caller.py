@@ -9,6 +9,7 @@ winning a tie; no candidate is a failed call. `--no-filtering` is every threshol
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -97,7 +98,8 @@ def _fx_hash(code: str) -> int:
     return h
 
 
-def hash_order(codes: tuple[str, ...]) -> list[int]:
+@functools.lru_cache(maxsize=256)
+def hash_order(codes: tuple[str, ...]) -> tuple[int, ...]:
     """Indices of `codes` (in insertion order) in the order modkit's hash map of them iterates.
 
     Among mod classes of equal probability modkit's call is the last one its map yields, so
@@ -114,7 +116,7 @@ def hash_order(codes: tuple[str, ...]) -> list[int]:
             for j in old:
                 _insert(slots, j, codes)
         _insert(slots, i, codes)
-    return [j for j in slots if j is not None]
+    return tuple(j for j in slots if j is not None)
 
 
 def _insert(slots: list, i: int, codes) -> None:
@@ -179,7 +181,7 @@ def ignore_code(codes: tuple[str, ...], probs: np.ndarray, code: str) -> tuple[t
         return codes, probs
     j = codes.index(code)
     # modkit rebuilds the map in its old iteration order
-    order = [i for i in hash_order(codes) if i != j]
+    order = [i for i in hash_order(tuple(codes)) if i != j]
     codes, probs = tuple(codes[i] for i in order) + (code,), probs[:, order + [j]]
     j = len(codes) - 1
     marginal = np.nan_to_num(probs[:, j], nan=0.0).astype(np.float32)

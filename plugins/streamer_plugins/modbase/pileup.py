@@ -112,7 +112,7 @@ class PileupCounts:
 
     def _new_slot(self) -> int:
         if self._used == len(self.counts):
-            grow = max(8, len(self.counts))
+            grow = max(64, len(self.counts))
             self.counts = np.concatenate([self.counts, np.zeros((grow,) + self.counts.shape[1:], np.uint32)])
             self.masks = np.concatenate([self.masks, np.zeros((grow,) + self.masks.shape[1:], np.uint64)])
             self.focus = np.concatenate([self.focus, np.zeros((grow,) + self.focus.shape[1:], np.uint8)])

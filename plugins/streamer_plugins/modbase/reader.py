@@ -134,15 +134,22 @@ class Sampling:
 def estimate_thresholds(inputs: BamInputs, sampling: Sampling, region: Region | None) -> Thresholds:
     """Per primary base, the `percentile` quantile of the most likely class's probability over sampled reads.
 
-    With `-f`, each read is kept with that probability; otherwise a uniform sample of at most
-    `-n` reads (all reads when there are fewer, as in modkit; a larger input is sampled with
-    streamer's own generator, so the estimate can differ slightly from modkit's).
+    With `-f`, each read is kept with that probability; otherwise about `-n` reads drawn
+    uniformly from the input (all reads when there are fewer, as in modkit; a larger input is
+    sampled with streamer's own generator, so the estimate can differ slightly from modkit's).
     """
     rng = random.Random(sampling.seed)
+    chosen = None
+    if sampling.fraction is None:
+        total = sum(1 for _ in inputs.records(region, mapped_only=not sampling.include_unmapped))
+        if total > sampling.num_reads:
+            chosen = set(rng.sample(range(total), sampling.num_reads))
     seen: set[str] = set()
-    sample: list[dict[int, np.ndarray]] = []
-    n_used = 0
-    for rec, _ in inputs.records(region, mapped_only=not sampling.include_unmapped):
+    per_base: dict[int, list[np.ndarray]] = {}
+    records = inputs.records(region, mapped_only=not sampling.include_unmapped)
+    for i, (rec, _) in enumerate(records):
+        if chosen is not None and i not in chosen:
+            continue
         if rec.is_secondary or rec.is_supplementary or rec.is_duplicate or not rec.query_length:
             continue
         if rec.query_name in seen:
@@ -153,15 +160,6 @@ def estimate_thresholds(inputs: BamInputs, sampling: Sampling, region: Region | 
         if values is None:
             continue
         seen.add(rec.query_name)
-        n_used += 1
-        if sampling.fraction is not None or len(sample) < sampling.num_reads:
-            sample.append(values)
-        else:
-            j = rng.randrange(n_used)
-            if j < sampling.num_reads:
-                sample[j] = values
-    per_base: dict[int, list[np.ndarray]] = {}
-    for values in sample:
         for base, v in values.items():
             per_base.setdefault(base, []).append(v)
     thresholds = {b: percentile(np.concatenate(v), sampling.percentile) for b, v in per_base.items()}
@@ -179,10 +177,14 @@ def _read_values(rec: pysam.AlignedSegment, sampling: Sampling) -> dict[int, np.
     aligned = None
     if not sampling.include_unmapped:
         aligned = np.zeros(len(fseq), bool)
-        q = np.array([qp for qp, _ in rec.get_aligned_pairs(matches_only=True)], dtype=np.int64)
+        q = 0
+        for op, length in rec.cigartuples or ():
+            if op in (0, 7, 8):
+                aligned[q:q + length] = True
+            if op in (0, 1, 4, 7, 8):
+                q += length
         if rec.is_reverse:
-            q = len(fseq) - 1 - q
-        aligned[q] = True
+            aligned = aligned[::-1]
     out: dict[int, list[np.ndarray]] = {}
     for g in groups:
         values = argmax_probability(g.probs)

@@ -10,6 +10,7 @@ treats the read as having no calls, as modkit does.
 from __future__ import annotations
 
 import array
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -126,10 +127,7 @@ def read_mod_groups(rec: pysam.AlignedSegment, fseq: np.ndarray) -> tuple[list[M
         if not entry:
             continue
         base, minus, codes, mode, rest = _parse_header(entry)
-        try:
-            deltas = np.array([int(x) for x in rest.split(",")], dtype=np.int64) if rest.strip() else np.zeros(0, np.int64)
-        except ValueError:
-            raise ModTagError(f"MM entry {entry.split(',')[0]!r} has a malformed position list") from None
+        deltas = _deltas(rest, entry)
         if (deltas < 0).any():
             raise ModTagError("MM entry has a negative skip count")
         positions = _positions(fseq, base, deltas)
@@ -144,14 +142,21 @@ def read_mod_groups(rec: pysam.AlignedSegment, fseq: np.ndarray) -> tuple[list[M
         implicit_bases = [] if mode == EXPLICIT else ([_CODE[ord(base)]] if base != "N" else [0, 1, 2, 3])
         if mode != EXPLICIT and base == "N" and (fseq > 3).any():
             raise ModTagError("implicit N entry on a read with non-ACGT bases")
-        for b in sorted(set(bases.tolist()) | set(int(x) for x in implicit_bases)):
-            sel = bases == b
+        if base != "N":
+            called = [int(_CODE[ord(base)])]
+        else:
+            called = sorted(set(bases.tolist()))
+        for b in sorted(set(called) | set(int(x) for x in implicit_bases)):
+            sel = bases == b if base == "N" else slice(None)
             pos, p = positions[sel], probs[sel]
-            if b in implicit_bases:
-                implied = np.setdiff1d(np.flatnonzero(fseq == b), pos)
-                inferred = np.concatenate([np.zeros(len(pos), bool), np.ones(len(implied), bool)])
-                p = np.concatenate([p, np.zeros((len(implied), len(codes)), np.float32)])
-                pos = np.concatenate([pos, implied])
+            if b in implicit_bases:  # every other base of the kind: canonical, probability 0 per code
+                every = np.flatnonzero(fseq == b)
+                at = np.searchsorted(every, pos)
+                table = np.zeros((len(every), len(codes)), np.float32)
+                table[at] = p
+                inferred = np.ones(len(every), bool)
+                inferred[at] = False
+                pos, p = every, table
             else:
                 inferred = np.zeros(len(pos), bool)
             _merge(merged, (b, minus), mode, codes, pos, p, inferred)
@@ -162,13 +167,22 @@ def read_mod_groups(rec: pysam.AlignedSegment, fseq: np.ndarray) -> tuple[list[M
     return [_group(key, m) for key, m in merged.items()], note
 
 
+def _deltas(rest: str, entry: str) -> np.ndarray:
+    if not rest.strip():
+        return np.zeros(0, np.int64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        deltas = np.fromstring(rest, dtype=np.int64, sep=",")
+    if len(deltas) != rest.count(",") + 1 or not rest.replace(",", "").replace(" ", "").lstrip("-").isdigit():
+        raise ModTagError(f"MM entry {entry.split(',')[0]!r} has a malformed position list")
+    return deltas
+
+
 def _merge(merged: dict, key, mode: str, codes, pos, probs, inferred) -> None:
-    """Add one entry's calls for a (base, strand); modkit's conflict rules decide what is refused."""
-    order = np.argsort(pos, kind="stable")
-    pos, probs, inferred = pos[order], probs[order], inferred[order]
+    """Add one entry's calls (positions ascending) for a (base, strand); modkit's conflict rules decide what is refused."""
     g = merged.get(key)
     if g is None:
-        merged[key] = {"mode": mode, "codes": list(codes), "pos": pos, "probs": probs.copy(), "inferred": inferred}
+        merged[key] = {"mode": mode, "codes": list(codes), "pos": pos, "probs": probs, "inferred": inferred}
         return
     if g["mode"] != mode:
         g["mode"] = IMPLICIT
@@ -176,6 +190,16 @@ def _merge(merged: dict, key, mode: str, codes, pos, probs, inferred) -> None:
         if code not in g["codes"]:
             g["codes"].append(code)
             g["probs"] = np.concatenate([g["probs"], np.full((len(g["pos"]), 1), np.nan, np.float32)], axis=1)
+    if len(pos) == len(g["pos"]) and np.array_equal(pos, g["pos"]):  # the usual case: C+h and C+m at the same Cs
+        if (g["inferred"] != inferred).any():
+            raise ModTagError("a position is both called and implied canonical")
+        table = g["probs"]
+        for j, code in enumerate(codes):
+            col = table[:, g["codes"].index(code)]
+            table[:, g["codes"].index(code)] = np.where(np.isnan(col), probs[:, j], col + probs[:, j])
+        if (np.nansum(table, axis=1, dtype=np.float32) > MAX_PROB).any():
+            raise ModTagError("modification probabilities at a position sum above 1")
+        return
     allpos = np.union1d(g["pos"], pos)
     table = np.full((len(allpos), len(g["codes"])), np.nan, np.float32)
     flags = np.zeros(len(allpos), bool)
