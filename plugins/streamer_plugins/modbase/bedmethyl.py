@@ -15,10 +15,10 @@ import numpy as np
 
 from streamer_plugins.modbase.motifs import Motif, MotifSites
 from streamer_plugins.modbase.pileup import PileupCounts
+from streamer_plugins.modbase.rowtext import render_text
 
 # columns of PileupCounts.rows()
 POS, STRAND, ENTRY, COV, NMOD, NCAN, NOTHER, NDEL, NFAIL, NDIFF, NNOCALL = range(11)
-_STRAND = "+-."
 
 
 @dataclass(frozen=True)
@@ -92,20 +92,16 @@ def render(table: Table, counts: PileupCounts, layout: Layout) -> str:
         order = np.arange(len(key))
     else:
         order = np.lexsort((table.motif, rank[table.entry], table.strand, table.pos, table.tid))
-    named = len(layout.motifs) >= 2
-    sep = " " if layout.mixed_delim else "\t"
     values = table.values[order]
     percent = values[:, 1].astype(np.float32) / values[:, 0].astype(np.float32) * np.float32(100)
-    if named:
-        names = [f"{codes[e]},{layout.motifs[m].label}" for e, m in zip(table.entry[order].tolist(), table.motif[order].tolist())]
+    entry, motif = table.entry[order], table.motif[order]
+    if len(layout.motifs) >= 2:
+        pairs, name = np.unique(np.stack([entry, motif], axis=1), axis=0, return_inverse=True)
+        labels = [f"{codes[e]},{layout.motifs[m].label}" for e, m in pairs.tolist()]
     else:
-        names = [codes[e] for e in table.entry[order].tolist()]
-    chrom = [counts.names[t] for t in table.tid[order].tolist()]
-    strands = [_STRAND[s] for s in table.strand[order].tolist()]
-    lines = [f"{c}\t{p}\t{p + 1}\t{n}\t{v[0]}\t{st}\t{p}\t{p + 1}\t255,0,0\t{v[0]}{sep}{pc:.2f}{sep}{v[1]}{sep}{v[2]}{sep}"
-             f"{v[3]}{sep}{v[4]}{sep}{v[5]}{sep}{v[6]}{sep}{v[7]}\n"
-             for c, p, n, st, v, pc in zip(chrom, table.pos[order].tolist(), names, strands, values.tolist(), percent.tolist())]
-    return "".join(lines)
+        labels, name = codes, entry
+    return render_text(table.tid[order], table.pos[order], name.ravel(), table.strand[order], values, percent,
+                       labels, counts.names, layout.mixed_delim)
 
 
 class BedMethylWriter:

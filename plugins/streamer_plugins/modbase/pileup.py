@@ -9,6 +9,7 @@ of a coordinate-sorted input can reach.
 
 from __future__ import annotations
 
+import array
 import logging
 from dataclasses import dataclass, field
 from itertools import chain
@@ -16,8 +17,8 @@ from itertools import chain
 import numpy as np
 import pysam
 
-from streamer_plugins.modbase import tally
-from streamer_plugins.modbase.caller import FAIL, Thresholds, call_positions, ignore_code
+from streamer_plugins.modbase import fastcalls, tally
+from streamer_plugins.modbase.caller import FAIL, Thresholds, call_positions, hash_order, ignore_code
 from streamer_plugins.modbase.motifs import MotifSites
 from streamer_plugins.modbase.tags import DEFAULT_IMPLICIT, ModGroup, ModTagError, NoModTags, forward_codes, read_mod_groups
 
@@ -138,28 +139,134 @@ class PileupCounts:
         """Add a batch of (record, source file) pairs; returns the number of calls counted.
 
         Records that modkit's pileup would not read are passed over; bad tags log one line naming
-        the file and read, and that read's bases count as no call.
+        the file and read, and that read's bases count as no call. Usual tags are read for the
+        whole batch in numba (fastcalls.py), any other form through tags.py.
         """
-        batch = _Batch()
-        for rec, source in records:
-            if is_used(rec):
-                self._add_record(batch, rec, source)
-        if not batch.gstart:
+        used = [(rec, source) for rec, source in records if is_used(rec)]
+        if not used:
             return 0
-        arrays = batch.arrays()
+        slow: list = []
+        n = 0
+        if self.options.ignore is None:
+            fast = _Batch()
+            slow = self._add_fast(fast, used)
+            n += self._accumulate(fast.arrays(seq_codes=True))
+        else:
+            slow = used
+        if slow:
+            batch = _Batch()
+            for rec, source in slow:
+                self._add_record(batch, rec, source)
+            n += self._accumulate(batch.arrays())
+        self.n_reads += len(used)
+        self.n_calls += n
+        return n
+
+    def _accumulate(self, arrays: dict[str, np.ndarray]) -> int:
+        if not len(arrays["gstart"]):
+            return 0
         first = arrays["gstart"] >> tally.SHIFT
         last = (arrays["gend"] - 1) >> tally.SHIFT
         blocks = np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first.tolist(), last.tolist())]))
         lo_b, hi_b = self.lo >> tally.SHIFT, (self.hi - 1) >> tally.SHIFT
         self._ensure_blocks(blocks[(blocks >= lo_b) & (blocks <= hi_b)])
-        n = tally.accumulate(self.counts, self.masks, self.focus, self.block_slot, self.lo, self.hi,
-                             arrays["gstart"], arrays["rev"], arrays["mask_plus"], arrays["mask_minus"],
-                             arrays["cig_off"], arrays["cig"], arrays["seq_off"], arrays["seq"],
-                             arrays["pc_off"], arrays["pc_q"], arrays["pc_col"],
-                             arrays["nc_off"], arrays["nc_q"], arrays["nc_col"])
-        self.n_reads += len(batch.gstart)
-        self.n_calls += int(n)
-        return int(n)
+        return int(tally.accumulate(self.counts, self.masks, self.focus, self.block_slot, self.lo, self.hi,
+                                    arrays["gstart"], arrays["rev"], arrays["mask_plus"], arrays["mask_minus"],
+                                    arrays["cig_off"], arrays["cig"], arrays["seq_off"], arrays["seq"],
+                                    arrays["pc_off"], arrays["pc_q"], arrays["pc_col"],
+                                    arrays["nc_off"], arrays["nc_q"], arrays["nc_col"]))
+
+    def _add_fast(self, batch: "_Batch", used: list) -> list:
+        """Read the usual tags of `used` in numba into `batch`; returns the records left for tags.py."""
+        mms, mls = [], []
+        for rec, _ in used:
+            mm = ml = None
+            for mm_name, ml_name in (("MM", "ML"), ("Mm", "Ml")):
+                if rec.has_tag(mm_name):
+                    mm = rec.get_tag(mm_name)
+                    ml = rec.get_tag(ml_name) if rec.has_tag(ml_name) else None
+                    break
+            ok = mm is None or (isinstance(ml, array.array) and ml.typecode == "B" and not rec.has_tag("MN"))
+            mms.append(mm.encode() if ok and mm is not None else b"\x00" if not ok else b"")
+            mls.append(ml.tobytes() if ok and ml is not None else b"")
+        seqs = [rec.query_sequence.encode() for rec, _ in used]
+        seq = _SEQ_CODE[np.frombuffer(b"".join(seqs), np.uint8)]
+        seq_off = _offsets(np.array([len(x) for x in seqs], np.int64))
+        mm = np.frombuffer(b"".join(mms), np.uint8)
+        mm_off = _offsets(np.array([len(x) for x in mms], np.int64))
+        ml = np.frombuffer(b"".join(mls), np.uint8)
+        ml_off = _offsets(np.array([len(x) for x in mls], np.int64))
+        rev = np.array([rec.is_reverse for rec, _ in used], np.bool_)
+        n_reads = len(used)
+        status = np.zeros(n_reads, np.int64)
+        cap_g = fastcalls.MAX_GROUPS * n_reads
+        g = {k: np.zeros(cap_g, np.int64) for k in ("read", "base", "minus", "mode", "ncodes", "pos_off", "pos_end")}
+        g_codes = np.zeros((cap_g, fastcalls.MAX_CODES), np.int32)
+        positions = np.zeros(len(seq), np.int64)
+        explicit = np.zeros(len(seq), np.bool_)
+        probs = np.zeros((len(seq), fastcalls.MAX_CODES), np.float32)
+        n_g, _ = fastcalls.parse(mm, mm_off, ml, ml_off, seq, seq_off, rev, status, g["read"], g["base"], g["minus"],
+                                 g["mode"], g_codes, g["ncodes"], g["pos_off"], g["pos_end"], positions, explicit, probs)
+        g = {k: v[:n_g] for k, v in g.items()}
+        g_codes = g_codes[:n_g]
+        tables, g_table, mask_plus, mask_minus = self._fast_tables(g, g_codes, rev, used)
+        pc_off, nc_off = np.zeros(n_reads + 1, np.int64), np.zeros(n_reads + 1, np.int64)
+        pc_q, pc_col = np.zeros(len(seq), np.int64), np.zeros(len(seq), np.int64)
+        nc_q, nc_col = np.zeros(len(seq), np.int64), np.zeros(len(seq), np.int64)
+        fastcalls.calls(n_reads, seq_off, rev, g["read"], g["minus"].astype(np.bool_), g["ncodes"], g["pos_off"],
+                        g["pos_end"], g_table, positions, probs, *tables, pc_off, pc_q, pc_col, nc_off, nc_q, nc_col)
+        keep = status == fastcalls.OK
+        for i in np.flatnonzero(keep).tolist():
+            rec = used[i][0]
+            batch.add(self.goff[rec.reference_id] + rec.reference_start, self.goff[rec.reference_id] + rec.reference_end,
+                      rec.is_reverse, int(mask_plus[i]), int(mask_minus[i]), rec.cigartuples, None,
+                      [pc_q[pc_off[i]:pc_off[i + 1]]], [pc_col[pc_off[i]:pc_off[i + 1]]],
+                      [nc_q[nc_off[i]:nc_off[i + 1]]], [nc_col[nc_off[i]:nc_off[i + 1]]], sorted_calls=True)
+        batch.seq_parts.append((seq, seq_off, keep))
+        return [used[i] for i in np.flatnonzero(~keep).tolist()]
+
+    def _fast_tables(self, g: dict, g_codes: np.ndarray, rev: np.ndarray, used: list):
+        """Per group: offset into the call tables (-1: read without usable calls), and per-read masks."""
+        n_reads = len(rev)
+        has_pos = np.zeros(n_reads, np.bool_)
+        np.logical_or.at(has_pos, g["read"], g["pos_end"] > g["pos_off"])
+        refused = np.zeros(n_reads, np.bool_)
+        if not self.options.force_allow_implicit:
+            np.logical_or.at(refused, g["read"], g["mode"] == 2)
+            if refused.any() and not self._implicit_noted:
+                rec, source = used[int(np.flatnonzero(refused & has_pos)[0])] if (refused & has_pos).any() else used[0]
+                self._note_implicit(source, rec.query_name)
+        active = (has_pos & ~refused)[g["read"]] if len(g["read"]) else np.zeros(0, np.bool_)
+        cols, limits, order, offsets = [], [], [], {}
+        g_table = np.full(len(g["read"]), -1, np.int64)
+        mask_plus = np.zeros(n_reads, np.uint64)
+        mask_minus = np.zeros(n_reads, np.uint64)
+        thr = self.options.thresholds
+        for i in np.flatnonzero(active).tolist():
+            codes = tuple(chr(c) for c in g_codes[i, :g["ncodes"][i]])
+            tb = int(g["base"][i]) if not g["minus"][i] else 3 - int(g["base"][i])
+            key = (tb, codes)
+            entry = offsets.get(key)
+            if entry is None:
+                ids = [self.entry(tb, c) for c in codes]
+                entry = offsets[key] = (len(cols), sum(1 << e for e in ids))
+                cols += [tally.FIRST_ENTRY + e for e in ids] + [tally.FIRST_ENTRY + self.entry(tb, None), tally.FAIL]
+                limits += [thr.for_code(c, tb) for c in codes] + [thr.for_base(tb), 0.0]
+                order += list(hash_order(codes)) + [0, 0]
+            g_table[i] = entry[0]
+            r = g["read"][i]
+            if (g["pos_end"][i] > g["pos_off"][i]):
+                if bool(g["minus"][i]) == bool(rev[r]):
+                    mask_plus[r] |= np.uint64(entry[1])
+                else:
+                    mask_minus[r] |= np.uint64(entry[1])
+        tables = (np.array(cols, np.int64), np.array(limits, np.float32), np.array(order, np.int64))
+        return tables, g_table, mask_plus, mask_minus
+
+    def _note_implicit(self, source: str, name: str) -> None:
+        log.warning("%s: read %s (and any others like it) has MM entries without '?' or '.'; such reads "
+                    "count as no call (modkit's default; --force-allow-implicit reads them as '.')", source, name)
+        self._implicit_noted = True
 
     def _add_record(self, batch: "_Batch", rec: pysam.AlignedSegment, source: str) -> None:
         seq = rec.query_sequence
@@ -173,10 +280,7 @@ class PileupCounts:
                 log.warning("%s: read %s: %s", source, rec.query_name, note)
             if not self.options.force_allow_implicit and any(g.mode == DEFAULT_IMPLICIT for g in groups):
                 if not self._implicit_noted:
-                    log.warning("%s: read %s (and any others like it) has MM entries without '?' or '.'; such reads "
-                                "count as no call (modkit's default; --force-allow-implicit reads them as '.')",
-                                source, rec.query_name)
-                    self._implicit_noted = True
+                    self._note_implicit(source, rec.query_name)
                 groups = []
         except NoModTags:
             groups = []
@@ -241,8 +345,9 @@ class _Batch:
     def __init__(self):
         self.gstart, self.gend, self.rev, self.mplus, self.mminus = [], [], [], [], []
         self.cigars, self.seqs, self.pq, self.pc, self.nq, self.nc = [], [], [], [], [], []
+        self.seq_parts: list = []  # (codes, offsets, kept reads) of a batch read whole by the fast path
 
-    def add(self, gstart, gend, rev, mplus, mminus, cigar, seq, plus_q, plus_c, minus_q, minus_c):
+    def add(self, gstart, gend, rev, mplus, mminus, cigar, seq, plus_q, plus_c, minus_q, minus_c, sorted_calls=False):
         self.gstart.append(gstart)
         self.gend.append(gend)
         self.rev.append(rev)
@@ -253,12 +358,22 @@ class _Batch:
         for qs, cs, q_out, c_out in ((plus_q, plus_c, self.pq, self.pc), (minus_q, minus_c, self.nq, self.nc)):
             q = np.concatenate(qs) if qs else np.zeros(0, np.int64)
             c = np.concatenate(cs) if cs else np.zeros(0, np.int64)
-            order = np.argsort(q, kind="stable")
-            q_out.append(q[order])
-            c_out.append(c[order])
+            if not sorted_calls:
+                order = np.argsort(q, kind="stable")
+                q, c = q[order], c[order]
+            q_out.append(q)
+            c_out.append(c)
 
-    def arrays(self) -> dict[str, np.ndarray]:
+    def arrays(self, seq_codes: bool = False) -> dict[str, np.ndarray]:
         cig_len = np.array([len(c) for c in self.cigars], dtype=np.int64)
+        if seq_codes:
+            codes, offsets, keep = self.seq_parts[0]
+            lengths = np.diff(offsets)
+            seq = codes[np.repeat(keep, lengths)]
+            seq_off = _offsets(lengths[keep])
+        else:
+            seq = np.concatenate(self.seqs) if self.seqs else np.zeros(0, np.uint8)
+            seq_off = _offsets(np.array([len(s) for s in self.seqs], np.int64))
         return {
             "gstart": np.array(self.gstart, np.int64), "gend": np.array(self.gend, np.int64),
             "rev": np.array(self.rev, np.bool_),
@@ -266,13 +381,16 @@ class _Batch:
             "cig_off": _offsets(cig_len),
             "cig": np.fromiter(chain.from_iterable(chain.from_iterable(self.cigars)), np.int64,
                                count=2 * int(cig_len.sum())).reshape(-1, 2),
-            "seq_off": _offsets(np.array([len(s) for s in self.seqs], np.int64)),
-            "seq": np.concatenate(self.seqs),
+            "seq_off": seq_off, "seq": seq,
             "pc_off": _offsets(np.array([len(q) for q in self.pq], np.int64)),
-            "pc_q": np.concatenate(self.pq).astype(np.int64), "pc_col": np.concatenate(self.pc).astype(np.int64),
+            "pc_q": _cat(self.pq), "pc_col": _cat(self.pc),
             "nc_off": _offsets(np.array([len(q) for q in self.nq], np.int64)),
-            "nc_q": np.concatenate(self.nq).astype(np.int64), "nc_col": np.concatenate(self.nc).astype(np.int64),
+            "nc_q": _cat(self.nq), "nc_col": _cat(self.nc),
         }
+
+
+def _cat(parts: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
 
 
 def _offsets(lengths: np.ndarray) -> np.ndarray:
