@@ -16,7 +16,7 @@ from conftest import DATA
 from streamer.cli import build_parser, main
 from streamer_plugins.modbase.bedmethyl import Layout, expand, render
 from streamer_plugins.modbase.caller import Thresholds
-from streamer_plugins.modbase.pileup import CallOptions, PileupCounts
+from streamer_plugins.modbase.pileup import CallOptions, PileupCounts, _Batch
 
 MODKIT = Path(__file__).resolve().parents[2] / "shared" / "data" / "modkit_pileup"
 needs_modkit_cases = pytest.mark.skipif(not MODKIT.is_dir(), reason="../shared/data/modkit_pileup not present")
@@ -231,3 +231,78 @@ def test_default_implicit_mode_is_refused_unless_forced(tmp_path):
 def test_command_comes_from_the_entry_point_group():
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     assert "pileup" in sub.choices
+
+
+def _random_reads(n: int, seed: int = 3):
+    """Reads on a random 2 kb contig with deletions, insertions, both strands and dorado-style tags."""
+    rng = random.Random(seed)
+    ref = "".join(rng.choice("ACGT") for _ in range(2000))
+    header = pysam.AlignmentHeader.from_dict({"SQ": [{"SN": "r", "LN": len(ref)}]})
+    out = []
+    for i in range(n):
+        start = rng.randrange(0, 1500)
+        a, b = rng.randrange(20, 200), rng.randrange(1, 5)
+        seq = ref[start:start + a] + "ACG"[: rng.randrange(0, 3)] + ref[start + a + b:start + 400]
+        ins = len(seq) - (400 - b)
+        cigar = f"{a}M{ins}I{b}D{400 - a - b}M" if ins else f"{a}M{b}D{400 - a - b}M"
+        rev = rng.random() < 0.5
+        fwd = seq.translate(str.maketrans("ACGT", "TGCA"))[::-1] if rev else seq
+        n_c = fwd.count("C")
+        mode = rng.choice("?.")
+        picked = sorted(rng.sample(range(n_c), min(n_c, 30)))
+        deltas = ",".join(str(x - y - 1) for x, y in zip(picked, [-1] + picked[:-1]))
+        h = [rng.randrange(0, 100) for _ in picked]
+        m = [rng.randrange(0, 256 - x) for x in h]
+        rec = pysam.AlignedSegment(header)
+        rec.query_name, rec.flag, rec.reference_id, rec.reference_start = f"q{i}", 16 if rev else 0, 0, start
+        rec.mapping_quality, rec.cigarstring, rec.query_sequence = 60, cigar, seq
+        rec.set_tag("MM", f"C+h{mode},{deltas};C+m{mode},{deltas};", value_type="Z")
+        rec.set_tag("ML", array.array("B", h + m))
+        out.append((rec, "random"))
+    return header, out
+
+
+@pytest.mark.parametrize("thresholds", [Thresholds(), Thresholds(0.0, {1: 0.7}, {"h": 0.5})])
+def test_numba_tag_path_equals_the_general_reader(thresholds):
+    header, records = _random_reads(300)
+    contigs = list(zip(header.references, header.lengths))
+    fast = PileupCounts(contigs, CallOptions(thresholds))
+    fast.add(records)
+    general = PileupCounts(contigs, CallOptions(thresholds))
+    for entry in fast.entries:  # the same column order, so the rows compare line by line
+        general.entry(*entry)
+    batch = _Batch()
+    for rec, source in records:
+        general._add_record(batch, rec, source)
+    general._accumulate(batch.arrays())
+    text = render(expand(fast.rows(), fast, Layout()), fast, Layout())
+    assert text.count("\n") > 500
+    assert text == render(expand(general.rows(), general, Layout()), general, Layout())
+
+
+def test_percent_is_printed_from_the_exact_float32():
+    from streamer_plugins.modbase.rowtext import render_text
+    import numpy as np
+    rng = np.random.default_rng(5)
+    n = rng.integers(0, 1000, 5000)
+    cov = n + rng.integers(1, 1000, 5000)
+    pct = n.astype(np.float32) / cov.astype(np.float32) * np.float32(100)
+    pct = np.concatenate([pct, np.array([0.125, 0.375, 12.5, 100.0, 0.005], np.float32)])
+    k = len(pct)
+    values = np.zeros((k, 8), np.int64)
+    text = render_text(np.zeros(k, np.int64), np.arange(k), np.zeros(k, np.int64), np.zeros(k, np.int64),
+                       values, pct, ["m"], ["c"], False)
+    printed = [line.split("\t")[10] for line in text.splitlines()]
+    assert printed == [f"{float(x):.2f}" for x in pct]
+    assert printed[-5:-1] == ["0.12", "0.38", "12.50", "100.00"]
+
+
+def test_unsorted_input_gives_the_same_file(tmp_path):
+    with pysam.AlignmentFile(str(SMALL / "small.bam")) as bam:
+        header = bam.header.to_dict()
+        records = list(bam.fetch(until_eof=True))
+    header["HD"]["SO"] = "unsorted"
+    random.Random(2).shuffle(records)
+    unsorted = _bam(tmp_path / "unsorted.bam", pysam.AlignmentHeader.from_dict(header),
+                    [pysam.AlignedSegment.fromstring(r.to_string(), pysam.AlignmentHeader.from_dict(header)) for r in records])
+    assert _run(tmp_path, "--no-filtering", bam=unsorted) == _run(tmp_path, "--no-filtering")

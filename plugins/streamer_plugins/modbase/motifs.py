@@ -12,9 +12,8 @@ import re
 from dataclasses import dataclass
 
 import numpy as np
-import pysam
-
-from streamer.errors import ConfigError, InputError
+from streamer.errors import ConfigError
+from streamer.io.reference import Reference
 
 _IUPAC = {"A": "A", "C": "C", "G": "G", "T": "T", "U": "U", "M": "[AC]", "R": "[AG]", "W": "[AT]",
           "S": "[CG]", "Y": "[CT]", "K": "[GT]", "V": "[ACG]", "H": "[ACT]", "D": "[AGT]", "B": "[CGT]",
@@ -134,10 +133,10 @@ def contig_sites(motifs: list[Motif], seq: str, combine_strands: bool) -> MotifS
 
 
 def load_reference(path, names: list[str]) -> dict[str, str]:
-    """Upper-cased sequences of the named contigs that the FASTA holds."""
+    """Upper-cased sequences of the named contigs that the FASTA (plain, bgzip or gzip) holds."""
+    reference = Reference(path)
     try:
-        fasta = pysam.FastaFile(str(path))
-    except (OSError, ValueError) as exc:
-        raise InputError(path, f"cannot open the reference (a .fai index is built if the folder is writable): {exc}") from None
-    with fasta:
-        return {name: fasta.fetch(name).upper() for name in names if name in fasta.references}
+        present = set(reference.names)
+        return {name: reference.fetch(name, 0, reference.length(name)) for name in names if name in present}
+    finally:
+        reference.close()
