@@ -88,8 +88,7 @@ def _check(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     _check(args)
     inputs = BamInputs(args.bams)
-    contig_lengths = dict(inputs.contigs)
-    region = parse_region(args.region, contig_lengths) if args.region else None
+    region = parse_region(args.region, dict(inputs.contigs)) if args.region else None
     motifs = parse_motifs(args.motif, args.cpg)
     if args.combine_strands and any(not m.palindrome for m in motifs):
         raise ConfigError("--combine-strands needs reverse-complement palindromic motifs")
@@ -98,16 +97,19 @@ def run(args: argparse.Namespace) -> int:
         reference = load_reference(args.ref, [n for n, _ in inputs.contigs])
         sites = {name: contig_sites(motifs, seq, args.combine_strands) for name, seq in reference.items()}
     ignore = normalise_code(args.ignore) if args.ignore else None
-    thresholds = _thresholds(args, inputs, region, ignore)
-    options = CallOptions(thresholds, ignore, args.combine_mods, args.force_allow_implicit)
-    counts = PileupCounts(inputs.contigs, options, sites,
-                          (region.contig, region.start, region.end) if region else None)
-    layout = Layout(tuple(motifs), sites, args.combine_strands, args.mixed_delim)
-    out = sys.stdout if args.output in ("-", "stdout") else open(args.output, "w")
+    try:  # fail before the work, as modkit does
+        out = sys.stdout if args.output in ("-", "stdout") else open(args.output, "w")
+    except OSError as exc:
+        raise InputError(args.output, f"cannot write: {exc.strerror}") from None
     try:
+        options = CallOptions(_thresholds(args, inputs, region, ignore), ignore, args.combine_mods,
+                              args.force_allow_implicit)
+        counts = PileupCounts(inputs.contigs, options, sites,
+                              (region.contig, region.start, region.end) if region else None)
         if args.header:
             out.write(HEADER)
-        aggregate(inputs, counts, BedMethylWriter(out, counts, layout), region)
+        aggregate(inputs, counts, BedMethylWriter(out, counts, Layout(tuple(motifs), sites, args.combine_strands,
+                                                                        args.mixed_delim)), region)
     finally:
         if out is not sys.stdout:
             out.close()
