@@ -306,3 +306,16 @@ def test_unsorted_input_gives_the_same_file(tmp_path):
     unsorted = _bam(tmp_path / "unsorted.bam", pysam.AlignmentHeader.from_dict(header),
                     [pysam.AlignedSegment.fromstring(r.to_string(), pysam.AlignmentHeader.from_dict(header)) for r in records])
     assert _run(tmp_path, "--no-filtering", bam=unsorted) == _run(tmp_path, "--no-filtering")
+
+
+@pytest.mark.parametrize("include_unmapped", [False, True])
+def test_threshold_sample_through_numba_equals_the_general_reader(tmp_path, include_unmapped):
+    import numpy as np
+    from streamer_plugins.modbase.caller import percentile
+    from streamer_plugins.modbase.reader import BamInputs, Sampling, _read_values, estimate_thresholds
+    header, records = _random_reads(200, seed=8)
+    path = _bam(tmp_path / "random.bam", header, [r for r, _ in records])
+    sampling = Sampling(percentile=0.3, include_unmapped=include_unmapped)
+    estimated = estimate_thresholds(BamInputs([path]), sampling, None)
+    values = np.concatenate([_read_values(r, sampling)[1] for r, _ in records])
+    assert estimated.per_base == {1: percentile(values, 0.3)}

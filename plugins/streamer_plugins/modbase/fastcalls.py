@@ -275,3 +275,19 @@ def _sort_pairs(q, col, a, b):
     idx = np.argsort(q[a:b], kind="mergesort")
     q[a:b] = q[a:b][idx]
     col[a:b] = col[a:b][idx]
+
+
+@njit(nogil=True, cache=True)
+def aligned_forward(cig_off, cig, seq_off, rev, out):
+    """Mark the forward (as sequenced) read positions that an M/=/X operation aligns."""
+    for r in range(len(cig_off) - 1):
+        length = seq_off[r + 1] - seq_off[r]
+        q = 0
+        for k in range(cig_off[r], cig_off[r + 1]):
+            op, ln = cig[k, 0], cig[k, 1]
+            if op == 0 or op == 7 or op == 8:
+                for j in range(ln):
+                    f = q + j if not rev[r] else length - 1 - q - j
+                    out[seq_off[r] + f] = True
+            if op == 0 or op == 1 or op == 4 or op == 7 or op == 8:
+                q += ln

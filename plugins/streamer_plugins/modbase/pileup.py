@@ -9,7 +9,6 @@ of a coordinate-sorted input can reach.
 
 from __future__ import annotations
 
-import array
 import logging
 from dataclasses import dataclass, field
 from itertools import chain
@@ -20,12 +19,10 @@ import pysam
 from streamer_plugins.modbase import fastcalls, tally
 from streamer_plugins.modbase.caller import FAIL, Thresholds, call_positions, hash_order, ignore_code
 from streamer_plugins.modbase.motifs import MotifSites
+from streamer_plugins.modbase.parsed import SEQ_CODE, offsets, parse_records
 from streamer_plugins.modbase.tags import DEFAULT_IMPLICIT, ModGroup, ModTagError, NoModTags, forward_codes, read_mod_groups
 
 log = logging.getLogger("streamer.pileup")
-_SEQ_CODE = np.full(256, 4, dtype=np.uint8)
-for _i, _b in enumerate("ACGT"):
-    _SEQ_CODE[ord(_b)] = _i
 
 
 @dataclass(frozen=True)
@@ -178,51 +175,24 @@ class PileupCounts:
 
     def _add_fast(self, batch: "_Batch", used: list) -> list:
         """Read the usual tags of `used` in numba into `batch`; returns the records left for tags.py."""
-        mms, mls = [], []
-        for rec, _ in used:
-            mm = ml = None
-            for mm_name, ml_name in (("MM", "ML"), ("Mm", "Ml")):
-                if rec.has_tag(mm_name):
-                    mm = rec.get_tag(mm_name)
-                    ml = rec.get_tag(ml_name) if rec.has_tag(ml_name) else None
-                    break
-            ok = mm is None or (isinstance(ml, array.array) and ml.typecode == "B" and not rec.has_tag("MN"))
-            mms.append(mm.encode() if ok and mm is not None else b"\x00" if not ok else b"")
-            mls.append(ml.tobytes() if ok and ml is not None else b"")
-        seqs = [rec.query_sequence.encode() for rec, _ in used]
-        seq = _SEQ_CODE[np.frombuffer(b"".join(seqs), np.uint8)]
-        seq_off = _offsets(np.array([len(x) for x in seqs], np.int64))
-        mm = np.frombuffer(b"".join(mms), np.uint8)
-        mm_off = _offsets(np.array([len(x) for x in mms], np.int64))
-        ml = np.frombuffer(b"".join(mls), np.uint8)
-        ml_off = _offsets(np.array([len(x) for x in mls], np.int64))
-        rev = np.array([rec.is_reverse for rec, _ in used], np.bool_)
-        n_reads = len(used)
-        status = np.zeros(n_reads, np.int64)
-        cap_g = fastcalls.MAX_GROUPS * n_reads
-        g = {k: np.zeros(cap_g, np.int64) for k in ("read", "base", "minus", "mode", "ncodes", "pos_off", "pos_end")}
-        g_codes = np.zeros((cap_g, fastcalls.MAX_CODES), np.int32)
-        positions = np.zeros(len(seq), np.int64)
-        explicit = np.zeros(len(seq), np.bool_)
-        probs = np.zeros((len(seq), fastcalls.MAX_CODES), np.float32)
-        n_g, _ = fastcalls.parse(mm, mm_off, ml, ml_off, seq, seq_off, rev, status, g["read"], g["base"], g["minus"],
-                                 g["mode"], g_codes, g["ncodes"], g["pos_off"], g["pos_end"], positions, explicit, probs)
-        g = {k: v[:n_g] for k, v in g.items()}
-        g_codes = g_codes[:n_g]
-        tables, g_table, mask_plus, mask_minus = self._fast_tables(g, g_codes, rev, used)
+        parsed = parse_records([rec for rec, _ in used])
+        g, rev, n_reads = parsed.groups, parsed.rev, len(used)
+        tables, g_table, mask_plus, mask_minus = self._fast_tables(g, parsed.codes, rev, used)
+        n_seq = len(parsed.seq)
         pc_off, nc_off = np.zeros(n_reads + 1, np.int64), np.zeros(n_reads + 1, np.int64)
-        pc_q, pc_col = np.zeros(len(seq), np.int64), np.zeros(len(seq), np.int64)
-        nc_q, nc_col = np.zeros(len(seq), np.int64), np.zeros(len(seq), np.int64)
-        fastcalls.calls(n_reads, seq_off, rev, g["read"], g["minus"].astype(np.bool_), g["ncodes"], g["pos_off"],
-                        g["pos_end"], g_table, positions, probs, *tables, pc_off, pc_q, pc_col, nc_off, nc_q, nc_col)
-        keep = status == fastcalls.OK
+        pc_q, pc_col = np.zeros(n_seq, np.int64), np.zeros(n_seq, np.int64)
+        nc_q, nc_col = np.zeros(n_seq, np.int64), np.zeros(n_seq, np.int64)
+        fastcalls.calls(n_reads, parsed.seq_off, rev, g["read"], g["minus"].astype(np.bool_), g["ncodes"], g["pos_off"],
+                        g["pos_end"], g_table, parsed.positions, parsed.probs, *tables,
+                        pc_off, pc_q, pc_col, nc_off, nc_q, nc_col)
+        keep = parsed.status == fastcalls.OK
         for i in np.flatnonzero(keep).tolist():
             rec = used[i][0]
             batch.add(self.goff[rec.reference_id] + rec.reference_start, self.goff[rec.reference_id] + rec.reference_end,
                       rec.is_reverse, int(mask_plus[i]), int(mask_minus[i]), rec.cigartuples, None,
                       [pc_q[pc_off[i]:pc_off[i + 1]]], [pc_col[pc_off[i]:pc_off[i + 1]]],
                       [nc_q[nc_off[i]:nc_off[i + 1]]], [nc_col[nc_off[i]:nc_off[i + 1]]], sorted_calls=True)
-        batch.seq_parts.append((seq, seq_off, keep))
+        batch.seq_parts.append((parsed.seq, parsed.seq_off, keep))
         return [used[i] for i in np.flatnonzero(~keep).tolist()]
 
     def _fast_tables(self, g: dict, g_codes: np.ndarray, rev: np.ndarray, used: list):
@@ -237,7 +207,7 @@ class PileupCounts:
                 rec, source = used[int(np.flatnonzero(refused & has_pos)[0])] if (refused & has_pos).any() else used[0]
                 self._note_implicit(source, rec.query_name)
         active = (has_pos & ~refused)[g["read"]] if len(g["read"]) else np.zeros(0, np.bool_)
-        cols, limits, order, offsets = [], [], [], {}
+        cols, limits, order, known = [], [], [], {}
         g_table = np.full(len(g["read"]), -1, np.int64)
         mask_plus = np.zeros(n_reads, np.uint64)
         mask_minus = np.zeros(n_reads, np.uint64)
@@ -246,10 +216,10 @@ class PileupCounts:
             codes = tuple(chr(c) for c in g_codes[i, :g["ncodes"][i]])
             tb = int(g["base"][i]) if not g["minus"][i] else 3 - int(g["base"][i])
             key = (tb, codes)
-            entry = offsets.get(key)
+            entry = known.get(key)
             if entry is None:
                 ids = [self.entry(tb, c) for c in codes]
-                entry = offsets[key] = (len(cols), sum(1 << e for e in ids))
+                entry = known[key] = (len(cols), sum(1 << e for e in ids))
                 cols += [tally.FIRST_ENTRY + e for e in ids] + [tally.FIRST_ENTRY + self.entry(tb, None), tally.FAIL]
                 limits += [thr.for_code(c, tb) for c in codes] + [thr.for_base(tb), 0.0]
                 order += list(hash_order(codes)) + [0, 0]
@@ -307,7 +277,7 @@ class PileupCounts:
                 mask_minus |= bit
         batch.add(self.goff[rec.reference_id] + rec.reference_start, self.goff[rec.reference_id] + rec.reference_end,
                   rec.is_reverse, mask_plus, mask_minus, rec.cigartuples,
-                  _SEQ_CODE[np.frombuffer(seq.encode(), np.uint8)], plus_q, plus_c, minus_q, minus_c)
+                  SEQ_CODE[np.frombuffer(seq.encode(), np.uint8)], plus_q, plus_c, minus_q, minus_c)
 
     def _columns(self, g: ModGroup, tb: int) -> np.ndarray:
         calls = call_positions(g.probs, g.codes, tb, self.options.thresholds)
@@ -367,24 +337,24 @@ class _Batch:
     def arrays(self, seq_codes: bool = False) -> dict[str, np.ndarray]:
         cig_len = np.array([len(c) for c in self.cigars], dtype=np.int64)
         if seq_codes:
-            codes, offsets, keep = self.seq_parts[0]
-            lengths = np.diff(offsets)
+            codes, seq_offsets, keep = self.seq_parts[0]
+            lengths = np.diff(seq_offsets)
             seq = codes[np.repeat(keep, lengths)]
-            seq_off = _offsets(lengths[keep])
+            seq_off = offsets(lengths[keep])
         else:
             seq = np.concatenate(self.seqs) if self.seqs else np.zeros(0, np.uint8)
-            seq_off = _offsets(np.array([len(s) for s in self.seqs], np.int64))
+            seq_off = offsets(np.array([len(s) for s in self.seqs], np.int64))
         return {
             "gstart": np.array(self.gstart, np.int64), "gend": np.array(self.gend, np.int64),
             "rev": np.array(self.rev, np.bool_),
             "mask_plus": np.array(self.mplus, np.uint64), "mask_minus": np.array(self.mminus, np.uint64),
-            "cig_off": _offsets(cig_len),
+            "cig_off": offsets(cig_len),
             "cig": np.fromiter(chain.from_iterable(chain.from_iterable(self.cigars)), np.int64,
                                count=2 * int(cig_len.sum())).reshape(-1, 2),
             "seq_off": seq_off, "seq": seq,
-            "pc_off": _offsets(np.array([len(q) for q in self.pq], np.int64)),
+            "pc_off": offsets(np.array([len(q) for q in self.pq], np.int64)),
             "pc_q": _cat(self.pq), "pc_col": _cat(self.pc),
-            "nc_off": _offsets(np.array([len(q) for q in self.nq], np.int64)),
+            "nc_off": offsets(np.array([len(q) for q in self.nq], np.int64)),
             "nc_q": _cat(self.nq), "nc_col": _cat(self.nc),
         }
 
@@ -392,6 +362,3 @@ class _Batch:
 def _cat(parts: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
 
-
-def _offsets(lengths: np.ndarray) -> np.ndarray:
-    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)

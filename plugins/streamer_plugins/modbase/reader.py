@@ -14,6 +14,7 @@ import logging
 import random
 import warnings
 from collections.abc import Iterator
+from itertools import chain
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,8 @@ import pysam
 
 from streamer.errors import ConfigError, InputError
 from streamer_plugins.modbase.caller import Thresholds, argmax_probability, percentile
+from streamer_plugins.modbase import fastcalls
+from streamer_plugins.modbase.parsed import offsets, parse_records
 from streamer_plugins.modbase.tags import ModTagError, forward_codes
 from streamer_plugins.modbase.pileup import usable_groups
 
@@ -146,26 +149,65 @@ def estimate_thresholds(inputs: BamInputs, sampling: Sampling, region: Region | 
             chosen = set(rng.sample(range(total), sampling.num_reads))
     seen: set[str] = set()
     per_base: dict[int, list[np.ndarray]] = {}
+    batch: list[pysam.AlignedSegment] = []
     records = inputs.records(region, mapped_only=not sampling.include_unmapped)
     for i, (rec, _) in enumerate(records):
         if chosen is not None and i not in chosen:
             continue
         if rec.is_secondary or rec.is_supplementary or rec.is_duplicate or not rec.query_length:
             continue
-        if rec.query_name in seen:
-            continue
         if sampling.fraction is not None and rng.random() >= sampling.fraction:
             continue
-        values = _read_values(rec, sampling)
+        batch.append(rec)
+        if len(batch) >= 2000:
+            _sample(batch, sampling, seen, per_base)
+            batch = []
+    _sample(batch, sampling, seen, per_base)
+    thresholds = {b: percentile(np.concatenate(v), sampling.percentile) for b, v in per_base.items()}
+    for b, t in sorted(thresholds.items()):
+        log.info("estimated pass threshold %s for %s", t, "ACGT"[b])
+    return Thresholds(0.0, thresholds, {})
+
+
+def _sample(records: list[pysam.AlignedSegment], sampling: Sampling, seen: set[str], per_base: dict) -> None:
+    """Add the most-likely-class probabilities of each record (the first of each read name) to per_base."""
+    if not records:
+        return
+    parsed = parse_records(records) if sampling.ignore is None else None
+    aligned = None
+    if parsed is not None and not sampling.include_unmapped:
+        cigars = [rec.cigartuples or [] for rec in records]
+        cig = np.fromiter(chain.from_iterable(chain.from_iterable(cigars)), np.int64,
+                          count=2 * sum(len(c) for c in cigars)).reshape(-1, 2)
+        aligned = np.zeros(len(parsed.seq), np.bool_)
+        fastcalls.aligned_forward(offsets([len(c) for c in cigars]), cig, parsed.seq_off, parsed.rev, aligned)
+    if parsed is not None:
+        g = parsed.groups
+        canonical = np.float32(1) - parsed.probs.sum(axis=1, dtype=np.float32)
+        best = parsed.probs.max(axis=1)
+        value = np.where(best > canonical, best, canonical)
+        tb = parsed.threshold_base()
+        by_read = np.searchsorted(g["read"], np.arange(len(records) + 1))
+    for i, rec in enumerate(records):
+        if rec.query_name in seen:
+            continue
+        if parsed is None or parsed.status[i] == fastcalls.SLOW:
+            values = _read_values(rec, sampling)
+        else:
+            values = {}
+            for k in range(by_read[i], by_read[i + 1]):
+                a, b = g["pos_off"][k], g["pos_end"][k]
+                v = value[a:b]
+                if aligned is not None:
+                    v = v[aligned[parsed.seq_off[i] + parsed.positions[a:b]]]
+                values.setdefault(int(tb[k]), []).append(v)
+            values = {b: np.concatenate(v) for b, v in values.items()} if by_read[i + 1] > by_read[i] and \
+                any(g["pos_end"][k] > g["pos_off"][k] for k in range(by_read[i], by_read[i + 1])) else None
         if values is None:
             continue
         seen.add(rec.query_name)
         for base, v in values.items():
             per_base.setdefault(base, []).append(v)
-    thresholds = {b: percentile(np.concatenate(v), sampling.percentile) for b, v in per_base.items()}
-    for b, t in sorted(thresholds.items()):
-        log.info("estimated pass threshold %s for %s", t, "ACGT"[b])
-    return Thresholds(0.0, thresholds, {})
 
 
 def _read_values(rec: pysam.AlignedSegment, sampling: Sampling) -> dict[int, np.ndarray] | None:
