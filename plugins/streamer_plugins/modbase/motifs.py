@@ -129,7 +129,7 @@ def contig_sites(motifs: list[Motif], seq: str, combine_strands: bool) -> MotifS
     arr = np.array(pairs, dtype=np.int64).reshape(-1, 3)
     keys = arr[:, 0] * 2 + arr[:, 1]
     order = np.argsort(keys, kind="stable")  # ids keep the order modkit pushes them in
-    return MotifSites(positions, bit_values, keys[order], arr[order, 2])
+    return MotifSites(positions, bit_values, keys[order], arr[order, 2].astype(np.int16))
 
 
 def load_reference(path, names: list[str]) -> dict[str, str]:

@@ -20,6 +20,7 @@ from streamer_plugins.modbase import fastcalls, tally
 from streamer_plugins.modbase.caller import FAIL, Thresholds, call_positions, hash_order, ignore_code
 from streamer_plugins.modbase.motifs import MotifSites
 from streamer_plugins.modbase.parsed import SEQ_CODE, offsets, parse_records
+from streamer_plugins.modbase.sites import SiteStore
 from streamer_plugins.modbase.tags import DEFAULT_IMPLICIT, ModGroup, ModTagError, NoModTags, forward_codes, read_mod_groups
 
 log = logging.getLogger("streamer.pileup")
@@ -67,7 +68,6 @@ class PileupCounts:
         padded = (lengths + tally.BLOCK - 1) // tally.BLOCK * tally.BLOCK
         self.goff = np.concatenate([[0], np.cumsum(padded)]).astype(np.int64)
         self.options = options
-        self.sites = sites
         if region is None:
             self.lo, self.hi = 0, int(self.goff[-1])
         else:
@@ -75,12 +75,7 @@ class PileupCounts:
             self.lo, self.hi = int(self.goff[self.tid[name]] + start), int(self.goff[self.tid[name]] + end)
         self.entries: list[tuple[int, str | None]] = []  # (primary base, mod code or None for canonical)
         self._entry_index: dict[tuple[int, str | None], int] = {}
-        self.block_slot = np.full(int(self.goff[-1] // tally.BLOCK) + 1, -1, dtype=np.int64)
-        self._free: list[int] = []
-        self._used = 0
-        self.counts = np.zeros((0, 2 * tally.BLOCK, tally.FIRST_ENTRY), np.uint32)
-        self.masks = np.zeros((0, 2 * tally.BLOCK), np.uint64)
-        self.focus = np.zeros((0, tally.BLOCK), np.uint8)
+        self.store = SiteStore(self.goff, self.names, sites)
         self.n_reads = 0
         self.n_calls = 0
         self._implicit_noted = False
@@ -95,41 +90,8 @@ class PileupCounts:
                 raise ModTagError("more than 64 (base, modification) classes in one pileup")
             self.entries.append(key)
             self._entry_index[key] = idx
-            self.counts = np.concatenate([self.counts, np.zeros(self.counts.shape[:2] + (1,), np.uint32)], axis=2)
+            self.store.add_column()
         return idx
-
-    # blocks -----------------------------------------------------------------------------------------
-    def _ensure_blocks(self, block_ids: np.ndarray) -> None:
-        missing = block_ids[self.block_slot[block_ids] < 0]
-        for b in missing.tolist():
-            slot = self._free.pop() if self._free else self._new_slot()
-            self.block_slot[b] = slot
-            self.counts[slot] = 0
-            self.masks[slot] = 0
-            self.focus[slot] = self._block_focus(b)
-
-    def _new_slot(self) -> int:
-        if self._used == len(self.counts):
-            grow = max(64, len(self.counts))
-            self.counts = np.concatenate([self.counts, np.zeros((grow,) + self.counts.shape[1:], np.uint32)])
-            self.masks = np.concatenate([self.masks, np.zeros((grow,) + self.masks.shape[1:], np.uint64)])
-            self.focus = np.concatenate([self.focus, np.zeros((grow,) + self.focus.shape[1:], np.uint8)])
-        self._used += 1
-        return self._used - 1
-
-    def _block_focus(self, block: int) -> np.ndarray:
-        if self.sites is None:
-            return np.full(tally.BLOCK, 3, np.uint8)
-        start = block * tally.BLOCK
-        tid = int(np.searchsorted(self.goff, start, side="right") - 1)
-        out = np.zeros(tally.BLOCK, np.uint8)
-        sites = self.sites.get(self.names[tid])
-        if sites is not None:
-            local = start - self.goff[tid]
-            pos, bits = sites.positions, sites.bit_values
-            a, b = np.searchsorted(pos, [local, local + tally.BLOCK])
-            out[pos[a:b] - local] = bits[a:b]
-        return out
 
     # reads -------------------------------------------------------------------------------------------
     def add(self, records) -> int:
@@ -166,8 +128,8 @@ class PileupCounts:
         last = (arrays["gend"] - 1) >> tally.SHIFT
         blocks = np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first.tolist(), last.tolist())]))
         lo_b, hi_b = self.lo >> tally.SHIFT, (self.hi - 1) >> tally.SHIFT
-        self._ensure_blocks(blocks[(blocks >= lo_b) & (blocks <= hi_b)])
-        return int(tally.accumulate(self.counts, self.masks, self.focus, self.block_slot, self.lo, self.hi,
+        self.store.allocate(blocks[(blocks >= lo_b) & (blocks <= hi_b)])
+        return int(tally.accumulate(self.store.counts, self.store.masks, *self.store.layout(), self.lo, self.hi,
                                     arrays["gstart"], arrays["rev"], arrays["mask_plus"], arrays["mask_minus"],
                                     arrays["cig_off"], arrays["cig"], arrays["seq_off"], arrays["seq"],
                                     arrays["pc_off"], arrays["pc_q"], arrays["pc_col"],
@@ -289,23 +251,17 @@ class PileupCounts:
     def rows(self, blocks: np.ndarray | None = None) -> np.ndarray:
         """bedMethyl counts (see tally.decode) of the given blocks, default all, in position order."""
         if blocks is None:
-            blocks = np.flatnonzero(self.block_slot >= 0)
-        slots = self.block_slot[blocks]
+            blocks = self.store.allocated()
         reg_base = np.array([b for b, _ in self.entries], dtype=np.int64)
         reg_canon = np.array([c is None for _, c in self.entries], dtype=np.bool_)
-        out = np.zeros((0, 11), np.int64)
-        n = tally.decode(self.counts, self.masks, slots, blocks, reg_base, reg_canon, self.options.combine_mods, out)
-        out = np.zeros((n, 11), np.int64)
-        tally.decode(self.counts, self.masks, slots, blocks, reg_base, reg_canon, self.options.combine_mods, out)
-        return out
+        return self.store.rows(blocks, reg_base, reg_canon, self.options.combine_mods)
 
     def release_before(self, gpos: int) -> np.ndarray:
         """Rows of every block that ends at or before global position `gpos`; those blocks are freed."""
-        blocks = np.flatnonzero(self.block_slot >= 0)
+        blocks = self.store.allocated()
         blocks = blocks[(blocks + 1) * tally.BLOCK <= gpos]
         rows = self.rows(blocks)
-        self._free.extend(self.block_slot[blocks].tolist())
-        self.block_slot[blocks] = -1
+        self.store.release(blocks)
         return rows
 
 
