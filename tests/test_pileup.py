@@ -319,3 +319,15 @@ def test_threshold_sample_through_numba_equals_the_general_reader(tmp_path, incl
     estimated = estimate_thresholds(BamInputs([path]), sampling, None)
     values = np.concatenate([_read_values(r, sampling)[1] for r, _ in records])
     assert estimated.per_base == {1: percentile(values, 0.3)}
+
+
+def test_touched_blocks_hold_every_changed_site():
+    header, records = _random_reads(120, seed=4)
+    counts = PileupCounts(list(zip(header.references, header.lengths)), CallOptions(Thresholds()))
+    counts.add(records[:60])
+    before = {tuple(r[:3]): tuple(r[3:]) for r in counts.rows().tolist()}
+    counts.add(records[60:])
+    after = {tuple(r[:3]): tuple(r[3:]) for r in counts.rows().tolist()}
+    updates = {tuple(r[:3]): tuple(r[3:]) for r in counts.rows(counts.touched).tolist()}
+    assert {k: v for k, v in after.items() if before.get(k) != v}.items() <= updates.items()
+    assert len(counts.touched)

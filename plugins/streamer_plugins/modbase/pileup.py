@@ -78,6 +78,7 @@ class PileupCounts:
         self.store = SiteStore(self.goff, self.names, sites)
         self.n_reads = 0
         self.n_calls = 0
+        self.touched = np.zeros(0, np.int64)  # blocks the last add() reached: rows(touched) are the updated sites
         self._implicit_noted = False
 
     # registry of (primary base, class) columns ---------------------------------------------------
@@ -101,6 +102,7 @@ class PileupCounts:
         the file and read, and that read's bases count as no call. Usual tags are read for the
         whole batch in numba (fastcalls.py), any other form through tags.py.
         """
+        self.touched = np.zeros(0, np.int64)
         used = [(rec, source) for rec, source in records if is_used(rec)]
         if not used:
             return 0
@@ -128,7 +130,9 @@ class PileupCounts:
         last = (arrays["gend"] - 1) >> tally.SHIFT
         blocks = np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first.tolist(), last.tolist())]))
         lo_b, hi_b = self.lo >> tally.SHIFT, (self.hi - 1) >> tally.SHIFT
-        self.store.allocate(blocks[(blocks >= lo_b) & (blocks <= hi_b)])
+        blocks = blocks[(blocks >= lo_b) & (blocks <= hi_b)]
+        self.store.allocate(blocks)
+        self.touched = np.union1d(self.touched, blocks)
         return int(tally.accumulate(self.store.counts, self.store.masks, *self.store.layout(), self.lo, self.hi,
                                     arrays["gstart"], arrays["rev"], arrays["mask_plus"], arrays["mask_minus"],
                                     arrays["cig_off"], arrays["cig"], arrays["seq_off"], arrays["seq"],
