@@ -331,3 +331,19 @@ def test_touched_blocks_hold_every_changed_site():
     updates = {tuple(r[:3]): tuple(r[3:]) for r in counts.rows(counts.touched).tolist()}
     assert {k: v for k, v in after.items() if before.get(k) != v}.items() <= updates.items()
     assert len(counts.touched)
+
+
+def test_chebi_codes_and_n_entries_go_through_the_general_reader(tmp_path):
+    header = pysam.AlignmentHeader.from_dict({"SQ": [{"SN": "c", "LN": 10}]})
+    seq = "ACGTACGTAC"
+    bam = _bam(tmp_path / "chebi.bam", header, [
+        # ChEBI 76792 (4mC) beside h at C1; rows: letter codes before ChEBI numbers
+        _aligned(header, "chebi", seq, "C+h?,0;C+76792?,0;", [10, 240]),
+        # an N entry counts every base: skip 1 lands on position 1, a C, called m
+        _aligned(header, "n_entry", seq, "N+m?,1;", [250]),
+    ])
+    rows = _run(tmp_path, "--no-filtering", bam=bam)
+    # both reads call C1 and declare their codes there: h and 76792 from one, m from the other
+    assert [r[3] for r in rows if r[1] == "1"] == ["h", "m", "76792"]
+    assert _row(rows, 1, "+", "76792")[:3] == ["2", "50.00", "1"]
+    assert _row(rows, 1, "+", "m")[:3] == ["2", "50.00", "1"]
