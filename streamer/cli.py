@@ -32,8 +32,12 @@ def _command_modules():
 
 def _plugin_command_modules(taken: set[str]):
     for ep in sorted(importlib.metadata.entry_points(group="streamer.commands"), key=lambda e: e.name):
-        if ep.name not in taken:
+        if ep.name in taken:
+            continue
+        try:
             yield ep.load()
+        except ImportError as exc:  # a broken plugin costs its own command, not the others
+            print(f"streamer: command {ep.name!r} ({ep.value}) is unavailable: {exc}", file=sys.stderr)
 
 
 def build_parser() -> argparse.ArgumentParser:

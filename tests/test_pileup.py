@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import array
+import importlib.metadata
 import json
 import logging
 import random
 import shutil
+import tomllib
 from pathlib import Path
 
 import pysam
@@ -17,6 +19,15 @@ from streamer.cli import build_parser, main
 from streamer_plugins.modbase.bedmethyl import Layout, expand, render
 from streamer_plugins.modbase.caller import Thresholds
 from streamer_plugins.modbase.pileup import CallOptions, PileupCounts, _Batch
+
+@pytest.fixture(autouse=True)
+def _entry_point(monkeypatch):
+    """The command as pyproject.toml registers it, whether or not this checkout's metadata is installed."""
+    ep = importlib.metadata.EntryPoint("pileup", "streamer_plugins.modbase.command", "streamer.commands")
+    original = importlib.metadata.entry_points
+    monkeypatch.setattr(importlib.metadata, "entry_points",
+                        lambda **kw: [ep] if kw.get("group") == "streamer.commands" else original(**kw))
+
 
 MODKIT = Path(__file__).resolve().parents[2] / "shared" / "data" / "modkit_pileup"
 needs_modkit_cases = pytest.mark.skipif(not MODKIT.is_dir(), reason="../shared/data/modkit_pileup not present")
@@ -230,7 +241,12 @@ def test_default_implicit_mode_is_refused_unless_forced(tmp_path):
 
 def test_command_comes_from_the_entry_point_group():
     sub = next(a for a in build_parser()._actions if a.dest == "command")
-    assert "pileup" in sub.choices
+    assert "pileup" in sub.choices and "call" in sub.choices
+
+
+def test_pyproject_registers_the_command():
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    assert project["entry-points"]["streamer.commands"] == {"pileup": "streamer_plugins.modbase.command"}
 
 
 def _random_reads(n: int, seed: int = 3):
