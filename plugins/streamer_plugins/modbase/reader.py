@@ -194,15 +194,17 @@ def _sample(records: list[pysam.AlignedSegment], sampling: Sampling, seen: set[s
         if parsed is None or parsed.status[i] == fastcalls.SLOW:
             values = _read_values(rec, sampling)
         else:
-            values = {}
-            for k in range(by_read[i], by_read[i + 1]):
+            groups = range(by_read[i], by_read[i + 1])
+            if not any(g["pos_end"][k] > g["pos_off"][k] for k in groups):
+                continue  # no calls at all: modkit leaves the read out
+            parts: dict[int, list[np.ndarray]] = {}
+            for k in groups:
                 a, b = g["pos_off"][k], g["pos_end"][k]
                 v = value[a:b]
                 if aligned is not None:
                     v = v[aligned[parsed.seq_off[i] + parsed.positions[a:b]]]
-                values.setdefault(int(tb[k]), []).append(v)
-            values = {b: np.concatenate(v) for b, v in values.items()} if by_read[i + 1] > by_read[i] and \
-                any(g["pos_end"][k] > g["pos_off"][k] for k in range(by_read[i], by_read[i + 1])) else None
+                parts.setdefault(int(tb[k]), []).append(v)
+            values = {base: np.concatenate(v) for base, v in parts.items()}
         if values is None:
             continue
         seen.add(rec.query_name)
