@@ -363,3 +363,11 @@ def test_chebi_codes_and_n_entries_go_through_the_general_reader(tmp_path):
     assert [r[3] for r in rows if r[1] == "1"] == ["h", "m", "76792"]
     assert _row(rows, 1, "+", "76792")[:3] == ["2", "50.00", "1"]
     assert _row(rows, 1, "+", "m")[:3] == ["2", "50.00", "1"]
+
+
+def test_single_base_motifs_follow_modkits_shortcut(tmp_path):
+    # modkit: with several single-base motifs the C motif's sites (C on '+', G on '-') get both
+    # strands and both motif ids, so every row is named once per motif
+    rows = _run(tmp_path, "--no-filtering", "--motif", "C", "0", "--motif", "G", "0", "--ref", str(SMALL / "small.fa"))
+    assert {r[3] for r in rows if r[1] == "2" and r[5] == "+"} == {"h,C,0", "m,C,0", "h,G,0", "m,G,0"}
+    assert [r[3] for r in rows if r[1] == "3" and r[5] == "-"] == ["m,C,0", "m,G,0"]
