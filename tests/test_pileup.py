@@ -203,17 +203,20 @@ def test_bad_tags_are_one_line_each_and_the_rest_counts(tmp_path, caplog):
         _aligned(header, "short_ml", seq, "C+m?,0,0;", [200]),
         _aligned(header, "past_end", seq, "C+m?,0,5;", [200, 200]),
         _aligned(header, "unknown_code", seq, "C+*?,0;", [200]),
+        _aligned(header, "long_ml", seq, "C+m?,0;", [200, 7, 7]),
         _aligned(header, "good", seq, "C+m?,0,0;", [200, 10]),
     ])
     with caplog.at_level(logging.WARNING, logger="streamer.pileup"):
         rows = _run(tmp_path, "--no-filtering", bam=bam)
     lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    for name, why in (("short_ml", "ML has 1 values"), ("past_end", "past the end"), ("unknown_code", "unknown modification code")):
+    for name, why in (("short_ml", "ML has 1 values"), ("past_end", "past the end"), ("unknown_code", "unknown modification code"),
+                      ("long_ml", "extra values are ignored")):
         hits = [m for m in lines if f"read {name}:" in m]
         assert len(hits) == 1 and str(bam) in hits[0] and why in hits[0], lines
-    # the good read's calls count; the three bad reads cover C1 and C5 without calls
-    assert _row(rows, 1, "+", "m") == ["1", "100.00", "1", "0", "0", "0", "0", "0", "3"]
-    assert _row(rows, 5, "+", "m") == ["1", "0.00", "0", "1", "0", "0", "0", "0", "3"]
+    # the good read's calls count, and long_ml's (modkit ignores extra ML values); the three
+    # bad reads cover C1 and C5 without calls
+    assert _row(rows, 1, "+", "m") == ["2", "100.00", "2", "0", "0", "0", "0", "0", "3"]
+    assert _row(rows, 5, "+", "m") == ["1", "0.00", "0", "1", "0", "0", "0", "0", "4"]
 
 
 def test_truncated_bam_is_one_line_and_earlier_reads_count(tmp_path, caplog):

@@ -207,7 +207,7 @@ def parse(mm, mm_off, ml, ml_off, seq, seq_off, rev, status, g_read, g_base, g_m
                 g_pos_end[g] = n_pos
                 n_groups += 1
             ptr += nd * nc
-        if not ok:
+        if not ok or ptr != ml_end:  # extra ML values: tags.py names them
             status[r] = SLOW
             n_groups, n_pos = first_group, first_pos
     return n_groups, n_pos
