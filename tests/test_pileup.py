@@ -374,3 +374,17 @@ def test_single_base_motifs_follow_modkits_shortcut(tmp_path):
     rows = _run(tmp_path, "--no-filtering", "--motif", "C", "0", "--motif", "G", "0", "--ref", str(SMALL / "small.fa"))
     assert {r[3] for r in rows if r[1] == "2" and r[5] == "+"} == {"h,C,0", "m,C,0", "h,G,0", "m,G,0"}
     assert [r[3] for r in rows if r[1] == "3" and r[5] == "-"] == ["m,C,0", "m,G,0"]
+
+
+def test_6ma_calls_beside_5mc(tmp_path):
+    header = pysam.AlignmentHeader.from_dict({"SQ": [{"SN": "c", "LN": 10}]})
+    seq = "ACGTACGTAC"  # As at 0, 4, 8; Ts at 3, 7
+    fwd = _aligned(header, "fwd", seq, "C+m?,0;A+a?,0,0;", [250, 240, 3])
+    rev = _aligned(header, "rev", seq, "A+a.,0;", [250], flag=16)  # read-as-sequenced As are the Ts 7, 3
+    rows = _run(tmp_path, "--no-filtering", bam=_bam(tmp_path / "a.bam", header, [fwd, rev]))
+    assert _row(rows, 0, "+", "a")[:4] == ["1", "100.00", "1", "0"]
+    assert _row(rows, 4, "+", "a")[:4] == ["1", "0.00", "0", "1"]
+    assert _row(rows, 1, "+", "m")[:3] == ["1", "100.00", "1"]
+    # the reverse read: T7 called a, T3 implicit canonical ('.'), both on '-'
+    assert _row(rows, 7, "-", "a")[:3] == ["1", "100.00", "1"]
+    assert _row(rows, 3, "-", "a")[:4] == ["1", "0.00", "0", "1"]
