@@ -11,8 +11,8 @@
    Throughput: bases over the seconds spent in `align` (the stage's wall time), over the whole
    run and over its last --tail batches; the tuner's changes with their measured effects.
 2. `streamer call` end to end (--call-copies N): the reads replicated N times on disk, the bad
-   start untuned and autotuned (CpG HMM on the CPU in both); wall times and outputs compared
-   byte for byte.
+   start untuned and autotuned, and the hand-picked settings (CpG HMM on the CPU in all three);
+   wall times and outputs compared byte for byte.
 
     python benchmarks/bench_autotune.py --data ../shared/data/ecoli_2kb_region --out bench-work/autotune
 """
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -30,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from streamer_gpu.abea import CudaAbea
-from streamer_gpu.options import CudaOptions
+from streamer.gpu_api import CudaOptions
 from streamer.poremodel import load_default_models
 from streamer.tuning import Controller, Policy, Settings
 from streamer.tuning.profiles import with_settings
@@ -135,6 +136,7 @@ def main() -> int:
     ap.add_argument("--good-batches", type=int, default=20, help="batches of the hand-picked run [%(default)s]")
     ap.add_argument("--tail", type=int, default=15, help="batches at the end reported apart [%(default)s]")
     ap.add_argument("--call-copies", type=int, default=0, help="end-to-end runs on this many copies (0: none)")
+    ap.add_argument("--call-runs", default="bad,tuned,good", help="end-to-end runs to make [%(default)s]")
     ap.add_argument("--budget", type=float, default=1e9, help="seconds after which the end-to-end runs are skipped")
     args = ap.parse_args()
     t_start = time.perf_counter()
@@ -158,6 +160,8 @@ def main() -> int:
                       lambda s: aligner.retune(with_settings(aligner.options, s)))  # fmt: skip
     rows["tuned"] = run_stream(aligner, model, base, bad, args.tuned_batches, tuner)
     res["changes"] = tuner.summary()["changes"]
+    res["closed"] = tuner.summary()["closed"]
+    res["retried_after_loss"] = retried_after_loss(res["changes"], 0.20)
     rows["good"] = run_stream(aligner, model, base, GOOD, args.good_batches)
     for name, rs in rows.items():
         res["stage"][name] = summarise(rs, min(args.tail, len(rs)))
@@ -175,8 +179,17 @@ def main() -> int:
         # the CpG HMM stays on the CPU: the runs differ only where the tuner acts
         common = ["-b", str(rep / "reads.bam"), "-g", str(args.work / "ref.fa"), "-r", str(rep / "reads.fasta"),
                   "-K", str(args.bad_k), "--cuda-max-lf", str(bad.max_lf), "--disable-cuda-hmm"]  # fmt: skip
+        # compile (or load) every kernel the runs use before timing any of them
+        call(["-b", str(args.data / "reads.mg1655.sorted.bam"), "-g", str(args.work / "ref.fa"), "-r",
+              str(args.data / "reads.fasta"), "--signal", str(args.data / "fast5_files"), "--disable-cuda-hmm",
+              "-o", str(args.work / "call_warm-up.tsv")], args.out / "call_warm-up.log")  # fmt: skip
+        shutil.rmtree(args.work / "state", ignore_errors=True)  # the tuned run learns from nothing
         res["call"] = {}
-        for label, extra in (("bad", []), ("tuned", ["--autotune", "--state-dir", str(args.work / "state")])):
+        good = ["-K", str(GOOD.max_reads), "-B", str(GOOD.max_bases)]  # replace the bad start's -K (the last one wins)
+        for label, extra in (("bad", []), ("tuned", ["--autotune", "--state-dir", str(args.work / "state")]),
+                             ("good", good)):  # fmt: skip
+            if label not in args.call_runs.split(","):
+                continue
             if time.perf_counter() - t_start > args.budget:
                 break
             stats = args.work / f"call_{label}.json"
@@ -184,13 +197,27 @@ def main() -> int:
                         args.out / f"call_{label}.log")  # fmt: skip
             res["call"][label] = {"wall_s": wall, **json.loads(stats.read_text())}
             print(f"call {label}: {wall:.1f} s", flush=True)
-        if len(res["call"]) == 2:
-            res["call_identical"] = (args.work / "call_bad.tsv").read_bytes() == (args.work / "call_tuned.tsv").read_bytes()
+        outputs = {(args.work / f"call_{label}.tsv").read_bytes() for label in res["call"]}
+        res["call_identical"] = len(outputs) == 1
         (args.out / "results.json").write_text(json.dumps(res, indent=2))
     res["elapsed_s"] = time.perf_counter() - t_start
     (args.out / "results.json").write_text(json.dumps(res, indent=2))
     print(report(res))
     return 0
+
+
+def retried_after_loss(changes: list[dict], loss: float) -> list[dict]:
+    """Moves made again in the direction of an earlier move of the same knob that cost more than `loss`."""
+    closed, out = set(), []
+    for c in changes:
+        if c["leaf"] == "revert":
+            continue
+        way = (c["knob"], c["new"] > c["old"])
+        if way in closed:
+            out.append(c)
+        if c["effect"] is not None and c["effect"] < -loss:
+            closed.add(way)
+    return out
 
 
 def report(res: dict) -> str:
@@ -204,6 +231,8 @@ def report(res: dict) -> str:
     for c in res["changes"]:
         effect = "" if c["effect"] is None else f"{c['effect']:+.0%}"
         lines.append(f"| {c['batch']} | {c['knob']} | {c['old']} | {c['new']} | {c['leaf']} | {effect} |")
+    lines += [f"\nclosed directions: {[(c['knob'], c['way'] if 'way' in c else c['direction']) for c in res['closed']]}",
+              f"moves retried in a direction that had cost over 20%: {len(res['retried_after_loss'])}"]
     if "call" in res:
         lines += ["", "| streamer call | wall s | Mbases |", "|---|---|---|"]
         for label, r in res["call"].items():

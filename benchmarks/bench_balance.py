@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from streamer_gpu.abea import CudaAbea
-from streamer_gpu.options import CudaOptions
+from streamer.gpu_api import CudaOptions
 from streamer.poremodel import load_default_models
 from streamer.tuning import Controller, Policy, Settings
 from streamer.tuning.profiles import with_settings

@@ -141,8 +141,8 @@ def hmm_stage(data: Path, work: Path, ref_path: Path, copies: int, reps: int) ->
     """CPU against GPU `score_windows` on the shared reads' jobs tiled `copies` times."""
     from streamer.assemble import BatchLimits, offline_batches
     from streamer.batch import pack
-    from streamer_gpu.hmm import CudaHmm
-    from streamer_gpu.options import CudaOptions
+    from streamer.gpu_api import CudaOptions
+    from streamer_plugins.cpg.hmm_cuda import CudaHmm
     from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments
     from streamer.io.fastx import load_basecalls
     from streamer.io.index import open_index

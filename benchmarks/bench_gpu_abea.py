@@ -35,7 +35,7 @@ from streamer.assemble import BatchLimits, offline_batches
 from streamer.batch import pack
 from streamer.events import detect_events
 from streamer_gpu.abea import CudaAbea, Layout
-from streamer_gpu.options import CudaOptions
+from streamer.gpu_api import CudaOptions
 from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments
 from streamer.io.fastx import load_basecalls
 from streamer.io.index import open_index

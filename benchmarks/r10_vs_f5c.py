@@ -15,19 +15,19 @@ from __future__ import annotations
 
 import argparse
 import filecmp
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
-import pysam
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from r10_sim import R10_RUN, reverse_complement, simulate  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT), str(ROOT / "plugins"), str(ROOT / "gpu")]
+from r10_sim import Placed, reverse_complement, simulate, write_run, write_text_model  # noqa: E402
 
 from streamer.io.reference import Reference  # noqa: E402
-from streamer.io.slow5 import write_blow5  # noqa: E402
-from streamer.poremodel import _kmer_at_rank, load_model  # noqa: E402
+from streamer.poremodel import load_model  # noqa: E402
 
 FLAG_SETS = ([], ["--print-read-names", "--signal-index"], ["--scale-events", "--samples"])
 
@@ -47,26 +47,10 @@ def write_inputs(work: Path, model_path: Path, genome: Path, n_reads: int, seed:
                 continue
             sim = simulate(model, reverse_complement(stretch) if rc else stretch, rng, shift=float(rng.normal(0, 8)),
                            scale=float(rng.uniform(0.9, 1.15)), dwell_shape=float(rng.uniform(1.2, 4.0)))  # fmt: skip
-            reads.append((sim, start, rc, stretch))
-    write_blow5(work / "sim.blow5", [r[0].record for r in reads], header=R10_RUN)
-    (work / "reads.fasta").write_text("".join(f">{r[0].record.read_id}\n{r[0].seq}\n" for r in reads))
-    header = {"HD": {"VN": "1.6", "SO": "unsorted"}, "SQ": [{"SN": contig, "LN": length}]}
-    with pysam.AlignmentFile(str(work / "unsorted.bam"), "wb", header=header) as bam:
-        for sim, start, rc, stretch in reads:
-            rec = pysam.AlignedSegment(bam.header)
-            rec.query_name, rec.query_sequence, rec.flag = sim.record.read_id, stretch, 16 if rc else 0
-            rec.reference_id, rec.reference_start, rec.mapping_quality = 0, start, 60
-            rec.cigartuples = [(0, len(stretch))]
-            bam.write(rec)
-    pysam.sort("-o", str(work / "reads.bam"), str(work / "unsorted.bam"))
-    pysam.index(str(work / "reads.bam"))
-    with open(work / "model.txt", "w") as fh:  # shortest decimal that reads back as the same float32
-        fh.write(f"#k\t{model.k}\n")
-        for rank in range(model.n_kmers):
-            mean = np.format_float_positional(model.level_mean[rank], unique=True)
-            stdv = np.format_float_positional(model.level_stdv[rank], unique=True)
-            fh.write(f"{_kmer_at_rank(rank, model.k, model.alphabet)}\t{mean}\t{stdv}\n")
-    return len(reads), sum(len(r[3]) for r in reads)
+            reads.append(Placed(sim, start, rc, stretch))
+    write_run(work, reads, contig, length)
+    write_text_model(model, work / "model.txt")  # shortest decimals that read back as the same float32
+    return len(reads), sum(len(r.stretch) for r in reads)
 
 
 def main() -> int:
@@ -82,6 +66,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     n, bases = write_inputs(work, args.model, args.genome, args.reads, args.seed)
     print(f"{n} reads, {bases} bases")
+    os.environ["PYTHONPATH"] = os.pathsep.join(str(ROOT / d) for d in ("", "plugins", "gpu"))  # this checkout's
     common = ["-r", "reads.fasta", "-b", "reads.bam", "-g", str(args.genome.resolve()), "-t", "2"]
     subprocess.run([str(args.f5c.resolve()), "index", "--slow5", "sim.blow5", "reads.fasta"], cwd=work, check=True,
                    capture_output=True)  # fmt: skip

@@ -10,13 +10,17 @@ lower-left corner; ll_k[b] = b - 2 - ll_e[b], so only ll_e is stored.
 Arithmetic is f5c's (align.c) to the bit: emissions in float32, transition log
 probabilities in double, each cell score formed in double and rounded to float32,
 ties going up over diagonal and left over both. Scores live in a ring of three
-bands (all a band needs); the traceback keeps one byte per cell. `log_emission`
-and `cell_score` are the per-cell arithmetic that the CUDA version mirrors.
+bands (all a band needs); the traceback keeps one byte per cell. The per-cell
+arithmetic, the band rule, the traceback and the QC are written once (`abea_cells`)
+and compiled both here and for CUDA (`streamer_gpu.kernels`), which therefore
+agrees to the bit.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numba
@@ -25,40 +29,130 @@ import numpy as np
 from streamer.poremodel import PoreModel
 from streamer.scaling import F5C_CODES, read_kmer_ranks, require_dtype, require_nucleotide
 from streamer.skips import Skip
+from streamer.targets import CPU, Target, log_normal_pdf
 
 FROM_D = 0  # diagonal: step to the next k-mer with the next event
 FROM_U = 1  # up: the event stays on the same k-mer
 FROM_L = 2  # left: the k-mer is skipped
 
 
-@numba.njit(nogil=True, cache=True)
-def log_emission(level, scaled_mean, stdv, log_stdv):
-    """ln N(level; scaled_mean, stdv) in float32, with f5c's -0.918938 for ln(1/sqrt(2 pi)).
+class AbeaCells(NamedTuple):
+    """ABEA's per-cell arithmetic compiled for one target (`abea_cells`)."""
 
-    `scaled_mean` is the k-mer's level scaled to the read (float32 `scale * mean + shift`, from
-    the read's k-mer cache); var is not applied during ABEA.
-    """
-    a = (level - scaled_mean) / stdv
-    return (np.float32(-0.918938) - log_stdv) + (np.float32(-0.5) * a) * a
+    scaled_mean: Callable
+    log_emission: Callable
+    cell_score: Callable
+    moves_right: Callable
+    trimmed: Callable
+    with_trimmed: Callable
+    traceback: Callable
+    failed_qc: Callable
 
 
-@numba.njit(nogil=True, cache=True)
-def cell_score(diag, up, left, lp_emission, lp_step, lp_stay, lp_skip):
-    """Best of the three moves into a cell (float32 score, FROM_* code); ties: U over D, L over both."""
-    score_d = np.float32(np.float64(diag) + lp_step + np.float64(lp_emission))
-    score_u = np.float32(np.float64(up) + lp_stay + np.float64(lp_emission))
-    score_l = np.float32(np.float64(left) + lp_skip)
-    best = score_d
-    move = np.uint8(FROM_D)
-    if score_u > best:
-        best = score_u
-    if best == score_u:
-        move = np.uint8(FROM_U)
-    if score_l > best:
-        best = score_l
-    if best == score_l:
-        move = np.uint8(FROM_L)
-    return best, move
+@functools.cache
+def abea_cells(t: Target) -> AbeaCells:
+    """The arithmetic every ABEA kernel shares, in f5c's order and rounding, compiled for target t."""
+    fadd, fmul, dadd, dmul, ddiv = t.fadd, t.fmul, t.dadd, t.dmul, t.ddiv
+    log_emission = log_normal_pdf(t)
+
+    @t.jit
+    def scaled_mean(scale, level_mean, shift):
+        """A k-mer's level scaled to the read, float32 scale * mean + shift (ABEA leaves var aside)."""
+        return fadd(fmul(scale, level_mean), shift)
+
+    @t.jit
+    def cell_score(diag, up, left, lp_emission, lp_step, lp_stay, lp_skip):
+        """Best of the three moves into a cell (float32 score, FROM_* code): each score formed in
+        double and rounded once; ties go up over diagonal and left over both."""
+        em = np.float64(lp_emission)
+        score_d = np.float32(dadd(dadd(np.float64(diag), lp_step), em))
+        score_u = np.float32(dadd(dadd(np.float64(up), lp_stay), em))
+        score_l = np.float32(dadd(np.float64(left), lp_skip))
+        best = score_d
+        move = np.uint8(FROM_D)
+        if score_u > best:
+            best = score_u
+        if best == score_u:
+            move = np.uint8(FROM_U)
+        if score_l > best:
+            best = score_l
+        if best == score_l:
+            move = np.uint8(FROM_L)
+        return best, move
+
+    @t.jit
+    def moves_right(first, last, b):
+        """Whether band b lies right of band b-1 (next k-mer) rather than below it (next event),
+        from the scores at the two ends of band b-1 (Suzuki-Kasahara); alternating while both are -inf."""
+        ninf = np.float32(-np.inf)
+        if first == ninf and last == ninf:
+            return b % 2 == 1
+        return first < last
+
+    @t.jit
+    def trimmed(lp_trim, n):
+        """The score of n trimmed events, float32."""
+        return np.float32(dmul(lp_trim, np.float64(n)))
+
+    @t.jit
+    def with_trimmed(score, n, lp_trim):
+        """A cell's score with n further events trimmed after it (the end-cell candidates), float32."""
+        return np.float32(dadd(np.float64(score), dmul(np.float64(n), lp_trim)))
+
+    @t.jit
+    def traceback(trace, ll_e, r0, w, ev_mean, e0, mean, stdv, log_stdv, k0, end_event, last_k, out_kmer,
+                  out_event, out0):  # fmt: skip
+        """Walk a read's trace back from (end_event, last_k), writing its pairs last to first at out0.
+
+        The read's bands are rows r0.. of ll_e and of trace (w bytes a row), its events at
+        ev_mean[e0:], its k-mer cache at mean/stdv/log_stdv[k0:]. Returns (pairs, the float64 sum
+        of their log emissions, the longest run of skipped k-mers, whether the walk stayed in the
+        band); pairs is 0 when it left the band (where f5c would read outside its matrix).
+        """
+        e = end_event
+        kk = last_k
+        n = 0
+        gap = 0
+        max_gap = 0
+        total = np.float64(0.0)
+        while kk >= 0 and e >= 0:
+            b = e + kk + 2
+            o = ll_e[r0 + b] - e
+            if o < 0 or o >= w:
+                return 0, total, max_gap, False
+            out_kmer[out0 + n] = kk
+            out_event[out0 + n] = e
+            n += 1
+            x = k0 + kk
+            total = dadd(total, np.float64(log_emission(ev_mean[e0 + e], mean[x], stdv[x], log_stdv[x])))
+            move = trace[(r0 + b) * w + o]
+            if move == FROM_D:
+                kk -= 1
+                e -= 1
+                gap = 0
+            elif move == FROM_U:
+                e -= 1
+                gap = 0
+            else:
+                kk -= 1
+                gap += 1
+                max_gap = max(max_gap, gap)
+        return n, total, max_gap, True
+
+    @t.jit
+    def failed_qc(n, total, max_gap, inside, first_kmer, last_kmer, n_kmers, min_avg_log_emission, max_skip_run):
+        """f5c's alignment QC on a traceback: fails when it left the band, its average log emission
+        is below the threshold, it does not span the read's first and last k-mer, or it skipped
+        more than max_skip_run k-mers in a row."""
+        if not inside:
+            return True
+        spanned = first_kmer == 0 and last_kmer == n_kmers - 1
+        return ddiv(total, np.float64(n)) < min_avg_log_emission or not spanned or max_gap > max_skip_run
+
+    return AbeaCells(scaled_mean, log_emission, cell_score, moves_right, trimmed, with_trimmed, traceback, failed_qc)
+
+
+scaled_mean, log_emission, cell_score, moves_right, trimmed, with_trimmed, traceback, failed_qc = abea_cells(CPU)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -108,7 +202,7 @@ def align_read(
     k_log = np.empty(n_kmers, dtype=np.float32)
     for kk in range(n_kmers):
         r = ranks[kk]
-        k_mean[kk] = scale * level_mean[r] + shift
+        k_mean[kk] = scaled_mean(scale, level_mean[r], shift)
         k_stdv[kk] = level_stdv[r]
         k_log[kk] = level_log_stdv[r]
 
@@ -134,13 +228,7 @@ def align_read(
         cur = (b % 3) * row + 1
         prev = ((b - 1) % 3) * row + 1
         prev2 = ((b - 2) % 3) * row + 1
-        first = ring[prev]
-        last = ring[prev + w - 1]
-        if first == ninf and last == ninf:
-            right = b % 2 == 1
-        else:
-            right = first < last
-        ll_e[b] = ll_e[b - 1] if right else ll_e[b - 1] + 1
+        ll_e[b] = ll_e[b - 1] if moves_right(ring[prev], ring[prev + w - 1], b) else ll_e[b - 1] + 1
         lle = ll_e[b]
         llk = b - 2 - lle
         # offsets of the up, left and diagonal neighbours relative to o: each in -1..1
@@ -154,7 +242,7 @@ def align_read(
         if 0 <= trim_o < w:
             e = lle - trim_o
             if 0 <= e < n_events:
-                ring[cur + trim_o] = np.float32(lp_trim * (e + 1))
+                ring[cur + trim_o] = trimmed(lp_trim, e + 1)
                 trace[b * w + trim_o] = FROM_U
 
         lo = max(max(-llk, lle - (n_events - 1)), 0)
@@ -176,39 +264,16 @@ def align_read(
         if 0 <= o_end < w:
             e = lle - o_end
             if 0 <= e < n_events:
-                s = np.float32(np.float64(ring[cur + o_end]) + (n_events - e) * lp_trim)
+                s = with_trimmed(ring[cur + o_end], n_events - e, lp_trim)
                 if s > best_end:
                     best_end = s
                     end_event = e
 
-    e = end_event
-    kk = last_k
-    n = 0
-    gap = 0
-    max_gap = 0
-    sum_emission = 0.0
-    while kk >= 0 and e >= 0:
-        b = e + kk + 2
-        o = ll_e[b] - e
-        if o < 0 or o >= w:
-            return 0, sum_emission, max_gap, False
-        out_kmer[out0 + n] = kk
-        out_event[out0 + n] = e
-        n += 1
-        sum_emission += np.float64(log_emission(ev_mean[e0 + e], k_mean[kk], k_stdv[kk], k_log[kk]))
-        move = trace[b * w + o]
-        if move == FROM_D:
-            kk -= 1
-            e -= 1
-            gap = 0
-        elif move == FROM_U:
-            e -= 1
-            gap = 0
-        else:
-            kk -= 1
-            gap += 1
-            max_gap = max(max_gap, gap)
-
+    n, sum_emission, max_gap, inside = traceback(
+        trace, ll_e, 0, w, ev_mean, e0, k_mean, k_stdv, k_log, 0, end_event, last_k, out_kmer, out_event, out0
+    )
+    if not inside:
+        return 0, sum_emission, max_gap, False
     i = out0
     j = out0 + n - 1
     while i < j:
@@ -293,8 +358,12 @@ def abea(
         )
         sum_emission[i] = s
         n_aligned[i] = m
-        spanned = m > 0 and cap_kmer[cap_off[i]] == 0 and cap_kmer[cap_off[i] + m - 1] == n_kmers - 1
-        if not inside or s / m < min_avg_log_emission or not spanned or max_gap > max_skip_run:
+        c0 = cap_off[i]
+        first = last = -1
+        if inside:  # ascending: the pair of the first k-mer leads
+            first = cap_kmer[c0]
+            last = cap_kmer[c0 + m - 1]
+        if failed_qc(m, s, max_gap, inside, first, last, n_kmers, min_avg_log_emission, max_skip_run):
             status[i] = Skip.ALIGNMENT_FAILED
             continue
         counts[i] = m

@@ -40,23 +40,66 @@ def _plugin_command_modules(taken: set[str]):
             print(f"streamer: command {ep.name!r} ({ep.value}) is unavailable: {exc}", file=sys.stderr)
 
 
+OWN_LOGGERS = ("streamer", "streamer_gpu", "streamer_plugins")
+
+
+class _Short(logging.Formatter):
+    """A plain line for information, the level in front of anything worse."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = record.getMessage()
+        if record.levelno >= logging.WARNING:
+            line = f"{record.levelname.lower()}: {line}"
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def configure_logging(verbose: int = 0, quiet: bool = False) -> None:
+    """streamer's own lines at INFO, short (a journal adds the time); other libraries' at WARNING.
+
+    numba and numba-cuda log bytecode dumps and every device free at DEBUG/INFO, watchdog and
+    asyncio their internals: those show only with -vv.
+    """
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("[%(asctime)s %(name)s] %(levelname)s: %(message)s") if verbose
+                         else _Short())  # fmt: skip
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if verbose >= 2 else logging.WARNING)
+    own = logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO
+    for name in OWN_LOGGERS:
+        logging.getLogger(name).setLevel(own)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streamer", description=streamer.__doc__)
     parser.add_argument("--version", action="version", version=f"streamer {streamer.__version__}")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    noise = parser.add_mutually_exclusive_group()
+    noise.add_argument("-v", "--verbose", action="count", default=0,
+                       help="-v: streamer's debug lines, timestamped and named; -vv: every library's too")
+    noise.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     core = list(_command_modules())
     for mod in core + list(_plugin_command_modules({m.NAME for m in core})):
         p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)
         mod.add_arguments(p)
-        p.set_defaults(_run=mod.run)
+        p.set_defaults(_run=mod.run, _parser=p)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    level = logging.WARNING - 10 * min(args.verbose + 1, 2)
-    logging.basicConfig(level=level, format="[%(asctime)s %(name)s] %(levelname)s: %(message)s", stream=sys.stderr)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--version"]:  # without importing every command (numba, pod5...): a tenth of the time
+        print(f"streamer {streamer.__version__}")
+        return 0
+    args, unknown = build_parser().parse_known_args(argv)
+    if unknown:  # the command's own usage, not the list of commands
+        args._parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    configure_logging(args.verbose, args.quiet)
+    if streamer.CACHE_DIR is not None:
+        logging.getLogger("streamer").info("compiled kernels are cached in %s (the install folder is read-only)",
+                                           streamer.CACHE_DIR)  # fmt: skip
     try:
         return args._run(args)
     except ConfigError as exc:

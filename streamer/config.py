@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import math
 import os
+import re
 import textwrap
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
@@ -21,6 +23,7 @@ from typing import Any
 import yaml
 
 from streamer.errors import ConfigError
+from streamer.publish.security import is_loopback
 from streamer.tuning.profiles import PROFILE_NAMES
 
 REQUIRED_FOR_RUN = ("watch.dir", "reference.genome", "output.dir")
@@ -130,10 +133,18 @@ class BatchConfig:
 class PipelineConfig:
     threads: int = _key(0, "CPU threads for the stages; 0 uses every core.", type=int, flag="--threads",
                         short="-t", minimum=0)
-    kmer_model: Path | None = _key(None, "Nucleotide pore model file (default: r9.4 450bps 6-mer).", type=Path,
-                                   flag="--kmer-model", must_exist="file")
-    meth_model: Path | None = _key(None, "CpG methylation pore model file (default: r9.4 450bps 6-mer).",
-                                   type=Path, flag="--meth-model", must_exist="file")
+    pore: str = _key(
+        "r9", "Pore chemistry of the watched runs; it picks the models that `kmer_model` and `meth_model` leave "
+        "unset: r9 the shipped R9.4 6-mer ones, r10 (R10.4.1) the 9-mer ones in `model_dir`/r10.", type=str,
+        flag="--pore", choices=("r9", "r10"))
+    kmer_model: Path | None = _key(None, "Nucleotide pore model file, text or uncalled4 .npz (default: by "
+                                   "`pore`).", type=Path, flag="--kmer-model", must_exist="file")
+    meth_model: Path | None = _key(None, "CpG methylation pore model file, nanopolish/f5c text (default: by "
+                                   "`pore`).", type=Path, flag="--meth-model", must_exist="file")
+    model_dir: Path | None = _key(
+        None, "Folder of per-pore models: for r10, `r10/dna_r10.4.1_400bps_9mer.npz` (uncalled4) and "
+        "`r10/r10_450bps.cpg.9mer.template.round9.model` (f5c's releases); default `$STREAMER_MODEL_DIR`, else "
+        "`$XDG_DATA_HOME/streamer/models`.", type=Path, flag="--model-dir")
     io_mode: str = _key(
         "auto", "Signal readers of `batch.read_ahead` as `processes` or `threads`; `auto` takes processes, as "
         "FAST5 and POD5 readers hold a lock or the GIL (threads suit SLOW5/BLOW5).", type=str, flag="--io-mode",
@@ -437,6 +448,9 @@ def _coerce(key: Key, value: Any, problems: list[str]) -> Any:
         return None
     if t is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                problems.append(f"{key.path}: expected a finite number, got {value}")
+                return None
             return _check_minimum(key, float(value), problems)
         problems.append(f"{key.path}: expected a number, got {_describe(value)}")
         return None
@@ -453,6 +467,24 @@ def _coerce(key: Key, value: Any, problems: list[str]) -> Any:
         problems.append(f"{key.path}: expected one of {', '.join(key.choices)}, got {value!r}")
         return None
     return Path(value).expanduser() if t is Path else str(value)
+
+
+ENDPOINT_KEYS = ("publish.endpoint", "publish.extra_endpoints", "publish.snapshot_endpoint")
+_ENDPOINT = re.compile(r"(tcp://(\[[0-9a-fA-F:.]+\]|[^:/\s]+):(\*|\d{1,5})|ipc://\S+|inproc://\S+)")
+
+
+def _check_endpoints(values: dict[str, dict[str, Any]], problems: list[str]) -> None:
+    """ZeroMQ endpoint syntax, and the rule the publisher applies before binding: beyond loopback
+    only with CURVE keys or insecure_bind, so `run` never fails on what validation passed."""
+    pub = values["publish"]
+    for path in ENDPOINT_KEYS:
+        given = pub.get(path.split(".")[1])
+        for endpoint in (given,) if isinstance(given, str) else given or ():
+            if not _ENDPOINT.fullmatch(endpoint):
+                problems.append(f"{path}: {endpoint!r} is not a ZeroMQ endpoint (tcp://HOST:PORT, ipc://PATH)")
+            elif not (is_loopback(endpoint) or pub.get("curve_secret_key") or pub.get("insecure_bind")):
+                problems.append(f"{path}: {endpoint} is beyond loopback: set publish.curve_secret_key and "
+                                "publish.curve_clients (`streamer keys generate`), or publish.insecure_bind")  # fmt: skip
 
 
 def _check_minimum(key: Key, value: float, problems: list[str]) -> float | None:
@@ -501,6 +533,7 @@ def build(flat: dict[str, Any], *, origin: str = "configuration", require: tuple
             _check_exists(key, value, problems)
         sec, name = key.path.split(".")
         values[sec][name] = value
+    _check_endpoints(values, problems)
     for path in require:
         sec, name = path.split(".")
         if name not in values[sec] and not any(p.startswith(path + ":") for p in problems):

@@ -21,8 +21,9 @@ import numpy as np
 from streamer.abea import align_batch
 from streamer.batch import CIGAR_M, ReadBatch, ReadInput, pack
 from streamer.events import detect_events
-from streamer_gpu import AbeaBatchStats, CudaOptions, HmmBatchStats, open_gpu, open_gpu_hmm
+from streamer.gpu_api import AbeaBatchStats, CudaOptions, HmmBatchStats, gpu_module
 from streamer_plugins.cpg.calls import CALLS_HEADER, MethCalls, call_methylation, format_calls
+from streamer_plugins.cpg.hmm_gpu import open_gpu_hmm
 from streamer.poremodel import PoreModel, load_default_models, load_kmer_model
 from streamer.postalign import PostAlign, recalibrate_batch
 from streamer.scaling import estimate_scalings
@@ -92,10 +93,10 @@ class Pipeline:
         self.meth_model: PoreModel | None = None
         if self.calls_methylation:
             self.kmer_model, self.meth_model = load_default_models(options.kmer_model, options.meth_model)
-        else:  # any nucleotide model, e.g. the R10.4.1 9-mer one, for which no CpG model is public
+        else:  # any nucleotide model of any k: eventalign needs no CpG model
             self.kmer_model = load_kmer_model(options.kmer_model)
         numba.set_num_threads(max(1, min(options.threads, numba.config.NUMBA_NUM_THREADS)))
-        self.gpu = open_gpu(options.cuda)
+        self.gpu = gpu_module("").open_gpu(options.cuda)
         self.gpu_hmm = open_gpu_hmm(options.cuda) if self.gpu is not None else None
         self._gpu_lock = threading.Lock()
         self._warm_up()

@@ -4,13 +4,18 @@ A model file has `#key value` header lines, then one row per k-mer in rank order
 `kmer level_mean level_stdv [sd_mean sd_stdv ...]`. Nucleotide models use the
 alphabet ACGT (4^k rows); methylation models ACGMT, where M is a methylated C
 (5^k rows). Ranks are base-|alphabet| numbers with the first base most significant.
-uncalled4's `.npz` level tables (ONT's R10.4.1 400bps 9-mer, MIT; 5.6 MB, so not shipped:
-pass its path) load into the same `PoreModel`.
+Text models have k up to 9 (f5c's limit; f5c's R10.4.1 CpG 9-mer model is 1,953,125 rows),
+the alphabet from `#alphabet` or, without it, from the presence of M; large ones are parsed once
+and then read from a binary cache (`streamer.modeltext`). uncalled4's `.npz` level tables (ONT's
+R10.4.1 400bps 9-mer, MIT; 5.6 MB) load into the same `PoreModel`. Neither R10.4.1 model is
+shipped: `pore_models` looks for them in a per-pore folder and says where to get a missing one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
 import zipfile
 from dataclasses import dataclass
 from importlib import resources
@@ -19,13 +24,23 @@ from pathlib import Path
 import numba
 import numpy as np
 
+from streamer import modeltext
 from streamer.errors import ModelError
+from streamer.io.poretype import R10
+from streamer.paths import user_data_dir
 
 NUCLEOTIDE = "ACGT"
 METHYL_CPG = "ACGMT"
 
 DEFAULT_KMER_MODEL = "r9.4_450bps.nucleotide.6mer.template.model"
 DEFAULT_METH_MODEL = "r9.4_450bps.cpg.6mer.template.model"
+# R10.4.1 models are not shipped (sizes); these names are looked for in model_dir()/r10
+R10_KMER_MODEL = "dna_r10.4.1_400bps_9mer.npz"
+R10_METH_MODEL = "r10_450bps.cpg.9mer.template.round9.model"
+UNCALLED4_MODELS = "https://github.com/skovaka/uncalled4"
+F5C_RELEASES = "https://github.com/hasindu2008/f5c/releases"
+MAX_TEXT_K = 9  # as f5c (MAX_KMER_SIZE): 5^9 CpG rows
+_ALPHABETS = {"nucleotide": NUCLEOTIDE, "u_to_t_rna": NUCLEOTIDE, "cpg": METHYL_CPG}
 _NPZ_KEYS = ("_k", "kmer", "current.mean", "current.stdv", "_pa_mean", "_pa_stdv")
 
 # Base -> digit lookup tables indexed by ASCII code; -1 marks a letter outside the alphabet.
@@ -120,66 +135,106 @@ def load_npz_model(path: str | Path) -> PoreModel:
 
 def load_model(path: str | Path) -> PoreModel:
     """Read and validate a model file (text, or uncalled4 `.npz`); a malformed file raises
-    ModelError naming file and line."""
+    ModelError naming file and line. Large text models come from the binary cache once built."""
     path = Path(path)
     try:
         with open(path, "rb") as fh:
             if fh.read(2) == b"PK":  # .npz is a zip archive
                 return load_npz_model(path)
-        text = path.read_text()
+        cached = path.stat().st_size >= modeltext.CACHE_MIN_BYTES
+        if cached and (arrays := modeltext.read_cached(modeltext.content_key(path))) is not None:
+            if (model := _from_arrays(path.name, arrays)) is not None:
+                return model
+        data = path.read_bytes()
     except OSError as exc:
         raise ModelError(path, f"cannot read model file: {exc.strerror}") from exc
-    k_header = None
-    kmers, means, stdvs, lines = [], [], [], []
-    for line_no, line in enumerate(text.splitlines(), start=1):
-        fields = line.split()
-        if not fields:
-            continue
-        if line.startswith("#"):
-            if fields[0] == "#k" and len(fields) > 1:
-                try:
-                    k_header = int(fields[1])
-                except ValueError:
-                    raise ModelError(path, f"invalid k-mer size {fields[1]!r}", line=line_no) from None
-            continue
-        if fields[0] == "kmer":
-            continue
-        if len(fields) < 3:
-            raise ModelError(path, "expected 'kmer level_mean level_stdv'", line=line_no)
-        try:
-            mean, stdv = float(fields[1]), float(fields[2])
-        except ValueError:
-            raise ModelError(path, f"non-numeric level in {line.strip()!r}", line=line_no) from None
-        if not (np.isfinite(mean) and np.isfinite(stdv) and stdv > 0):
-            raise ModelError(path, f"level_stdv must be positive and finite in {line.strip()!r}", line=line_no)
-        kmers.append(fields[0].upper())
-        means.append(mean)
-        stdvs.append(stdv)
-        lines.append(line_no)
-    if not kmers:
+    model = _parse_text(path, data)
+    if cached:
+        modeltext.write_cached(hashlib.sha256(data).hexdigest(), path, {
+            "k": np.int64(model.k), "alphabet": np.str_(model.alphabet), "level_mean": model.level_mean,
+            "level_stdv": model.level_stdv, "level_log_stdv": model.level_log_stdv})  # fmt: skip
+    return model
+
+
+def _from_arrays(name: str, a: dict[str, np.ndarray]) -> PoreModel | None:
+    """A model from cached arrays, or None if they do not hold a whole one."""
+    try:
+        k, alphabet = int(a["k"]), str(a["alphabet"])
+        arrays = [a[key] for key in ("level_mean", "level_stdv", "level_log_stdv")]
+    except (KeyError, ValueError, TypeError):
+        return None
+    if alphabet not in (NUCLEOTIDE, METHYL_CPG) or not 1 <= k <= 15:
+        return None
+    if any(x.dtype != np.float32 or x.shape != (len(alphabet) ** k,) for x in arrays):
+        return None
+    return PoreModel(name, k, alphabet, *arrays)
+
+
+def _parse_text(path: Path, data: bytes) -> PoreModel:
+    """Validate a nanopolish/f5c text model: `#k`, `#alphabet`, rows in rank order, positive stdv."""
+    buf = np.frombuffer(data, np.uint8)
+    kind, spans, n_fields = modeltext.scan_lines(buf)
+
+    def field(line: int, i: int) -> str:
+        return data[spans[line, 2 * i] : spans[line, 2 * i + 1]].decode(errors="replace")
+
+    def row_text(line: int) -> str:
+        return data[spans[line, 0] : spans[line, 2 * min(n_fields[line], 3) - 1]].decode(errors="replace")
+
+    k_header = alphabet = None
+    for line in np.flatnonzero((kind == modeltext.COMMENT) & (n_fields > 1)).tolist():
+        key, value = field(line, 0), field(line, 1)
+        if key == "#k":
+            try:
+                k_header = int(value)
+            except ValueError:
+                raise ModelError(path, f"invalid k-mer size {value!r}", line=line + 1) from None
+        elif key == "#alphabet":
+            alphabet = _ALPHABETS.get(value.lower())
+            if alphabet is None:
+                raise ModelError(path, f"alphabet {value!r} is not one streamer reads ({', '.join(_ALPHABETS)})",
+                                 line=line + 1)  # fmt: skip
+    rows = np.flatnonzero(kind == modeltext.ROW)
+    if not rows.size:
         raise ModelError(path, "no k-mer rows")
-    k = len(kmers[0])
+    if (short := rows[n_fields[rows] < 3]).size:
+        raise ModelError(path, "expected 'kmer level_mean level_stdv'", line=int(short[0]) + 1)
+    klen = spans[rows, 1] - spans[rows, 0]
+    k = int(klen[0])
     if k_header is not None and k_header != k:
-        raise ModelError(path, f"header says k={k_header} but k-mers have length {k}", line=lines[0])
-    alphabet = METHYL_CPG if any("M" in km for km in kmers) else NUCLEOTIDE
+        raise ModelError(path, f"header says k={k_header} but k-mers have length {k}", line=int(rows[0]) + 1)
+    if (odd := rows[klen != k]).size:
+        raise ModelError(path, f"k-mer {field(int(odd[0]), 0)!r} has length {len(field(int(odd[0]), 0))}, not {k}",
+                         line=int(odd[0]) + 1)  # fmt: skip
+    if not 1 <= k <= MAX_TEXT_K:
+        raise ModelError(path, f"k={k} is beyond the largest supported k-mer size {MAX_TEXT_K}", line=int(rows[0]) + 1)
+    letters = modeltext.gather_fields(buf, spans[rows, 0], spans[rows, 1], k)
+    letters = np.where((letters >= 97) & (letters <= 122), letters - 32, letters)  # upper case
+    alphabet = alphabet or (METHYL_CPG if (letters == ord("M")).any() else NUCLEOTIDE)
     expected = len(alphabet) ** k
-    if len(kmers) != expected:
-        raise ModelError(path, f"{len(kmers)} rows, expected {len(alphabet)}^{k} = {expected} for alphabet {alphabet}")
-    for rank, (km, line_no) in enumerate(zip(kmers, lines)):
-        if len(km) != k or km != _kmer_at_rank(rank, k, alphabet):
-            raise ModelError(
-                path, f"k-mer {km!r} out of rank order (expected {_kmer_at_rank(rank, k, alphabet)!r})", line=line_no
-            )
-    level_mean = np.asarray(means, dtype=np.float32)
-    level_stdv = np.asarray(stdvs, dtype=np.float32)
-    return PoreModel(
-        name=path.name,
-        k=k,
-        alphabet=alphabet,
-        level_mean=level_mean,
-        level_stdv=level_stdv,
-        level_log_stdv=logf(level_stdv),
-    )
+    if len(rows) != expected:
+        raise ModelError(path, f"{len(rows)} rows, expected {len(alphabet)}^{k} = {expected} for alphabet {alphabet}")
+    digits = (METH_CODE if alphabet == METHYL_CPG else NUC_CODE)[letters]  # int8, -1 outside the alphabet
+    ranks = np.zeros(expected, np.int64)
+    for j in range(k):  # column by column: no (rows, k) int64 temporary for 2 million rows
+        ranks = ranks * len(alphabet) + digits[:, j]
+    if (bad := np.flatnonzero((digits < 0).any(axis=1) | (ranks != np.arange(expected)))).size:
+        r = int(bad[0])
+        raise ModelError(path, f"k-mer {field(int(rows[r]), 0)!r} out of rank order (expected "
+                         f"{_kmer_at_rank(r, k, alphabet)!r})", line=int(rows[r]) + 1)  # fmt: skip
+    levels = []
+    for col in (1, 2):
+        values, bad_at = modeltext.parse_column(buf, spans[rows, 2 * col], spans[rows, 2 * col + 1])
+        if bad_at >= 0:
+            line = int(rows[bad_at])
+            raise ModelError(path, f"non-numeric level in {row_text(line)!r}", line=line + 1)
+        levels.append(values)
+    mean, stdv = levels
+    if (bad := np.flatnonzero(~(np.isfinite(mean) & np.isfinite(stdv) & (stdv > 0)))).size:
+        line = int(rows[bad[0]])
+        raise ModelError(path, f"level_stdv must be positive and finite in {row_text(line)!r}", line=line + 1)
+    level_mean, level_stdv = mean.astype(np.float32), stdv.astype(np.float32)
+    return PoreModel(path.name, k, alphabet, level_mean, level_stdv, logf(level_stdv))
 
 
 def builtin_model_path(name: str) -> Path:
@@ -204,6 +259,33 @@ def load_default_models(kmer_model: str | Path | None = None, meth_model: str | 
     if kmer.k != meth.k:
         raise ModelError(meth.name, f"k={meth.k} differs from the k-mer model's k={kmer.k}")
     return kmer, meth
+
+
+def model_dir() -> Path:
+    """Where per-pore model files are looked for: `$STREAMER_MODEL_DIR`, else
+    `$XDG_DATA_HOME/streamer/models` (`~/.local/share/...`)."""
+    if env := os.environ.get("STREAMER_MODEL_DIR"):
+        return Path(env)
+    return user_data_dir() / "models"
+
+
+def pore_models(pore: str | None, kmer_model: Path | None = None, meth_model: Path | None = None,
+                folder: Path | None = None, *, methylation: bool = True) -> tuple[Path | None, Path | None]:
+    """The model files for a pore: those given, else the pore's default location (r9: the shipped
+    ones, returned as None). R10.4.1 models are not shipped: a missing one raises ModelError naming
+    the file looked for and where it is published. `methylation=False` needs no CpG model."""
+    if pore != R10:
+        return kmer_model, meth_model
+    folder = (folder or model_dir()) / R10
+    kmer = kmer_model or folder / R10_KMER_MODEL
+    if kmer_model is None and not kmer.is_file():
+        raise ModelError(kmer, f"no R10.4.1 9-mer nucleotide model: uncalled4 publishes {R10_KMER_MODEL} "
+                         f"({UNCALLED4_MODELS}); put it there or pass --kmer-model FILE")  # fmt: skip
+    meth = meth_model or folder / R10_METH_MODEL
+    if methylation and meth_model is None and not meth.is_file():
+        raise ModelError(meth, f"no R10.4.1 CpG methylation model: f5c publishes its CpG 9-mer model "
+                         f"{R10_METH_MODEL} with its releases ({F5C_RELEASES}); put it there or pass --meth-model FILE")
+    return kmer, meth if methylation else meth_model
 
 
 @numba.njit(nogil=True, cache=True)

@@ -15,23 +15,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from pathlib import Path
 
 import numpy as np
 
 from streamer.abea import align_batch
-from streamer.events import detect_events
+from streamer.gpu_api import CudaOptions
 from streamer_gpu.abea import CudaAbea, Layout
 from streamer_gpu.host import CPU, GPU, ULTRA, assign_reads, bytes_per_base
-from streamer_gpu.kernels import SIMULATED
-from streamer_gpu.options import CudaOptions
-from streamer.io.fast5 import iter_fast5
-from streamer.io.fastx import load_basecalls
+from streamer_gpu.target import SIMULATED
 from streamer.poremodel import load_default_models
-from streamer.scaling import estimate_scalings
 from streamer.skips import Skip
 
-ECOLI = Path(__file__).parent / "data" / "ecoli"
+import reference_abea
+from ecoli_reads import fixture_reads
+
 WINDOW = 100
 
 
@@ -56,21 +53,9 @@ class Batch:
 
 def fixture_windows(model) -> Batch:
     """A window of WINDOW k-mers from the middle of each fixture read, with its aligned events."""
-    calls = load_basecalls(ECOLI / "reads.fasta")
-    seqs, signals = [], []
-    for path in sorted((ECOLI / "fast5").glob("*.fast5")):
-        for rec in iter_fast5(path):
-            if rec.read_id in calls:
-                seqs.append(calls[rec.read_id])
-                signals.append(rec.to_pa().astype(np.float32))
-    sig_off = np.zeros(len(signals) + 1, np.int64)
-    np.cumsum([len(s) for s in signals], out=sig_off[1:])
-    ev_off, _, _, ev_mean, _ = detect_events(np.concatenate(signals), sig_off)
-    seq = np.frombuffer("".join(seqs).encode(), dtype=np.uint8)
-    seq_off = np.zeros(len(seqs) + 1, np.int64)
-    np.cumsum([len(s) for s in seqs], out=seq_off[1:])
-    status = np.zeros(len(seqs), np.int8)
-    shift, scale, _ = estimate_scalings(seq, seq_off, ev_mean, ev_off, status, model)
+    seqs, means, shift, scale = fixture_reads(model)
+    batch = Batch(seqs, means, list(shift), list(scale), [0] * len(seqs))
+    seq, seq_off, ev_mean, ev_off, status, shift, scale = batch.arrays()
     aln = align_batch(seq, seq_off, ev_mean, ev_off, status, shift, scale, model)
     out = Batch([], [], [], [], [])
     for i, s in enumerate(seqs):
@@ -93,13 +78,30 @@ def compare(cpu, cpu_status, gpu, gpu_status) -> list[str]:
     return diff + ([] if np.array_equal(cpu_status, gpu_status) else ["status"])
 
 
-def run_case(model, batch: Batch, aligner: CudaAbea) -> dict:
+def differs_from_reference(model, batch: Batch, aln, status) -> list[int]:
+    """Reads whose pairs, emission sum, pair count or status differ from `reference_abea.align`."""
+    out = []
+    for i, (seq, means, shift, scale) in enumerate(zip(batch.seqs, batch.means, batch.shift, batch.scale)):
+        ref = reference_abea.align(seq, means, shift, scale, model)
+        pairs = list(zip(aln.aln_kmer[aln.aln_off[i] : aln.aln_off[i + 1]].tolist(),
+                         aln.aln_event[aln.aln_off[i] : aln.aln_off[i + 1]].tolist()))  # fmt: skip
+        failed = status[i] != 0
+        if (pairs, aln.sum_emission[i], aln.n_aligned[i], failed) != (ref.pairs, ref.sum_emission, ref.n_aligned,
+                                                                       ref.failed):  # fmt: skip
+            out.append(i)
+    return out
+
+
+def run_case(model, batch: Batch, aligner: CudaAbea, reference: bool = False) -> dict:
     arrays = batch.arrays()
     cpu_status, gpu_status = arrays[4].copy(), arrays[4].copy()
     cpu = align_batch(*arrays[:4], cpu_status, *arrays[5:], model)
     gpu, stats = aligner.align(*arrays[:4], gpu_status, *arrays[5:], model)
-    return {"diff": compare(cpu, cpu_status, gpu, gpu_status), "status": cpu_status.tolist(),
-            "stats": dataclasses.asdict(stats)}  # fmt: skip
+    out = {"diff": compare(cpu, cpu_status, gpu, gpu_status), "status": cpu_status.tolist(),
+           "stats": dataclasses.asdict(stats)}  # fmt: skip
+    if reference:  # the GPU against the slow reference itself, not only against the CPU
+        out["reference_diff"] = differs_from_reference(model, batch, gpu, gpu_status)
+    return out
 
 
 def crafted(windows: Batch) -> Batch:
@@ -137,7 +139,7 @@ def main() -> int:
     few.shift.append(windows.shift[3])
     few.scale.append(windows.scale[3])
     few.status.append(0)
-    results["windows"] = run_case(model, few, aligner)
+    results["windows"] = run_case(model, few, aligner, reference=True)
 
     batch = crafted(windows)
     opt = CudaOptions(max_lf=1.3, max_epk=5.0, ultra_thresh=300)

@@ -23,15 +23,15 @@ import numpy as np
 
 from streamer.assemble import BatchLimits, offline_batches
 from streamer.batch import pack
-from streamer_gpu.hmm import CudaHmm
-from streamer_gpu.kernels import SIMULATED
-from streamer_gpu.options import CudaOptions
+from streamer.gpu_api import CudaOptions
+from streamer_gpu.target import SIMULATED
 from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments
 from streamer.io.fastx import load_basecalls
 from streamer.io.index import open_index
 from streamer.io.reference import Reference
 from streamer.pipeline import Pipeline, PipelineOptions
 from streamer_plugins.cpg.hmm import score_windows
+from streamer_plugins.cpg.hmm_cuda import CudaHmm
 
 ECOLI = Path(__file__).parent / "data" / "ecoli"
 REFERENCE = Path(__file__).parent / "data" / "ecoli_k12_mg1655.fa.gz"

@@ -1,4 +1,5 @@
-"""ABEA: f5c's emission statistic for read1, alignment shape, crafted reads, per-cell rules."""
+"""ABEA: f5c's emission statistic for read1, the slow reference on the fixture reads, alignment shape,
+crafted reads, per-cell rules."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from streamer.abea import FROM_D, FROM_L, FROM_U, align_batch, cell_score
 from streamer.scaling import estimate_scalings
 from streamer.skips import Skip
 
+import reference_abea
 from conftest import ECOLI
+from ecoli_reads import fixture_reads
 from test_scaling import nuc_model, pack, read1  # noqa: F401  (nuc_model is a fixture)
 
 RNG_SEED = 7
@@ -41,6 +44,33 @@ def test_read1_emission_statistic_matches_f5c(nuc_model):
     # the average agrees to all printed digits
     assert aln.sum_emission[0] == pytest.approx(float(fields["sum_emission"]), rel=1e-6)
     assert f"{aln.avg_log_emission[0]:.6f}" == fields["avg_log_emission"]
+
+
+def assert_equals_reference(seqs, means, shift, scale, model, **kw):
+    batch = pack(seqs, means)
+    status = batch[-1]
+    aln = align_batch(*batch, shift, scale, model, **kw)
+    for i in range(len(seqs)):
+        ref = reference_abea.align(seqs[i], means[i], shift[i], scale[i], model, **kw)
+        a0, a1 = aln.aln_off[i], aln.aln_off[i + 1]
+        assert list(zip(aln.aln_kmer[a0:a1].tolist(), aln.aln_event[a0:a1].tolist())) == ref.pairs
+        assert (aln.sum_emission[i], aln.n_aligned[i]) == (ref.sum_emission, ref.n_aligned)
+        assert (status[i] != Skip.OK, status[i] == Skip.OVERSEGMENTED) == (ref.failed, ref.oversegmented)
+    return status
+
+
+def test_fixture_reads_equal_the_slow_reference(nuc_model):
+    seqs, means, shift, scale = fixture_reads(nuc_model)
+    status = assert_equals_reference(seqs, means, shift, scale, nuc_model)
+    assert (status == Skip.OK).sum() >= len(seqs) - 1
+
+
+def test_reference_agrees_on_failures_and_other_settings(nuc_model):
+    seqs, means, shift, scale = fixture_reads(nuc_model)
+    # events of another read: fails the emission QC; a narrow band and a short skip limit
+    wrong = assert_equals_reference(seqs[:1], means[1:2], shift[:1], scale[:1], nuc_model)
+    assert wrong[0] == Skip.ALIGNMENT_FAILED
+    assert_equals_reference(seqs[:2], means[:2], shift[:2], scale[:2], nuc_model, bandwidth=20, max_skip_run=3)
 
 
 def test_read1_pairs_are_an_ascending_monotone_path(nuc_model):

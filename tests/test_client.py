@@ -196,81 +196,65 @@ def test_a_late_joiner_ends_with_the_same_frequencies():
             assert len(late.frequencies) > 150 and late.missed == early.missed == {}
 
 
-_SLOW_READER = """
-import sys, time
+_STALLED_READER = """
+import sys
 import zmq
 from streamer.client import Calls, Gap, Status, Subscriber
 total = int(sys.argv[1])
-for endpoint in sys.stdin:
-    with zmq.Context() as ctx:
-        ctx.setsockopt(zmq.RCVBUF, 1 << 16)
-        with Subscriber(endpoint.strip(), ["meth.call", "status"], rcvhwm=4, context=ctx) as sub:
-            received = gaps = 0
-            for msg in sub:
-                if isinstance(msg, Status):
-                    print("ready", flush=True)
-                    if msg.last_seq.get("meth.call") == total:
-                        break  # every batch was either received or is counted missed
-                elif isinstance(msg, Gap):
-                    gaps += msg.missed if msg.topic == "meth.call" else 0
-                else:
-                    received += 1
-                    time.sleep(0.02)
-            print(received, sub.missed.get("meth.call", 0), gaps, flush=True)
+endpoint = sys.stdin.readline().strip()
+with zmq.Context() as ctx:
+    ctx.setsockopt(zmq.RCVBUF, 1 << 16)
+    with Subscriber(endpoint, ["meth.call", "status"], rcvhwm=4, context=ctx) as sub:
+        for msg in sub:  # connected once a heartbeat comes through
+            if isinstance(msg, Status):
+                break
+        print("ready", flush=True)
+        sys.stdin.readline()  # stalled while the pipeline publishes everything
+        received = gaps = 0
+        for msg in sub:
+            if isinstance(msg, Status):
+                if msg.last_seq.get("meth.call") == total:
+                    break  # every batch was either received or is counted missed
+            elif isinstance(msg, Gap):
+                gaps += msg.missed if msg.topic == "meth.call" else 0
+            else:
+                received += 1
+        print(received, sub.missed.get("meth.call", 0), gaps, flush=True)
 """
 
 
-def _pipeline(pub: Publisher, batches: list[dict], work) -> tuple[float, float]:
-    """(wall seconds, CPU seconds of this whole process) for the loop."""
-    t0, c0 = time.perf_counter(), time.process_time()
-    for batch in batches:
-        work()
-        pub.publish_calls(batch)
-    return time.perf_counter() - t0, time.process_time() - c0
-
-
-def test_a_slow_subscriber_does_not_slow_the_pipeline_and_knows_what_it_missed():
-    """A stand-in pipeline, best of five runs, without and with a subscriber that lags.
-
-    The subscriber is another process (as a dashboard would be) reading one batch per 20 ms;
-    small socket buffers make it overflow after a dozen batches rather than megabytes. Had
-    publishing waited for it, the loop would take its pace (~0.6 s) instead of ~0.1 s. The 5%
-    bound is on the CPU time of the whole publishing process (pipeline, sending thread, ZeroMQ
-    I/O), which other load on this shared machine hardly moves; its wall time is measured by
-    benchmarks/zmq_slow_subscriber.py on a quiet machine. The stand-in spends ~3 ms per
-    1000-call batch, so publishing is ~10% of its time (real scoring takes far longer).
-    """
+def test_a_stalled_subscriber_does_not_hold_the_pipeline_and_knows_what_it_missed():
+    """A subscriber process (as a dashboard would be) that reads nothing while the pipeline
+    publishes 40 batches: publishing must not wait for it (the loop ends while the subscriber
+    is stalled; waiting would never end), and once it reads again it counts exactly what it
+    missed. Small socket buffers make 40 batches of 1000 calls overflow for certain, whatever
+    the machine's load; the cost in wall time of a slow subscriber is measured by
+    benchmarks/zmq_slow_subscriber.py."""
     batches = [call_batch(1000, first=i) for i in range(40)]
-    values = np.random.default_rng(0).random(200_000)
-    work = lambda: np.sort(values)  # noqa: E731
-    alone, with_slow = [], []
-    reader = subprocess.Popen([sys.executable, "-c", _SLOW_READER, str(len(batches))], stdin=subprocess.PIPE,
+    reader = subprocess.Popen([sys.executable, "-c", _STALLED_READER, str(len(batches))], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     try:
-        for _ in range(5):
-            with Publisher(local_config(sndhwm=4)) as pub:
-                alone.append(_pipeline(pub, batches, work))
-            with zmq.Context() as ctx:
-                ctx.setsockopt(zmq.SNDBUF, 1 << 16)
-                with Publisher(local_config(sndhwm=4), context=ctx) as pub:
-                    reader.stdin.write(pub.endpoints[0] + "\n")
-                    reader.stdin.flush()
-                    assert reader.stdout.readline() == "ready\n"
-                    with_slow.append(_pipeline(pub, batches, work))
-                    pub.publish_status({})  # the last seq, without waiting for a heartbeat
-                    while (line := reader.stdout.readline()) == "ready\n":
-                        pass
-            received, missed, gaps = map(int, line.split())
-            assert received + missed == len(batches)  # exact: nothing lost without being counted
-            assert missed == gaps > 0
+        with zmq.Context() as ctx:
+            ctx.setsockopt(zmq.SNDBUF, 1 << 16)
+            with Publisher(local_config(sndhwm=4, heartbeat_interval=0.05), context=ctx) as pub:
+                reader.stdin.write(pub.endpoints[0] + "\n")
+                reader.stdin.flush()
+                assert reader.stdout.readline() == "ready\n"
+                t0 = time.monotonic()
+                for batch in batches:
+                    pub.publish_calls(batch)
+                assert time.monotonic() - t0 < 60  # done while nobody read
+                reader.stdin.write("go\n")
+                reader.stdin.flush()
+                line = reader.stdout.readline()  # heartbeats carry the last sequence number to it
+        received, missed, gaps = map(int, line.split())
+        assert received + missed == len(batches)  # exact: nothing lost without being counted
+        assert missed == gaps > 0
     finally:
         reader.kill()
         reader.wait()
         reader.stdin.close()
         reader.stdout.close()
-    (wall_alone, cpu_alone), (wall_slow, cpu_slow) = (np.min(runs, axis=0) for runs in (alone, with_slow))
-    assert wall_slow < 2 * wall_alone, (alone, with_slow)  # no waiting on the subscriber
-    assert cpu_slow <= 1.05 * cpu_alone, (alone, with_slow)
 
 
 _CHILD = """

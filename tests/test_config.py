@@ -41,9 +41,14 @@ def test_methfreq_threshold_default_matches_the_plugin():
     assert config.Config().output.call_threshold == CALL_THRESHOLD
 
 
+def _run_flags(tmp_path, reference_path) -> list[str]:
+    """What the template unit passes `streamer run` besides --config, plus the reference."""
+    return ["--watch", str(tmp_path), "--output", str(tmp_path / "out"), "-g", str(reference_path)]
+
+
 @pytest.mark.parametrize("case", sorted((CASES / "pass").glob("*.yaml")), ids=lambda p: p.stem)
-def test_validate_config_passes(case, capsys):
-    assert main(["validate-config", str(case)]) == 0
+def test_validate_config_passes(case, capsys, tmp_path, reference_path):
+    assert main(["validate-config", str(case), *_run_flags(tmp_path, reference_path)]) == 0
     assert capsys.readouterr().out == f"{case}: ok\n"
 
 
@@ -69,7 +74,21 @@ def test_required_keys_for_run():
         config.load(None, {})
     for key in config.REQUIRED_FOR_RUN:
         assert f"{key}: required" in str(exc.value)
-    assert main(["validate-config", "--require", str(CASES / "pass" / "001-empty.yaml")]) == EXIT_CONFIG
+    assert main(["validate-config", str(CASES / "pass" / "001-empty.yaml")]) == EXIT_CONFIG
+
+
+def test_the_shipped_file_passes_once_its_required_keys_are_filled(tmp_path, reference_path, capsys):
+    """As the README sets the service up: copy config/streamer.yaml, set the reference, check it with the
+    flags the template unit passes (--watch, --output)."""
+    shipped = (ROOT / "config" / "streamer.yaml").read_text()
+    unit = ["--watch", str(tmp_path), "--output", str(tmp_path / "out")]
+    as_shipped = tmp_path / "shipped.yaml"
+    as_shipped.write_text(shipped)
+    assert main(["validate-config", str(as_shipped), *unit]) == EXIT_CONFIG
+    assert "reference.genome: required" in capsys.readouterr().err
+    filled = tmp_path / "streamer.yaml"
+    filled.write_text(shipped.replace("  genome: null", f"  genome: {reference_path}"))
+    assert main(["validate-config", str(filled), *unit]) == 0
 
 
 def test_flags_override_the_file(tmp_path, reference_path):
@@ -102,7 +121,7 @@ def test_defaults_printed(capsys):
 
 
 def test_gpu_defaults_match_the_gpu_stage():
-    from streamer_gpu.options import CudaOptions
+    from streamer.gpu_api import CudaOptions
 
     g, c = config.Config().gpu, CudaOptions()
     assert (g.disable, g.device, g.mem_frac, g.avg_epk, g.max_lf, g.max_epk, g.ultra_thresh) == \

@@ -14,8 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamer_gpu import CudaOptions, open_gpu
+from streamer.gpu_api import CudaOptions
+from streamer_gpu import open_gpu
 from streamer_gpu.host import CPU, GPU, ULTRA, assign_reads
+
+from conftest import ROOT
 
 CASES = Path(__file__).parent / "gpu_cases.py"
 HAS_CUDA_MODULE = importlib.util.find_spec("numba.cuda") is not None
@@ -34,9 +37,17 @@ def _gpu_present() -> bool:
     return out.stdout.strip() == "1"
 
 
+def case_env() -> dict[str, str]:
+    """The environment of a case script: this checkout's import roots first, the simulator off."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    roots = [str(ROOT / "plugins"), str(ROOT / "gpu"), str(ROOT)]
+    env["PYTHONPATH"] = os.pathsep.join(roots + [p for p in [env.get("PYTHONPATH", "")] if p])
+    return env
+
+
 @pytest.fixture(scope="module", params=["simulator", "gpu"])
 def cases(request) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env = case_env()
     if request.param == "simulator":
         if not HAS_CUDA_MODULE:
             pytest.skip("neither numba-cuda nor numba's built-in CUDA target is installed")
@@ -51,6 +62,7 @@ def cases(request) -> dict:
 def test_fixture_reads_identical_to_cpu(cases):
     case = cases["windows"]
     assert case["diff"] == []
+    assert case["reference_diff"] == []  # and each read as tests/reference_abea.py aligns it
     assert case["status"] == [0, 0, 0, 0, 10]  # the mismatched read fails QC on both
     stats = case["stats"]
     assert stats["n_gpu"] == 5 and stats["n_cpu"] == 0 and stats["fallback"] == ""

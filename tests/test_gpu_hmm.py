@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,17 +13,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamer_gpu import CudaOptions, open_gpu_hmm
-from streamer_gpu.hmm_host import flank_table, launch_order, pack_jobs, read_transitions
-from streamer_plugins.cpg.hmm import HmmParams, block_transitions, clip_flanks
-from test_gpu_abea import HAS_CUDA_MODULE, _gpu_present
+from streamer.gpu_api import CudaOptions
+from streamer_plugins.cpg.hmm import HmmParams, block_transitions, clip_flanks, flank_table, read_transitions
+from streamer_plugins.cpg.hmm_gpu import launch_order, open_gpu_hmm, pack_jobs
+from test_gpu_abea import HAS_CUDA_MODULE, _gpu_present, case_env
 
 CASES = Path(__file__).parent / "gpu_hmm_cases.py"
 
 
 @pytest.fixture(scope="module", params=["simulator", "gpu"])
 def cases(request) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env = case_env()
     if request.param == "simulator":
         if not HAS_CUDA_MODULE:
             pytest.skip("neither numba-cuda nor numba's built-in CUDA target is installed")
@@ -105,7 +104,7 @@ def test_disabled_or_absent_gpu_keeps_the_hmm_on_the_cpu(caplog):
     assert open_gpu_hmm(CudaOptions(hmm=False)) is None
     if _gpu_present():
         pytest.skip("a GPU is present")
-    with caplog.at_level(logging.INFO, logger="streamer_gpu"):
+    with caplog.at_level(logging.INFO, logger="streamer_plugins"):
         assert open_gpu_hmm(CudaOptions()) is None
-    lines = [r for r in caplog.records if r.name.startswith("streamer_gpu")]
+    lines = [r for r in caplog.records if r.name.startswith("streamer_plugins")]
     assert len(lines) == 1 and "HMM runs on the CPU" in lines[0].getMessage()

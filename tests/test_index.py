@@ -41,3 +41,28 @@ def test_corrupt_signal_file_is_recorded_not_fatal(run):
 def test_no_index_and_no_signal_is_a_clear_error(run):
     with pytest.raises(InputError, match="no signal index"):
         open_index(run / "reads.fasta")
+
+
+def test_a_read_only_folder_keeps_its_index_in_the_user_cache(run, tmp_path, monkeypatch, caplog):
+    """As root every folder is writable, so the folder's write permission is what is stubbed."""
+    import os
+
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if str(p) == str(run) else real_access(p, mode))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    with caplog.at_level("INFO"):
+        idx = open_index(run / "reads.fasta", [run / "fast5"])
+    assert not list(run.glob("*.streamer-index.tsv"))  # nothing written beside the reads
+    cached = index_path_for(run / "reads.fasta")
+    assert cached.is_file() and cached.is_relative_to(tmp_path / "cache" / "streamer")
+    assert [r.getMessage() for r in caplog.records if "read-only" in r.getMessage()] == [
+        f"{run / 'reads.fasta'}: its folder is read-only: the read index is kept in {cached.parent}"]
+    assert open_index(run / "reads.fasta").paths == idx.paths  # found there next time, no --signal needed
+
+
+@pytest.mark.parametrize("what", ["absent", "folder"])
+def test_a_reads_path_that_is_not_a_file_is_named_and_nothing_is_written(run, what):
+    reads = run / "nope.fasta" if what == "absent" else run / "fast5"
+    with pytest.raises(InputError, match="no such file" if what == "absent" else "a folder, not a reads file"):
+        open_index(reads, [run / "fast5"])
+    assert not list(run.rglob("*.streamer-index.tsv"))

@@ -17,7 +17,7 @@ from conftest import ECOLI, REFERENCE
 from streamer import overlap
 from streamer.assemble import BatchLimits, build_reads, load_signals, plan_batches, signal_requests
 from streamer.batch import pack
-from streamer_gpu import CudaOptions
+from streamer.gpu_api import CudaOptions
 from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments
 from streamer.io.fastx import load_basecalls
 from streamer.io.index import SignalIndex, open_index

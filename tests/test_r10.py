@@ -1,5 +1,5 @@
 """R10.4.1: the uncalled4 9-mer level table loads and validates; the pore is told from run
-metadata; methylation on R10.4.1 data stops with a plain message; eventalign on simulated
+metadata; methylation on R10.4.1 data without its CpG model stops with a plain message; eventalign on simulated
 R10.4.1 reads puts their events on the 9-mers they came from."""
 
 import csv
@@ -20,7 +20,14 @@ from streamer.io.pod5 import write_pod5
 from streamer.io.poretype import pore_from_metadata, pore_of_file
 from streamer.io.reference import Reference
 from streamer.io.slow5 import write_blow5
-from streamer.poremodel import NUCLEOTIDE, _kmer_at_rank, load_model
+from streamer.poremodel import (
+    F5C_RELEASES,
+    NUCLEOTIDE,
+    R10_KMER_MODEL,
+    R10_METH_MODEL,
+    _kmer_at_rank,
+    load_model,
+)
 
 R10_MODEL = Path(__file__).resolve().parents[2] / "shared" / "models" / "r10" / "dna_r10.4.1_400bps_9mer.npz"
 FORMATS = Path(__file__).resolve().parents[2] / "shared" / "data" / "formats"
@@ -89,10 +96,19 @@ def call(tmp_path, signal, *extra):
                           capture_output=True, text=True)  # fmt: skip
 
 
-def test_methylation_on_r10_stops_plainly(tmp_path):
+def test_methylation_on_r10_names_the_missing_cpg_model(tmp_path, monkeypatch):
+    """R10.4.1 data without the CpG 9-mer model: one plain line naming the file looked for and where
+    f5c publishes it (the nucleotide table, here a placeholder, is found first)."""
+    models = tmp_path / "models"
+    (models / "r10").mkdir(parents=True)
+    (models / "r10" / R10_KMER_MODEL).write_bytes(b"")
+    monkeypatch.setenv("STREAMER_MODEL_DIR", str(models))
     proc = call(tmp_path, ECOLI / "fast5", "--pore", "r10")
-    assert proc.returncode == 1
-    assert "no public R10.4.1 CpG methylation model exists" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line == (f"streamer call: R10.4.1 reads (--pore r10): {models / 'r10' / R10_METH_MODEL}: no R10.4.1 CpG "
+                    f"methylation model: f5c publishes its CpG 9-mer model {R10_METH_MODEL} with its releases "
+                    f"({F5C_RELEASES}); put it there or pass --meth-model FILE")  # fmt: skip
     pod5 = FORMATS / "pod5_dorado" / "chr1_MAT.pod5"
     if pod5.is_file():  # told from the file's run metadata
         proc = call(tmp_path, pod5)
@@ -211,8 +227,9 @@ def test_simulated_r10_gpu_abea_equals_cpu(simulated):
     assert (tmp / "ea.gpu.tsv").read_text() == (tmp / "ea.cpu.tsv").read_text()
 
 
-def test_r10_eventalign_needs_the_9mer_model(simulated):
+def test_r10_eventalign_needs_the_9mer_model(simulated, monkeypatch):
     tmp, _, _ = simulated
+    monkeypatch.setenv("STREAMER_MODEL_DIR", str(tmp / "no-models"))
     proc = eventalign(tmp, tmp / "sim.pod5", "-o", str(tmp / "x.tsv"))
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "sim.pod5's run metadata" in proc.stderr and "--kmer-model" in proc.stderr, proc.stderr

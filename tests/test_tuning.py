@@ -11,9 +11,8 @@ import logging
 import numpy as np
 import pytest
 
-from streamer_gpu.device import GpuInfo
 from streamer_gpu.host import arena_capacity
-from streamer_gpu.options import AbeaBatchStats, CudaOptions
+from streamer.gpu_api import AbeaBatchStats, CudaOptions, GpuInfo
 from streamer.tuning import (
     PROFILES,
     Bounds,
@@ -307,15 +306,82 @@ def test_every_change_is_recorded_with_its_measured_effect():
     assert c.summary()["changes"][0]["effect"] == pytest.approx(change.effect)
 
 
-def test_a_change_that_costs_throughput_is_undone_and_not_tried_again():
+def test_a_change_that_costs_throughput_is_undone_and_its_direction_closed():
     c = Controller(Settings())
     feed(c, 5, n_long=80, **CPU_SLOW)  # T2: max_lf 3 -> 4.5
     (revert,) = feed(c, 5, n_long=80, t_cpu=3.0, t_gpu=1.0)  # a third slower
     assert (revert.knob, revert.old, revert.new, revert.leaf) == ("max_lf", 4.5, 3.0, "revert")
-    assert "cost 33%" in revert.why and c.settings.max_lf == 3.0
-    # the same advice again may only move inside (3, 4.5) now
-    later = feed(c, 10, n_long=80, **CPU_SLOW)
-    assert later and all(3.0 < a.new < 4.5 for a in later if a.knob == "max_lf")
+    assert "cost 33%" in revert.why and "max_lf up closed" in revert.why and c.settings.max_lf == 3.0
+    (closure,) = c.closing
+    assert (closure.knob, closure.way, closure.value) == ("max_lf", "up", 3.0)
+    assert closure.effect == pytest.approx(-1 / 3) and closure.noise == pytest.approx(0.05)
+    # the same advice again: no move up of max_lf, not even a smaller one; T2 has nothing else to move
+    assert feed(c, 20, n_long=80, **CPU_SLOW) == []
+    assert c.stuck == (LoadLeaf.T2,) and c.settings.max_lf == 3.0
+
+
+def test_a_closed_direction_holds_for_every_step_size_and_every_leaf():
+    """The issue's walk back: max-lf down cost 79%; T5 then moves max-epk, never max-lf down again."""
+    c = Controller(Settings())
+    (a,) = feed(c, 5, **T5_BATCH)
+    assert (a.knob, a.old, a.new) == ("max_lf", 3.0, 2.0)
+    (revert,) = feed(c, 5, t_cpu=0.5, t_gpu=5.0)  # the GPU side left with far less to do, the CPU with far more
+    assert revert.leaf == "revert" and c.settings.max_lf == 3.0
+    later = feed(c, 60, **T5_BATCH)
+    assert later and all(not (a.knob == "max_lf" and a.new < a.old) for a in later)
+    assert ("max_lf", -1) in c.closed
+
+
+def test_a_loss_within_the_noise_floor_is_kept():
+    c = Controller(Settings())
+    feed(c, 5, n_long=80, **CPU_SLOW)  # T2: max_lf 3 -> 4.5 at 1 Mb per s of stage time (3 Mb in 3 s)
+    feed(c, 5, n_long=80, t_cpu=2.06, t_gpu=1.0)  # 3% slower: under the 5% floor
+    (change, *_) = c.changes
+    assert change.effect == pytest.approx(1 / 1.03 - 1, abs=1e-9)
+    assert not c.closed and c.settings.max_lf >= 4.5 and all(ch.action.leaf != "revert" for ch in c.changes)
+
+
+def test_the_noise_floor_grows_with_the_spread_of_the_batches():
+    """Batches whose stage times vary by a fifth make an 11% loss indistinguishable from noise."""
+    c = Controller(Settings())
+    for t in (2.5, 2.8, 2.2, 2.8, 2.5):
+        c.observe(stats(n_long=80, t_cpu=t, t_gpu=1.0))  # T2 on the fifth: max_lf 3 -> 4.5
+    assert c.settings.max_lf == 4.5
+    for t in (2.9, 2.6, 3.2, 2.6, 3.2):  # settling batch, then 4 batches 11% slower on the whole
+        c.observe(stats(n_long=80, t_cpu=t, t_gpu=1.0))
+    (change, *_) = c.changes
+    assert change.effect < -0.10 and change.noise_floor(c.policy) > -change.effect
+    assert not c.closed
+
+
+def test_a_closed_direction_reopens_when_the_regime_moves():
+    c = Controller(Settings())
+    feed(c, 5, n_long=80, **CPU_SLOW)
+    feed(c, 5, n_long=80, t_cpu=3.0, t_gpu=1.0)  # closes max_lf up under a CPU/GPU ratio of 2
+    assert ("max_lf", 1) in c.closed
+    assert feed(c, 10, n_long=80, t_cpu=3.0, t_gpu=1.9) == []  # ratio 1.6: the same regime
+    assert ("max_lf", 1) in c.closed
+    moves = []
+    reopened = []
+    for _ in range(10):  # the CPU side now five times the GPU's: another regime
+        moves += c.observe(stats(n_long=80, t_cpu=5.0, t_gpu=1.0))
+        reopened += c.reopened
+    ((closure, why),) = reopened
+    assert closure.knob == "max_lf" and why.startswith("CPU/GPU time ratio")
+    assert moves and moves[0].knob == "max_lf" and moves[0].new > 3.0
+
+
+def test_closed_directions_are_kept_across_starts(tmp_path):
+    gpu = GpuInfo("Test GPU", 8 * GIB, 8 * GIB, False)
+    store = TuningStore(tmp_path)
+    c = Controller(Settings())
+    feed(c, 5, n_long=80, **CPU_SLOW)
+    feed(c, 5, n_long=80, t_cpu=3.0, t_gpu=1.0)
+    store.save(gpu, c.settings, len(c.changes), c.closed.values())
+    (loaded,) = store.load_closed(gpu)
+    assert loaded == c.closed[("max_lf", 1)]
+    again = Controller(Settings(), closed=store.load_closed(gpu))
+    assert feed(again, 10, n_long=80, **CPU_SLOW) == [] and again.stuck == (LoadLeaf.T2,)
 
 
 def test_no_oscillation_where_no_setting_balances():

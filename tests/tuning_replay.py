@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from streamer_gpu.host import CPU, GPU, ULTRA, arena_capacity, assign_reads
-from streamer_gpu.options import AbeaBatchStats
+from streamer.gpu_api import AbeaBatchStats
 from streamer.tuning.controller import Controller, Settings
 
 K_MER = 6

@@ -1,7 +1,11 @@
-"""GPU kernels (numba-CUDA) and the device memory arena; an install extra (`streamer[gpu]`).
+"""GPU kernels (numba-CUDA), the device memory arena, and CUDA as a compile target; an install extra
+(`streamer[gpu]`).
 
-Only `open_gpu` touches CUDA, and only when asked: the base install, and machines without a
-GPU, never need numba-cuda.
+This package builds on the core (`streamer`) and never on the plugins: a plugin with GPU work
+(the CpG HMM) keeps its kernel and compiles it with `streamer_gpu.target`. The core reaches this
+package only through `streamer.gpu_api.gpu_module`, when a GPU stage is asked for. Only
+`open_gpu` touches CUDA, and only when asked: the base install, and machines without a GPU,
+never need numba-cuda.
 """
 
 from __future__ import annotations
@@ -9,13 +13,12 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from streamer_gpu.options import AbeaBatchStats, CudaOptions, HmmBatchStats
+from streamer.gpu_api import CudaOptions
 
 if TYPE_CHECKING:
     from streamer_gpu.abea import CudaAbea
-    from streamer_gpu.hmm import CudaHmm
 
-__all__ = ["AbeaBatchStats", "CudaOptions", "HmmBatchStats", "open_gpu", "open_gpu_hmm"]
+__all__ = ["open_gpu"]
 
 log = logging.getLogger(__name__)
 
@@ -32,32 +35,11 @@ def open_gpu(options: CudaOptions, bandwidth: int = 100) -> CudaAbea | None:
     if not cuda.is_available():
         log.info("no CUDA GPU found: ABEA runs on the CPU")
         return None
-    from streamer_gpu.abea import CUDA_ERRORS, CudaAbea
+    from streamer_gpu.abea import CudaAbea
+    from streamer_gpu.target import CUDA_ERRORS
 
     try:
         return CudaAbea(options, bandwidth)
     except CUDA_ERRORS as exc:
         log.warning("could not start ABEA on GPU %d (%s): ABEA runs on the CPU", options.dev_id, exc)
-        return None
-
-
-def open_gpu_hmm(options: CudaOptions) -> CudaHmm | None:
-    """The GPU CpG HMM on options.dev_id, or None, said in one log line, when there is none to use."""
-    if options.disable or not options.hmm:
-        return None
-    try:
-        from numba import cuda
-    except ImportError as exc:
-        log.info("no CUDA support in this install (%s): the CpG HMM runs on the CPU", exc)
-        return None
-    if not cuda.is_available():
-        log.info("no CUDA GPU found: the CpG HMM runs on the CPU")
-        return None
-    from streamer_gpu.abea import CUDA_ERRORS
-    from streamer_gpu.hmm import CudaHmm
-
-    try:
-        return CudaHmm(options.dev_id)
-    except CUDA_ERRORS as exc:
-        log.warning("could not start the CpG HMM on GPU %d (%s): it runs on the CPU", options.dev_id, exc)
         return None

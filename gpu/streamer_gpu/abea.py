@@ -1,4 +1,4 @@
-"""ABEA on the GPU: the device arena, the host launcher, and `align_batch` with the CPU signature.
+"""ABEA on the GPU: the device arena and the host launcher, with the CPU's answers.
 
 `CudaAbea` owns one device: at start-up it takes a fraction of the free device memory as
 one arena (f5c's heuristic pre-allocation: X bases and Y = avg_epk * X events), and per
@@ -21,10 +21,9 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 from numba import cuda
-from numba.cuda.cudadrv.driver import CudaAPIError
-from numba.cuda.cudadrv.error import CudaSupportError
 
 from streamer.abea import Alignment, abea
+from streamer.gpu_api import AbeaBatchStats, CudaOptions
 from streamer_gpu import kernels
 from streamer_gpu.host import (
     CPU,
@@ -39,7 +38,7 @@ from streamer_gpu.host import (
     merge,
     read_params,
 )
-from streamer_gpu.options import AbeaBatchStats, CudaOptions
+from streamer_gpu.target import CUDA_ERRORS
 from streamer.poremodel import PoreModel
 from streamer.scaling import F5C_CODES, require_dtype, require_nucleotide
 
@@ -47,7 +46,6 @@ log = logging.getLogger(__name__)
 # small batches (the last of a run, a daemon's trickle) are normal here, not a tuning problem
 warnings.filterwarnings("ignore", message="Grid size .* under-utilization")
 
-CUDA_ERRORS = (CudaAPIError, CudaSupportError)
 # the simulator reports unbounded free memory: size its arena as on a small device
 SIMULATED_FREE_BYTES = 1 << 28
 # every array carved from the arena starts on this boundary (coalesced loads)
@@ -382,20 +380,3 @@ class CudaAbea:
         times = [p.seconds, t2 - t1, (t3 - t2) + (t5 - t4), (t4 - t3) + (t6 - t5)]
         return _GpuOutput(n_aligned, sum_emission, status, aln_off, first_kmer, first_event, steps, times,
                           int(p.row_off[-1]) * w)  # fmt: skip
-
-
-_default: CudaAbea | None = None
-_default_lock = threading.Lock()
-
-
-def align_batch(seq, seq_off, ev_mean, ev_off, status, shift, scale, model: PoreModel, bandwidth: int = 100,
-                trim_prob: float = 0.01, skip_prob: float = 1e-10, max_events_per_base: float = 15.0,
-                min_avg_log_emission: float = -5.0, max_skip_run: int = 50) -> Alignment:  # fmt: skip
-    """`streamer.abea.align_batch` on the GPU (default options; the arena is taken on the first call)."""
-    global _default
-    with _default_lock:
-        if _default is None:
-            _default = CudaAbea(bandwidth=bandwidth)
-    aln, _ = _default.align(seq, seq_off, ev_mean, ev_off, status, shift, scale, model, bandwidth, trim_prob,
-                            skip_prob, max_events_per_base, min_avg_log_emission, max_skip_run)  # fmt: skip
-    return aln

@@ -1,4 +1,4 @@
-"""Which GPU is there: name, memory, integrated or not; what device profiles and learned values key on.
+"""Which GPU is there (`streamer.gpu_api.GpuInfo`): name, memory, integrated or not.
 
 Importable without numba-cuda; `probe_gpu` imports CUDA only when called, and answers None
 where there is no GPU to use.
@@ -8,24 +8,12 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+
+from streamer.gpu_api import GpuInfo
 
 log = logging.getLogger(__name__)
 # the simulator reports unbounded memory: describe it as a small discrete device
 SIMULATED_TOTAL_BYTES = 1 << 30
-
-
-@dataclass(frozen=True)
-class GpuInfo:
-    name: str
-    total_bytes: int
-    free_bytes: int
-    integrated: bool  # shares the host's memory (Jetson)
-
-    @property
-    def key(self) -> str:
-        """Learned values are kept per device model and memory size: `NVIDIA H100 80GB HBM3 (81559 MiB)`."""
-        return f"{self.name} ({self.total_bytes >> 20} MiB)"
 
 
 def probe_gpu(dev_id: int = 0) -> GpuInfo | None:
@@ -36,7 +24,7 @@ def probe_gpu(dev_id: int = 0) -> GpuInfo | None:
         return None
     if not cuda.is_available():
         return None
-    from streamer_gpu.abea import CUDA_ERRORS
+    from streamer_gpu.target import CUDA_ERRORS
 
     try:
         cuda.select_device(dev_id)

@@ -7,14 +7,12 @@ writing one trace byte per cell, `backtrack` walks each read's trace and applies
 and `compact` writes the pairs of the reads that passed, ascending and packed as steps, at
 their final offsets.
 
-Exactness: CUDA contracts a multiply followed by an add into one fused multiply-add, which
-rounds once where the CPU rounds twice. Every multiply and add whose result the CPU rounds
-goes through libdevice's round-to-nearest intrinsics, which are never fused; the float32 to
-double widenings and the double to float32 rounding are as on the CPU; log and exp are never
-evaluated on the device (the host passes ln(trim) and each read's transition log
-probabilities). numba's CUDA simulator has no libdevice, no warp barrier and no shuffles: there
-the same operations are numpy float32/float64 scalar operations (also IEEE round-to-nearest)
-and every read barrier is a block barrier, so simulated launches put one read in a block.
+Exactness: the arithmetic of each cell, the band rule, the traceback and the QC are
+`streamer.abea.abea_cells`, the CPU's own source compiled for the device (`streamer_gpu.target`:
+libdevice's unfused round-to-nearest operations, numpy scalars under the simulator); log and exp
+are never evaluated on the device (the host passes ln(trim) and each read's transition log
+probabilities). numba's CUDA simulator has no warp barrier and no shuffles: there every read
+barrier is a block barrier, so simulated launches put one read in a block.
 """
 
 from __future__ import annotations
@@ -22,75 +20,14 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import config, cuda
+from numba import cuda
 
-from streamer.abea import FROM_D, FROM_L, FROM_U
+from streamer.abea import FROM_U, abea_cells
 from streamer.skips import Skip
-
-SIMULATED = bool(config.ENABLE_CUDASIM)
-
-if SIMULATED:
-
-    def fadd(a, b):
-        return np.float32(a) + np.float32(b)
-
-    def fsub(a, b):
-        return np.float32(a) - np.float32(b)
-
-    def fmul(a, b):
-        return np.float32(a) * np.float32(b)
-
-    def fdiv(a, b):
-        return np.float32(a) / np.float32(b)
-
-    def dadd(a, b):
-        return np.float64(a) + np.float64(b)
-
-    def dmul(a, b):
-        return np.float64(a) * np.float64(b)
-
-    def ddiv(a, b):
-        return np.float64(a) / np.float64(b)
-
-else:
-    from numba.cuda import libdevice
-
-    fadd = libdevice.fadd_rn
-    fsub = libdevice.fsub_rn
-    fmul = libdevice.fmul_rn
-    fdiv = libdevice.fdiv_rn
-    dadd = libdevice.dadd_rn
-    dmul = libdevice.dmul_rn
-    ddiv = libdevice.ddiv_rn
+from streamer_gpu.target import DEVICE, SIMULATED
 
 ALIGNMENT_FAILED = np.int8(Skip.ALIGNMENT_FAILED)
-
-
-@cuda.jit(device=True)
-def log_emission(level, gp_mean, stdv, log_stdv):
-    """`streamer.abea.log_emission`, gp_mean = scale*mean + shift from the k-mer cache."""
-    a = fdiv(fsub(level, gp_mean), stdv)
-    return fadd(fsub(np.float32(-0.918938), log_stdv), fmul(fmul(np.float32(-0.5), a), a))
-
-
-@cuda.jit(device=True)
-def cell_score(diag, up, left, lp_emission, lp_step, lp_stay, lp_skip):
-    """`streamer.abea.cell_score`: scores formed in double, rounded once; ties U over D, L over both."""
-    em = np.float64(lp_emission)
-    score_d = np.float32(dadd(dadd(np.float64(diag), lp_step), em))
-    score_u = np.float32(dadd(dadd(np.float64(up), lp_stay), em))
-    score_l = np.float32(dadd(np.float64(left), lp_skip))
-    best = score_d
-    move = np.uint8(FROM_D)
-    if score_u > best:
-        best = score_u
-    if best == score_u:
-        move = np.uint8(FROM_U)
-    if score_l > best:
-        best = score_l
-    if best == score_l:
-        move = np.uint8(FROM_L)
-    return best, move
+scaled_mean, log_emission, cell_score, moves_right, trimmed, with_trimmed, traceback, failed_qc = abea_cells(DEVICE)
 
 
 def _kcache(seq, base_off, shift, scale, k, codes, level_mean, level_stdv, level_log_stdv, n_reads,
@@ -105,7 +42,7 @@ def _kcache(seq, base_off, shift, scale, k, codes, level_mean, level_stdv, level
         r = 0
         for j in range(k):
             r = r * 4 + np.int64(codes[seq[b0 + kk + j]])
-        gp_mean[b0 + kk] = fadd(fmul(scale[i], level_mean[r]), shift[i])
+        gp_mean[b0 + kk] = scaled_mean(scale[i], level_mean[r], shift[i])
         stdv[b0 + kk] = level_stdv[r]
         log_stdv[b0 + kk] = level_log_stdv[r]
 
@@ -176,13 +113,7 @@ def fill_kernel(bandwidth: int, threads_per_read: int, reads_per_block: int):
         p1 = 1
         cur = 2
         for b in range(2, n_bands):
-            first = ring[slot, p1, 0]
-            last = ring[slot, p1, W - 1]
-            if first == ninf and last == ninf:
-                right = b % 2 == 1
-            else:
-                right = first < last
-            lle = lle1 if right else lle1 + 1
+            lle = lle1 if moves_right(ring[slot, p1, 0], ring[slot, p1, W - 1], b) else lle1 + 1
             llk = b - 2 - lle
             llk1 = b - 3 - lle1
             llk2 = b - 4 - lle2
@@ -211,13 +142,13 @@ def fill_kernel(bandwidth: int, threads_per_read: int, reads_per_block: int):
                         v, move = cell_score(diag, up, left, em, lp_step, lp_stay, lp_skip)
                         trace[row + o] = move
                     elif o == trim_o and e >= 0 and e < n_events:
-                        v = np.float32(dmul(lp_trim, np.float64(e + 1)))
+                        v = trimmed(lp_trim, e + 1)
                         trace[row + o] = np.uint8(FROM_U)
                     ring[slot, cur, o] = v
                     # the end cell (e, last k-mer) with the remaining events trimmed; bands come
                     # in ascending event order and each has one such cell, so the first best wins
                     if o == end_o and e >= 0 and e < n_events:
-                        s = np.float32(dadd(np.float64(v), dmul(np.float64(n_events - e), lp_trim)))
+                        s = with_trimmed(v, n_events - e, lp_trim)
                         if s > best[slot]:
                             best[slot] = s
                             best_e[slot] = e
@@ -249,44 +180,14 @@ def _backtrack(ev_mean, gp_mean, stdv, log_stdv, base_off, ev_off, row_off, k, b
     b0 = base_off[i]
     r0 = row_off[i]
     n_kmers = base_off[i + 1] - b0 - k + 1
-    e = np.int64(end_event[i])
-    kk = n_kmers - 1
-    n = 0
-    gap = 0
-    max_gap = 0
-    total = 0.0
-    inside = True
-    while kk >= 0 and e >= 0:
-        b = e + kk + 2
-        o = ll_e[r0 + b] - e
-        if o < 0 or o >= bandwidth:
-            inside = False
-            break
-        cap_kmer[r0 + n] = kk
-        cap_event[r0 + n] = e
-        n += 1
-        x = b0 + kk
-        total = dadd(total, np.float64(log_emission(ev_mean[e0 + e], gp_mean[x], stdv[x], log_stdv[x])))
-        move = trace[(r0 + b) * bandwidth + o]
-        if move == FROM_D:
-            kk -= 1
-            e -= 1
-            gap = 0
-        elif move == FROM_U:
-            e -= 1
-            gap = 0
-        else:
-            kk -= 1
-            gap += 1
-            max_gap = max(max_gap, gap)
+    n, total, max_gap, inside = traceback(trace, ll_e, r0, bandwidth, ev_mean, e0, gp_mean, stdv, log_stdv, b0,
+                                          np.int64(end_event[i]), n_kmers - 1, cap_kmer, cap_event, r0)  # fmt: skip
     sum_emission[i] = total
-    if not inside:
-        n_aligned[i] = 0
-        status[i] = ALIGNMENT_FAILED
-        return
     n_aligned[i] = n
-    spanned = cap_kmer[r0 + n - 1] == 0 and cap_kmer[r0] == n_kmers - 1
-    if ddiv(total, np.float64(n)) < min_avg_log_emission or not spanned or max_gap > max_skip_run:
+    # pairs written last to first: the read's first k-mer is the last pair
+    first = cap_kmer[r0 + n - 1] if inside else -1
+    last = cap_kmer[r0] if inside else -1
+    if failed_qc(n, total, max_gap, inside, first, last, n_kmers, min_avg_log_emission, max_skip_run):
         status[i] = ALIGNMENT_FAILED
     else:
         status[i] = 0

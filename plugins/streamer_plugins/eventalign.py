@@ -126,7 +126,7 @@ def _kmer_level(rank, model, scalings, model64, scalings64):
     scaling is nanopolish's: in double, rounded once.
     """
     if model64.shape[1] == 0:
-        return scaled_level(rank, model, scalings)
+        return scaled_level(rank, model, scalings[S_SCALE], scalings[S_SHIFT], scalings[S_VAR], scalings[S_LOG_VAR])
     mean = np.float32(scalings64[S_SCALE] * model64[0, rank] + scalings64[S_SHIFT])
     stdv = np.float32(model64[1, rank] * scalings64[S_VAR])
     log_stdv = np.float32(model64[2, rank] + scalings64[S_LOG_VAR])

@@ -10,10 +10,12 @@ import logging
 from pathlib import Path
 
 from streamer.assemble import BatchLimits
+from streamer.errors import ModelError, StreamerError
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.index import SignalIndex, open_index
 from streamer.io.poretype import PORES, pore_of_file
 from streamer.pipeline import PipelineOptions
+from streamer.poremodel import pore_models
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +35,12 @@ def add_input_arguments(p: argparse.ArgumentParser, output: str) -> None:
     p.add_argument("--min-mapq", type=int, default=AlignmentFilter.min_mapq, help="minimum mapping quality [%(default)s]")
     p.add_argument("--secondary", choices=("yes", "no"), default="no", help="use secondary alignments [%(default)s]")
     p.add_argument("--kmer-model", type=Path,
-                   help="nucleotide pore model file, text or uncalled4 .npz (default: r9.4 450bps 6-mer; R10.4.1 "
-                        "data needs the 9-mer level table, e.g. uncalled4's dna_r10.4.1_400bps_9mer.npz)")
+                   help="nucleotide pore model file, text or uncalled4 .npz (default: r9.4 450bps 6-mer; for "
+                        "R10.4.1 data the 9-mer table in the model folder, see --model-dir)")
+    p.add_argument("--model-dir", type=Path,
+                   help="folder of per-pore models: R10.4.1 reads take r10/dna_r10.4.1_400bps_9mer.npz and "
+                        "r10/r10_450bps.cpg.9mer.template.round9.model from it unless --kmer-model/--meth-model "
+                        "name others (default: $STREAMER_MODEL_DIR, else $XDG_DATA_HOME/streamer/models)")
     p.add_argument("--pore", choices=("auto", *PORES), default="auto",
                    help="pore chemistry; auto: from the signal files' run metadata, r9 when they do not say "
                         "[%(default)s]")
@@ -59,3 +65,14 @@ def pore_of_inputs(args: argparse.Namespace, index: SignalIndex) -> tuple[str | 
         return args.pore, f"--pore {args.pore}"
     first = next(iter(index.paths.values()), None)
     return (pore_of_file(first), f"{first}'s run metadata") if first is not None else (None, "")
+
+
+def model_files(args: argparse.Namespace, index: SignalIndex, *, methylation: bool) -> tuple[Path | None, Path | None]:
+    """The nucleotide and CpG model files for the inputs' pore: those the flags name, else the pore's
+    (R10.4.1: from the model folder; a missing one stops the command with one line naming it)."""
+    pore, source = pore_of_inputs(args, index)
+    try:
+        return pore_models(pore, args.kmer_model, getattr(args, "meth_model", None), args.model_dir,
+                           methylation=methylation)  # fmt: skip
+    except ModelError as exc:
+        raise StreamerError(f"R10.4.1 reads ({source}): {exc}") from None

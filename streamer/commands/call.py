@@ -11,17 +11,15 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from streamer.assemble import BatchLimits, UltraLong, plan_batches
-from streamer.errors import StreamerError
-from streamer_gpu import CudaOptions
+from streamer.gpu_api import CudaOptions
 from streamer.commands._inputs import (
     add_input_arguments,
     alignment_filter,
-    pore_of_inputs,
+    model_files,
     signal_index,
 )
 from streamer.io.alignments import iter_alignments, write_records
 from streamer.io.bamreads import open_basecalls
-from streamer.io.poretype import R10
 from streamer.io.reference import Reference
 from streamer.overlap import IO_MODES, OverlapOptions, reader_pool, run_overlapped
 from streamer.pipeline import BatchResult, Pipeline, PipelineOptions
@@ -44,7 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--modbam", type=Path, metavar="FILE",
                    help="also write the --bam alignments with the calls as MM/ML tags (modBAM)")
     p.add_argument("--stats-json", type=Path, help="also write the run summary as JSON to this file")
-    p.add_argument("--meth-model", type=Path, help="CpG methylation pore model file (default: r9.4 450bps 6-mer)")
+    p.add_argument("--meth-model", type=Path,
+                   help="CpG methylation pore model file, nanopolish/f5c text, k up to 9 (default: r9.4 450bps 6-mer; "
+                        "for R10.4.1 data f5c's CpG 9-mer model in the model folder, see --model-dir)")
     p.add_argument("--io-workers", type=int, default=OverlapOptions.io_workers,
                    help="signal readers working ahead of the stages [%(default)s]")
     p.add_argument("--io-mode", choices=IO_MODES, default=OverlapOptions.io_mode,
@@ -73,15 +73,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_call_arguments(p)
 
 
-def _check_pore(pore: str | None, source: str) -> None:
-    """Stop on R10.4.1 data: the CpG HMM needs a methylation pore model, and none is public for R10.4.1."""
-    if pore == R10:
-        raise StreamerError(
-            f"R10.4.1 reads ({source}): no public R10.4.1 CpG methylation model exists, so streamer call "
-            "cannot call methylation on them (the R10.4.1 9-mer level table loads for event alignment)"
-        )
-
-
 def _report(skipped: list[Skipped], summary: RunSummary) -> None:
     for s in skipped:
         log.info("%s", s.message())
@@ -95,7 +86,6 @@ def run(args: argparse.Namespace) -> int:
                        avg_epk=args.cuda_avg_epk, max_lf=args.cuda_max_lf, max_epk=args.cuda_max_epk,
                        ultra_thresh=args.ultra_thresh, max_reads=limits.max_reads, max_bases=limits.max_bases,
                        hmm=not args.disable_cuda_hmm)
-    options = PipelineOptions(threads=args.threads, kmer_model=args.kmer_model, meth_model=args.meth_model, cuda=cuda)
     overlap = OverlapOptions(io_workers=max(1, args.io_workers), io_mode=args.io_mode,
                              compute_threads=max(1, args.compute_threads))
     filt = alignment_filter(args)
@@ -103,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
     progress = sys.stderr.isatty()
     with ExitStack() as stack:
         index = signal_index(args)
-        _check_pore(*pore_of_inputs(args, index))
+        kmer_model, meth_model = model_files(args, index, methylation=True)
+        options = PipelineOptions(threads=args.threads, kmer_model=kmer_model, meth_model=meth_model, cuda=cuda)
         # readers start while the pipeline loads its models and kernels
         pool = reader_pool(index, overlap.io_workers, overlap.io_mode)
         stack.callback(pool.shutdown, wait=True, cancel_futures=True)

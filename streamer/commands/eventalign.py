@@ -16,14 +16,12 @@ from streamer.batch import pack
 from streamer.commands._inputs import (
     add_input_arguments,
     alignment_filter,
-    pore_of_inputs,
+    model_files,
     signal_index,
 )
-from streamer.errors import StreamerError
-from streamer_gpu import CudaOptions
+from streamer.gpu_api import CudaOptions
 from streamer.io.alignments import Alignment, iter_alignments
 from streamer.io.bamreads import open_basecalls
-from streamer.io.poretype import R10
 from streamer.io.reference import Reference
 from streamer.pipeline import PipelineOptions
 from streamer_plugins.eventalign import (
@@ -67,16 +65,6 @@ def _display_path(path: str) -> str:
     return path if rel.startswith("..") else rel
 
 
-def _check_pore(pore: str | None, source: str, kmer_model: Path | None) -> None:
-    """Stop on R10.4.1 data without a model for it: the shipped model is R9.4's 6-mer one, and the
-    R10.4.1 9-mer table is not shipped (5.6 MB)."""
-    if pore == R10 and kmer_model is None:
-        raise StreamerError(
-            f"R10.4.1 reads ({source}): the built-in pore model is R9.4's 6-mer one; pass the R10.4.1 9-mer "
-            "level table with --kmer-model (uncalled4's dna_r10.4.1_400bps_9mer.npz)"
-        )
-
-
 def run(args: argparse.Namespace) -> int:
     opts = EventalignOptions(args.print_read_names, args.scale_events, args.signal_index, args.samples)
     limits = BatchLimits(max_reads=args.batchsize, max_bases=args.max_bases)
@@ -86,9 +74,9 @@ def run(args: argparse.Namespace) -> int:
     summary = RunSummary()
     with ExitStack() as stack:
         index = signal_index(args)
-        _check_pore(*pore_of_inputs(args, index), args.kmer_model)
+        kmer_model, _ = model_files(args, index, methylation=False)
         basecalls = stack.enter_context(open_basecalls(args.reads))
-        pipeline = EventalignPipeline(PipelineOptions(threads=args.threads, kmer_model=args.kmer_model, cuda=cuda),
+        pipeline = EventalignPipeline(PipelineOptions(threads=args.threads, kmer_model=kmer_model, cuda=cuda),
                                       scale_events=args.scale_events, compat=args.compat)  # fmt: skip
         summary.startup_s = summary.elapsed
         ref = stack.enter_context(Reference(args.genome))

@@ -9,6 +9,7 @@ secret halves (NAME.key_secret) stay with their owner.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from streamer.publish.security import default_key_dir, generate_keypair, load_keys
@@ -31,7 +32,10 @@ def run(args: argparse.Namespace) -> int:
         public, secret = generate_keypair(directory, args.name)
         print(f"{args.name}\t{load_keys(public).public.decode()}\t{public}\t{secret}")
         return 0
-    for path in sorted(directory.glob("*.key")):
+    keys = sorted(directory.glob("*.key"))
+    if not keys:
+        print(f"no keys in {directory}: make one with `streamer keys generate NAME`", file=sys.stderr)
+    for path in keys:
         secret = path.with_suffix(".key_secret")
         print(f"{path.stem}\t{load_keys(path).public.decode()}\t{'secret' if secret.exists() else 'public only'}")
     return 0

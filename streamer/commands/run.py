@@ -9,15 +9,19 @@ import signal
 from contextlib import ExitStack
 from pathlib import Path
 
+import yaml
+
 from streamer import config as configuration
 from streamer.align import ReadAligner
 from streamer.daemon import Daemon
-from streamer_gpu.options import CudaOptions
+from streamer.errors import ConfigError, ModelError
+from streamer.gpu_api import CudaOptions
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
 from streamer.notify import Notifier
 from streamer.outputs_eventalign import EventalignStage
 from streamer.pipeline import Pipeline, PipelineOptions
+from streamer.poremodel import pore_models
 from streamer.publish.publisher import Publisher, PublisherConfig
 from streamer.publish.security import CurveServer, load_public_keys, load_secret_keys
 from streamer.tuning.session import AutoTuner, plan_config
@@ -36,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg, plan = plan_config(configuration.load(args.config, configuration.overrides_from(args)))
-    log.info("configuration: %s", cfg.as_dict())
+    log.debug("configuration:\n%s", yaml.safe_dump(cfg.as_dict(), sort_keys=False).rstrip())
     notifier = Notifier()
     filt = AlignmentFilter(min_mapq=cfg.alignment.min_mapq, secondary=cfg.alignment.secondary)
     threads = cfg.pipeline.threads
@@ -50,8 +54,9 @@ def run(args: argparse.Namespace) -> int:
         notifier.status("loading models and compiling kernels")
         cuda = cuda_options(cfg)
         extra = EventalignStage(cfg.eventalign.scale_events) if cfg.eventalign.enabled else None
-        pipeline = Pipeline(PipelineOptions(threads=threads, kmer_model=cfg.pipeline.kmer_model,
-                                            meth_model=cfg.pipeline.meth_model, cuda=cuda), extra=extra)
+        kmer_model, meth_model = model_files(cfg.pipeline)
+        pipeline = Pipeline(PipelineOptions(threads=threads, kmer_model=kmer_model, meth_model=meth_model, cuda=cuda),
+                            extra=extra)
         reference = stack.enter_context(Reference(cfg.reference.genome))
         publisher = stack.enter_context(_publisher(cfg.publish)) if cfg.publish.endpoint else None
         tuner = AutoTuner.for_gpu(plan, pipeline.gpu, autotune=cfg.gpu.autotune, state_dir=cfg.state_dir(),
@@ -66,6 +71,15 @@ def run(args: argparse.Namespace) -> int:
             os._exit(code)
         daemon.close()
     return code
+
+
+def model_files(p: configuration.PipelineConfig) -> tuple[Path | None, Path | None]:
+    """The model files of `pipeline.pore`; a missing R10.4.1 one is a configuration error (exit 78: a
+    restart would not find it either)."""
+    try:
+        return pore_models(p.pore, p.kmer_model, p.meth_model, p.model_dir)
+    except ModelError as exc:
+        raise ConfigError(f"pipeline.pore {p.pore}: {exc}") from None
 
 
 def cuda_options(cfg: configuration.Config) -> CudaOptions:

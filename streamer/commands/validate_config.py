@@ -9,15 +9,14 @@ from pathlib import Path
 from streamer import config
 
 NAME = "validate-config"
-HELP = "check a streamer run configuration file (exit 78 when it is invalid)"
+HELP = ("check a configuration as `streamer run --config FILE [flags]` would, given the same flags "
+        "(exit 78 when it is invalid)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", type=Path, nargs="?", help="YAML configuration to check")
-    p.add_argument("--require", action="store_true",
-                   help="also require the keys `streamer run` needs (watch.dir, reference.genome, output.dir); "
-                   "leave it off for files completed by flags, as the systemd template does")
     p.add_argument("--defaults", action="store_true", help="print the documented defaults file and exit")
+    config.add_flags(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -27,6 +26,6 @@ def run(args: argparse.Namespace) -> int:
     if args.file is None:
         print("streamer validate-config: give a FILE (or --defaults)", file=sys.stderr)
         return 2
-    config.load(args.file, require=config.REQUIRED_FOR_RUN if args.require else ())
+    config.load(args.file, config.overrides_from(args))  # exactly what `streamer run` checks
     print(f"{args.file}: ok")
     return 0

@@ -1,4 +1,5 @@
-"""Read id -> signal file index (what `f5c index` builds), cached beside the reads file.
+"""Read id -> signal file index (what `f5c index` builds), cached beside the reads file, or in
+the user's cache folder where that folder cannot be written.
 
 The cache records each signal file's size and modification time; it is rebuilt when the
 set of signal files or any of them changes, so a stale index is never used.
@@ -6,6 +7,7 @@ set of signal files or any of them changes, so a stale index is never used.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -13,6 +15,7 @@ from pathlib import Path
 
 from streamer.errors import InputError
 from streamer.io.signal import find_signal_files, signal_read_ids
+from streamer.paths import user_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +23,18 @@ INDEX_SUFFIX = ".streamer-index.tsv"
 
 
 def index_path_for(reads_file: str | Path) -> Path:
-    return Path(str(reads_file) + INDEX_SUFFIX)
+    """Where the index of `reads_file` is kept: beside it, or in the user's cache folder when its
+    folder cannot be written (read-only data, someone else's folder), or when one is there already."""
+    beside = Path(str(reads_file) + INDEX_SUFFIX)
+    if beside.is_file() or os.access(beside.parent, os.W_OK):
+        return beside
+    return _cached_path(reads_file)
+
+
+def _cached_path(reads_file: str | Path) -> Path:
+    resolved = Path(reads_file).resolve()
+    key = hashlib.sha256(str(resolved).encode()).hexdigest()[:16]
+    return user_cache_dir() / "read-index" / f"{resolved.name}.{key}{INDEX_SUFFIX}"
 
 
 def _fingerprint(files: list[Path]) -> list[list]:
@@ -56,6 +70,7 @@ class SignalIndex:
         return cls(paths, _fingerprint(files), bad)
 
     def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         with open(tmp, "w") as fh:
             fh.write("#" + json.dumps({"files": self.fingerprint, "bad_files": self.bad_files}) + "\n")
@@ -76,6 +91,9 @@ class SignalIndex:
 
 def open_index(reads_file: str | Path, signal: list[str | Path] | None = None) -> SignalIndex:
     """The index for `reads_file`: loaded from its cache if still valid, else built from `signal`."""
+    reads = Path(reads_file)
+    if not reads.is_file():
+        raise InputError(reads_file, "a folder, not a reads file" if reads.is_dir() else "no such file")
     cache = index_path_for(reads_file)
     files = find_signal_files(signal) if signal else None
     if cache.is_file():
@@ -90,6 +108,8 @@ def open_index(reads_file: str | Path, signal: list[str | Path] | None = None) -
     if files is None:
         raise InputError(reads_file, "no signal index: pass --signal DIR (or run `streamer index`)")
     idx = SignalIndex.build(files)
+    if cache.parent != Path(reads_file).parent:
+        log.info("%s: its folder is read-only: the read index is kept in %s", reads_file, cache.parent)
     try:
         idx.save(cache)
     except OSError as exc:

@@ -34,6 +34,7 @@ import pyslow5
 
 from streamer.errors import InputError, StreamerError
 from streamer.io.fast5 import SignalRecord
+from streamer.paths import user_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -212,8 +213,7 @@ def index_dir() -> Path:
     """Where SLOW5 indexes are cached (never beside the data)."""
     if env := os.environ.get("STREAMER_SLOW5_INDEX_DIR"):
         return Path(env)
-    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(cache) / "streamer" / "slow5-index"
+    return user_cache_dir() / "slow5-index"
 
 
 @contextmanager

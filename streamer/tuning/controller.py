@@ -14,9 +14,14 @@ The paper's monitor only advises; here each advice leaf names a knob to move and
   (where f crosses zero, interpolated, for the load knobs; the geometric middle otherwise), so
   each reversal narrows the bracket, and once it is narrower than the smallest step the knob
   stays where it is. Knob by knob the number of changes is bounded;
-- effect: every change is measured over the batches that follow it (stage throughput, f,
-  utilisation); one that cost more than `revert_loss` of throughput is undone, and its value
-  becomes a bracket end, so it is not tried again.
+- effect: every change is measured over the batches that follow it against the batches before
+  it (stage throughput, f, utilisation), each a window of several batches. One that cost more
+  than the noise floor (`Window.noise` of both windows, at least `min_noise`) is undone, its
+  value becomes a bracket end, and that direction of that knob is closed (`Closure`): no move
+  of any size that way, on any advice, until the measured regime moves (the CPU/GPU time ratio
+  by `reopen_ratio` or the mean read length by `reopen_length`, either way). On a GPU much
+  faster than the CPU side the paper's load-balance advice can cost throughput; a closed
+  direction is how the tuner remembers that, also across starts (`TuningStore`).
 
 Measurements, decisions, actions and changes are frozen records; nothing here logs, publishes
 or touches a file (`streamer.tuning.session` does that at the edges).
@@ -30,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from streamer_gpu.options import AbeaBatchStats
+from streamer.gpu_api import AbeaBatchStats
 from streamer.tuning.monitor import (
     ADVICE,
     BOTH_TREES,
@@ -94,7 +99,10 @@ class Policy:
     autotune: bool = True  # False: advise only, as f5c does
     settle_batches: int = 1  # batches after a change that may have been assembled or run before it
     effect_batches: int = 4  # batches over which a change's effect is measured
-    revert_loss: float = 0.20  # a change that cost more than this share of stage throughput is undone
+    min_noise: float = 0.05  # the noise floor of a measured effect is never taken below this share
+    noise_z: float = 2.0  # ...and is this many standard errors of the difference of two windows' rates
+    reopen_ratio: float = 2.0  # a closed direction reopens when the CPU/GPU time ratio moves this many times
+    reopen_length: float = 1.5  # ...or the mean read length moves this many times
     min_step: float = 0.05  # no knob moves by less than this fraction: its bracket is settled
     max_growth: float = 4.0  # K or B grow at most this many times at once
     target_util: float = 0.85  # S3/S4 grow the batch towards this arena fill
@@ -119,14 +127,35 @@ class Action:
 
 
 @dataclass(frozen=True)
+class Regime:
+    """What a measured effect holds for: the CPU side's time over the GPU side's, and the mean read length."""
+
+    cpu_gpu: float
+    read_length: float
+
+    def moved(self, other: Regime, policy: Policy) -> str | None:
+        """Why `other` is another regime than this one, or None."""
+        for name, a, b, limit in (("CPU/GPU time ratio", self.cpu_gpu, other.cpu_gpu, policy.reopen_ratio),
+                                  ("mean read length", self.read_length, other.read_length, policy.reopen_length)):
+            if a > 0 and b > 0 and max(a / b, b / a) >= limit:
+                return f"{name} {a:.3g} -> {b:.3g}"
+        return None
+
+
+@dataclass(frozen=True)
 class Window:
-    """Batches under one setting: stage throughput (bases over stage seconds), mean f and utilisations."""
+    """Batches under one setting: stage throughput (bases over stage seconds), mean f and utilisations.
+
+    noise: the relative standard error of the window's throughput, from its batches' spread.
+    """
 
     batches: int
     rate: float
     factor: float
     x_util: float
     y_util: float
+    noise: float = 0.0
+    regime: Regime | None = None
 
     @classmethod
     def of(cls, ms: Sequence[Measurements]) -> Window | None:
@@ -134,8 +163,16 @@ class Window:
             return None
         seconds = sum(m.seconds for m in ms)
         n = len(ms)
+        rates = [m.n_bases / m.seconds for m in ms if m.seconds > 0]
+        mean = sum(rates) / len(rates) if rates else 0.0
+        noise = 0.0
+        if len(rates) > 1 and mean > 0:
+            sd = math.sqrt(sum((r - mean) ** 2 for r in rates) / (len(rates) - 1))
+            noise = sd / mean / math.sqrt(len(rates))
+        t_cpu, t_gpu = sum(m.t_cpu for m in ms), sum(m.t_gpu for m in ms)
+        regime = Regime(t_cpu / t_gpu if t_gpu > 0 else 0.0, sum(m.n_bases for m in ms) / max(1, sum(m.n_reads for m in ms)))
         return cls(n, sum(m.n_bases for m in ms) / seconds if seconds > 0 else 0.0, sum(m.factor for m in ms) / n,
-                   sum(m.x_util for m in ms) / n, sum(m.y_util for m in ms) / n)  # fmt: skip
+                   sum(m.x_util for m in ms) / n, sum(m.y_util for m in ms) / n, noise, regime)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -153,10 +190,45 @@ class Change:
             return None
         return self.after.rate / self.before.rate - 1
 
+    def noise_floor(self, policy: Policy) -> float:
+        """The smallest loss told from noise: noise_z standard errors of the difference, at least min_noise."""
+        se = math.hypot(self.before.noise if self.before else 0.0, self.after.noise if self.after else 0.0)
+        return max(policy.min_noise, policy.noise_z * se)
+
     def as_dict(self) -> dict[str, Any]:
         return {**self.action.as_dict(), "kind": "effect",
                 "before": asdict(self.before) if self.before else None,
                 "after": asdict(self.after) if self.after else None, "effect": self.effect}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Closure:
+    """A direction of a knob closed by a measured loss: `knob` moves no further `direction` (UP 1, DOWN -1)
+    from `value` while the regime stays near `regime`."""
+
+    knob: str
+    direction: int
+    value: float
+    batch: int
+    effect: float
+    noise: float
+    regime: Regime | None
+
+    @property
+    def way(self) -> str:
+        return "up" if self.direction == UP else "down"
+
+    def why(self) -> str:
+        return f"{self.knob} {self.way} from {self.value:g} cost {-self.effect:.0%} (noise floor {self.noise:.0%})"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": "closed", **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Closure:
+        r = d.get("regime")
+        return cls(str(d["knob"]), int(d["direction"]), float(d["value"]), int(d.get("batch", 0)),
+                   float(d["effect"]), float(d["noise"]), Regime(**r) if isinstance(r, dict) else None)  # fmt: skip
 
 
 @dataclass
@@ -170,7 +242,8 @@ class _Bracket:
 class Controller:
     """The monitor plus the moves it advises; feed it every batch's GPU ABEA measurements."""
 
-    def __init__(self, settings: Settings, bounds: Bounds = Bounds(), policy: Policy = Policy()):
+    def __init__(self, settings: Settings, bounds: Bounds = Bounds(), policy: Policy = Policy(),
+                 closed: Sequence[Closure] = ()):  # fmt: skip
         self.settings = settings
         self.bounds = bounds
         self.policy = policy
@@ -179,6 +252,9 @@ class Controller:
         self.changes: list[Change] = []  # every change, measured or not yet
         self.measured: tuple[Change, ...] = ()  # changes whose effect the latest batch completed
         self.stuck: tuple[Leaf, ...] = ()  # the latest batch's advice that no knob could follow
+        self.closed: dict[tuple[str, int], Closure] = {(c.knob, c.direction): c for c in closed if c.knob in KNOBS}
+        self.closing: tuple[Closure, ...] = ()  # directions the latest batch closed
+        self.reopened: tuple[tuple[Closure, str], ...] = ()  # ... and reopened, with why
         self._brackets = {k: _Bracket() for k in KNOBS}
         self._settle = 0
         self._recent: deque[Measurements] = deque(maxlen=policy.effect_batches)
@@ -191,11 +267,13 @@ class Controller:
         m = Measurements.from_stats(stats, s.max_reads, s.max_bases, last)
         d = self.monitor.observe(m, (Guard.SETTLING,) if self._settle else ())
         self._settle = max(0, self._settle - 1)
-        self.decision, self.measured, self.stuck = d, (), ()
+        self.decision, self.measured, self.stuck, self.closing, self.reopened = d, (), (), (), ()
         if not BOTH_TREES.intersection(d.guards):
             self._recent.append(m)
             if self._pending is not None:
                 self._after.append(d)
+            elif len(self._recent) == self._recent.maxlen:
+                self._reopen()
         actions: list[Action] = []
         if self._pending is not None and len(self._after) >= self.policy.effect_batches:
             actions = self._measure(d.batch)
@@ -207,7 +285,21 @@ class Controller:
 
     def summary(self) -> dict[str, Any]:
         """Current settings and every change with its effect, as plain values."""
-        return {"settings": self.settings.as_dict(), "changes": [c.as_dict() for c in self.changes]}
+        return {"settings": self.settings.as_dict(), "changes": [c.as_dict() for c in self.changes],
+                "closed": [c.as_dict() for c in self.closed.values()]}  # fmt: skip
+
+    def _reopen(self) -> None:
+        """Directions closed under another regime than the one the latest batches show are open again."""
+        now = Window.of(self._recent)
+        if now is None or now.regime is None:
+            return
+        reopened = []
+        for key, c in list(self.closed.items()):
+            why = c.regime.moved(now.regime, self.policy) if c.regime is not None else None
+            if why is not None:
+                del self.closed[key]
+                reopened.append((c, why))
+        self.reopened = tuple(reopened)
 
     # -- effects -------------------------------------------------------------
 
@@ -220,14 +312,20 @@ class Controller:
         a, effect = change.action, change.effect
         if a.leaf == REVERT:
             return []
-        if effect is None or effect >= -self.policy.revert_loss:
+        noise = change.noise_floor(self.policy)
+        if effect is None or effect >= -noise:
             return self._carry_on(batch, a, change.after, after)
         br = self._brackets[a.knob]
-        if a.new > a.old:
+        direction = UP if a.new > a.old else DOWN
+        if direction == UP:
             br.high = (a.new, None) if br.high is None else min(br.high, (a.new, None), key=lambda e: e[0])
         else:
             br.low = (a.new, None) if br.low is None else max(br.low, (a.new, None), key=lambda e: e[0])
-        return [Action(batch, a.knob, a.new, a.old, REVERT, f"{a.leaf} cost {-effect:.0%} of throughput")]
+        closure = Closure(a.knob, direction, a.old, batch, effect, noise, change.before.regime if change.before else None)
+        self.closed[(a.knob, direction)] = closure
+        self.closing = (closure,)
+        return [Action(batch, a.knob, a.new, a.old, REVERT,
+                       f"{a.leaf} cost {-effect:.0%} of throughput (noise floor {noise:.0%}): {a.knob} {closure.way} closed")]
 
     def _carry_on(self, batch: int, prev: Action, window: Window, after: list[Decision]) -> list[Action]:
         """After a change, batches that still lean one way by more than exit_factor: the next load move.
@@ -332,6 +430,8 @@ class Controller:
               why: str) -> Action | None:  # fmt: skip
         """The bracketed, bounded move of `knob`, or None where it cannot or need not move."""
         s, p = self.settings, self.policy
+        if (knob, direction) in self.closed:
+            return None
         v = float(getattr(s, knob))
         lo, hi = self.bounds.of(knob, s)
         br = self._brackets[knob]

@@ -13,8 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from streamer_gpu.device import GpuInfo
-from streamer_gpu.options import CudaOptions
+from streamer.gpu_api import CudaOptions, GpuInfo, gpu_module
 from streamer.tuning.controller import KNOBS, Bounds, Settings
 
 # host bytes a batch holds per read base while it is assembled, prefetched and computed (signal,
@@ -105,11 +104,10 @@ def pick_profile(machine: Machine) -> Profile:
 
 def bounds_for(machine: Machine, mem_frac: float | None) -> Bounds:
     """Safe ranges on this machine: B within a share of host memory and twice what the arena holds."""
-    from streamer_gpu.host import arena_capacity
-
     most_bases = int(machine.host_bytes * HOST_SHARE / HOST_BYTES_PER_BASE)
     if machine.gpu is not None:
         frac = mem_frac if mem_frac is not None else (0.7 if machine.gpu.integrated else 0.9)
+        arena_capacity = gpu_module("host").arena_capacity
         arena = arena_capacity(int(machine.gpu.free_bytes * frac), Settings().avg_epk, BANDWIDTH)
         most_bases = min(most_bases, 2 * arena.bases)
     b = Bounds()

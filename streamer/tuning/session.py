@@ -14,11 +14,11 @@ from typing import Any, Protocol
 
 from streamer.assemble import BatchLimits
 from streamer.config import Config
-from streamer_gpu.device import GpuInfo, probe_gpu
-from streamer_gpu.options import AbeaBatchStats, CudaOptions
+from streamer.gpu_api import AbeaBatchStats, CudaOptions, GpuInfo, gpu_module
 from streamer.tuning.controller import Action, Controller, Policy, Settings
 from streamer.tuning.monitor import ADVICE, REPEATS
 from streamer.tuning.profiles import PROFILE_NAMES, Machine, Plan, plan, user_set, with_settings
+from streamer.paths import user_state_dir
 from streamer.tuning.store import TuningStore
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,11 @@ def plan_config(cfg: Config) -> tuple[Config, Plan]:
         keys = {key: resolved[k] for k, (sec, key) in CONFIG_KEYS.items() if sec == section}
         cfg = replace(cfg, **{section: replace(getattr(cfg, section), **keys)})
     return cfg, p
+
+
+def probe_gpu(dev_id: int = 0) -> GpuInfo | None:
+    """The GPU the profiles plan for (`streamer_gpu.device.probe_gpu`), None where there is none."""
+    return gpu_module("device").probe_gpu(dev_id)
 
 
 def prepare(given: Mapping[str, Any], profile: str = "auto", *, dev_id: int = 0, disable_cuda: bool = False,
@@ -92,8 +97,16 @@ class AutoTuner:
         def apply(s: Settings) -> None:
             gpu.retune(with_settings(gpu.options, s))
 
-        controller = Controller(p.settings, p.bounds, Policy(autotune=autotune, settle_batches=settle_batches))
-        store = TuningStore(state_dir) if autotune and state_dir is not None else None
+        return cls.from_plan(p, apply, autotune=autotune, settle_batches=settle_batches, state_dir=state_dir,
+                             publish=publish)  # fmt: skip
+
+    @classmethod
+    def from_plan(cls, p: Plan, apply: Callable[[Settings], None], *, autotune: bool, settle_batches: int,
+                  state_dir: Path | None, publish: Callable[[Mapping[str, Any]], None] | None = None) -> AutoTuner:
+        """A tuner starting from the plan's settings and, under autotune, the directions closed on this GPU before."""
+        store = TuningStore(state_dir) if autotune and state_dir is not None and p.machine.gpu is not None else None
+        closed = store.load_closed(p.machine.gpu) if store is not None else ()
+        controller = Controller(p.settings, p.bounds, Policy(autotune=autotune, settle_batches=settle_batches), closed)
         return cls(controller, apply, publish=publish, store=store, gpu=p.machine.gpu)
 
     @property
@@ -122,14 +135,21 @@ class AutoTuner:
                      "unmeasured" if effect is None else f"{effect:+.0%}",
                      change.after.batches if change.after else 0)  # fmt: skip
             self._send(change.as_dict())
+        for closure in c.closing:
+            log.info("tuning: %s: closed until the CPU/GPU time ratio or the mean read length moves %gx / %gx",
+                     closure.why(), c.policy.reopen_ratio, c.policy.reopen_length)  # fmt: skip
+            self._send(closure.as_dict())
+        for closure, why in c.reopened:
+            log.info("tuning: %s %s open again: %s", closure.knob, closure.way, why)
+            self._send({**closure.as_dict(), "kind": "reopened", "why": why})
         for a in actions:
             log.info("tuning: %s %s -> %s (%s: %s)", a.knob, a.old, a.new, a.leaf, a.why)
             self._send(a.as_dict())
         if actions:
             self._stuck_said.clear()
             self._apply(c.settings)
-            if self._store is not None:
-                self._store.save(self._gpu, c.settings, len(c.changes))
+        if (actions or c.reopened) and self._store is not None:
+            self._store.save(self._gpu, c.settings, len(c.changes), c.closed.values())
         return actions
 
     def summary(self) -> dict[str, Any]:
@@ -195,10 +215,6 @@ def add_call_arguments(p: argparse.ArgumentParser) -> None:
             action.default = None
 
 
-def default_state_dir() -> Path:
-    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "streamer"
-
-
 class CallTuning:
     """`streamer call`'s side: the plan resolved into the command's arguments, the tuner applied to the
     GPU stage once the pipeline has one, and each batch passed on once it is known not to be the last."""
@@ -209,15 +225,14 @@ class CallTuning:
         self._held: AbeaBatchStats | None = None
         self.tuner: AutoTuner | None = None
         if p.machine.gpu is not None:
-            controller = Controller(p.settings, p.bounds, Policy(autotune=autotune, settle_batches=CALL_SETTLE_BATCHES))
-            store = TuningStore(state_dir) if autotune and state_dir is not None else None
-            self.tuner = AutoTuner(controller, self._apply, store=store, gpu=p.machine.gpu)
+            self.tuner = AutoTuner.from_plan(p, self._apply, autotune=autotune, settle_batches=CALL_SETTLE_BATCHES,
+                                             state_dir=state_dir)  # fmt: skip
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> CallTuning:
         """Plan from the profile, learned values (--autotune) and the flags given; the flags' values become the plan's."""
         given = {k: getattr(args, dest) for k, dest in CALL_ARGS.items() if getattr(args, dest) is not None}
-        state_dir = (args.state_dir or default_state_dir()) if args.autotune else None
+        state_dir = (args.state_dir or user_state_dir()) if args.autotune else None
         p = prepare(given, args.profile, dev_id=args.cuda_dev_id, disable_cuda=args.disable_cuda, state_dir=state_dir)
         resolved = {**p.settings.as_dict(), "threads": p.threads, "mem_frac": p.mem_frac}
         for k, dest in CALL_ARGS.items():

@@ -1,8 +1,10 @@
 """Learned settings per GPU, kept in the state folder for the next start: `tuning.json`.
 
-One JSON object, `{"version": 1, "devices": {KEY: {"settings": {...}, ...}}}`, keyed by the
-GPU's name and memory (`GpuInfo.key`), so one state folder can serve several machines. A file
-that cannot be read or parsed is reported and ignored: learned values are an optimisation.
+One JSON object, `{"version": 1, "devices": {KEY: {"settings": {...}, "closed": [...], ...}}}`,
+keyed by the GPU's name and memory (`GpuInfo.key`), so one state folder can serve several
+machines. `closed` holds the directions a measured loss closed (`Closure`), so a restart does
+not pay for the same lesson again. A file that cannot be read or parsed is reported and
+ignored: learned values are an optimisation.
 """
 
 from __future__ import annotations
@@ -11,12 +13,13 @@ import json
 import logging
 import os
 import tempfile
+from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from streamer_gpu.device import GpuInfo
-from streamer.tuning.controller import INTEGER_KNOBS, KNOBS, Settings
+from streamer.gpu_api import GpuInfo
+from streamer.tuning.controller import INTEGER_KNOBS, KNOBS, Closure, Settings
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +43,24 @@ class TuningStore:
                 out[knob] = int(value) if knob in INTEGER_KNOBS else float(value)
         return out
 
-    def save(self, gpu: GpuInfo, settings: Settings, changes: int) -> None:
-        """Record this GPU's settings, keeping other devices' records; written atomically."""
+    def load_closed(self, gpu: GpuInfo) -> list[Closure]:
+        """The directions closed on this GPU; entries that do not parse are dropped."""
+        record = self._read().get("devices", {}).get(gpu.key, {})
+        out = []
+        for entry in record.get("closed", []) if isinstance(record, dict) else []:
+            try:
+                out.append(Closure.from_dict(entry))
+            except (KeyError, TypeError, ValueError):
+                log.warning("%s: a closed tuning direction not read (%r)", self.path, entry)
+        return out
+
+    def save(self, gpu: GpuInfo, settings: Settings, changes: int, closed: Iterable[Closure] = ()) -> None:
+        """Record this GPU's settings and closed directions, keeping other devices' records; written atomically."""
         data = self._read()
         devices = data.get("devices") if isinstance(data.get("devices"), dict) else {}
-        devices[gpu.key] = {"settings": settings.as_dict(), "changes": changes, "name": gpu.name,
+        devices[gpu.key] = {"settings": settings.as_dict(), "changes": changes,
+                            "closed": [{k: v for k, v in c.as_dict().items() if k != "kind"} for c in closed],
+                            "name": gpu.name,
                             "total_bytes": gpu.total_bytes,
                             "updated": datetime.now(timezone.utc).isoformat(timespec="seconds")}  # fmt: skip
         self.path.parent.mkdir(parents=True, exist_ok=True)

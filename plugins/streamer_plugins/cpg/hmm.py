@@ -8,21 +8,25 @@ at any event. The score is log P(events | window).
 To agree with nanopolish and f5c to their printed precision the arithmetic is theirs: float32
 cells and emissions, transition probabilities in float32 with logf (f5c is C++), flank
 probabilities in double stored as float32, HMMER's table log-sum, and the same order of
-summation. Every step is a small `njit`
-helper taking scalars and arrays only, so a numba-CUDA kernel can call the same code; a job is
-one window of one read, and `score_windows` runs all jobs of a batch in parallel.
+summation. The forward pass of one window is written once (`hmm_cells`) and compiled both
+here and for CUDA (`streamer_plugins.cpg.hmm_cuda`), so CPU and GPU agree to the bit; a job is
+one window of one read, and `score_windows` runs all jobs of a batch on CPU threads.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import astuple, dataclass
+from typing import NamedTuple
 
 import numba
 import numpy as np
 from numba import prange
 
-from streamer_plugins.cpg.logsum import flogsum
+from streamer.targets import CPU, Target, log_normal_pdf
+from streamer_plugins.cpg.logsum import flogsum_for
 
 # Offsets of the three states inside a block.
 STATE_K, STATE_B, STATE_M = 0, 1, 2
@@ -36,6 +40,10 @@ P_SKIP, P_SKIP_SELF, P_BAD, P_BAD_SELF, P_START_TO_CLIP, P_CLIP_SELF, P_BACKGROU
 
 # Indices into the per-read scalings rows (`pack_scalings`).
 S_SCALE, S_SHIFT, S_VAR, S_LOG_VAR = range(4)
+
+# values kept per k-mer block of the forward pass: the row's M, B, K and the level mean, stdv, log stdv,
+# each slot a row of its own (interleaved per block, the CPU pass ran 1.5 times slower)
+SLOTS = 6
 
 
 @dataclass(frozen=True)
@@ -148,63 +156,178 @@ def clip_flanks(n_events, params, pre, post):
 
 
 @numba.njit(nogil=True, cache=True)
-def base_digit(seq, w0, length, pos, rc, methylated):
-    """Digit (A0 C1 G2 M3 T4) of base `pos` of the window seq[w0:w0+length], or of its reverse
-    complement; with `methylated`, every C of a CG in that strand's window is M."""
-    if rc:
-        b = seq[w0 + length - 1 - pos]
-        if b == 67:  # C -> G
-            return 2
-        if b == 71:  # G -> C, methylated if the forward base before it is C
-            q = length - 1 - pos
-            return 3 if methylated and q > 0 and seq[w0 + q - 1] == 67 else 1
-        return 4 if b == 65 else 0  # A -> T, T -> A
-    b = seq[w0 + pos]
-    if b == 67:
-        return 3 if methylated and pos + 1 < length and seq[w0 + pos + 1] == 71 else 1
-    if b == 71:
-        return 2
-    return 4 if b == 84 else 0
+def read_transitions(job_read, events_per_base, params):
+    """float32[n_reads, 10]: `block_transitions` of every read that has a job (zeros elsewhere)."""
+    out = np.zeros((events_per_base.shape[0], 10), np.float32)
+    done = np.zeros(events_per_base.shape[0], np.bool_)
+    for j in range(job_read.shape[0]):
+        r = job_read[j]
+        if not done[r]:
+            out[r] = block_transitions(events_per_base[r], params)
+            done[r] = True
+    return out
 
 
 @numba.njit(nogil=True, cache=True)
-def window_kmer_rank(seq, w0, length, ki, k, rc, methylated):
-    """Base-5 rank of k-mer `ki` of the window in the read's orientation.
+def flank_table(n_events, params):
+    """float32[n_events]: flank[i] is `clip_flanks`' pre[i] for any window of more than i events.
 
-    On the reverse strand k-mer ki is the reverse complement of forward k-mer ki, so blocks
-    keep reference order while events run backwards.
+    pre[i] (the first i events clipped) depends on i only, and post[i] of a window of n events
+    equals pre[n - 1 - i] (the same recurrence from the other end), so one table serves both.
     """
-    r = 0
-    start = length - ki - k if rc else ki
-    for j in range(k):
-        r = r * 5 + base_digit(seq, w0, length, start + j, rc, methylated)
-    return r
+    pre = np.empty(max(n_events, 1), np.float32)
+    post = np.empty(max(n_events, 1), np.float32)
+    clip_flanks(max(n_events, 1), params, pre, post)
+    return pre
 
 
-@numba.njit(nogil=True, cache=True)
-def log_normal_pdf(x, mean, stdv, log_stdv):
-    """float32 log N(x; mean, stdv) with the tools' truncated constant."""
-    a = (x - mean) / stdv
-    return np.float32(-0.918938) - log_stdv + np.float32(-0.5) * a * a
+class HmmCells(NamedTuple):
+    """The profile HMM's shared helpers compiled for one target (`hmm_cells`)."""
+
+    window_kmer_rank: Callable
+    scaled_level: Callable
+    forward: Callable
 
 
-@numba.njit(nogil=True, cache=True)
-def scaled_level(rank, model, scalings):
-    """(mean, stdv, log stdv) of k-mer `rank` scaled to the read: N(scale*mu + shift, stdv*var)."""
-    mean = scalings[S_SCALE] * model[0, rank] + scalings[S_SHIFT]
-    stdv = model[1, rank] * scalings[S_VAR]
-    log_stdv = model[2, rank] + scalings[S_LOG_VAR]
-    return mean, stdv, log_stdv
+@functools.cache
+def hmm_cells(t: Target) -> HmmCells:
+    """The k-mer ranks of a window and its forward pass, compiled for target t."""
+    fadd, fmul = t.fadd, t.fmul
+    flogsum = flogsum_for(t)
+    emission = log_normal_pdf(t)
+
+    @t.jit
+    def base_digit(seq, w0, length, pos, rc, methylated):
+        """Digit (A0 C1 G2 M3 T4) of base `pos` of the window seq[w0:w0+length], or of its reverse
+        complement; with `methylated`, every C of a CG in that strand's window is M."""
+        if rc:
+            b = seq[w0 + length - 1 - pos]
+            if b == 67:  # C -> G
+                return 2
+            if b == 71:  # G -> C, methylated if the forward base before it is C
+                q = length - 1 - pos
+                return 3 if methylated and q > 0 and seq[w0 + q - 1] == 67 else 1
+            return 4 if b == 65 else 0  # A -> T, T -> A
+        b = seq[w0 + pos]
+        if b == 67:
+            return 3 if methylated and pos + 1 < length and seq[w0 + pos + 1] == 71 else 1
+        if b == 71:
+            return 2
+        return 4 if b == 84 else 0
+
+    @t.jit
+    def window_kmer_rank(seq, w0, length, ki, k, rc, methylated):
+        """Base-5 rank of k-mer `ki` of the window in the read's orientation.
+
+        On the reverse strand k-mer ki is the reverse complement of forward k-mer ki, so blocks
+        keep reference order while events run backwards.
+        """
+        r = 0
+        start = length - ki - k if rc else ki
+        for j in range(k):
+            r = r * 5 + base_digit(seq, w0, length, start + j, rc, methylated)
+        return r
+
+    @t.jit
+    def scaled_level(rank, model, scale, shift, var, log_var):
+        """(mean, stdv, log stdv) of k-mer `rank` scaled to the read: N(scale * mu + shift, stdv * var)."""
+        return fadd(fmul(scale, model[0, rank]), shift), fmul(model[1, rank], var), fadd(model[2, rank], log_var)
+
+    @t.jit
+    def sum6(x0, x1, x2, x3, x4, x5, table):
+        """Log-sum of six terms in the tools' order."""
+        s = flogsum(x0, x1, table)
+        s = flogsum(s, x2, table)
+        s = flogsum(s, x3, table)
+        s = flogsum(s, x4, table)
+        return flogsum(s, x5, table)
+
+    @t.jit
+    def forward(ref_seq, w0, length, rc, methylated, ev_mean, e1, e2, k, model, scalings, trans, r, flank, table,
+                cell):  # fmt: skip
+        """log P(events ev_mean[e1] towards ev_mean[e2] | window ref_seq[w0:w0+length]), float32.
+
+        `model` from `pack_model`; row r of `scalings` (`pack_scalings`) and of `trans`
+        (`read_transitions`) are the read's; `flank` from `flank_table` (at least as long as
+        the window's events); `cell` float32[SLOTS, k-mers] of work space. One row of the
+        forward matrix (M, B, K per k-mer block, beside the block's scaled level) is updated in
+        place, block by block, holding in registers the previous row's values of the block
+        before (which the update has already overwritten) and the current row's values of that
+        block (which the skip state K reads).
+        """
+        ninf = np.float32(-np.inf)
+        n_kmers = length - k + 1
+        stride = 1 if e1 <= e2 else -1
+        n_events = (e2 - e1) * stride + 1
+        sc_scale = scalings[r, S_SCALE]
+        sc_shift = scalings[r, S_SHIFT]
+        sc_var = scalings[r, S_VAR]
+        sc_log_var = scalings[r, S_LOG_VAR]
+        for ki in range(n_kmers):
+            rank = window_kmer_rank(ref_seq, w0, length, ki, k, rc, methylated)
+            cell[0, ki] = ninf
+            cell[1, ki] = ninf
+            cell[2, ki] = ninf
+            cell[3, ki], cell[4, ki], cell[5, ki] = scaled_level(rank, model, sc_scale, sc_shift, sc_var, sc_log_var)
+
+        t_mm_self = trans[r, T_MM_SELF]
+        t_mb = trans[r, T_MB]
+        t_mk = trans[r, T_MK]
+        t_mm_next = trans[r, T_MM_NEXT]
+        t_bb = trans[r, T_BB]
+        t_bk = trans[r, T_BK]
+        t_bm_next = trans[r, T_BM_NEXT]
+        t_bm_self = trans[r, T_BM_SELF]
+        t_kk = trans[r, T_KK]
+        t_km = trans[r, T_KM]
+
+        lp_end = ninf
+        for row in range(1, n_events + 1):
+            level = ev_mean[e1 + (row - 1) * stride]
+            soft = flank[row - 1]  # the first row - 1 events clipped (block 0 only)
+            # the previous row's and this row's M, B, K of the block before (block 0 is all -inf)
+            p_m = ninf
+            p_b = ninf
+            p_k = ninf
+            c_m = ninf
+            c_b = ninf
+            c_k = ninf
+            for ki in range(n_kmers):
+                o_m = cell[0, ki]
+                o_b = cell[1, ki]
+                o_k = cell[2, ki]
+                m = sum6(
+                    fadd(t_mm_self, o_m),
+                    fadd(t_mm_next, p_m),
+                    fadd(t_bm_self, o_b),
+                    fadd(t_bm_next, p_b),
+                    fadd(t_km, p_k),
+                    soft if ki == 0 else ninf,
+                    table,
+                )
+                n_m = fadd(m, emission(level, cell[3, ki], cell[4, ki], cell[5, ki]))
+                n_b = flogsum(fadd(t_mb, o_m), fadd(t_bb, o_b), table)
+                kk = flogsum(fadd(t_mk, c_m), fadd(t_bk, c_b), table)
+                n_k = flogsum(kk, fadd(t_kk, c_k), table)
+                cell[0, ki] = n_m
+                cell[1, ki] = n_b
+                cell[2, ki] = n_k
+                p_m = o_m
+                p_b = o_b
+                p_k = o_k
+                c_m = n_m
+                c_b = n_b
+                c_k = n_k
+            post = flank[n_events - row]  # the events after this row clipped
+            lp_end = flogsum(lp_end, fadd(c_m, post), table)
+            lp_end = flogsum(lp_end, fadd(c_b, post), table)
+            lp_end = flogsum(lp_end, fadd(c_k, post), table)
+        return lp_end
+
+    return HmmCells(window_kmer_rank, scaled_level, forward)
 
 
-@numba.njit(nogil=True, cache=True)
-def sum6(x0, x1, x2, x3, x4, x5, table):
-    """Log-sum of six terms in the tools' order."""
-    s = flogsum(x0, x1, table)
-    s = flogsum(s, x2, table)
-    s = flogsum(s, x3, table)
-    s = flogsum(s, x4, table)
-    return flogsum(s, x5, table)
+window_kmer_rank, scaled_level, forward = hmm_cells(CPU)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -217,79 +340,10 @@ def profile_forward(
     `pack_model`, `scalings` one row of `pack_scalings`, `trans` from `block_transitions`.
     """
     n_kmers = length - k + 1
-    n_events = abs(e_stop - e_start) + 1
-    levels, flanks, rows = scratch(n_kmers, n_events)
-    return forward_into(
-        seq, w0, length, rc, methylated, ev_mean, e_start, e_stop, k, model, scalings, trans, params, table,
-        levels, flanks, rows,
-    )  # fmt: skip
-
-
-@numba.njit(nogil=True, cache=True)
-def scratch(n_kmers, n_events):
-    """Work arrays for `forward_into` of a window up to n_kmers k-mers and n_events events."""
-    return (
-        np.empty((3, n_kmers), np.float32),
-        np.empty((2, n_events), np.float32),
-        np.empty((2, N_STATES * (n_kmers + 2)), np.float32),
-    )
-
-
-@numba.njit(nogil=True, cache=True)
-def forward_into(
-    seq, w0, length, rc, methylated, ev_mean, e_start, e_stop, k, model, scalings, trans, params, table,
-    levels, flanks, rows,
-):  # fmt: skip
-    """`profile_forward` in caller-provided work arrays (from `scratch`, possibly larger).
-
-    Two rows of the forward matrix suffice: each row reads only itself and the row above.
-    """
-    ninf = np.float32(-np.inf)
-    n_kmers = length - k + 1
-    stride = 1 if e_start <= e_stop else -1
-    n_events = abs(e_stop - e_start) + 1
-    mean = levels[0]
-    stdv = levels[1]
-    log_stdv = levels[2]
-    for ki in range(n_kmers):
-        mean[ki], stdv[ki], log_stdv[ki] = scaled_level(
-            window_kmer_rank(seq, w0, length, ki, k, rc, methylated), model, scalings
-        )
-    pre = flanks[0]
-    post = flanks[1]
-    clip_flanks(n_events, params, pre, post)
-    n_cols = N_STATES * (n_kmers + 2)
-    prev = rows[0]
-    curr = rows[1]
-    prev[:n_cols] = ninf
-    curr[:n_cols] = ninf
-    lp_end = ninf
-    for row in range(1, n_events + 1):
-        level = ev_mean[e_start + (row - 1) * stride]
-        for block in range(1, n_kmers + 1):
-            ki = block - 1
-            c = N_STATES * block
-            p = c - N_STATES
-            soft = pre[row - 1] if ki == 0 else ninf
-            m = sum6(
-                trans[T_MM_SELF] + prev[c + STATE_M],
-                trans[T_MM_NEXT] + prev[p + STATE_M],
-                trans[T_BM_SELF] + prev[c + STATE_B],
-                trans[T_BM_NEXT] + prev[p + STATE_B],
-                trans[T_KM] + prev[p + STATE_K],
-                soft,
-                table,
-            )
-            curr[c + STATE_M] = m + log_normal_pdf(level, mean[ki], stdv[ki], log_stdv[ki])
-            curr[c + STATE_B] = flogsum(trans[T_MB] + prev[c + STATE_M], trans[T_BB] + prev[c + STATE_B], table)
-            kk = flogsum(trans[T_MK] + curr[p + STATE_M], trans[T_BK] + curr[p + STATE_B], table)
-            curr[c + STATE_K] = flogsum(kk, trans[T_KK] + curr[p + STATE_K], table)
-            if ki == n_kmers - 1:
-                lp_end = flogsum(lp_end, curr[c + STATE_M] + post[row - 1], table)
-                lp_end = flogsum(lp_end, curr[c + STATE_B] + post[row - 1], table)
-                lp_end = flogsum(lp_end, curr[c + STATE_K] + post[row - 1], table)
-        prev, curr = curr, prev
-    return lp_end
+    cell = np.empty((SLOTS, max(n_kmers, 1)), np.float32)
+    flank = flank_table(abs(e_stop - e_start) + 1, params)
+    return forward(seq, w0, length, rc, methylated, ev_mean, e_start, e_stop, k, model, scalings.reshape((1, 4)),
+                   trans.reshape((1, 10)), 0, flank, table, cell)  # fmt: skip
 
 
 JOBS_PER_CHUNK = 32
@@ -305,34 +359,32 @@ def score_windows(
     Job j scores ref_seq[ref_seq_off[r] + w0 : ... + w1] of read r = job_read[j] against the
     read's events job_e1[j]..job_e2[j] (event indices within the read). Returns float32 arrays
     (ll_unmethylated, ll_methylated). Threads take chunks of jobs and allocate their work
-    arrays once per chunk: an allocation per window made the threads contend.
+    array once per chunk: an allocation per window made the threads contend.
     """
     n = job_read.shape[0]
     ll_u = np.empty(n, np.float32)
     ll_m = np.empty(n, np.float32)
+    trans = read_transitions(job_read, events_per_base, params)
+    max_events = 1
+    for j in range(n):
+        max_events = max(max_events, abs(job_e2[j] - job_e1[j]) + 1)
+    flank = flank_table(max_events, params)
     n_chunks = (n + JOBS_PER_CHUNK - 1) // JOBS_PER_CHUNK
     for c in prange(n_chunks):
         j0 = c * JOBS_PER_CHUNK
         j1 = min(n, j0 + JOBS_PER_CHUNK)
         max_kmers = 1
-        max_events = 1
         for j in range(j0, j1):
             max_kmers = max(max_kmers, job_w1[j] - job_w0[j] - k + 1)
-            max_events = max(max_events, abs(job_e2[j] - job_e1[j]) + 1)
-        levels, flanks, rows = scratch(max_kmers, max_events)
+        cell = np.empty((SLOTS, max_kmers), np.float32)
         for j in range(j0, j1):
             r = job_read[j]
-            trans = block_transitions(events_per_base[r], params)
-            ev = ev_mean[ev_off[r] : ev_off[r + 1]]
             w0 = ref_seq_off[r] + job_w0[j]
             length = job_w1[j] - job_w0[j]
-            sc = scalings[r]
-            ll_u[j] = forward_into(
-                ref_seq, w0, length, rc[r], False, ev, job_e1[j], job_e2[j], k, model, sc, trans, params, table,
-                levels, flanks, rows,
-            )  # fmt: skip
-            ll_m[j] = forward_into(
-                ref_seq, w0, length, rc[r], True, ev, job_e1[j], job_e2[j], k, model, sc, trans, params, table,
-                levels, flanks, rows,
-            )  # fmt: skip
+            e1 = ev_off[r] + job_e1[j]
+            e2 = ev_off[r] + job_e2[j]
+            ll_u[j] = forward(ref_seq, w0, length, rc[r], False, ev_mean, e1, e2, k, model, scalings, trans, r, flank,
+                              table, cell)  # fmt: skip
+            ll_m[j] = forward(ref_seq, w0, length, rc[r], True, ev_mean, e1, e2, k, model, scalings, trans, r, flank,
+                              table, cell)  # fmt: skip
     return ll_u, ll_m

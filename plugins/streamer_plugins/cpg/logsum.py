@@ -8,9 +8,12 @@ the difference reaches 15.7 nats or one side is -inf. The error is below 0.001 n
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 
-import numba
 import numpy as np
+
+from streamer.targets import CPU, Target
 
 LOGSUM_TABLE_SIZE = 16000
 LOGSUM_SCALE = 1000.0
@@ -26,13 +29,23 @@ def make_logsum_table(size: int = LOGSUM_TABLE_SIZE, scale: float = LOGSUM_SCALE
 LOGSUM_TABLE = make_logsum_table()
 
 
-@numba.njit(nogil=True, cache=True)
-def flogsum(a, b, table):
-    """log(e^a + e^b) for float32 a, b (either may be -inf) through the lookup table."""
-    hi = a if a > b else b
-    lo = a if a < b else b
-    d = hi - lo  # inf or nan when lo is -inf: then the comparison below is false
-    near = d < np.float32(LOGSUM_CUTOFF)
-    # branch-free: the table is read at index 0 when the answer is just `hi`
-    correction = table[int((d if near else np.float32(0.0)) * np.float32(LOGSUM_SCALE))]
-    return hi + correction if near else hi
+@functools.cache
+def flogsum_for(t: Target) -> Callable:
+    """`flogsum` compiled for target t (the CPU here; the device for the GPU HMM)."""
+    fadd, fsub, fmul = t.fadd, t.fsub, t.fmul
+
+    @t.jit
+    def flogsum(a, b, table):
+        """log(e^a + e^b) for float32 a, b (either may be -inf) through the lookup table."""
+        hi = a if a > b else b
+        lo = a if a < b else b
+        d = fsub(hi, lo)  # inf or nan when lo is -inf: then the comparison below is false
+        near = d < np.float32(LOGSUM_CUTOFF)
+        # branch-free: the table is read at index 0 when the answer is just `hi`
+        correction = table[int(fmul(d if near else np.float32(0.0), np.float32(LOGSUM_SCALE)))]
+        return fadd(hi, correction) if near else hi
+
+    return flogsum
+
+
+flogsum = flogsum_for(CPU)

@@ -1,17 +1,27 @@
-"""The CpG profile HMM on the GPU: the host launcher and `score_windows` with the CPU signature.
+"""The CpG profile HMM on the GPU: its kernel and `CudaHmm`, the launcher with the CPU's answers.
+
+The kernel lives with the CpG plugin, not in `streamer_gpu`, so that dependencies run one way
+(core <- gpu <- plugins): the HMM is the plugin's science, and `streamer_gpu` offers the
+device as a compile target and the device buffers, knowing nothing of CpG. One thread scores one
+(read, window) job under one hypothesis: threads 2j and 2j+1 take job order[j] unmethylated
+and methylated, so the two threads of a pair run the same number of rows and blocks in step.
+Each runs `streamer_plugins.cpg.hmm`'s own forward pass compiled for the device, with its row
+of the forward matrix and the window's scaled levels in local memory, which the hardware
+interleaves across the lanes of a warp (lanes at the same block touch adjacent words). log is
+never evaluated on the device: the host passes each read's transition log probabilities and
+the clip flanks, computed by the CPU helpers themselves.
 
 `CudaHmm` owns the HMM's device state on one GPU: the pore model and log-sum table (copied
-once), device buffers that grow with the largest batch seen (no allocation per batch once
-they have), a stream, and the compiled kernel. Per batch it packs the jobs, sends the
-windows too large for the kernel's local arrays to CPU threads while the kernel runs, copies
-the batch's reference spans and events in, launches one thread per (job, hypothesis), and
-copies the two log-likelihoods per job back. Answers are bit-identical to
-`streamer_plugins.cpg.hmm.score_windows`; a CUDA error or device out-of-memory in a batch
-scores that batch on the CPU and is logged and recorded, never lost.
+once), device buffers that grow with the largest batch seen, a stream, and the compiled kernel.
+Per batch it packs the jobs, sends the windows too large for the kernel's local arrays to CPU
+threads while the kernel runs, copies the batch's reference spans and events in, launches one
+thread per (job, hypothesis), and copies the two log-likelihoods per job back. A CUDA error or
+device out-of-memory in a batch scores that batch on the CPU and is logged and recorded, never lost.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -19,40 +29,45 @@ import time
 import numpy as np
 from numba import cuda
 
-from streamer_gpu import hmm_kernels
-from streamer_gpu.abea import CUDA_ERRORS
-from streamer_gpu.hmm_host import flank_table, launch_order, pack_jobs, read_transitions
-from streamer_gpu.options import HmmBatchStats
+from streamer.gpu_api import HmmBatchStats
+from streamer_gpu.buffers import DeviceBuffers
+from streamer_gpu.target import CUDA_ERRORS, DEVICE
 from streamer_plugins.cpg import hmm as cpu_hmm
-from streamer_plugins.cpg.sites import MAX_SPAN, MIN_SEPARATION
+from streamer_plugins.cpg.hmm import SLOTS, flank_table, hmm_cells, read_transitions
+from streamer_plugins.cpg.hmm_gpu import DEFAULT_MAX_KMERS, launch_order, pack_jobs
 
 log = logging.getLogger(__name__)
 
-# the largest default window (MAX_SPAN between its first and last C, MIN_SEPARATION either side)
-# has MAX_SPAN + 2 * MIN_SEPARATION + 1 bases; 6-mers of it fit in 224 blocks
-DEFAULT_MAX_KMERS = 224
-assert MAX_SPAN + 2 * MIN_SEPARATION + 1 - 6 + 1 <= DEFAULT_MAX_KMERS
 
+@functools.cache
+def forward_kernel(max_kmers: int):
+    """The forward kernel for windows of up to max_kmers k-mers (the size of its local arrays)."""
+    CELLS = (SLOTS, max_kmers)  # a constant of the kernel: local arrays need one
+    forward = hmm_cells(DEVICE).forward
 
-class _Buffers:
-    """Device arrays by name, reallocated only when a batch needs more rows than they hold."""
+    @cuda.jit(
+        "void(uint8[::1], float32[::1], int32[::1], int32[::1], int64[::1], int32[::1], int64[::1], int64[::1], "
+        "uint8[::1], float32[:, ::1], float32[:, ::1], int64, float32[:, ::1], float32[::1], float32[::1], int64, "
+        "float32[::1], float32[::1])",
+        cache=True,
+    )
+    def kernel(ref_seq, ev_mean, order, job_read, job_w0, job_len, job_e1, job_e2, rc, scalings, trans, k, model,
+               table, flank, n_jobs, ll_u, ll_m):  # fmt: skip
+        t = cuda.grid(1)
+        if t >= 2 * n_jobs:
+            return
+        j = order[t >> 1]
+        methylated = (t & 1) == 1
+        r = job_read[j]
+        cell = cuda.local.array(CELLS, np.float32)
+        lp = forward(ref_seq, job_w0[j], np.int64(job_len[j]), rc[r] != 0, methylated, ev_mean, job_e1[j], job_e2[j],
+                     k, model, scalings, trans, r, flank, table, cell)  # fmt: skip
+        if methylated:
+            ll_m[j] = lp
+        else:
+            ll_u[j] = lp
 
-    def __init__(self) -> None:
-        self._arrays: dict[str, cuda.devicearray.DeviceNDArray] = {}
-
-    def get(self, name: str, shape: tuple[int, ...], dtype) -> cuda.devicearray.DeviceNDArray:
-        a = self._arrays.get(name)
-        if a is None or a.shape[0] < shape[0] or a.shape[1:] != shape[1:] or a.dtype != dtype:
-            self._arrays.pop(name, None)
-            a = cuda.device_array((max(shape[0], 1) * 5 // 4 + 1, *shape[1:]), dtype)
-            self._arrays[name] = a
-        return a[: shape[0]]
-
-    def put(self, name: str, host: np.ndarray, stream) -> cuda.devicearray.DeviceNDArray:
-        dev = self.get(name, host.shape, host.dtype)
-        if host.shape[0]:
-            dev.copy_to_device(np.ascontiguousarray(host), stream=stream)
-        return dev
+    return kernel
 
 
 class CudaHmm:
@@ -64,9 +79,9 @@ class CudaHmm:
         self.max_kmers = max_kmers
         self.block = block
         self.by_cost = by_cost
-        self._kernel = hmm_kernels.forward_kernel(max_kmers)
+        self._kernel = forward_kernel(max_kmers)
         self._stream = cuda.stream()
-        self._buffers = _Buffers()
+        self._buffers = DeviceBuffers()
         self._constants: dict[str, tuple[np.ndarray, cuda.devicearray.DeviceNDArray]] = {}
 
     def _constant(self, name: str, host: np.ndarray) -> cuda.devicearray.DeviceNDArray:
@@ -161,19 +176,3 @@ class CudaHmm:
         got = (dev_u.copy_to_host(stream=s), dev_m.copy_to_host(stream=s))
         s.synchronize()
         return got, [t1 - t0, t2 - t1, time.perf_counter() - t2]
-
-
-_default: CudaHmm | None = None
-_default_lock = threading.Lock()
-
-
-def score_windows(job_read, job_w0, job_w1, job_e1, job_e2, ref_seq, ref_seq_off, rc, ev_mean, ev_off, scalings,
-                  events_per_base, k, model, params, table) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """`streamer_plugins.cpg.hmm.score_windows` on the GPU (default device and launch settings)."""
-    global _default
-    with _default_lock:
-        if _default is None:
-            _default = CudaHmm()
-    ll_u, ll_m, _ = _default.score(job_read, job_w0, job_w1, job_e1, job_e2, ref_seq, ref_seq_off, rc, ev_mean, ev_off,
-                                   scalings, events_per_base, k, model, params, table)  # fmt: skip
-    return ll_u, ll_m

@@ -1,12 +1,36 @@
-"""Settings of the GPU ABEA stage and the per-batch measurements it hands to the tuning monitor.
+"""What the core knows of the GPU stages: their options, per-batch measurements and the device.
 
-Both are plain frozen dataclasses importable without numba-cuda, so the pipeline and the
-command line can name them on machines that have no GPU.
+Plain frozen dataclasses importable without numba-cuda or a GPU, so the pipeline, the command
+line and the tuning monitor can name them anywhere. The core never imports the GPU package
+(`streamer_gpu`) at module level: `gpu_module` is its one way there, taken only when a GPU
+stage is asked for, and that package depends on the core, never the reverse.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
+from types import ModuleType
+
+
+def gpu_module(name: str) -> ModuleType:
+    """streamer_gpu.<name>, imported on first use (`open_gpu` in "", `probe_gpu` in "device", ...)."""
+    return importlib.import_module(f"streamer_gpu.{name}" if name else "streamer_gpu")
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """A GPU as device profiles and learned values know it, before the arena is taken."""
+
+    name: str
+    total_bytes: int
+    free_bytes: int
+    integrated: bool  # shares the host's memory (Jetson)
+
+    @property
+    def key(self) -> str:
+        """Learned values are kept per device model and memory size: `NVIDIA H100 80GB HBM3 (81559 MiB)`."""
+        return f"{self.name} ({self.total_bytes >> 20} MiB)"
 
 
 @dataclass(frozen=True)

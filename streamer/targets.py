@@ -1,0 +1,86 @@
+"""Compile targets of the per-cell arithmetic that the CPU and GPU kernels share.
+
+The ABEA cell, the CpG HMM's forward pass and the Gaussian log-density are each written once,
+as plain Python in a factory that takes a `Target` and compiles them with its `jit` (numba
+`njit` here, `cuda.jit(device=True)` in `streamer_gpu.target`), calling the target's
+rounding operations for every float operation whose rounding matters. On the CPU those are
+plain IEEE float32/float64 operations; CUDA would contract a multiply and an add into one
+fused multiply-add that rounds once, so there they are libdevice's round-to-nearest
+intrinsics, which are never fused. The same source, the same operations in the same order:
+the two targets agree to the bit.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import NamedTuple
+
+import numba
+import numpy as np
+
+
+class Target(NamedTuple):
+    """How to compile a shared helper, and the rounding operations its source calls."""
+
+    name: str
+    jit: Callable[[Callable], Callable]
+    fadd: Callable  # float32 a + b, rounded to nearest
+    fsub: Callable
+    fmul: Callable
+    fdiv: Callable
+    dadd: Callable  # float64
+    dmul: Callable
+    ddiv: Callable
+
+
+def fadd(a, b):
+    return np.float32(a) + np.float32(b)
+
+
+def fsub(a, b):
+    return np.float32(a) - np.float32(b)
+
+
+def fmul(a, b):
+    return np.float32(a) * np.float32(b)
+
+
+def fdiv(a, b):
+    return np.float32(a) / np.float32(b)
+
+
+def dadd(a, b):
+    return np.float64(a) + np.float64(b)
+
+
+def dmul(a, b):
+    return np.float64(a) * np.float64(b)
+
+
+def ddiv(a, b):
+    return np.float64(a) / np.float64(b)
+
+
+# plain IEEE operations: numba's CPU code and numpy scalars (the CUDA simulator) never contract them
+IEEE_OPS = (fadd, fsub, fmul, fdiv, dadd, dmul, ddiv)
+
+_cpu_jit = numba.njit(nogil=True, cache=True)
+CPU = Target("cpu", _cpu_jit, *(_cpu_jit(op) for op in IEEE_OPS))
+
+
+@functools.cache
+def log_normal_pdf(t: Target) -> Callable:
+    """ln N(x; mean, stdv) in float32 for target t, with the tools' -0.918938 for ln(1/sqrt(2 pi)).
+
+    ABEA (unscaled stdv) and the CpG HMM (stdv scaled by the read's var) both use it:
+    (-0.918938 - log stdv) + (-0.5 a) a with a = (x - mean) / stdv, as f5c and nanopolish order it.
+    """
+    fadd, fsub, fmul, fdiv = t.fadd, t.fsub, t.fmul, t.fdiv
+
+    @t.jit
+    def log_normal_pdf(x, mean, stdv, log_stdv):
+        a = fdiv(fsub(x, mean), stdv)
+        return fadd(fsub(np.float32(-0.918938), log_stdv), fmul(fmul(np.float32(-0.5), a), a))
+
+    return log_normal_pdf

@@ -1,0 +1,89 @@
+"""The command line: streamer's lines short at INFO, other libraries' (numba's bytecode dumps,
+numba-cuda's frees) only with -vv, -q for warnings alone; a read-only install; --version; usage."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from streamer.cli import build_parser, configure_logging
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging():
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level, {n: logging.getLogger(n).level for n in ("streamer", "numba")}
+    yield
+    root.handlers[:], root.level = saved[0], saved[1]
+    for name, level in saved[2].items():
+        logging.getLogger(name).setLevel(level)
+
+
+@pytest.mark.parametrize(("flags", "own", "numba"), [
+    ([], logging.INFO, logging.WARNING),
+    (["-q"], logging.WARNING, logging.WARNING),
+    (["-v"], logging.DEBUG, logging.WARNING),
+    (["-vv"], logging.DEBUG, logging.DEBUG),
+])
+def test_levels_follow_the_flags(flags, own, numba):
+    args = build_parser().parse_args([*flags, "meth-freq", "x.tsv"])
+    configure_logging(args.verbose, args.quiet)
+    assert logging.getLogger("streamer.daemon").getEffectiveLevel() == own
+    assert logging.getLogger("streamer_gpu.abea").getEffectiveLevel() == own
+    assert logging.getLogger("numba.cuda.cudadrv.driver").getEffectiveLevel() == numba
+
+
+def test_default_lines_are_short(capsys):
+    configure_logging()
+    logging.getLogger("streamer.x").info("calls written: 3")
+    logging.getLogger("streamer.x").warning("a.fast5: read r1 has no signal")
+    logging.getLogger("numba.cuda.cudadrv.driver").info("add pending dealloc: cuMemFree 256 bytes")
+    assert capsys.readouterr().err.splitlines() == ["calls written: 3", "warning: a.fast5: read r1 has no signal"]
+
+
+def test_quiet_and_verbose_exclude_each_other():
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["-q", "-v", "meth-freq", "x.tsv"])
+
+
+def test_kernels_are_cached_where_they_can_be(tmp_path):
+    """A read-only install (here: a package folder that cannot be written) with no NUMBA_CACHE_DIR."""
+    from streamer import numba_cache_dir
+
+    read_only = tmp_path / "site-packages" / "streamer"  # absent: not writable
+    assert numba_cache_dir(tmp_path, {}) is None  # numba's own choice works
+    assert numba_cache_dir(read_only, {"NUMBA_CACHE_DIR": "/somewhere"}) is None  # the user's choice
+    cache = numba_cache_dir(read_only, {"XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert cache == tmp_path / "cache" / "streamer" / "numba" and cache.is_dir()
+    assert numba_cache_dir(read_only, {"HOME": str(tmp_path / "home")}) == tmp_path / "home" / ".cache" / "streamer" / "numba"
+    homeless = numba_cache_dir(read_only, {})  # a service user with no home: the temporary folder
+    assert homeless is not None and homeless.name.startswith("streamer-numba-") and homeless.is_dir()
+
+
+def test_version_answers_without_importing_the_commands():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "streamer", "--version"],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.startswith("streamer ")
+    assert "numba" not in out.stderr and "streamer.commands." not in out.stderr
+
+
+def test_an_unknown_flag_shows_the_commands_own_usage(capsys):
+    from streamer.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["meth-freq", "--bogus", "calls.tsv"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert err.startswith("usage: streamer meth-freq") and "unrecognized arguments: --bogus" in err
+
+
+def test_keys_list_says_when_there_are_none(tmp_path, capsys):
+    from streamer.cli import main
+
+    assert main(["keys", "--dir", str(tmp_path), "list"]) == 0
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == f"no keys in {tmp_path}: make one with `streamer keys generate NAME`\n"
