@@ -27,12 +27,13 @@ for _root in (ROOT / "plugins", ROOT / "gpu", ROOT):
 import numpy as np  # noqa: E402
 
 from streamer import pipeline as pipeline_module  # noqa: E402
-from streamer.assemble import BatchLimits, offline_batches  # noqa: E402
+from streamer.batching import BatchLimits, offline_batches  # noqa: E402
 from streamer.batch import pack  # noqa: E402
-from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments  # noqa: E402
+from streamer.io.alignments import AlignmentRecord, AlignmentFilter, iter_alignments  # noqa: E402
 from streamer.io.fastx import load_basecalls  # noqa: E402
 from streamer.io.index import open_index  # noqa: E402
 from streamer.io.reference import Reference  # noqa: E402
+from streamer_plugins.cpg.caller import CpgCaller  # noqa: E402
 from streamer_plugins.cpg.hmm import score_windows  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "data" / "ecoli_2kb_region"
@@ -59,14 +60,14 @@ def capture(reads: Path, bam: Path, signal: Path) -> tuple[tuple, tuple]:
         local = Path(tmp) / "reads.fasta"
         local.write_text(reads.read_text())
         filt = AlignmentFilter()
-        wanted = {a.read_id for a in iter_alignments(bam, filt) if isinstance(a, Alignment)}
+        wanted = {a.read_id for a in iter_alignments(bam, filt) if isinstance(a, AlignmentRecord)}
         index = open_index(local, [signal])
         with Reference(REFERENCE) as ref:
             batches = list(offline_batches(iter_alignments(bam, filt), load_basecalls(local, wanted), index, ref,
                                            BatchLimits(), str(local)))  # fmt: skip
         options = pipeline_module.PipelineOptions(threads=1, cuda=pipeline_module.CudaOptions(disable=True))
-        pipe = pipeline_module.Pipeline(options)
-        pipe.gpu_hmm = Recorder()
+        pipe = pipeline_module.Pipeline(options, [CpgCaller()])
+        pipe.analysis("hmm").gpu = Recorder()
         pipe.run_batch(pack([r for rs, _ in batches for r in rs]))
     pipeline_module.align_batch = align_batch
     return seen["abea"], seen["hmm"]

@@ -139,15 +139,16 @@ def call(args: list[str], out: Path, log: Path) -> dict:
 
 def hmm_stage(data: Path, work: Path, ref_path: Path, copies: int, reps: int) -> dict:
     """CPU against GPU `score_windows` on the shared reads' jobs tiled `copies` times."""
-    from streamer.assemble import BatchLimits, offline_batches
+    from streamer.batching import BatchLimits, offline_batches
     from streamer.batch import pack
     from streamer.gpu_api import CudaOptions
     from streamer_plugins.cpg.hmm_cuda import CudaHmm
-    from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments
+    from streamer.io.alignments import AlignmentRecord, AlignmentFilter, iter_alignments
     from streamer.io.fastx import load_basecalls
     from streamer.io.index import open_index
     from streamer.io.reference import Reference
     from streamer.pipeline import Pipeline, PipelineOptions
+    from streamer_plugins.cpg.caller import CpgCaller
     from streamer_plugins.cpg.hmm import score_windows
 
     class Recorder:
@@ -157,12 +158,12 @@ def hmm_stage(data: Path, work: Path, ref_path: Path, copies: int, reps: int) ->
 
     bam = data / "reads.mg1655.sorted.bam"
     filt = AlignmentFilter()
-    wanted = {a.read_id for a in iter_alignments(bam, filt) if isinstance(a, Alignment)}
+    wanted = {a.read_id for a in iter_alignments(bam, filt) if isinstance(a, AlignmentRecord)}
     with Reference(ref_path) as ref:
         batches = list(offline_batches(iter_alignments(bam, filt), load_basecalls(work / "reads.fasta", wanted),
                                        open_index(work / "reads.fasta"), ref, BatchLimits(10**6, 10**10)))  # fmt: skip
-    pipeline = Pipeline(PipelineOptions(cuda=CudaOptions(disable=True)))
-    pipeline.gpu_hmm = recorder = Recorder()
+    pipeline = Pipeline(PipelineOptions(cuda=CudaOptions(disable=True)), [CpgCaller()])
+    pipeline.analysis("hmm").gpu = recorder = Recorder()
     pipeline.run_batch(pack([r for rs, _ in batches for r in rs]))
     job_read, w0, w1, e1, e2, ref_seq, ref_off, rc, ev, ev_off, sc, epb, k, model, params, table = recorder.args
     n = len(rc)
@@ -221,10 +222,10 @@ def hmm_stage(data: Path, work: Path, ref_path: Path, copies: int, reps: int) ->
 def signal_stages(data: Path, ref_path: Path, reads: Path, copies: int) -> dict:
     """Event detection and scaling on CPU threads over the shared reads tiled `copies` times, in memory:
     what moving them to the GPU could save at most, against what the signal's copy there costs."""
-    from streamer.assemble import BatchLimits, offline_batches
+    from streamer.batching import BatchLimits, offline_batches
     from streamer.batch import pack
     from streamer.events import detect_events
-    from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments
+    from streamer.io.alignments import AlignmentRecord, AlignmentFilter, iter_alignments
     from streamer.io.fastx import load_basecalls
     from streamer.io.index import open_index
     from streamer.io.reference import Reference
@@ -233,7 +234,7 @@ def signal_stages(data: Path, ref_path: Path, reads: Path, copies: int) -> dict:
 
     bam = data / "reads.mg1655.sorted.bam"
     filt = AlignmentFilter()
-    wanted = {a.read_id for a in iter_alignments(bam, filt) if isinstance(a, Alignment)}
+    wanted = {a.read_id for a in iter_alignments(bam, filt) if isinstance(a, AlignmentRecord)}
     with Reference(ref_path) as ref:
         batches = list(offline_batches(iter_alignments(bam, filt), load_basecalls(reads, wanted), open_index(reads),
                                        ref, BatchLimits(10**6, 10**10)))  # fmt: skip

@@ -31,12 +31,12 @@ import numpy as np
 from numba import cuda
 
 from streamer.abea import align_batch
-from streamer.assemble import BatchLimits, offline_batches
+from streamer.batching import BatchLimits, offline_batches
 from streamer.batch import pack
 from streamer.events import detect_events
 from streamer_gpu.abea import CudaAbea, Layout
 from streamer.gpu_api import CudaOptions
-from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments
+from streamer.io.alignments import AlignmentRecord, AlignmentFilter, iter_alignments
 from streamer.io.fastx import load_basecalls
 from streamer.io.index import open_index
 from streamer.io.reference import Reference
@@ -61,7 +61,7 @@ def scaled_batch(data: Path, work: Path, model):
         ref_path.write_bytes(gzip.decompress(REFERENCE.read_bytes()))
     bam = data / "reads.mg1655.sorted.bam"
     filt = AlignmentFilter()
-    wanted = {a.read_id for a in iter_alignments(bam, filt) if isinstance(a, Alignment)}
+    wanted = {a.read_id for a in iter_alignments(bam, filt) if isinstance(a, AlignmentRecord)}
     basecalls = load_basecalls(reads, wanted)
     index = open_index(reads, [data / "fast5_files"])
     with Reference(ref_path) as ref:

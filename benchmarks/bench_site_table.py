@@ -2,7 +2,7 @@
 
 Feeds synthetic meth.tsv rows (CpG sites every 100 bp over 22 contigs, `--depth` calls a
 site) through the daemon's table and the publisher's snapshot state the way the daemon does
-(`Daemon._add_calls`, then `_publish_calls` -> `Publisher.publish_freq`), and reports bytes
+(the `methfreq` sink's `on_batch`, then `PublishSink.publish_sites` -> `Publisher.publish_freq`), and reports bytes
 per site held by the tables and seconds per million calls for the update path. Group sequences
 come from 1024 contexts; a genome has up to ~1 M (5 bases each side of the CG), which the
 table holds once each (~0.1 GB) however many sites share them.
@@ -18,10 +18,11 @@ import random
 import time
 import tracemalloc
 
-from streamer.daemon import Daemon
-from streamer.pipeline import Pipeline
-from streamer_plugins.methfreq import MethFreq
+from pathlib import Path
+
 from streamer.publish import Publisher, PublisherConfig
+from streamer.publish.sink import PublishSink
+from streamer_plugins.call_sinks import MethFreqTable, parse_rows
 
 
 def call_rows(n_sites: int, depth: int, seed: int = 1) -> list[str]:
@@ -39,20 +40,12 @@ def call_rows(n_sites: int, depth: int, seed: int = 1) -> list[str]:
 
 
 class _Stub:
-    """Just enough of a daemon to run its own table-update and publishing methods."""
+    """The daemon's table and publishing, as the daemon wires them."""
 
     def __init__(self, publisher):
-        self.publisher = publisher
-        self.freq = MethFreq()
-        self.bed = self.modbams = None
-        self._publish_failed = set()
-        self.pipeline = type("P", (), {"TSV_HEADER": Pipeline.TSV_HEADER})()
-        self._changed_sites = set()
-        publisher.serve_sites(self.freq)
-
-    _add_calls = Daemon._add_calls
-    _publish_calls = Daemon._publish_calls
-    _publish = Daemon._publish
+        self.table = MethFreqTable(track_changes=True)
+        self.freq = self.table.table
+        self.publish = PublishSink(publisher, self.freq, self.table.changed)
 
 
 def main() -> None:
@@ -74,9 +67,9 @@ def main() -> None:
         for i in range(0, len(rows), args.batch):
             block = rows[i:i + args.batch]
             t0 = time.perf_counter()
-            stub._add_calls(block, frozenset(), changed=stub._changed_sites)
+            stub.table.on_batch(parse_rows(block, Path("<rows>"), 2))
             t1 = time.perf_counter()
-            stub._publish_calls([])
+            stub.publish.publish_sites()
             t_pub += time.perf_counter() - t1
             t_add += t1 - t0
         while pub.stats.queued_bytes:

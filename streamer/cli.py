@@ -1,6 +1,6 @@
 """The `streamer` command: one sub-command per module in `streamer.commands`, plus those that
-installed packages register in the `streamer.commands` entry-point group (a plugin's command
-without the core importing the plugin; a core command keeps its name).
+installed packages register in the `streamer.commands` entry-point group (`streamer.registry`:
+a plugin's command without the core importing the plugin; a core command keeps its name).
 
 Each command module defines `NAME`, `HELP`, `add_arguments(parser)` and `run(args) -> int`.
 Errors that streamer raises on purpose print one line and exit non-zero; set
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.metadata
 import logging
 import os
 import pkgutil
@@ -19,6 +18,7 @@ import sys
 
 import streamer
 import streamer.commands
+from streamer import registry
 from streamer.errors import ConfigError, StreamerError
 
 EXIT_CONFIG = 78  # EX_CONFIG from sysexits.h: systemd units do not restart on it
@@ -31,13 +31,13 @@ def _command_modules():
 
 
 def _plugin_command_modules(taken: set[str]):
-    for ep in sorted(importlib.metadata.entry_points(group="streamer.commands"), key=lambda e: e.name):
-        if ep.name in taken:
+    for name in registry.names(registry.COMMANDS):
+        if name in taken:
             continue
         try:
-            yield ep.load()
+            yield registry.load(registry.COMMANDS, name)
         except ImportError as exc:  # a broken plugin costs its own command, not the others
-            print(f"streamer: command {ep.name!r} ({ep.value}) is unavailable: {exc}", file=sys.stderr)
+            print(f"streamer: command {name!r} is unavailable: {exc}", file=sys.stderr)
 
 
 OWN_LOGGERS = ("streamer", "streamer_gpu", "streamer_plugins")

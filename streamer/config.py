@@ -16,6 +16,7 @@ import math
 import os
 import re
 import textwrap
+from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -24,13 +25,20 @@ import yaml
 
 from streamer.errors import ConfigError
 from streamer.publish.security import is_loopback
-from streamer.tuning.profiles import PROFILE_NAMES
 
 REQUIRED_FOR_RUN = ("watch.dir", "reference.genome", "output.dir")
 
 
+def _profile_choices() -> tuple[str, ...]:
+    """The device profiles, looked up when the schema is read: `streamer.tuning` reads this
+    module's `Config`, so this module does not import it."""
+    from streamer.tuning.profiles import PROFILE_NAMES
+
+    return ("auto", *PROFILE_NAMES)
+
+
 def _key(default: Any, help: str, *, type: type, flag: str, short: str | None = None,
-         choices: tuple[str, ...] | None = None, minimum: float | None = None,
+         choices: tuple[str, ...] | Callable[[], tuple[str, ...]] | None = None, minimum: float | None = None,
          must_exist: str | None = None):
     """A config key: its default, what it means, its flag and its constraints."""
     return field(default=default, metadata={
@@ -172,7 +180,7 @@ class GpuConfig:
     profile: str = _key(
         "auto", "Device profile the batch caps, the GPU keys above and the threads start from (like f5c's -x); "
         "`auto` picks one from the GPU's name and memory and the CPU count. A key set to anything but its default "
-        "overrides the profile.", type=str, flag="--profile", choices=("auto", *PROFILE_NAMES))
+        "overrides the profile.", type=str, flag="--profile", choices=_profile_choices)
     autotune: bool = _key(
         True, "Tune the batch caps and the GPU split (max_lf, max_epk, avg_epk, ultra_thresh) while running, on "
         "the advice of f5c's tuning monitor; what is learned is kept per GPU in the state folder for the next "
@@ -330,7 +338,9 @@ def schema() -> list[Key]:
         for f in fields(sec.type):
             m = f.metadata
             keys.append(Key(f"{sec.name}.{f.name}", f.default if f.default is not MISSING else None, m["help"],
-                            m["type"], m["flag"], m["short"], m["choices"], m["minimum"], m["must_exist"]))
+                            m["type"], m["flag"], m["short"],
+                            m["choices"]() if callable(m["choices"]) else m["choices"], m["minimum"],
+                            m["must_exist"]))
     return keys
 
 

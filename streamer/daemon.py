@@ -1,11 +1,18 @@
-"""The daemon: files land, reads are joined, batched, called, written exactly once.
+"""The daemon's I/O shell: files land, reads are joined, batched, called, written exactly once.
+
+What to do next (a batch due, the end of the run, reads past the join timeout, each read's
+outcome and the counters) is decided in `streamer.daemon_policy`, with no files or threads;
+this module reads the clock, the watcher and the ledger, asks, and acts. Files the watcher
+reports complete go through `streamer.daemon_intake`. It is over 400 lines because it holds
+the lifecycle (start, supervise, drain, close) and the one batch transaction together, which
+is what makes output exactly-once.
 
 Two threads. The engine thread does all the work in one loop: take the files the watcher
 reports complete, register them in the ledger (which joins signal and basecalls by read id),
 run a batch through the same pipeline as `streamer call` when one is due, append its rows,
 commit the ledger, and check whether the run is over. While a batch computes, the signal of
 the next matched reads (one batch at most) is read on the reader pool `streamer call` uses
-(`streamer.overlap.SignalReads`); nothing read ahead is committed, so a crash loses nothing.
+(`streamer.signal_pool.SignalReads`); nothing read ahead is committed, so a crash loses nothing.
 The main thread only supervises: it feeds systemd's watchdog while the engine makes progress,
 sends status, and on SIGTERM (which only sets an event) waits at most `drain_timeout` for the
 batch in hand.
@@ -15,16 +22,16 @@ timeout, or on a STOP file; then every matched read is processed, every read sti
 its partner is recorded as such, and the derived outputs are written. SIGTERM does not end
 the run: reads not done stay open in the ledger for the next start.
 
-Optional outputs ride on the same commits: eventalign rows are appended with the batch's
-calls (`outputs_eventalign`), `meth.bed` is rewritten with `meth-freq.tsv`, and a basecall
-BAM's modBAM copy is written once the commit that finishes its last read is made
-(`outputs_modbam`).
+Outputs are sinks (`streamer.sinks`), found by name: the rows of `meth.tsv` and, when
+enabled, `eventalign.tsv` are rendered by their sinks and appended to the journal with the
+commit; the tables (`meth-freq.tsv`, `meth.bed`, the modBAM copies) take each committed
+batch's calls as records, and are rebuilt at start from the committed rows; the publisher
+(`streamer.publish.sink`) sends the same records.
 """
 
 from __future__ import annotations
 
 import enum
-import io
 import json
 import logging
 import os
@@ -32,35 +39,42 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timezone
-from itertools import chain, islice
 from pathlib import Path
 from typing import Any, Protocol
 
-from streamer.align import ReadAligner
-from streamer.assemble import make_read_input
+from streamer.read_aligner import ReadAligner
+from streamer.batching import Pending, batch_inputs
 from streamer.batch import ReadInput
 from streamer.config import Config
+from streamer.daemon_intake import FileIntake
+from streamer.daemon_policy import (
+    PIPELINE_ERROR,
+    EndOfRun,
+    Ending,
+    JoinTimeout,
+    account,
+    batch_due,
+    missing_partner,
+    recovered_row,
+    skip_counters,
+    skip_row,
+)
 from streamer.errors import InputError
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
-from streamer.io.fast5 import SignalRecord
-from streamer.io.signal import SIGNAL_SUFFIXES, signal_read_ids
-from streamer.join import BasecallCache, Basecalls, Record, read_basecall_file
-from streamer.ledger import BatchRecord, Ledger, Pick, Registered, Waiting
+from streamer.io.signal import SIGNAL_SUFFIXES
+from streamer.basecall_cache import BasecallCache, ReadBasecalls, Record
+from streamer.ledger import BatchRecord, Ledger, Pick, Waiting
 from streamer.notify import Notifier
-from streamer.outputs import SKIPPED_HEADER, Outputs, write_atomic
-from streamer.outputs_eventalign import EVENTALIGN_TSV, EventalignBatch, EventalignOutput, options_of
-from streamer.outputs_modbam import ModBams
-from streamer.overlap import SignalReads, signal_readers
-from streamer_plugins.bedmethyl import BedMethyl
-from streamer_plugins.cpg.calls import MethCalls
-from streamer_plugins.methfreq import MethFreq
-from streamer.publish.records import call_columns
+from streamer.journal import SKIPPED_HEADER, Journal
+from streamer.publish.sink import PublishSink, PublisherLike
+from streamer.signal_pool import SignalReads, signal_readers
+from streamer.sinks import open_sink, write_atomic
 from streamer.skips import Skip, Skipped
 from streamer.tuning.session import AutoTuner
-from streamer.watch import Kind, Layout, Ready, Rejected, RunFile, Watcher, WatchTimings
+from streamer.watch import RunLayout, Watcher, WatchTimings
 
 log = logging.getLogger(__name__)
 
@@ -69,49 +83,25 @@ SKIPPED_TSV = "skipped.tsv"
 FREQ_TSV = "meth-freq.tsv"
 BEDMETHYL = "meth.bed"
 SUMMARY_JSON = "summary.json"
-CALLED = "called"
-PIPELINE_ERROR = "pipeline error"  # an outcome beyond `Skip`: the pipeline raised on this read alone
-RECOVERED = "recovered"  # a skipped.tsv row, not an outcome: an earlier missing-partner row no longer holds
+EVENTALIGN_TSV = "eventalign.tsv"
+EVENTALIGN = "eventalign"  # the eventalign stage's product
 
 
 class BatchResultLike(Protocol):
     """What the daemon needs of `streamer.pipeline.BatchResult`."""
 
+    batch: Any
     read_ids: Sequence[str]
     ref_names: Sequence[str]
-    calls: MethCalls
     skipped: Sequence[Skipped]
     n_bases: int
-    extra: Any  # an `EventalignBatch` when eventalign is on (the pipeline's extra stage)
-
-    def tsv_rows(self) -> list[str]: ...
+    products: Mapping[str, Any]  # "calls": `MethCalls`; "eventalign": rows, when eventalign is on
 
 
 class PipelineLike(Protocol):
     """What the daemon needs of `streamer.pipeline.Pipeline` (models loaded, kernels warm)."""
 
-    TSV_HEADER: str
-
     def process(self, reads: list[ReadInput]) -> BatchResultLike: ...
-
-
-class PublisherLike(Protocol):
-    """What the daemon needs of `streamer.publish.Publisher`; any object with these will do."""
-
-    def publish_calls(self, columns: Mapping[str, Any]) -> None: ...
-
-    def publish_freq(self, updates: Mapping[str, Any]) -> None: ...
-
-    def publish_eventalign(self, columns: Mapping[str, Any]) -> None: ...
-
-    def publish_status(self, counters: Mapping[str, Any]) -> None: ...
-
-    def publish_run(self, event: str, info: Mapping[str, Any]) -> None: ...
-
-    def publish_tuning(self, decision: Mapping[str, Any]) -> None: ...
-
-    def serve_sites(self, table: MethFreq) -> None:
-        """Serve snapshots from `table` (read from the publisher's thread through `snapshot()`)."""
 
 
 class State(enum.Enum):
@@ -121,14 +111,6 @@ class State(enum.Enum):
     FINISHED = "finished"
     STOPPED = "stopped"  # left by SIGTERM; open reads wait for the next start
     FAILED = "failed"
-
-
-@dataclass(frozen=True)
-class Ending:
-    """Why the loop stopped, and whether the run itself is over."""
-
-    reason: str
-    run_over: bool
 
 
 class Daemon:
@@ -157,29 +139,31 @@ class Daemon:
         self.failure: BaseException | None = None
         self.abandoned = False  # SIGTERM's drain timeout passed with a batch still in hand
         self.ledger: Ledger | None = None
-        self.outputs: Outputs | None = None
+        self.outputs: Journal | None = None
         self.watcher: Watcher | None = None
+        self.intake: FileIntake | None = None
         self.signal: SignalReads | None = None
-        self.freq = MethFreq(config.output.call_threshold, config.output.split_groups)
+        out, threshold = config.output.dir, config.output.call_threshold
+        self.call_rows = open_sink("calls")
+        self.freq_sink = open_sink("methfreq", path=out / FREQ_TSV, call_threshold=threshold,
+                                   split_groups=config.output.split_groups, track_changes=publisher is not None)
+        self.freq = self.freq_sink.table
         """The one per-site table: meth-freq.tsv, and the publisher's snapshots (`serve_sites`)."""
-        self.bed = BedMethyl(config.output.call_threshold) if config.output.bedmethyl else None
-        self.eventalign = EventalignOutput(options_of(config.eventalign)) if config.eventalign.enabled else None
-        self.modbams = ModBams(config.output.dir, config.watch.dir, self._filter) if config.output.modbam else None
+        self.bed = open_sink("bedmethyl", path=out / BEDMETHYL, call_threshold=threshold) if config.output.bedmethyl \
+            else None
+        ea = config.eventalign
+        self.eventalign = open_sink("eventalign", print_read_names=ea.print_read_names, scale_events=ea.scale_events,
+                                    signal_index=ea.signal_index, samples=ea.samples) if ea.enabled else None
+        self.modbams = open_sink("modbam-copies", out_dir=out, watch_dir=config.watch.dir, filt=self._filter) \
+            if config.output.modbam else None
         self.cache = BasecallCache(config.join.max_pending_bases, self._filter)
-        self._finals: dict[Path, float] = {}  # run folder -> when its final_summary was seen
-        self._stop_file_seen = False
-        self._freq_dirty = True
+        end = config.end
+        self.end = EndOfRun(end.final_summary_grace, end.idle_timeout, end.follow, end.stop_file)
+        self.join_timeout = JoinTimeout(config.join.timeout, self._started)
         self._next_refresh = 0.0
         self._next_status = 0.0
-        self._next_overdue = 0.0
         self._status: dict[str, Any] = {}
-        self._publish_failed: set[str] = set()
-        self._changed_sites: set | None = set() if publisher is not None else None  # since the last meth.freq
-        if publisher is not None:
-            try:
-                publisher.serve_sites(self.freq)
-            except Exception as exc:  # noqa: BLE001 - the publisher is an optional consumer
-                log.warning("the publisher cannot serve snapshots of the frequency table (%s)", exc)
+        self.publish = PublishSink(publisher, self.freq, self.freq_sink.changed) if publisher is not None else None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -190,10 +174,10 @@ class Daemon:
         cfg = self.config
         try:
             self.ledger = Ledger(cfg.state_dir(), watch_dir=cfg.watch.dir)
-            headers = {METH_TSV: self.pipeline.TSV_HEADER, SKIPPED_TSV: SKIPPED_HEADER}
+            headers = {METH_TSV: self.call_rows.header, SKIPPED_TSV: SKIPPED_HEADER}
             if self.eventalign is not None:
                 headers[EVENTALIGN_TSV] = self.eventalign.header
-            self.outputs = Outputs(cfg.output.dir, headers, self.ledger.offsets())
+            self.outputs = Journal(cfg.output.dir, headers, self.ledger.offsets())
             if self.outputs.fresh:
                 self.ledger.commit((), self.outputs.fresh, {})
             self._load_calls()
@@ -201,9 +185,10 @@ class Daemon:
             if self._make_aligner is not None and cfg.watch.basecalls != "bam":
                 self._aligner = self._make_aligner()
             exclude = [cfg.output.dir, cfg.state_dir(), cfg.reference.genome]
-            layout = Layout(cfg.watch.dir, stop_file=cfg.end.stop_file, include_fail=cfg.watch.include_fail,
+            layout = RunLayout(cfg.watch.dir, stop_file=cfg.end.stop_file, include_fail=cfg.watch.include_fail,
                             basecalls=cfg.watch.basecalls, exclude=tuple(exclude))
             timings = WatchTimings(cfg.watch.poll_interval, cfg.watch.settle, cfg.watch.incomplete_timeout)
+            self.intake = FileIntake(self.ledger, self.cache, self._filter, self.end, self._reload_modbam_calls)
             self.watcher = Watcher(layout, timings, poll=cfg.watch.poll, known=self.ledger.is_known)
             self.watcher.start()
             workers = cfg.pipeline.threads or os.cpu_count() or 1
@@ -216,7 +201,7 @@ class Daemon:
         self._refresh_status()
         log.info("watching %s (%s); outputs in %s; state in %s", cfg.watch.dir,
                  "polling" if cfg.watch.poll else "inotify", cfg.output.dir, cfg.state_dir())
-        self._publish("run", "start", {"watch_dir": str(cfg.watch.dir), "output_dir": str(cfg.output.dir)})
+        self._send("run", "start", {"watch_dir": str(cfg.watch.dir), "output_dir": str(cfg.output.dir)})
 
     def request_stop(self) -> None:
         """SIGTERM: stop taking files, finish the batch in hand, flush, exit. Safe from a signal handler."""
@@ -284,7 +269,7 @@ class Daemon:
                 self._refresh(final=True)
             except Exception as again:  # noqa: BLE001 - the state itself may be what failed
                 log.error("cannot write the summary: %s", again)
-            self._publish("run", "end", {"state": self.state.value, "error": str(exc)})
+            self._send("run", "end", {"state": self.state.value, "error": str(exc)})
 
     def _beat(self) -> None:
         self._heartbeat = time.monotonic()
@@ -296,39 +281,20 @@ class Daemon:
                 return Ending("stop requested (SIGTERM)", run_over=False)
             _, full = self.ledger.matched(self.config.batch.max_reads, self.config.batch.max_bases)
             for outcome in self.watcher.poll(0.0 if full else 0.25):  # a full batch waits for no event
-                self._take_file(outcome)
+                self.intake.take(outcome)
                 self._beat()
             picks, full = self.ledger.matched(self.config.batch.max_reads, self.config.batch.max_bases)
-            if picks and (full or self._partial_due(picks)):
+            if picks and batch_due(len(picks), full, bool(self.watcher.pending), time.time() - picks[0].matched,
+                                   self.config.batch.max_wait):  # fmt: skip
                 self._process(picks)
             self._time_out_waiting()
             self._refresh_if_due()
             if time.monotonic() >= self._next_status:
                 self._refresh_status()
-            ending = self._end_of_run()
+            ending = self.end.check(time.monotonic(), self.watcher.last_activity, self.watcher.run_roots,
+                                    bool(self.watcher.pending))  # fmt: skip
             if ending is not None:
                 return ending
-
-    def _partial_due(self, picks: list[Pick]) -> bool:
-        """A partial batch goes when nothing is on its way, or once its oldest read waited `max_wait`."""
-        return not self.watcher.pending or time.time() - picks[0].matched >= self.config.batch.max_wait
-
-    def _end_of_run(self) -> Ending | None:
-        end = self.config.end
-        if self._stop_file_seen:
-            return Ending(f"{end.stop_file} file", run_over=True)
-        if end.follow:
-            return None
-        now = time.monotonic()
-        quiet = now - self.watcher.last_activity
-        roots = self.watcher.run_roots | set(self._finals)
-        if self._finals and roots <= set(self._finals):
-            since = min(now - max(self._finals.values()), quiet)
-            if since >= end.final_summary_grace:
-                return Ending("final_summary", run_over=True)
-        if end.idle_timeout and quiet >= end.idle_timeout and not self.watcher.pending:
-            return Ending(f"no new file for {end.idle_timeout:g} s", run_over=True)
-        return None
 
     def _finish(self, ending: Ending) -> None:
         log.info("run loop ended: %s", ending.reason)
@@ -336,7 +302,7 @@ class Daemon:
             self.state = State.FINISHING
             self.notifier.stopping(f"run over ({ending.reason}): finishing")
             for rejected in self.watcher.reject_pending("still incomplete when the run ended"):
-                self._take_file(rejected)
+                self.intake.take(rejected)
             while not self._stop.is_set():
                 self._beat()
                 picks, _ = self.ledger.matched(self.config.batch.max_reads, self.config.batch.max_bases)
@@ -349,73 +315,19 @@ class Daemon:
         if self.state is not State.FINISHED:
             self.state = State.STOPPED
         self._refresh(final=True)
-        self._publish("run", "end", {"state": self.state.value, "reason": ending.reason, **self._status})
+        self._send("run", "end", {"state": self.state.value, "reason": ending.reason, **self._status})
         log.info("%s", self._status_line())
 
     # ------------------------------------------------------------------ files
 
-    def _take_file(self, outcome: Ready | Rejected) -> None:
-        f = outcome.file
-        if isinstance(outcome, Rejected):
-            self._reject(outcome.file, outcome.size, outcome.mtime_ns, outcome.reason)
-            return
-        if f.kind is Kind.STOP:
-            log.info("%s: stop file found", f.path)
-            self._stop_file_seen = True
-            return
-        if f.kind is Kind.FINAL_SUMMARY:
-            log.info("%s: run %s has finished writing", f.path, f.run_root)
-            self._finals[f.run_root] = time.monotonic()
-            return
-        try:
-            if f.kind is Kind.SIGNAL:
-                self._register_signal(outcome)
-            else:
-                self._register_basecalls(outcome)
-        except InputError as exc:
-            self._reject(f, outcome.size, outcome.mtime_ns, exc.reason)
-
-    def _reject(self, f: RunFile, size: int, mtime_ns: int, reason: str) -> None:
-        log.warning("%s: set aside: %s", f.path, reason)
-        self.ledger.reject_file(f.path, f.kind.value, f.fmt, size, mtime_ns, reason)
-
-    def _register_signal(self, ready: Ready) -> None:
-        f = ready.file
-        if f.path.suffix.lower() not in SIGNAL_SUFFIXES:
-            raise InputError(f.path, f"{f.fmt.upper()} signal files cannot be read by this streamer "
-                             f"(it reads {', '.join(SIGNAL_SUFFIXES)})")
-        ids = signal_read_ids(f.path)
-        reg = self.ledger.register_signal_file(f.path, f.fmt, ready.size, ready.mtime_ns, ids)
-        self._log_registered(f.path, "signal", reg)
-        self._reload_modbam_calls(reg.reopened_bams)
-
-    def _register_basecalls(self, ready: Ready) -> None:
-        f = ready.file
-        reads = read_basecall_file(f.path, f.fmt, self._filter)
-        reg = self.ledger.register_basecall_file(f.path, f.fmt, ready.size, ready.mtime_ns,
-                                                 [(rid, bc.n_bases) for rid, bc in reads.items()])
-        open_ids = self.ledger.open_reads_of(f.path)
-        self.cache.add(bc for rid, bc in reads.items() if rid in open_ids)
-        self._log_registered(f.path, "basecalls", reg)
-
-    @staticmethod
-    def _log_registered(path: Path, what: str, reg: Registered) -> None:
-        log.info("%s: %d reads (%d now have signal and basecalls)", path, reg.n_reads, reg.newly_matched)
-        if reg.duplicates:
-            log.warning("%s: %d reads already had %s from another file; these copies are ignored", path,
-                        reg.duplicates, what)
-        if reg.late:
-            log.warning("%s: %d reads had already been reported without their %s; they are processed now "
-                        "(skipped.tsv: reason %r)", path, reg.late, what, RECOVERED)
-
     def _reload_modbam_calls(self, bams: tuple[int, ...]) -> None:
         """A reopened BAM is copied again once its late reads are done: its other reads' calls,
         let go when it was first copied, are read back from the committed `meth.tsv`."""
-        if self.modbams is None or not bams:
+        if self.modbams is None:
             return
         reads = set().union(*(self.ledger.reads_of_file(fid) for fid in bams))
         for block in self._committed_calls():
-            self.modbams.add_rows(block, reads)
+            self.modbams.add(block, reads)
 
     # ------------------------------------------------------------------ batches
 
@@ -433,7 +345,7 @@ class Daemon:
         signal = self.signal.take(wanted)
         self._read_ahead(len(picks))
         signals, signal_errors = signal.result()
-        inputs: list[ReadInput] = []
+        pending: list[Pending] = []
         skipped: list[Skipped] = []
         records_of: Counter = Counter()
         for p in picks:
@@ -442,64 +354,53 @@ class Daemon:
                 skipped.append(Skipped(p.read_id, Skip.NO_BASECALL, failed.get(p.read_id, "")))
                 records_of[p.read_id] += 1
                 continue
-            sig = signals[p.read_id] if p.read_id in signals else signal_errors.get(p.read_id, "")
-            reads, skips = self._inputs_of(p, bc, sig)
-            inputs.extend(reads)
-            skipped.extend(skips)
-            records_of[p.read_id] += len(reads) + len(skips)
+            mine, skips = _pending_of(p, bc)
+            pending += mine
+            skipped += skips
+            records_of[p.read_id] += len(mine) + len(skips)
+        inputs, unusable = batch_inputs(pending, signals, signal_errors, self.reference)
+        skipped += unusable
         results, failed_reads = self._call(inputs)
         if len(results) == 1 and not failed_reads:
             self._tune(results[0])
-        rows = [row for r in results for row in r.tsv_rows()]
-        aligned = self._eventalign(results, {p.read_id: p.number for p in picks})
+        rows = "".join(self.call_rows.render(r) for r in results)
+        n_calls = sum(self.call_rows.count(r) for r in results)
+        aligned = self._eventalign(results)
         pipeline_skipped = [s for r in results for s in r.skipped]
         skipped.extend(pipeline_skipped)
-        skip_rows = [_recovered_row(p) for p in picks if p.superseded]
-        skip_rows += [_skip_row(s.read_id, s.reason.label, s.detail) for s in skipped]
-        skip_rows += [_skip_row(rid, PIPELINE_ERROR, why) for rid, why in failed_reads.items()]
+        skip_rows = [recovered_row(p.read_id, p.superseded, p.signal_path, p.basecall_path)
+                     for p in picks if p.superseded]
+        skip_rows += [skip_row(s.read_id, s.reason.label, s.detail) for s in skipped]
+        skip_rows += [skip_row(rid, PIPELINE_ERROR, why) for rid, why in failed_reads.items()]
         for s in skipped:
             log.debug("%s", s.message())
         done = time.time()
-        going = Counter(r.read_id for r in inputs if r.read_id not in failed_reads)
-        going.subtract(s.read_id for s in pipeline_skipped)
-        called = {rid for rid, n in going.items() if n > 0}
-        first_skip: dict[str, str] = dict.fromkeys(failed_reads, PIPELINE_ERROR)
-        for s in skipped:
-            first_skip.setdefault(s.read_id, s.reason.label)
-        outcomes = [(p.read_id, CALLED if p.read_id in called else first_skip.get(p.read_id, CALLED))
-                    for p in picks]
-        lost = sum(1 for r in inputs if r.read_id in failed_reads)
-        counters = Counter({"records_in": sum(records_of.values()), "reads_called": len(called),
-                            "records_called": len(inputs) - lost - len(pipeline_skipped),
-                            "bases": sum(r.n_bases for r in results), "calls": len(rows)})
-        counters.update(f"skipped.{s.reason.label}" for s in skipped)
-        counters[f"skipped.{PIPELINE_ERROR}"] += lost
-        counters["eventalign_rows"] = sum(len(ea.rows) for ea, _, _ in aligned)
+        counters = account([p.read_id for p in picks], sum(records_of.values()), [r.read_id for r in inputs], skipped,
+                           pipeline_skipped, failed_reads, sum(r.n_bases for r in results), n_calls)
+        outcomes, counters = counters.outcomes, counters.counters
+        counters["eventalign_rows"] = sum(len(rows) for rows, _, _, _ in aligned)
         latencies = [max(0.0, done - p.matched) for p in picks]
-        batch = BatchRecord(len(picks), counters["records_in"], len(rows), counters["bases"],
+        batch = BatchRecord(len(picks), counters["records_in"], n_calls, counters["bases"],
                             time.monotonic() - t0, sum(latencies), max(latencies))
         bam_reads = {p.read_id for p in picks if p.basecall_fmt == "bam"} if self.modbams is not None else frozenset()
-        self._commit(outcomes, rows, skip_rows, counters, batch, "".join(text for _, _, text in aligned), bam_reads)
-        if rows:
-            self._publish_calls(results)
-        if self.publisher is not None:
-            for ea, labels, text in aligned:
-                for columns in self.eventalign.messages(ea, labels, text):
-                    self._publish("eventalign", columns)
-        log.info("batch of %d reads: %d calls, %d records skipped, %.2f s", len(picks), len(rows), len(skipped),
+        self._commit(outcomes, rows, skip_rows, counters, batch, "".join(text for _, _, _, text in aligned), results,
+                     bam_reads)
+        if self.publish is not None:
+            self.publish.on_batch(results, (columns for rows_, batch_, labels, text in aligned
+                                            for columns in self.eventalign.messages(rows_, batch_, labels, text)))
+        log.info("batch of %d reads: %d calls, %d records skipped, %.2f s", len(picks), n_calls, len(skipped),
                  batch.seconds)
 
-    def _eventalign(self, results: list[BatchResultLike],
-                    numbers: dict[str, int]) -> list[tuple[EventalignBatch, list[str], str]]:
-        """Each result's eventalign rows with their read labels and TSV text (none when eventalign is off)."""
+    def _eventalign(self, results: list[BatchResultLike]) -> list[tuple[Any, Any, list[str], str]]:
+        """Each result's eventalign rows, batch, read labels and TSV text (none when eventalign is off)."""
         if self.eventalign is None:
             return []
         out = []
         for r in results:
-            if not isinstance(r.extra, EventalignBatch):
+            rows = r.products.get(EVENTALIGN)
+            if rows is None:
                 raise TypeError("eventalign is on but the pipeline has no eventalign stage")
-            labels = self.eventalign.labels(r.extra.batch, numbers)
-            out.append((r.extra, labels, self.eventalign.text(r.extra, labels)))
+            out.append((rows, r.batch, self.eventalign.labels(r.batch), self.eventalign.render(r)))
         return out
 
     def _tune(self, result: BatchResultLike) -> None:
@@ -569,66 +470,44 @@ class Daemon:
             wanted.setdefault(p.signal_path, []).append(p.read_id)
         self.signal.ahead(wanted)
 
-    def _inputs_of(self, p: Pick, bc: Basecalls, sig: SignalRecord | str) -> tuple[list[ReadInput], list[Skipped]]:
-        """The read's records ready for the pipeline, or skipped; `sig`: its signal, or why it did not load."""
-        records = bc.records
-        skips = [r for r in records if isinstance(r, Skipped)]
-        alns = [r for r in records if not isinstance(r, Skipped)]
-        if not alns:
-            return [], skips
-        if not bc.seq:
-            why = f"{p.basecall_path}: no record with the read's full sequence"
-            return [], skips + [Skipped(p.read_id, Skip.NO_BASECALL, why) for _ in alns]
-        if isinstance(sig, str):
-            why = sig or f"{p.signal_path}: read not found in this signal file"
-            return [], skips + [Skipped(p.read_id, Skip.BAD_SIGNAL_FILE, why) for _ in alns]
-        try:
-            reads = [make_read_input(a, bc.seq, sig, self.reference, str(p.signal_path)) for a in alns]
-        except InputError as exc:
-            return [], skips + [Skipped(p.read_id, Skip.ALIGNMENT_FAILED, str(exc)) for _ in alns]
-        return reads, skips
-
-    def _commit(self, outcomes: list[tuple[str, str]], rows: list[str], skip_rows: list[str], counters: Counter,
-                batch: BatchRecord | None, eventalign: str = "", bam_reads: set[str] | frozenset = frozenset()) -> None:
-        """Append, flush, then commit: the order that makes output exactly-once.
+    def _commit(self, outcomes: list[tuple[str, str]], rows: str, skip_rows: list[str], counters: Counter,
+                batch: BatchRecord | None, eventalign: str = "", results: Sequence[BatchResultLike] = (),
+                bam_reads: set[str] | frozenset = frozenset()) -> None:
+        """Append, flush, then commit: the order that makes output exactly-once; then the derived tables.
 
         `bam_reads`: the batch's reads whose basecalls are in a BAM (their calls go to its modBAM).
         """
-        lines = {METH_TSV: rows, SKIPPED_TSV: skip_rows}
+        lines = {METH_TSV: [rows] if rows else [], SKIPPED_TSV: skip_rows}
         if self.eventalign is not None:
             lines[EVENTALIGN_TSV] = [eventalign] if eventalign else []
         offsets = self.outputs.append(lines)
         self.ledger.commit(outcomes, offsets, counters, batch)
-        if rows:
-            self._add_calls(rows, bam_reads, changed=self._changed_sites)
+        for r in results:
+            self._add_calls(r, bam_reads)
         self._write_modbams()
 
     def _load_calls(self) -> None:
-        """The derived outputs' state from the committed `meth.tsv`, read once, a block at a time."""
+        """The derived tables' state from the committed `meth.tsv`, replayed once, a block at a time."""
         awaiting = self.ledger.reads_awaiting_modbam() if self.modbams is not None else frozenset()
         for block in self._committed_calls():
-            self._add_calls(block, awaiting, self.outputs.path(METH_TSV))
+            self._add_calls(block, awaiting)
+        if self.freq_sink.changed is not None:
+            self.freq_sink.changed.clear()  # the publisher's updates are of sites changed from here on
 
-    def _committed_calls(self, block: int = 100_000) -> Iterator[list[str]]:
-        """The committed rows of `meth.tsv`, a block at a time (the watchdog fed between blocks)."""
-        with open(self.outputs.path(METH_TSV)) as fh:
-            next(fh, None)
-            while rows := list(islice(fh, block)):
-                self._beat()
-                yield rows
+    def _committed_calls(self) -> Iterator[Any]:
+        """The committed rows of `meth.tsv` as records, a block at a time (the watchdog fed between blocks)."""
+        return self.call_rows.replay(self.outputs.path(METH_TSV), beat=self._beat)
 
-    def _add_calls(self, rows: list[str], bam_reads: set[str] | frozenset, source: Path | str = "<calls>",
-                   changed: set | None = None) -> None:
-        """Count rows of `meth.tsv` into the frequency and bedMethyl tables, and keep the modBAM's.
+    def _add_calls(self, result: Any, bam_reads: set[str] | frozenset) -> None:
+        """A batch's calls into the frequency and bedMethyl tables, and the modBAM's of `bam_reads`.
 
         The frequency table changes before its `meth.freq` update is published, as `serve_sites` requires.
         """
-        self.freq.add_tsv(chain([self.pipeline.TSV_HEADER], rows), source, changed)
+        self.freq_sink.on_batch(result)
         if self.bed is not None:
-            self.bed.add_tsv(chain([self.pipeline.TSV_HEADER], rows), source)
+            self.bed.on_batch(result)
         if self.modbams is not None and bam_reads:
-            self.modbams.add_rows(rows, bam_reads)
-        self._freq_dirty = True
+            self.modbams.add(result, bam_reads)
 
     def _write_modbams(self) -> None:
         """The modBAM copy of every basecall BAM whose reads are now all done."""
@@ -647,11 +526,9 @@ class Daemon:
 
     def _time_out_waiting(self) -> None:
         """Reads that waited `join.timeout` for their partner are recorded as missing it."""
-        now = time.monotonic()
-        timeout = self.config.join.timeout
-        if now < self._next_overdue or now - self._started < timeout:
+        if not self.join_timeout.due(time.monotonic()):
             return
-        self._next_overdue = now + min(max(timeout / 10, 1.0), 60.0)
+        timeout = self.join_timeout.timeout
         overdue = self.ledger.waiting(since_before=time.time() - timeout)
         if overdue:
             log.warning("%d reads waited more than %g s for their partner file", len(overdue), timeout)
@@ -660,20 +537,17 @@ class Daemon:
     def _close_waiting(self, waiting: list[Waiting], when: str) -> None:
         if not waiting:
             return
-        skipped = []
-        for w in waiting:
-            if w.has_signal:
-                skipped.append(Skipped(w.read_id, Skip.NO_BASECALL, f"signal in {w.path}; no basecalls {when}"))
-            else:
-                skipped.append(Skipped(w.read_id, Skip.NO_SIGNAL, f"basecalls in {w.path}; no signal {when}"))
+        skipped = missing_partner(((w.read_id, w.has_signal, w.path) for w in waiting), when)
         self.cache.discard(w.read_id for w in waiting)
-        counters = Counter({"records_in": len(skipped)})
-        counters.update(f"skipped.{s.reason.label}" for s in skipped)
-        self._commit([(s.read_id, s.reason.label) for s in skipped], [],
-                     [_skip_row(s.read_id, s.reason.label, s.detail) for s in skipped], counters, None)
+        self._commit([(s.read_id, s.reason.label) for s in skipped], "",
+                     [skip_row(s.read_id, s.reason.label, s.detail) for s in skipped], skip_counters(skipped), None)
         log.warning("%d reads recorded as missing their partner file (%s)", len(skipped), when)
 
     # ------------------------------------------------------------------ outputs and status
+
+    def _send(self, what: str, *args: Any) -> None:
+        if self.publish is not None:
+            self.publish.send(what, *args)
 
     def _refresh_if_due(self) -> None:
         if time.monotonic() >= self._next_refresh:
@@ -683,16 +557,13 @@ class Daemon:
         """Rewrite meth-freq.tsv and meth.bed (if changed) and summary.json; publish status."""
         self._next_refresh = time.monotonic() + self.config.output.refresh_interval
         out = self.config.output.dir
-        if self._freq_dirty or final:
-            write_atomic(out / FREQ_TSV, self.freq.format())
-            if self.bed is not None:
-                text = io.StringIO()
-                self.bed.write(text)
-                write_atomic(out / BEDMETHYL, text.getvalue())
-            self._freq_dirty = False
+        for table in (self.freq_sink, self.bed):
+            if table is not None:
+                table.dirty |= final
+                table.refresh()
         self._refresh_status()
         write_atomic(out / SUMMARY_JSON, json.dumps(self.summary(), indent=2) + "\n")
-        self._publish("status", self._status)
+        self._send("status", self._status)
 
     def _refresh_status(self) -> None:
         """The counts behind the STATUS line and the publisher's status (the main thread reads them)."""
@@ -752,52 +623,20 @@ class Daemon:
             "config": self.config.as_dict(),
         }
 
-    # ------------------------------------------------------------------ publishing
 
-    def _publish_calls(self, results: list[BatchResultLike]) -> None:
-        """The batch's calls, then the current counts of the sites they touched (read on the table's own thread)."""
-        if self.publisher is None:
-            return
-        for r in results:
-            if len(r.calls):
-                self._publish("calls", call_columns(r.calls, r.read_ids, r.ref_names))
-        keys = sorted(self._changed_sites)
-        self._changed_sites.clear()
-        sites = [self.freq.sites[k] for k in keys]
-        self._publish("freq", {
-            "chromosome": [k[0] for k in keys], "start": [k[1] for k in keys], "end": [k[2] for k in keys],
-            "num_motifs_in_group": [s.group_size for s in sites], "called_sites": [s.called_sites for s in sites],
-            "called_sites_methylated": [s.called_sites_methylated for s in sites],
-            "group_sequence": [s.sequence for s in sites],
-        })
-
-    def _publish(self, what: str, *args) -> None:
-        """Hand a message to the publisher; a failing publisher is logged once and never stops the daemon."""
-        if self.publisher is None:
-            return
-        try:
-            getattr(self.publisher, f"publish_{what}")(*args)
-        except Exception as exc:  # noqa: BLE001 - the publisher is an optional consumer
-            if what not in self._publish_failed:
-                log.warning("publishing %s failed (%s); results are still written to files", what, exc)
-                self._publish_failed.add(what)
+def _pending_of(p: Pick, bc: ReadBasecalls) -> tuple[list[Pending], list[Skipped]]:
+    """The read's alignment records that go on to its signal, and those that cannot, with why."""
+    skips = [r for r in bc.records if isinstance(r, Skipped)]
+    alns = [r for r in bc.records if not isinstance(r, Skipped)]
+    if alns and not bc.seq:
+        why = f"{p.basecall_path}: no record with the read's full sequence"
+        return [], skips + [Skipped(p.read_id, Skip.NO_BASECALL, why) for _ in alns]
+    return [Pending(a, bc.seq, p.signal_path, p.number) for a in alns], skips
 
 
-def _needs_signal(bc: Basecalls) -> bool:
+def _needs_signal(bc: ReadBasecalls) -> bool:
     """Whether a read's basecalls let it reach the pipeline (an alignment and the full sequence)."""
     return bool(bc.seq) and any(not isinstance(r, Skipped) for r in bc.records)
-
-
-def _recovered_row(p: Pick) -> str:
-    """The row that supersedes a read's earlier missing-partner row, written with its outcome."""
-    late = p.signal_path if p.superseded == Skip.NO_SIGNAL.label else p.basecall_path
-    return _skip_row(p.read_id, RECOVERED, f"reported '{p.superseded}' earlier; {late} landed later and the read "
-                                           "was processed with it (this row replaces that report)")
-
-
-def _skip_row(read_id: str, reason: str, detail: str) -> str:
-    detail = detail.replace("\t", " ").replace("\n", " ")
-    return f"{read_id}\t{reason}\t{detail}\n"
 
 
 def _iso(t: float) -> str:

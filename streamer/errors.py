@@ -1,7 +1,7 @@
 """One root exception, with subclasses that name what went wrong and where.
 
 Bad input data never raises past a batch: readers and stages turn it into a
-`SkipReason` for that read. These exceptions are for conditions that stop a
+`Skipped` (with its `Skip` reason) for that read. These exceptions are for conditions that stop a
 command (a missing reference, a malformed model, a bad config).
 """
 

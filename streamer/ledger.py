@@ -2,7 +2,7 @@
 
 It is what makes output exactly-once. A batch's rows are appended to the output files and
 flushed first; then one transaction marks the batch's reads done together with the new end
-offset of every output file and the counters. After a crash, `Outputs.repair` cuts each
+offset of every output file and the counters. After a crash, `Journal` cuts each
 output back to its committed offset, so rows written by an uncommitted batch vanish, and
 those reads, still open in the ledger, are processed again. No read twice, none missing.
 
@@ -293,11 +293,6 @@ class Ledger:
             picks.append(Pick(rid, n, Path(sp), Path(bp), fmt, matched, number, superseded))
             bases += n
         return picks, len(picks) == max_reads or bases >= max_bases
-
-    def oldest_match(self) -> float | None:
-        """When the longest-waiting matched read was matched (wall clock)."""
-        row = self._db.execute("SELECT min(matched) FROM reads WHERE outcome IS NULL AND matched IS NOT NULL")
-        return row.fetchone()[0]
 
     def waiting(self, since_before: float | None = None) -> list[Waiting]:
         """Open reads with one file only, first registered before `since_before` (all if None)."""

@@ -1,8 +1,13 @@
-"""The stages in order, over one batch: the single entry point of `streamer call` and `streamer run`.
+"""The stage chain over one batch: the one chain `streamer call`, `eventalign` and `run` drive.
 
-events -> method-of-moments scaling -> ABEA -> recalibration and QC -> CpG HMM.
-Each stage is a numba kernel over the batch's flat arrays that releases the GIL and
-runs in parallel over reads; reads a stage fails carry their `Skip` code onwards.
+    events -> method-of-moments scaling -> ABEA -> recalibration and QC -> analyses
+
+The first four stages are the core's (`CORE_STAGES`); the analyses after them (the CpG
+caller, eventalign) come from plugins through `streamer.registry` and are handed to
+`Pipeline`. Each stage is a numba kernel over the batch's flat arrays that releases the GIL
+and runs in parallel over reads; it reads the batch record's fields, writes its own, and
+sets the `Skip` code of the reads it fails, which later stages pass over. An analysis keeps
+what it made in `batch.products[its name]`.
 """
 
 from __future__ import annotations
@@ -10,7 +15,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -22,10 +26,9 @@ from streamer.abea import align_batch
 from streamer.batch import CIGAR_M, ReadBatch, ReadInput, pack
 from streamer.events import detect_events
 from streamer.gpu_api import AbeaBatchStats, CudaOptions, HmmBatchStats, gpu_module
-from streamer_plugins.cpg.calls import CALLS_HEADER, MethCalls, call_methylation, format_calls
-from streamer_plugins.cpg.hmm_gpu import open_gpu_hmm
-from streamer.poremodel import PoreModel, load_default_models, load_kmer_model
-from streamer.postalign import PostAlign, recalibrate_batch
+from streamer.io.fast5 import SignalRecord
+from streamer.poremodel import PoreModel, load_kmer_model
+from streamer.postalign import recalibrate_batch
 from streamer.scaling import estimate_scalings
 from streamer.skips import Skip, Skipped
 
@@ -38,139 +41,162 @@ class PipelineOptions:
     cuda: CudaOptions = CudaOptions()
 
 
+class Stage(Protocol):
+    """One step of the chain. `open` runs once, before the warm-up batch (models, devices)."""
+
+    name: str  # its key in the batch's stage timings (and in `batch.products` for an analysis)
+    chunk: int  # reads handed to a thread at a time
+
+    def open(self, pipeline: Pipeline) -> None: ...
+
+    def __call__(self, batch: ReadBatch, pipeline: Pipeline) -> None: ...
+
+
+class _CoreStage:
+    chunk = 1  # reads differ in length by orders of magnitude: hand them out one at a time
+
+    def open(self, pipeline: Pipeline) -> None:
+        pass
+
+
+class DetectEvents(_CoreStage):
+    name = "events"
+
+    def __call__(self, batch: ReadBatch, pipeline: Pipeline) -> None:
+        batch.ev_off, batch.ev_start, batch.ev_length, batch.ev_mean, batch.ev_stdv = detect_events(
+            batch.signal, batch.signal_off
+        )
+
+
+class EstimateScalings(_CoreStage):
+    name = "scaling"
+
+    def __call__(self, batch: ReadBatch, pipeline: Pipeline) -> None:
+        batch.shift, batch.scale, batch.var = estimate_scalings(
+            batch.seq, batch.seq_off, batch.ev_mean, batch.ev_off, batch.status, pipeline.kmer_model
+        )
+
+
+class AlignEvents(_CoreStage):
+    """ABEA, on the GPU when the pipeline has one (its measurements in `batch.stats["abea"]`)."""
+
+    name = "abea"
+
+    def __call__(self, batch: ReadBatch, pipeline: Pipeline) -> None:
+        args = (batch.seq, batch.seq_off, batch.ev_mean, batch.ev_off, batch.status, batch.shift, batch.scale,
+                pipeline.kmer_model)  # fmt: skip
+        if pipeline.gpu is None:
+            aln = align_batch(*args)
+        else:
+            with pipeline.gpu_lock:
+                aln, batch.stats[self.name] = pipeline.gpu.align(*args)
+        batch.aln_off, batch.aln_kmer, batch.aln_event = aln.aln_off, aln.aln_kmer, aln.aln_event
+
+
+class Recalibrate(_CoreStage):
+    """Shift, scale and var from the alignment, and QC; the method-of-moments values are kept."""
+
+    name = "postalign"
+
+    def __call__(self, batch: ReadBatch, pipeline: Pipeline) -> None:
+        post = recalibrate_batch(
+            batch.seq, batch.seq_off, batch.ev_mean, batch.ev_off, batch.aln_kmer, batch.aln_event,
+            batch.aln_off, batch.status, batch.shift, batch.scale, batch.var, pipeline.kmer_model,
+        )  # fmt: skip
+        batch.post = post
+        batch.mom_scalings = (batch.shift, batch.scale, batch.var)
+        batch.shift, batch.scale, batch.var = post.shift, post.scale, post.var
+
+
+CORE_STAGES: tuple[type[_CoreStage], ...] = (DetectEvents, EstimateScalings, AlignEvents, Recalibrate)
+
+
 @dataclass
 class BatchResult:
-    """What one batch produced: calls, the reads that produced none and why, and stage times."""
+    """One batch after the chain: the batch record (with each analysis's products), the reads that
+    gave nothing and why, and stage times."""
 
-    read_ids: list[str]
-    ref_names: list[str]
-    calls: MethCalls
+    batch: ReadBatch
     skipped: list[Skipped]
-    n_bases: int
     timings: dict[str, float]
-    gpu_stats: AbeaBatchStats | None = None  # the GPU ABEA stage's measurements, when it ran
-    hmm_stats: HmmBatchStats | None = None  # the GPU HMM's measurements, when it ran
-    extra: Any = None  # what the pipeline's `extra` stage made of the batch, when it has one
+
+    @property
+    def read_ids(self) -> list[str]:
+        return self.batch.read_ids
+
+    @property
+    def ref_names(self) -> list[str]:
+        return self.batch.ref_names
 
     @property
     def n_reads(self) -> int:
-        return len(self.read_ids)
+        return self.batch.n
 
     @property
-    def n_calls(self) -> int:
-        return len(self.calls)
+    def n_bases(self) -> int:
+        return self.batch.n_bases
 
-    def tsv_rows(self) -> list[str]:
-        text = format_calls(self.calls, self.read_ids, self.ref_names)
-        return text.splitlines(keepends=True)
+    @property
+    def products(self) -> dict[str, Any]:
+        return self.batch.products
 
+    @property
+    def gpu_stats(self) -> AbeaBatchStats | None:
+        """The GPU ABEA stage's measurements, when it ran."""
+        return self.batch.stats.get("abea")
 
-class ExtraStage(Protocol):
-    """A further output made from the aligned, recalibrated batch (the daemon's eventalign rows).
-
-    It runs before the HMM, which fails the reads it finds no CpG in, so it sees every read
-    that passed post-alignment QC.
-    """
-
-    name: str  # its key in the batch's stage timings
-
-    def __call__(self, batch: ReadBatch, post: PostAlign, kmer_model: PoreModel) -> Any: ...
+    @property
+    def hmm_stats(self) -> HmmBatchStats | None:
+        """The GPU HMM's measurements, when it ran."""
+        return self.batch.stats.get("hmm")
 
 
 class Pipeline:
-    """Models loaded and kernels compiled once; then `process` batch after batch.
+    """Models loaded and kernels compiled once; then `run_batch` batch after batch.
 
-    Batches may run on several threads at once (`streamer call` overlaps them); the GPU
-    stages, whose device buffers serve one batch at a time, take turns.
+    `analyses` are the stages after the core's, in order. Batches may run on several threads
+    at once (`streamer call` overlaps them); the GPU stages, whose device buffers serve one
+    batch at a time, take turns on `gpu_lock`. `gpu` is the GPU ABEA stage, or None; an analysis
+    opens its own GPU part only when it is set.
     """
 
-    TSV_HEADER = CALLS_HEADER
-    calls_methylation = True  # False for pipelines without the CpG HMM: they need no methylation model
-
-    def __init__(self, options: PipelineOptions = PipelineOptions(), extra: ExtraStage | None = None):
+    def __init__(self, options: PipelineOptions = PipelineOptions(), analyses: list[Stage] | tuple[Stage, ...] = ()):
         self.options = options
-        self.extra = extra  # before the warm-up batch, which compiles its kernels too
-        self.meth_model: PoreModel | None = None
-        if self.calls_methylation:
-            self.kmer_model, self.meth_model = load_default_models(options.kmer_model, options.meth_model)
-        else:  # any nucleotide model of any k: eventalign needs no CpG model
-            self.kmer_model = load_kmer_model(options.kmer_model)
+        self.kmer_model: PoreModel = load_kmer_model(options.kmer_model)  # any k; a caller checks its own model
+        self.stages: list[Stage] = [stage() for stage in CORE_STAGES] + list(analyses)
         numba.set_num_threads(max(1, min(options.threads, numba.config.NUMBA_NUM_THREADS)))
         self.gpu = gpu_module("").open_gpu(options.cuda)
-        self.gpu_hmm = open_gpu_hmm(options.cuda) if self.gpu is not None else None
-        self._gpu_lock = threading.Lock()
+        self.gpu_lock = threading.Lock()
+        for stage in self.stages:
+            stage.open(self)
         self._warm_up()
+
+    def analysis(self, name: str) -> Stage | None:
+        return next((s for s in self.stages if s.name == name), None)
 
     def process(self, reads: list[ReadInput]) -> BatchResult:
         return self.run_batch(pack(reads))
 
     def run_batch(self, batch: ReadBatch) -> BatchResult:
         timings: dict[str, float] = {}
-
-        @contextmanager
-        def stage(name, chunk=1):
-            # Reads differ in length by orders of magnitude: hand them out a few at a time
-            # (numba's default splits the range evenly, leaving one thread with the long reads).
+        for stage in self.stages:
             t0 = time.perf_counter()
-            with numba.parallel_chunksize(chunk):
-                yield
-            timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0
-
-        kmer = self.kmer_model
-        with stage("events"):
-            batch.ev_off, batch.ev_start, batch.ev_length, batch.ev_mean, batch.ev_stdv = detect_events(
-                batch.signal, batch.signal_off
-            )
-        with stage("scaling"):
-            batch.shift, batch.scale, batch.var = estimate_scalings(
-                batch.seq, batch.seq_off, batch.ev_mean, batch.ev_off, batch.status, kmer
-            )
-        gpu_stats = None
-        with stage("abea"):
-            args = (batch.seq, batch.seq_off, batch.ev_mean, batch.ev_off, batch.status, batch.shift, batch.scale, kmer)
-            if self.gpu is None:
-                aln = align_batch(*args)
-            else:
-                with self._gpu_lock:
-                    aln, gpu_stats = self.gpu.align(*args)
-            batch.aln_off, batch.aln_kmer, batch.aln_event = aln.aln_off, aln.aln_kmer, aln.aln_event
-        with stage("postalign"):
-            post = recalibrate_batch(
-                batch.seq, batch.seq_off, batch.ev_mean, batch.ev_off, batch.aln_kmer, batch.aln_event,
-                batch.aln_off, batch.status, batch.shift, batch.scale, batch.var, kmer,
-            )  # fmt: skip
-            batch.shift, batch.scale, batch.var = post.shift, post.scale, post.var
-        extra = None
-        if self.extra is not None:
-            with stage(self.extra.name):
-                extra = self.extra(batch, post, kmer)
-        hmm_stats: list[HmmBatchStats] = []
-
-        def score_on_gpu(*args):
-            with self._gpu_lock:
-                ll_u, ll_m, st = self.gpu_hmm.score(*args)
-            hmm_stats.append(st)
-            return ll_u, ll_m
-
-        with stage("hmm", chunk=8):
-            # f5c takes log var from the double var (NaN for reads not recalibrated, which are not scored)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                log_var = np.log(post.exact[:, 2])
-            args = (batch, kmer, self.meth_model, post.events_per_base)
-            if self.gpu_hmm is None:
-                calls = call_methylation(*args, log_var=log_var)
-            else:
-                calls = call_methylation(*args, log_var=log_var, scorer=score_on_gpu)
-        skipped = [
-            Skipped(batch.read_ids[i], Skip(int(batch.status[i])), f"signal from {batch.signal_paths[i]}")
-            for i in np.flatnonzero(batch.status != Skip.OK).tolist()
-        ]
-        return BatchResult(batch.read_ids, batch.ref_names, calls, skipped, batch.n_bases, timings, gpu_stats,
-                           hmm_stats[0] if hmm_stats else None, extra)  # fmt: skip
+            with numba.parallel_chunksize(stage.chunk):
+                stage(batch, self)
+            timings[stage.name] = timings.get(stage.name, 0.0) + time.perf_counter() - t0
+        return BatchResult(batch, skipped_of(batch), timings)
 
     def _warm_up(self) -> None:
         """Compile (or load from cache) every kernel on a synthetic read before real data arrives."""
         self.run_batch(pack([synthetic_read(self.kmer_model)]))
+
+
+def skipped_of(batch: ReadBatch) -> list[Skipped]:
+    """The batch's records the stages failed, with their reasons."""
+    return [
+        Skipped(batch.read_ids[i], Skip(int(batch.status[i])), f"signal from {batch.signal_paths[i]}")
+        for i in np.flatnonzero(batch.status != Skip.OK).tolist()
+    ]
 
 
 def synthetic_read(model: PoreModel, n_bases: int = 600, samples_per_kmer: int = 9, seed: int = 7) -> ReadInput:
@@ -179,12 +205,13 @@ def synthetic_read(model: PoreModel, n_bases: int = 600, samples_per_kmer: int =
     seq = "".join(rng.choice(list("ACGT"), n_bases))
     ranks = [int(seq[i : i + model.k].translate(str.maketrans("ACGT", "0123")), 4) for i in range(n_bases - model.k + 1)]
     levels = np.repeat(model.level_mean[ranks], samples_per_kmer)
-    signal = (levels + rng.normal(0, 1.0, len(levels))).astype(np.float32)
+    signal = levels + rng.normal(0, 1.0, len(levels))
+    unit = 0.125  # pA per ADC step
+    raw = np.round(signal / unit).astype(np.int16)
     return ReadInput(
         read_id="warm-up",
         seq=seq,
-        signal_pa=signal,
-        sample_rate=4000.0,
+        signal=SignalRecord("warm-up", raw, digitisation=8.0, offset=0.0, range=1.0, sample_rate=4000.0),
         ref_name="synthetic",
         ref_start=0,
         ref_end=n_bases,

@@ -33,7 +33,7 @@ from streamer.errors import InputError
 from streamer.io.pod5 import write_pod5
 from streamer.io.signal import read_signal
 from streamer.io.slow5 import write_blow5
-from streamer.watch import Kind, Layout
+from streamer.watch import Kind, RunLayout
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def load_source(root: Path) -> Source:
     root = Path(root)
     if not root.is_dir():
         raise InputError(root, "no such folder")
-    layout = Layout(root, basecalls="fastq")
+    layout = RunLayout(root, basecalls="fastq")
     files = sorted(Path(d) / f for d, _, fs in os.walk(root, followlinks=True) for f in fs)
     reads: list[SourceRead] = []
     basecalls: dict[str, tuple[str, str | None]] = {}

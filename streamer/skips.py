@@ -25,6 +25,7 @@ class Skip(IntEnum):
     NO_CPG = 13
     SPLICED = 14
     ULTRA_LONG = 15
+    WORKER_FAILED = 16  # its batch failed twice on a cluster
 
     @property
     def label(self) -> str:

@@ -23,6 +23,7 @@ class RunSummary:
     bases: int = 0  # bases of the records sent through the pipeline
     calls: int = 0  # call rows written
     startup_s: float = 0.0  # from the start until the pipeline was ready (models, kernels, GPU)
+    batches_resumed: int = 0  # batches already in the output of a resumed run, not computed again
     skipped: Counter = field(default_factory=Counter)
     stage_seconds: Counter = field(default_factory=Counter)
     waits: Counter = field(default_factory=Counter)  # seconds a step spent waiting for another
@@ -46,6 +47,7 @@ class RunSummary:
             "calls": self.calls,
             "elapsed_s": round(elapsed, 3),
             "startup_s": round(self.startup_s, 3),
+            "batches_resumed": self.batches_resumed,
             "bases_per_s": round(self.bases / elapsed, 1) if elapsed > 0 else 0.0,
             "reads_per_s": round(self.reads_called / elapsed, 2) if elapsed > 0 else 0.0,
             "stage_seconds": {k: round(v, 3) for k, v in sorted(self.stage_seconds.items())},
@@ -68,6 +70,8 @@ class RunSummary:
             f"reads skipped:    {d['reads_skipped']}",
         ]
         lines += [f"  {reason}: {n}" for reason, n in d["skipped_by_reason"].items()]
+        if self.batches_resumed:
+            lines.append(f"batches resumed:  {self.batches_resumed} (already in the output, not computed again)")
         lines += [
             f"calls written:    {d['calls']}",
             f"bases processed:  {d['bases']}",

@@ -21,7 +21,6 @@ import logging
 import os
 import queue
 import time
-import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,13 +30,9 @@ from watchdog.observers import Observer
 from watchdog.observers.polling import PollingObserver
 
 from streamer.errors import InputError
-from streamer.io import fast5
+from streamer.io import bamreads, fast5, fastx, pod5, slow5
 
 log = logging.getLogger(__name__)
-
-POD5_SIGNATURE = b"\x8bPOD\r\n\x1a\n"
-BLOW5_EOF = b"5WOLB"
-BGZF_EOF = bytes.fromhex("1f8b08040000000000ff0600424302001b0003000000000000000000")
 
 SIGNAL_DIRS = ("fast5", "pod5", "slow5", "blow5")  # prefixes: fast5_pass, pod5_fail, ...
 BASECALL_DIRS = ("fastq", "bam")
@@ -89,69 +84,36 @@ def tail_marked(fmt: str) -> bool:
     return fmt in TAIL_MARKED
 
 
-def _tail(path: Path, n: int) -> bytes:
-    with open(path, "rb") as fh:
-        fh.seek(0, os.SEEK_END)
-        size = fh.tell()
-        fh.seek(max(0, size - n))
-        return fh.read()
-
-
-def _gzip_complete(path: Path) -> tuple[Verdict, str]:
-    """Decompress (and discard) every member; complete only if the last one ended with its trailer."""
-    with open(path, "rb") as fh:
-        if fh.read(2) != b"\x1f\x8b":
-            return Verdict.CORRUPT, "not gzip-compressed (bad magic bytes)"
-        fh.seek(0)
-        d = zlib.decompressobj(wbits=31)
-        in_member = False
-        try:
-            while chunk := fh.read(1 << 20):
-                while chunk:
-                    d.decompress(chunk)
-                    in_member = True
-                    if not d.eof:
-                        break
-                    chunk, in_member = d.unused_data, False
-                    d = zlib.decompressobj(wbits=31)
-        except zlib.error as exc:
-            return Verdict.CORRUPT, f"corrupt gzip data ({exc})"
-    if in_member:
-        return Verdict.INCOMPLETE, "gzip stream has no trailer (truncated, or still being written)"
-    return Verdict.COMPLETE, ""
-
-
 def check_complete(path: Path, fmt: str) -> tuple[Verdict, str]:
-    """Whether `path` is complete, by the cheapest test its format allows; reason when not."""
+    """Whether `path` is complete, by the cheapest test its format's reader offers; reason when not."""
     try:
         size = path.stat().st_size
         if size == 0:
             return Verdict.INCOMPLETE, "empty file"
-        if fmt == "pod5":
-            ok = _tail(path, 8) == POD5_SIGNATURE
-            return (Verdict.COMPLETE, "") if ok else (Verdict.INCOMPLETE, "no POD5 end signature")
-        if fmt == "blow5":
-            ok = _tail(path, 5) == BLOW5_EOF
-            return (Verdict.COMPLETE, "") if ok else (Verdict.INCOMPLETE, "no BLOW5 end-of-file marker")
-        if fmt == "bam":
-            ok = _tail(path, 28) == BGZF_EOF
-            return (Verdict.COMPLETE, "") if ok else (Verdict.INCOMPLETE, "no BGZF end-of-file block")
-        if path.name.lower().endswith(".gz"):
-            return _gzip_complete(path)
+        if fmt in _END_MARKED:
+            is_complete, missing = _END_MARKED[fmt]
+            return (Verdict.COMPLETE, "") if is_complete(path) else (Verdict.INCOMPLETE, missing)
         if fmt == "fast5":
             try:
                 fast5.fast5_read_ids(path)
             except InputError as exc:
                 return Verdict.INCOMPLETE, exc.reason
             return Verdict.COMPLETE, ""
-        ok = _tail(path, 1) == b"\n"
-        return (Verdict.COMPLETE, "") if ok else (Verdict.INCOMPLETE, "last line is not terminated")
+        verdict, reason = fastx.text_completeness(path)
+        return Verdict(verdict), reason
     except OSError as exc:
         return Verdict.INCOMPLETE, f"cannot read ({exc.strerror or exc})"
 
 
+_END_MARKED = {
+    "pod5": (pod5.pod5_is_complete, "no POD5 end signature"),
+    "blow5": (slow5.slow5_is_complete, "no BLOW5 end-of-file marker"),
+    "bam": (bamreads.bam_is_complete, "no BGZF end-of-file block"),
+}
+
+
 @dataclass
-class Layout:
+class RunLayout:
     """Which files under the watched folder the daemon reads, and the run folder of each.
 
     MinKNOW writes `{run}/fast5_pass/…`, `{run}/fastq_pass/barcode01/…` and so on; the run
@@ -309,7 +271,7 @@ class Watcher:
     dealt with, before any check reads them.
     """
 
-    def __init__(self, layout: Layout, timings: WatchTimings, *, poll: bool = False,
+    def __init__(self, layout: RunLayout, timings: WatchTimings, *, poll: bool = False,
                  known: Callable[[Path, int, int], bool] = lambda p, s, m: False,
                  clock: Callable[[], float] = time.monotonic):
         self.layout = layout

@@ -10,7 +10,7 @@ import pytest
 
 import numpy as np
 
-from streamer_plugins.cpg.calls import CALLS_HEADER, MethCalls, format_calls
+from streamer_plugins.cpg.calls import MethCalls
 from streamer.skips import Skip, Skipped
 
 
@@ -35,28 +35,25 @@ class FakeResult:
     """One call per record that goes on, at its alignment start; enough to check exactly-once."""
 
     def __init__(self, reads, skip_ids):
+        self.batch = None
         self.read_ids = [r.read_id for r in reads]
         self.ref_names = [r.ref_name for r in reads]
         self.skipped = [Skipped(r.read_id, Skip.NO_EVENTS, "fake") for r in reads if r.read_id in skip_ids]
         keep = [i for i, r in enumerate(reads) if r.read_id not in skip_ids]
         n = len(keep)
         start = np.array([reads[i].ref_start for i in keep], dtype=np.int64)
-        self.calls = MethCalls(
+        calls = MethCalls(
             read=np.array(keep, dtype=np.int64), start=start, end=start.copy(),
             strand=np.array([-1 if reads[i].rc else 1 for i in keep], dtype=np.int8),
             llr=np.full(n, 3.0), ll_meth=np.full(n, -1.0), ll_unmeth=np.full(n, -4.0),
             num_motifs=np.ones(n, dtype=np.int32), sequence=["ACGTT"] * n,
         )
+        self.products = {"calls": calls}
         self.n_bases = sum(len(r.seq) for r in reads)
-
-    def tsv_rows(self) -> list[str]:
-        return format_calls(self.calls, self.read_ids, self.ref_names).splitlines(keepends=True)
 
 
 class FakePipeline:
     """Stands in for `streamer.pipeline.Pipeline` where the numbers do not matter."""
-
-    TSV_HEADER = CALLS_HEADER
 
     def __init__(self, skip_ids=(), gate: threading.Event | None = None, poison=()):
         self.skip_ids = set(skip_ids)

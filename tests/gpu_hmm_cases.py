@@ -21,15 +21,16 @@ from pathlib import Path
 
 import numpy as np
 
-from streamer.assemble import BatchLimits, offline_batches
+from streamer.batching import BatchLimits, offline_batches
 from streamer.batch import pack
 from streamer.gpu_api import CudaOptions
 from streamer_gpu.target import SIMULATED
-from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments
+from streamer.io.alignments import AlignmentRecord, AlignmentFilter, iter_alignments
 from streamer.io.fastx import load_basecalls
 from streamer.io.index import open_index
 from streamer.io.reference import Reference
 from streamer.pipeline import Pipeline, PipelineOptions
+from streamer_plugins.cpg.caller import CpgCaller
 from streamer_plugins.cpg.hmm import score_windows
 from streamer_plugins.cpg.hmm_cuda import CudaHmm
 
@@ -55,14 +56,14 @@ def fixture_jobs(work: Path) -> tuple:
     reads.write_text((ECOLI / "reads.fasta").read_text())
     filt = AlignmentFilter()
     bam = ECOLI / "reads.bam"
-    wanted = {a.read_id for a in iter_alignments(bam, filt) if isinstance(a, Alignment)}
+    wanted = {a.read_id for a in iter_alignments(bam, filt) if isinstance(a, AlignmentRecord)}
     index = open_index(reads, [ECOLI / "fast5"])
     with Reference(REFERENCE) as ref:
         batches = list(offline_batches(iter_alignments(bam, filt), load_basecalls(reads, wanted), index, ref,
                                        BatchLimits(), str(reads)))  # fmt: skip
-    pipeline = Pipeline(PipelineOptions(threads=2, cuda=CudaOptions(disable=True)))
+    pipeline = Pipeline(PipelineOptions(threads=2, cuda=CudaOptions(disable=True)), [CpgCaller()])
     recorder = Recorder()
-    pipeline.gpu_hmm = recorder
+    pipeline.analysis("hmm").gpu = recorder
     pipeline.run_batch(pack([r for rs, _ in batches for r in rs]))
     return recorder.args
 

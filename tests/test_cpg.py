@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import reference_hmm
+from streamer.io.fast5 import SignalRecord
 from streamer.batch import CIGAR_D, CIGAR_H, CIGAR_I, CIGAR_M, CIGAR_N, CIGAR_S, ReadInput, pack
 from streamer_plugins.cpg.calls import CALLS_HEADER, call_methylation, format_calls
 from streamer_plugins.cpg.hmm import (
@@ -312,7 +313,8 @@ def test_parallel_jobs_equal_single_windows(models):
 def simulated_read(kmer_model, meth_model, read_id, ref, rc, cigar, rng, ref_start=5000):
     """A read that is exactly its reference span, with events two per k-mer drawn from the CpG model."""
     seq = reference_hmm.reverse_complement(ref) if rc else ref
-    inp = ReadInput(read_id, seq, np.zeros(8, np.float32), 4000.0, "chrT", ref_start, ref_start + len(ref), rc, cigar, ref)
+    signal = SignalRecord(read_id, np.zeros(8, np.int16), 1.0, 0.0, 1.0, 4000.0)
+    inp = ReadInput(read_id, seq, signal, "chrT", ref_start, ref_start + len(ref), rc, cigar, ref)
     k = meth_model.k
     meth_seq = reference_hmm.methylate(seq)
     levels = [meth_model.level_mean[reference_hmm.rank(meth_seq[i : i + k])] + rng.normal() for i in range(len(seq) - k + 1)]

@@ -23,13 +23,14 @@ import pytest
 from conftest import ECOLI, REFERENCE
 from daemon_support import FakePipeline, no_leaks, rows  # noqa: F401
 from streamer import config
-from streamer.align import ReadAligner
+from streamer.read_aligner import ReadAligner
 from streamer.daemon import Daemon, State
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
 from streamer.ledger import LedgerError
-from streamer.outputs_eventalign import EventalignStage
 from streamer.pipeline import Pipeline, PipelineOptions
+from streamer_plugins.cpg.caller import CpgCaller
+from streamer_plugins.eventalign import EventalignStage
 from streamer_plugins.bedmethyl import BedMethyl
 from streamer_plugins.modbam import probability_code
 from streamer.client import EventAlign
@@ -156,7 +157,7 @@ class RecordingPublisher:
 
 @pytest.fixture(scope="module")
 def eventalign_pipeline():
-    return Pipeline(PipelineOptions(threads=2), extra=EventalignStage(scale_events=False))
+    return Pipeline(PipelineOptions(threads=2), [EventalignStage(scale_events=False), CpgCaller()])
 
 
 def make_config(tmp_path: Path, **keys) -> config.Config:
@@ -257,7 +258,7 @@ def test_a_late_read_has_its_bams_copy_made_again_with_every_call(call_outputs, 
                                    "output.refresh_interval": 0.1})
     summary = cfg.output.dir / "summary.json"
     with Reference(REFERENCE) as ref:
-        d = Daemon(cfg, Pipeline(PipelineOptions(threads=2)), ref)
+        d = Daemon(cfg, Pipeline(PipelineOptions(threads=2), [CpgCaller()]), ref)
         t = threading.Thread(target=d.run)
         t.start()
         try:
@@ -339,7 +340,7 @@ def test_kill_9_and_restart_neither_lose_nor_double_eventalign_rows_or_modbam_re
 
 
 def test_eventalign_messages_split_at_read_boundaries():
-    from streamer.outputs_eventalign import _chunks
+    from streamer_plugins.eventalign_sinks import _chunks
 
     row_off = np.array([0, 5, 50, 51, 200, 203])
     assert list(_chunks(row_off, 10)) == [(0, 50), (50, 200), (200, 203)]

@@ -168,22 +168,24 @@ def test_read_indices_samples_and_columns(tmp_path):
 
 
 def test_columns_publish_as_the_eventalign_topic():
-    from streamer.assemble import make_read_input
+    from streamer.batching import Pending, batch_inputs
     from streamer.batch import pack
-    from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments
+    from streamer.io.alignments import AlignmentRecord, AlignmentFilter, iter_alignments
     from streamer.io.fastx import load_basecalls
     from streamer.io.reference import Reference
     from streamer.io.index import SignalIndex
     from streamer.io.signal import find_signal_files, read_signal
-    from streamer_plugins.eventalign import EventalignOptions, EventalignPipeline, format_tsv
+    from streamer.pipeline import Pipeline
+    from streamer_plugins.eventalign import EventalignOptions, EventalignStage, format_tsv
 
-    alns = [a for a in iter_alignments(ECOLI / "reads.bam", AlignmentFilter()) if isinstance(a, Alignment)][:2]
+    alns = [a for a in iter_alignments(ECOLI / "reads.bam", AlignmentFilter()) if isinstance(a, AlignmentRecord)][:2]
     seqs = load_basecalls(ECOLI / "reads.fasta", {a.read_id for a in alns})
     index = SignalIndex.build(find_signal_files([ECOLI / "fast5"]))
     with Reference(REFERENCE) as ref:
-        reads = [make_read_input(a, seqs[a.read_id], read_signal(index.lookup(a.read_id), a.read_id), ref) for a in alns]
-    result = EventalignPipeline().run_batch(pack(reads))
-    rows, batch = result.rows, result.batch
+        signals = {a.read_id: read_signal(index.lookup(a.read_id), a.read_id) for a in alns}
+        reads, _ = batch_inputs([Pending(a, seqs[a.read_id], index.lookup(a.read_id)) for a in alns], signals, {}, ref)
+    result = Pipeline(analyses=[EventalignStage()]).run_batch(pack(reads))
+    rows, batch = result.products["eventalign"], result.batch
     assert len(rows) > 1000 and rows.row_off[-1] == len(rows)
     cols = rows.columns(batch.read_ids, batch.ref_names)
     back = decode_columns(encode_columns(cols, None), None)
@@ -303,7 +305,7 @@ def test_sam_records_span_the_rows(fixture_sam, fixture_scaled):
 
 
 def test_row_writer_prints_as_printf():
-    from streamer_plugins.eventalign import _put_fixed
+    from streamer_plugins.eventalign.output import _put_fixed
 
     rng = np.random.default_rng(3)
     values = np.concatenate([

@@ -3,7 +3,7 @@ import gzip
 import pytest
 
 from streamer.errors import InputError
-from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments
+from streamer.io.alignments import AlignmentRecord, AlignmentFilter, iter_alignments
 from streamer.io.fastx import iter_fastx, load_basecalls
 from streamer.io.reference import Reference
 from streamer.skips import Skip
@@ -51,7 +51,7 @@ def test_reference_from_plain_gzip_and_from_faidx(reference_path, tmp_path):
 def test_alignment_filter_like_f5c(ecoli):
     recs = list(iter_alignments(ecoli / "reads.bam", AlignmentFilter()))
     assert len(recs) == 9  # 8 reads; one with a supplementary record far from its primary
-    assert all(isinstance(a, Alignment) for a in recs)
+    assert all(isinstance(a, AlignmentRecord) for a in recs)
     fwd = next(a for a in recs if a.read_id == READ1)
     assert (fwd.ref_name, fwd.ref_start, fwd.rc) == ("NC_000913.3", 521678, False)
     assert fwd.cigar.shape[1] == 2 and fwd.ref_end > fwd.ref_start

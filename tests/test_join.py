@@ -7,10 +7,10 @@ import gzip
 import pysam
 import pytest
 
-from streamer.align import ReadAligner
+from streamer.read_aligner import ReadAligner
 from streamer.errors import InputError
-from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments
-from streamer.join import BasecallCache, Basecalls, read_basecall_file
+from streamer.io.alignments import AlignmentRecord, AlignmentFilter, iter_alignments
+from streamer.basecall_cache import BasecallCache, ReadBasecalls, read_basecall_file
 from streamer.skips import Skip, Skipped
 
 from daemon_support import no_leaks  # noqa: F401
@@ -27,7 +27,7 @@ def test_fastq_reads(tmp_path, no_leaks):
     fq = tmp_path / "a.fastq.gz"
     fq.write_bytes(gzip.compress(b"@r1 runid=x\nACGT\n+\nIIII\n@r2\nGG\n+\nII\n"))
     got = read_basecall_file(fq, "fastq", AlignmentFilter())
-    assert got == {"r1": Basecalls("r1", "ACGT", None), "r2": Basecalls("r2", "GG", None)}
+    assert got == {"r1": ReadBasecalls("r1", "ACGT", None), "r2": ReadBasecalls("r2", "GG", None)}
     assert read_basecall_file(fq, "fastq", AlignmentFilter(), wanted={"r2"}).keys() == {"r2"}
 
 
@@ -36,7 +36,7 @@ def test_aligned_bam_reads_carry_records_and_the_full_sequence(ecoli, no_leaks):
     seqs = fasta(ecoli)
     assert {rid: bc.seq for rid, bc in got.items()} == seqs  # reverse-strand reads turned back
     supp = next(bc for rid, bc in got.items() if rid.startswith(SUPPLEMENTARY_READ))
-    assert len(supp.records) == 2 and all(isinstance(r, Alignment) for r in supp.records)
+    assert len(supp.records) == 2 and all(isinstance(r, AlignmentRecord) for r in supp.records)
     strict = read_basecall_file(ecoli / "reads.bam", "bam", AlignmentFilter(min_mapq=61))
     rec = next(iter(strict.values())).records[0]
     assert isinstance(rec, Skipped) and rec.reason == Skip.LOW_MAPQ and "reads.bam" in rec.detail
@@ -84,7 +84,7 @@ def aligner(reference_path):
 
 def test_mappy_records_equal_minimap2s_bam(aligner, ecoli):
     """Same contig, span, strand, MAPQ and CIGAR (clips included) as the fixture's minimap2 BAM."""
-    def key(a: Alignment):
+    def key(a: AlignmentRecord):
         return a.read_id, a.ref_name, a.ref_start, a.ref_end, a.rc, a.mapq, a.cigar.tolist()
 
     theirs = sorted((key(a) for a in iter_alignments(ecoli / "reads.bam", AlignmentFilter())), key=str)

@@ -14,15 +14,16 @@ import numpy as np
 import pytest
 
 from conftest import ECOLI, REFERENCE
-from streamer import overlap
-from streamer.assemble import BatchLimits, build_reads, load_signals, plan_batches, signal_requests
+from streamer import batch_runner, signal_pool
+from streamer.batching import BatchLimits, batch_inputs, chunk_records, load_chunk, load_signals, plan_batches, signal_requests
 from streamer.batch import pack
 from streamer.gpu_api import CudaOptions
-from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments
+from streamer.io.alignments import AlignmentRecord, AlignmentFilter, iter_alignments
 from streamer.io.fastx import load_basecalls
 from streamer.io.index import SignalIndex, open_index
 from streamer.io.reference import Reference
 from streamer.pipeline import Pipeline, PipelineOptions
+from streamer_plugins.cpg.caller import CpgCaller
 from streamer.summary import RunSummary
 from test_call import streamer
 
@@ -33,7 +34,7 @@ def plans(tmp_path_factory):
     reads = tmp / "reads.fasta"
     shutil.copy(ECOLI / "reads.fasta", reads)
     filt = AlignmentFilter()
-    wanted = {a.read_id for a in iter_alignments(ECOLI / "reads.bam", filt) if isinstance(a, Alignment)}
+    wanted = {a.read_id for a in iter_alignments(ECOLI / "reads.bam", filt) if isinstance(a, AlignmentRecord)}
     index = open_index(reads, [ECOLI / "fast5"])
     basecalls = load_basecalls(reads, wanted)
     return list(plan_batches(iter_alignments(ECOLI / "reads.bam", filt), basecalls, index, BatchLimits(3), "r"))
@@ -44,16 +45,13 @@ def test_signal_packed_from_chunks_is_packs_signal(plans):
     wanted = signal_requests(pending)
     half = dict(list(wanted.items())[: len(wanted) // 2])
     rest = dict(list(wanted.items())[len(wanted) // 2 :])
-    chunks = [overlap.load_chunk(half), overlap.load_chunk(rest)]
-    records, where = {}, {}
-    for i, c in enumerate(chunks):
-        records.update(c.records)
-        where.update((rid, (i, s, n)) for rid, (s, n) in c.where.items())
+    chunks = [load_chunk(half), load_chunk(rest)]
     with Reference(REFERENCE) as ref:
-        ours = overlap.pack_with_signal(build_reads(pending, records, {}, ref, []), records, where,
-                                        [c.raw for c in chunks])  # fmt: skip
+        ours = pack(batch_inputs(pending, *chunk_records(chunks), ref)[0])
         signals, _ = load_signals(wanted)
-        theirs = pack(build_reads(pending, signals, {}, ref, []))
+        reads = batch_inputs(pending, signals, {}, ref)[0]
+        theirs = pack(reads)
+    assert ours.signal.tobytes() == np.concatenate([r.signal.to_pa() for r in reads]).tobytes()
     assert ours.signal.tobytes() == theirs.signal.tobytes()
     assert np.array_equal(ours.signal_off, theirs.signal_off)
     assert ours.read_ids == theirs.read_ids and np.array_equal(ours.seq, theirs.seq)
@@ -66,11 +64,11 @@ def test_readers_are_threads_for_slow5_processes_otherwise():
     for index, mode, kind in ((fast5, "auto", ProcessPoolExecutor), (pod5, "auto", ProcessPoolExecutor),
                               (blow5, "auto", ThreadPoolExecutor), (fast5, "threads", ThreadPoolExecutor),
                               (blow5, "processes", ProcessPoolExecutor)):
-        pool = overlap.reader_pool(index, 1, mode)
+        pool = signal_pool.reader_pool(index, 1, mode)
         assert isinstance(pool, kind)
         pool.shutdown()
     with pytest.raises(ValueError, match="io mode"):
-        overlap.reader_pool(pod5, 1, "fibres")
+        signal_pool.reader_pool(pod5, 1, "fibres")
 
 
 def _same_signal(got, expected):
@@ -86,7 +84,7 @@ def test_signal_read_ahead_gives_what_reading_in_place_gives(plans, mode):
     """The daemon's read-ahead: a batch's reads come from the tasks started ahead, the rest are read now."""
     first = signal_requests(plans[0][0])
     second = signal_requests([p for ps, _ in plans[1:3] for p in ps])
-    reads = overlap.SignalReads(overlap.signal_readers([".fast5"], 2, mode), reads_per_task=2)
+    reads = signal_pool.SignalReads(signal_pool.signal_readers([".fast5"], 2, mode), reads_per_task=2)
     try:
         reads.ahead(first)
         batch = reads.take(second)  # nothing of it was read ahead; the first batch's reads are dropped
@@ -111,12 +109,12 @@ def test_signal_reads_set_a_bad_file_apart_and_survive_a_broken_pool(plans, tmp_
     wanted = {bad: wanted[path], **{p: ids for p, ids in wanted.items() if p != path}}
     expected, expected_errors = load_signals(wanted)
     assert set(expected_errors) == set(wanted[bad]) and all(str(bad) in e for e in expected_errors.values())
-    in_place = overlap.SignalReads(None)
+    in_place = signal_pool.SignalReads(None)
     got, errors = in_place.take(wanted).result()
     _same_signal(got, expected)
     assert errors == expected_errors
-    pool = overlap.signal_readers([".fast5"], 1, "processes")
-    reads = overlap.SignalReads(pool)
+    pool = signal_pool.signal_readers([".fast5"], 1, "processes")
+    reads = signal_pool.SignalReads(pool)
     try:
         worker = pool.submit(os.getpid).result()
         os.kill(worker, signal.SIGKILL)  # the pool breaks: what was asked of it is read here instead
@@ -135,10 +133,10 @@ def test_a_reader_failure_is_raised_in_the_caller(plans, monkeypatch):
     def broken(wanted):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(overlap, "load_chunk", broken)
-    pipeline = Pipeline(PipelineOptions(threads=1, cuda=CudaOptions(disable=True)))
+    monkeypatch.setattr(batch_runner, "load_chunk", broken)
+    pipeline = Pipeline(PipelineOptions(threads=1, cuda=CudaOptions(disable=True)), [CpgCaller()])
     with Reference(REFERENCE) as ref, ThreadPoolExecutor(2) as pool, pytest.raises(RuntimeError, match="on fire"):
-        overlap.run_overlapped(pipeline, iter(plans), ref, pool, io.StringIO(), RunSummary())
+        batch_runner.run_batches(pipeline, iter(plans), ref, pool, RunSummary(), lambda result, rendered: 0)
 
 
 @pytest.mark.parametrize("extra", [["--compute-threads", "1", "--io-workers", "1"], ["--compute-threads", "3"]])

@@ -14,6 +14,7 @@ import pysam
 import pytest
 
 from conftest import DATA
+from streamer import registry
 from streamer.cli import build_parser, main
 from streamer_plugins.modbase.bedmethyl import Layout, expand, render
 from streamer_plugins.modbase.caller import Thresholds
@@ -22,10 +23,9 @@ from streamer_plugins.modbase.pileup import CallOptions, PileupCounts, _Batch
 @pytest.fixture(autouse=True)
 def _entry_point(monkeypatch):
     """The command as pyproject.toml registers it, whether or not this checkout's metadata is installed."""
-    ep = importlib.metadata.EntryPoint("pileup", "streamer_plugins.modbase.command", "streamer.commands")
-    original = importlib.metadata.entry_points
-    monkeypatch.setattr(importlib.metadata, "entry_points",
-                        lambda **kw: [ep] if kw.get("group") == "streamer.commands" else original(**kw))
+    ep = importlib.metadata.EntryPoint("pileup", "streamer_plugins.modbase.command", registry.COMMANDS)
+    original = registry._group
+    monkeypatch.setattr(registry, "_group", lambda group: {"pileup": ep} if group == registry.COMMANDS else original(group))
 
 
 MODKIT = Path(__file__).resolve().parents[2] / "shared" / "data" / "modkit_pileup"

@@ -9,7 +9,7 @@ import pytest
 
 from streamer.io.fast5 import fast5_read_ids, read_fast5
 from streamer.replay import Landing, Replayer, ReplayOptions, load_source, plan
-from streamer.watch import Kind, Layout
+from streamer.watch import Kind, RunLayout
 
 from daemon_support import no_leaks  # noqa: F401
 
@@ -48,7 +48,7 @@ def test_replay_writes_a_minknow_run(source, ecoli, tmp_path, no_leaks):
     assert not (run / ".replay").exists()
     assert len(list(run.glob("final_summary_*.txt"))) == 1 and len(list(run.glob("sequencing_summary_*"))) == 1
     assert fake.t == pytest.approx(r_last(source) / 1000)  # the last batch lands when its last read ended
-    layout = Layout(tmp_path)
+    layout = RunLayout(tmp_path)
     kinds = sorted(layout.classify(p).kind.value for p in run.rglob("*") if p.is_file() and layout.classify(p))
     assert kinds.count(Kind.SIGNAL.value) == 3 and kinds.count(Kind.FINAL_SUMMARY.value) == 1
     # the signal is the source's, sample for sample, read through the FAST5 reader

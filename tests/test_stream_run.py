@@ -13,6 +13,7 @@ from streamer.client import Calls, Gap, Snapshot, Subscriber
 from streamer.daemon import Daemon
 from streamer.io.reference import Reference
 from streamer.pipeline import Pipeline, PipelineOptions
+from streamer_plugins.cpg.caller import CpgCaller
 from streamer.publish import Publisher
 from streamer.replay import Replayer, ReplayOptions, load_source
 
@@ -21,13 +22,11 @@ pytestmark = pytest.mark.filterwarnings("error::ResourceWarning")
 
 @pytest.fixture(scope="module")
 def pipeline():
-    return Pipeline(PipelineOptions(threads=2))
+    return Pipeline(PipelineOptions(threads=2), [CpgCaller()])
 
 
 class _HeldPipeline:
     """The real pipeline, holding the second batch until released, so a subscriber can join mid-run."""
-
-    TSV_HEADER = Pipeline.TSV_HEADER
 
     def __init__(self, pipeline: Pipeline):
         self._pipeline = pipeline

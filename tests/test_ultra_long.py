@@ -2,8 +2,8 @@
 
 import pysam
 
-from streamer.assemble import BatchLimits, UltraLong, plan_batches
-from streamer.io.alignments import Alignment, AlignmentFilter, iter_alignments, write_records
+from streamer.batching import BatchLimits, UltraLong, plan_batches
+from streamer.io.alignments import AlignmentRecord, AlignmentFilter, iter_alignments, write_records
 from streamer.io.fastx import load_basecalls
 from streamer.io.index import open_index
 from streamer.skips import Skip
@@ -24,7 +24,7 @@ def test_ultra_long_reads_come_last(tmp_path):
     lengths = {a.read_id: len(basecalls[a.read_id]) for a in records}
     threshold = sorted(lengths.values())[-3]  # the two longest reads are ultra-long
     batches = list(plan_batches(records, basecalls, index, BatchLimits(3, 10**9), ultra=UltraLong(threshold)))
-    order = [aln.read_id for pending, _ in batches for aln, _, _ in pending]
+    order = [p.aln.read_id for pending, _ in batches for p in pending]
     assert sorted(order) == sorted(a.read_id for a in records)  # nothing lost, nothing twice
     is_ultra = [lengths[r] > threshold for r in order]
     assert is_ultra == sorted(is_ultra) and sum(is_ultra) >= 2  # all ordinary reads first
@@ -43,5 +43,5 @@ def test_skip_ultra_lists_and_writes_them(tmp_path):
     assert write_records(ECOLI / "reads.bam", ultra.skip_to, ultra.skipped_ids, AlignmentFilter()) == 1
     with pysam.AlignmentFile(ultra.skip_to) as bam:
         assert [r.query_name for r in bam] == [longest.read_id]
-    planned = {aln.read_id for p, _ in batches for aln, _, _ in p}
+    planned = {q.aln.read_id for p, _ in batches for q in p}
     assert longest.read_id not in planned and len(planned) == len({a.read_id for a in records}) - 1

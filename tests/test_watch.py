@@ -13,12 +13,12 @@ import h5py
 import numpy as np
 import pysam
 
+from streamer.io.bamreads import BGZF_EOF
+from streamer.io.pod5 import SIGNATURE as POD5_SIGNATURE
+from streamer.io.slow5 import BLOW5_EOF, BLOW5_MAGIC
 from streamer.watch import (
-    BGZF_EOF,
-    BLOW5_EOF,
-    POD5_SIGNATURE,
     Kind,
-    Layout,
+    RunLayout,
     Ready,
     Rejected,
     Verdict,
@@ -42,7 +42,7 @@ def touch(path: Path, data: bytes = b"x\n") -> Path:
 def test_minknow_layout(tmp_path):
     run = tmp_path / "20240101_1200_MN1_FAK1_abcd1234"
     (run / "bam_pass").mkdir(parents=True)
-    lay = Layout(tmp_path, exclude=(tmp_path / "out",))
+    lay = RunLayout(tmp_path, exclude=(tmp_path / "out",))
     f = lay.classify(run / "fast5_pass" / "FAK1_pass_abcd1234_0.fast5")
     assert (f.kind, f.fmt, f.run_root) == (Kind.SIGNAL, "fast5", run)
     f = lay.classify(run / "bam_pass" / "barcode01" / "FAK1_pass_barcode01_abcd1234_0.bam")
@@ -62,20 +62,20 @@ def test_minknow_layout(tmp_path):
     assert (f.kind, f.run_root) == (Kind.FINAL_SUMMARY, run)
     assert lay.classify(tmp_path / "STOP").kind is Kind.STOP
     assert lay.classify(run / "STOP") is None
-    with_fail = Layout(tmp_path, include_fail=True)
+    with_fail = RunLayout(tmp_path, include_fail=True)
     assert with_fail.classify(run / "fast5_fail" / "x.fast5").kind is Kind.SIGNAL
 
 
 def test_plain_folder_and_basecall_choice(tmp_path):
-    lay = Layout(tmp_path)
+    lay = RunLayout(tmp_path)
     f = lay.classify(tmp_path / "reads.fastq")
     assert (f.kind, f.fmt, f.run_root) == (Kind.BASECALLS, "fastq", tmp_path)
     assert lay.classify(tmp_path / "reads.fa.gz").fmt == "fasta"
     assert lay.classify(tmp_path / "sub" / "x.fast5").run_root == tmp_path / "sub"
     lay.note_listing([tmp_path / "reads.bam"])
     assert lay.classify(tmp_path / "reads.fastq") is None  # a BAM beside it wins in auto mode
-    assert Layout(tmp_path, basecalls="fastq").classify(tmp_path / "reads.bam") is None
-    assert Layout(tmp_path, basecalls="bam").classify(tmp_path / "reads.fastq") is None
+    assert RunLayout(tmp_path, basecalls="fastq").classify(tmp_path / "reads.bam") is None
+    assert RunLayout(tmp_path, basecalls="bam").classify(tmp_path / "reads.fastq") is None
 
 
 # ---------------------------------------------------------------------------- completeness
@@ -85,9 +85,9 @@ def test_end_markers(tmp_path):
     assert check_complete(touch(tmp_path / "a.pod5", POD5_SIGNATURE + b"data" + POD5_SIGNATURE), "pod5")[0] \
         is Verdict.COMPLETE
     assert check_complete(touch(tmp_path / "b.pod5", POD5_SIGNATURE + b"data"), "pod5")[0] is Verdict.INCOMPLETE
-    assert check_complete(touch(tmp_path / "a.blow5", b"BLOW5" + b"x" * 10 + BLOW5_EOF), "blow5")[0] \
+    assert check_complete(touch(tmp_path / "a.blow5", BLOW5_MAGIC + b"x" * 10 + BLOW5_EOF), "blow5")[0] \
         is Verdict.COMPLETE
-    assert check_complete(touch(tmp_path / "b.blow5", b"BLOW5" + b"x" * 10), "blow5")[0] is Verdict.INCOMPLETE
+    assert check_complete(touch(tmp_path / "b.blow5", BLOW5_MAGIC + b"x" * 10), "blow5")[0] is Verdict.INCOMPLETE
     assert check_complete(touch(tmp_path / "empty.bam", b""), "bam") == (Verdict.INCOMPLETE, "empty file")
 
 
@@ -145,7 +145,7 @@ def test_file_without_marker_waits_to_settle(ecoli, tmp_path):
     clock = Clock()
     f5 = tmp_path / "x.fast5"
     shutil.copy(sorted((ecoli / "fast5").glob("*.fast5"))[0], f5)
-    w = Watcher(Layout(tmp_path), WatchTimings(poll_interval=1, settle=5, incomplete_timeout=60), clock=clock)
+    w = Watcher(RunLayout(tmp_path), WatchTimings(poll_interval=1, settle=5, incomplete_timeout=60), clock=clock)
     w.scan(tmp_path)
     assert w.poll(0) == [] and w.pending == [f5]
     clock.t += 5
@@ -159,7 +159,7 @@ def test_file_with_marker_is_ready_at_once_and_known_files_are_skipped(ecoli, tm
     old = touch(tmp_path / "a" / "old.bam", (ecoli / "reads.bam").read_bytes())
     gz = touch(tmp_path / "b" / "b.fastq.gz", gzip.compress(b"@r\nA\n+\nI\n"))
     known = {old}
-    w = Watcher(Layout(tmp_path), WatchTimings(settle=5), known=lambda p, s, m: p in known, clock=clock)
+    w = Watcher(RunLayout(tmp_path), WatchTimings(settle=5), known=lambda p, s, m: p in known, clock=clock)
     w.scan(tmp_path)
     assert [r.file.path for r in w.poll(0)] == [bam]  # the gzip is read in full only once settled
     clock.t += 5
@@ -172,7 +172,7 @@ def test_incomplete_file_is_rejected_after_the_timeout_and_looked_at_again_when_
     data = gzip.compress(b"@r\nACGT\n+\nIIII\n" * 100)
     gz = touch(tmp_path / "a.fastq.gz", data[:-8])
     rejected: dict[Path, tuple[int, int]] = {}
-    w = Watcher(Layout(tmp_path), WatchTimings(poll_interval=1, settle=5, incomplete_timeout=60),
+    w = Watcher(RunLayout(tmp_path), WatchTimings(poll_interval=1, settle=5, incomplete_timeout=60),
                 known=lambda p, s, m: rejected.get(p) == (s, m), clock=clock)
     w.scan(tmp_path)
     assert w.poll(0) == []
@@ -193,7 +193,7 @@ def test_incomplete_file_is_rejected_after_the_timeout_and_looked_at_again_when_
 
 def test_reject_pending_at_the_end_of_a_run(tmp_path):
     touch(tmp_path / "a.bam", b"\x1f\x8b partial")
-    w = Watcher(Layout(tmp_path), WatchTimings(), clock=Clock())
+    w = Watcher(RunLayout(tmp_path), WatchTimings(), clock=Clock())
     w.scan(tmp_path)
     assert w.poll(0) == []
     (got,) = w.reject_pending("run over")
@@ -230,7 +230,7 @@ def test_half_written_gzip_is_not_read_until_complete(tmp_path, no_leaks):
                 proceed.wait(5)
                 proceed.clear()
 
-    with Watcher(Layout(tmp_path), FAST) as w:
+    with Watcher(RunLayout(tmp_path), FAST) as w:
         t = threading.Thread(target=writer)
         t.start()
         for _ in range(4):
@@ -250,7 +250,7 @@ def test_fast5_written_in_place_waits_for_its_close(ecoli, tmp_path, no_leaks):
     src = sorted((ecoli / "fast5").glob("*.fast5"))[0]
     path = tmp_path / "fast5_pass" / "x.fast5"
     path.parent.mkdir()
-    with Watcher(Layout(tmp_path), FAST) as w:
+    with Watcher(RunLayout(tmp_path), FAST) as w:
         with h5py.File(path, "w") as out, h5py.File(src) as f:
             for i in range(3):
                 out.create_dataset(f"read_{i}/Raw/Signal", data=np.arange(1000, dtype=np.int16))
@@ -267,7 +267,7 @@ def test_moved_in_file_is_ready_at_once(tmp_path, no_leaks):
     staging.mkdir()
     dest = tmp_path / "run" / "fastq_pass" / "r.fastq"
     dest.parent.mkdir(parents=True)
-    with Watcher(Layout(tmp_path), FAST) as w:
+    with Watcher(RunLayout(tmp_path), FAST) as w:
         tmp = touch(staging / "r.fastq", b"@r\nA\n+\nI\n")
         os.replace(tmp, dest)
         (got,) = wait_for(w, 5)
@@ -277,7 +277,7 @@ def test_moved_in_file_is_ready_at_once(tmp_path, no_leaks):
 
 def test_files_in_a_new_folder_are_found(tmp_path, no_leaks):
     timings = WatchTimings(poll_interval=0.05, settle=0.2, incomplete_timeout=60)
-    with Watcher(Layout(tmp_path), timings) as w:
+    with Watcher(RunLayout(tmp_path), timings) as w:
         staging = tmp_path / ".staging" / "run2"
         touch(staging / "fastq_pass" / "a.fastq", b"@r\nA\n+\nI\n")
         os.replace(staging, tmp_path / "run2")  # a whole run folder moved in
@@ -287,7 +287,7 @@ def test_files_in_a_new_folder_are_found(tmp_path, no_leaks):
 
 def test_polling_observer_sees_files_once_settled(tmp_path, no_leaks):
     timings = WatchTimings(poll_interval=0.05, settle=0.3, incomplete_timeout=60)
-    with Watcher(Layout(tmp_path), timings, poll=True) as w:
+    with Watcher(RunLayout(tmp_path), timings, poll=True) as w:
         path = touch(tmp_path / "r.fastq", b"@r\nA\n+\nI\n")
         t0 = time.monotonic()
         (got,) = wait_for(w, 5)
@@ -300,7 +300,7 @@ def test_rejects_nothing_while_a_bam_is_still_written(ecoli, tmp_path, no_leaks)
     with pysam.AlignmentFile(str(ecoli / "reads.bam")) as src:
         recs = list(src)
         header = src.header
-    with Watcher(Layout(tmp_path), FAST) as w:
+    with Watcher(RunLayout(tmp_path), FAST) as w:
         path = tmp_path / "a.bam"
         with pysam.AlignmentFile(str(path), "wb", header=header) as out:
             for rec in recs:

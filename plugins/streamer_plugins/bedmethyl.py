@@ -66,9 +66,9 @@ class BedMethyl:
 
     def add_calls(self, calls: MethCalls, ref_names: Sequence[str]) -> None:
         """Add a batch's calls; `ref_names` is the batch's contig per record."""
-        for j in range(len(calls)):
-            self.add(ref_names[int(calls.read[j])], _STRAND[int(calls.strand[j])], int(calls.start[j]),
-                     float(f"{calls.llr[j]:.2f}"), calls.sequence[j])  # fmt: skip
+        for read, strand, start, llr, seq in zip(calls.read.tolist(), calls.strand.tolist(), calls.start.tolist(),
+                                                 calls.llr.tolist(), calls.sequence):
+            self.add(ref_names[read], _STRAND[strand], start, float(f"{llr:.2f}"), seq)
 
     def add_tsv(self, lines: Iterable[str], source: str | Path = "<calls>") -> None:
         """Add the rows of a call-methylation TSV with a strand column (f5c v2, streamer)."""

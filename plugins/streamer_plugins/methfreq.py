@@ -99,17 +99,11 @@ class MethFreq:
 
     def add_calls(self, calls: MethCalls, ref_names: Sequence[str], changed: set | None = None) -> None:
         """Add a batch's calls; `ref_names` is the batch's contig per record."""
+        llrs = [float(f"{x:.2f}") for x in calls.llr.tolist()]
         with self.lock:
-            for j in range(len(calls)):
-                self._add(
-                    ref_names[int(calls.read[j])],
-                    int(calls.start[j]),
-                    int(calls.end[j]),
-                    float(f"{calls.llr[j]:.2f}"),
-                    int(calls.num_motifs[j]),
-                    calls.sequence[j],
-                    changed,
-                )
+            for read, start, end, llr, num, seq in zip(calls.read.tolist(), calls.start.tolist(), calls.end.tolist(),
+                                                       llrs, calls.num_motifs.tolist(), calls.sequence):
+                self._add(ref_names[read], start, end, llr, num, seq, changed)
 
     def add_tsv(self, lines: Iterable[str], source: str | Path = "<calls>", changed: set | None = None) -> None:
         """Add the rows of a call-methylation TSV (nanopolish or f5c, with or without strand).
@@ -146,15 +140,19 @@ class MethFreq:
                 raise InputError(source, "coordinates and motif counts cannot be negative", line=line_no)
             self._add(fields[0], start, end, llr, num, fields[9], changed)
 
+    def read(self, path: str | Path) -> None:
+        """Add the calls of a call-methylation TSV file."""
+        try:
+            with open(path) as fh:
+                self.add_tsv(fh, path)
+        except OSError as exc:
+            raise InputError(path, f"cannot read calls: {exc.strerror}") from exc
+
     @classmethod
     def from_tsv(cls, path: str | Path, call_threshold: float = CALL_THRESHOLD, split_groups: bool = False):
         """meth-freq of a calls file."""
         freq = cls(call_threshold, split_groups)
-        try:
-            with open(path) as fh:
-                freq.add_tsv(fh, path)
-        except OSError as exc:
-            raise InputError(path, f"cannot read calls: {exc.strerror}") from exc
+        freq.read(path)
         return freq
 
     def snapshot(self) -> dict[SiteKey, SiteStats]:

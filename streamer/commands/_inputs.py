@@ -9,7 +9,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from streamer.assemble import BatchLimits
+from streamer.batching import BatchLimits
 from streamer.errors import ModelError, StreamerError
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.index import SignalIndex, open_index

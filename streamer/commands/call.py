@@ -8,9 +8,13 @@ import logging
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
+from dataclasses import replace
+from itertools import islice
 from pathlib import Path
+from typing import TextIO
 
-from streamer.assemble import BatchLimits, UltraLong, plan_batches
+from streamer.batching import BatchLimits, UltraLong, plan_batches
+from streamer.errors import StreamerError
 from streamer.gpu_api import CudaOptions
 from streamer.commands._inputs import (
     add_input_arguments,
@@ -21,10 +25,12 @@ from streamer.commands._inputs import (
 from streamer.io.alignments import iter_alignments, write_records
 from streamer.io.bamreads import open_basecalls
 from streamer.io.reference import Reference
-from streamer.overlap import IO_MODES, OverlapOptions, reader_pool, run_overlapped
+from streamer.batch_runner import RunnerOptions, run_batches
 from streamer.pipeline import BatchResult, Pipeline, PipelineOptions
-from streamer_plugins.bedmethyl import BedMethyl
-from streamer_plugins.modbam import ModCalls, write_modbam
+from streamer.resume import CallJournal, Resumed, run_identity
+from streamer.signal_pool import IO_MODES, reader_pool
+from streamer import registry
+from streamer.sinks import open_sink
 from streamer.skips import Skipped
 from streamer.summary import RunSummary
 from streamer.tuning.session import CallTuning, add_call_arguments
@@ -45,12 +51,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--meth-model", type=Path,
                    help="CpG methylation pore model file, nanopolish/f5c text, k up to 9 (default: r9.4 450bps 6-mer; "
                         "for R10.4.1 data f5c's CpG 9-mer model in the model folder, see --model-dir)")
-    p.add_argument("--io-workers", type=int, default=OverlapOptions.io_workers,
+    p.add_argument("--io-workers", type=int, default=RunnerOptions.io_workers,
                    help="signal readers working ahead of the stages [%(default)s]")
-    p.add_argument("--io-mode", choices=IO_MODES, default=OverlapOptions.io_mode,
+    p.add_argument("--io-mode", choices=IO_MODES, default=RunnerOptions.io_mode,
                    help="signal readers as processes or threads; auto: threads for SLOW5/BLOW5, processes "
                         "otherwise (FAST5 and POD5 readers hold a lock or the GIL) [%(default)s]")
-    p.add_argument("--compute-threads", type=int, default=OverlapOptions.compute_threads,
+    p.add_argument("--compute-threads", type=int, default=RunnerOptions.compute_threads,
                    help="batches in the stages at once, so CPU and GPU stages overlap [%(default)s]")
     gpu = p.add_argument_group("GPU (ABEA and the CpG HMM on an NVIDIA GPU when numba-cuda and a GPU are present)")
     gpu.add_argument("--disable-cuda", action="store_true", help="align and call on the CPU only")
@@ -71,6 +77,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="with the GPU, write the alignments of reads longer than --ultra-thresh to this BAM "
                           "instead of processing them")
     add_call_arguments(p)
+    scale = p.add_argument_group("beyond this host, and starting again")
+    scale.add_argument("--dask", metavar="ADDRESS",
+                       help="run the batches on a Dask cluster: a scheduler's tcp://HOST:8786, or local[:N] for N "
+                            "worker processes here; workers read the inputs from a shared filesystem "
+                            "(install streamer[cluster])")
+    scale.add_argument("--resume", action="store_true",
+                       help="with -o FILE: keep the batches a killed run already wrote (journaled in FILE.journal) "
+                            "and compute only the rest")
 
 
 def _report(skipped: list[Skipped], summary: RunSummary) -> None:
@@ -80,62 +94,179 @@ def _report(skipped: list[Skipped], summary: RunSummary) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    _check_combinations(args)
     tuning = CallTuning.from_args(args)
     limits = tuning.limits(BatchLimits(max_reads=args.batchsize, max_bases=args.max_bases))
     cuda = CudaOptions(disable=args.disable_cuda, dev_id=args.cuda_dev_id, mem_frac=args.cuda_mem_frac,
                        avg_epk=args.cuda_avg_epk, max_lf=args.cuda_max_lf, max_epk=args.cuda_max_epk,
                        ultra_thresh=args.ultra_thresh, max_reads=limits.max_reads, max_bases=limits.max_bases,
                        hmm=not args.disable_cuda_hmm)
-    overlap = OverlapOptions(io_workers=max(1, args.io_workers), io_mode=args.io_mode,
-                             compute_threads=max(1, args.compute_threads))
     filt = alignment_filter(args)
     summary = RunSummary()
     progress = sys.stderr.isatty()
+    rows = open_sink("calls")
     with ExitStack() as stack:
         index = signal_index(args)
         kmer_model, meth_model = model_files(args, index, methylation=True)
         options = PipelineOptions(threads=args.threads, kmer_model=kmer_model, meth_model=meth_model, cuda=cuda)
-        # readers start while the pipeline loads its models and kernels
-        pool = reader_pool(index, overlap.io_workers, overlap.io_mode)
-        stack.callback(pool.shutdown, wait=True, cancel_futures=True)
-        with ThreadPoolExecutor(1) as early:  # the reads file is indexed while the pipeline starts
-            basecalls = early.submit(open_basecalls, args.reads)
-            pipeline = Pipeline(options)
-            tuning.attach(pipeline.gpu)
-            summary.startup_s = summary.elapsed
-            basecalls = stack.enter_context(basecalls.result())
-        ref = stack.enter_context(Reference(args.genome))
-        out = stack.enter_context(open(args.output, "w")) if args.output else sys.stdout
-        out.write(Pipeline.TSV_HEADER)
-        # as f5c does, ultra-long reads wait for the end of the run only when the GPU aligns the rest
-        ultra = UltraLong(args.ultra_thresh, args.skip_ultra) if pipeline.gpu is not None else None
-        plans = plan_batches(iter_alignments(args.bam, filt), basecalls, index, limits, str(args.reads), ultra)
+        output = _Output.open(args, rows.header, [kmer_model, meth_model])
+        stack.callback(output.close)
+        summary.batches_resumed = output.resumed
 
-        bed = BedMethyl() if args.bedmethyl else None
-        mod = ModCalls() if args.modbam else None
-
-        def on_result(result: BatchResult) -> None:
-            tuning.observe(result.gpu_stats)
-            if bed is not None:
-                bed.add_calls(result.calls, result.ref_names)
-            if mod is not None:
-                mod.add_calls(result.calls, result.read_ids, result.ref_names)
+        def written(batch_calls: int, batch_reads: int) -> None:
+            output.batch_written(batch_calls, batch_reads)
             if progress:
                 print(f"\r{summary.progress_line()}", end="", file=sys.stderr, flush=True)
 
-        run_overlapped(pipeline, plans, ref, pool, out, summary, overlap, on_result,
-                       lambda skipped: _report(skipped, summary))  # fmt: skip
-        tuning.finish()
-        if ultra is not None and ultra.skip_to is not None:
-            write_records(args.bam, ultra.skip_to, ultra.skipped_ids, filt)
-        if bed is not None:
-            with open(args.bedmethyl, "w") as fh:
-                bed.write(fh)
-        if mod is not None:
-            write_modbam(args.bam, args.modbam, mod, filt, " ".join(["streamer", *sys.argv[1:]]))
+        if args.dask:
+            _on_cluster(args, stack, options, index, limits, filt, summary, output, written)
+        else:
+            _here(args, stack, options, index, limits, filt, summary, output, written, tuning, rows)
+        output.finish()
     if progress:
         print(file=sys.stderr)
     print(summary.report(), file=sys.stderr)
     if args.stats_json:
         args.stats_json.write_text(json.dumps({**summary.as_dict(), "tuning": tuning.summary()}, indent=2) + "\n")
     return 0
+
+
+def _check_combinations(args: argparse.Namespace) -> None:
+    if args.dask and (args.autotune or args.bedmethyl or args.modbam or args.skip_ultra):
+        raise StreamerError("--dask writes the call TSV: leave out --autotune, --bedmethyl, --modbam and --skip-ultra")
+    if args.resume and (args.output is None or args.autotune):
+        raise StreamerError("--resume needs -o FILE and fixed batch sizes (no --autotune): the plan must be the same")
+
+
+class _Output:
+    """The call TSV, journaled batch by batch where a run can be resumed (-o FILE): the journal is
+    removed once the run completes, so only a killed run leaves one."""
+
+    def __init__(self, out: TextIO, journal: CallJournal | None, resumed: Resumed):
+        self.out, self.journal = out, journal
+        self.resumed = resumed.batches
+        self.batch, self.calls, self.reads = resumed.batches, resumed.calls, resumed.reads
+
+    @classmethod
+    def open(cls, args: argparse.Namespace, header: str, models: list[Path | None]) -> _Output:
+        if args.output is None:
+            return cls(sys.stdout, None, Resumed(0, 0, 0))
+        identity = run_identity([args.reads, args.bam, args.genome, *(m for m in models if m is not None)],
+                                {k: v for k, v in vars(args).items() if k in OUTPUT_OPTIONS})  # fmt: skip
+        journal = CallJournal(args.output, identity)
+        resumed = journal.resume(args.output) if args.resume else Resumed(0, 0, 0)
+        if args.resume and args.output.exists():
+            out = open(args.output, "a")
+            if out.tell() == 0:
+                out.write(header)
+        else:
+            out = open(args.output, "w")
+            out.write(header)
+            journal.start()
+        out.flush()
+        return cls(out, journal, resumed)
+
+    def write(self, text: str) -> None:
+        self.out.write(text)
+
+    def batch_written(self, calls: int, reads: int) -> None:
+        self.out.flush()
+        self.calls += calls
+        self.reads += reads
+        if self.journal is not None:
+            self.journal.batch_written(self.batch, self.out.tell(), self.calls, self.reads)
+        self.batch += 1
+
+    def finish(self) -> None:
+        """The run completed: nothing left to resume."""
+        if self.journal is not None:
+            self.journal.close()
+            self.journal.path.unlink(missing_ok=True)
+            self.journal = None
+
+    def close(self) -> None:
+        if self.journal is not None:
+            self.journal.close()
+        if self.out is not sys.stdout:
+            self.out.close()
+
+
+# the options whose change changes the output: a journal is resumed only under the same ones
+OUTPUT_OPTIONS = ("reads", "bam", "genome", "signal", "batchsize", "max_bases", "min_mapq", "secondary", "kmer_model",
+                  "model_dir", "pore", "meth_model", "disable_cuda", "ultra_thresh")  # fmt: skip
+
+
+def _here(args, stack, options, index, limits, filt, summary, output, written, tuning, rows) -> None:
+    """This host: reader pool, the pipeline (GPU if any), overlapped batches."""
+    runner = RunnerOptions(io_workers=max(1, args.io_workers), io_mode=args.io_mode,
+                           compute_threads=max(1, args.compute_threads))
+    # readers start while the pipeline loads its models and kernels
+    pool = reader_pool(index, runner.io_workers, runner.io_mode)
+    stack.callback(pool.shutdown, wait=True, cancel_futures=True)
+    with ThreadPoolExecutor(1) as early:  # the reads file is indexed while the pipeline starts
+        basecalls = early.submit(open_basecalls, args.reads)
+        pipeline = Pipeline(options, [registry.analysis("cpg")])
+        tuning.attach(pipeline.gpu)
+        summary.startup_s = summary.elapsed
+        basecalls = stack.enter_context(basecalls.result())
+    ref = stack.enter_context(Reference(args.genome))
+    # as f5c does, ultra-long reads wait for the end of the run only when the GPU aligns the rest
+    ultra = UltraLong(args.ultra_thresh, args.skip_ultra) if pipeline.gpu is not None else None
+    plans = plan_batches(iter_alignments(args.bam, filt), basecalls, index, limits, str(args.reads), ultra)
+
+    tables = []
+    if args.bedmethyl:
+        tables.append(open_sink("bedmethyl", path=args.bedmethyl))
+    if args.modbam:
+        tables.append(open_sink("modbam", bam=args.bam, path=args.modbam, filt=filt,
+                                command_line=" ".join(["streamer", *sys.argv[1:]])))
+    batch = {"calls": 0, "reads": 0}
+
+    def on_result(result: BatchResult, text: str) -> int:
+        output.write(text)
+        tuning.observe(result.gpu_stats)
+        for table in tables:
+            table.on_batch(result)
+        batch["calls"] = rows.count(result)
+        batch["reads"] = result.n_reads - len(result.skipped)
+        return batch["calls"]
+
+    def done() -> None:
+        written(batch["calls"], batch["reads"])
+        batch.update(calls=0, reads=0)
+
+    run_batches(pipeline, islice(plans, output.resumed, None), ref, pool, summary, on_result, rows.render,
+                lambda skipped: _report(skipped, summary), runner, done)  # fmt: skip
+    tuning.finish()
+    if ultra is not None and ultra.skip_to is not None:
+        write_records(args.bam, ultra.skip_to, ultra.skipped_ids, filt)
+    for table in tables:
+        table.close()
+
+
+def _on_cluster(args, stack, options, index, limits, filt, summary, output, written) -> None:
+    """A Dask cluster: batches planned here, read and computed on the workers (`streamer.cluster`)."""
+    from streamer import cluster
+
+    client, workers, close = cluster.connect(args.dask, args.threads)
+    stack.callback(close)
+    if args.dask.startswith("local"):  # this host's threads shared by its workers
+        options = replace(options, threads=max(1, args.threads // workers))
+    models = [m for m in (options.kmer_model, options.meth_model) if m is not None]
+    cluster.check_paths(client, [args.reads, args.genome, *models, *sorted(set(index.paths.values()))])
+    basecalls = stack.enter_context(open_basecalls(args.reads))
+    summary.startup_s = summary.elapsed
+    plans = plan_batches(iter_alignments(args.bam, filt), basecalls, index, limits, str(args.reads))
+    numbered = ((seq, pending, skipped) for seq, (pending, skipped) in enumerate(plans) if seq >= output.resumed)
+
+    def on_outcome(seq: int, o: cluster.BatchOutcome) -> None:
+        _report(o.skipped, summary)
+        summary.reads_in += o.n_in
+        summary.reads_called += o.n_called
+        summary.bases += o.n_bases
+        summary.calls += o.calls
+        summary.stage_seconds.update(o.timings)
+        output.write(o.text)
+        written(o.calls, o.n_called)
+
+    cluster.run_on_cluster(client, workers, cluster.ClusterJob(options, str(args.genome)), numbered, on_outcome)

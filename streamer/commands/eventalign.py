@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from contextlib import ExitStack
 from pathlib import Path
 
-import pysam
-
-from streamer.assemble import BatchLimits, load_signals, make_read_input, plan_batches, signal_requests
+from streamer.batching import BatchLimits, batch_inputs, load_signals, plan_batches, signal_requests
 from streamer.batch import pack
 from streamer.commands._inputs import (
     add_input_arguments,
@@ -19,22 +16,13 @@ from streamer.commands._inputs import (
     model_files,
     signal_index,
 )
+from streamer import registry
 from streamer.gpu_api import CudaOptions
-from streamer.io.alignments import Alignment, iter_alignments
+from streamer.io.alignments import iter_alignments
 from streamer.io.bamreads import open_basecalls
 from streamer.io.reference import Reference
-from streamer.pipeline import PipelineOptions
-from streamer_plugins.eventalign import (
-    COMPAT,
-    SUMMARY_HEADER,
-    EventalignOptions,
-    EventalignPipeline,
-    format_tsv,
-    sam_records,
-    summary_lines,
-    tsv_header,
-)
-from streamer.skips import Skip, Skipped
+from streamer.pipeline import Pipeline, PipelineOptions
+from streamer.sinks import open_sink
 from streamer.summary import RunSummary
 
 NAME = "eventalign"
@@ -49,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scale-events", action="store_true", help="scale events to the model, not the model to the events")
     p.add_argument("--signal-index", action="store_true", help="each event's first and past-last sample index")
     p.add_argument("--samples", action="store_true", help="each event's samples, scaled to the model")
-    p.add_argument("--compat", choices=COMPAT, default="f5c",
+    p.add_argument("--compat", choices=("f5c", "nanopolish"), default="f5c",
                    help="whose arithmetic to follow where tied paths differ in the last bit: f5c 1.1 or nanopolish "
                         "0.14 (its built-in model to 5 decimals, scalings in double) [%(default)s]")
     p.add_argument("--summary", type=Path, metavar="FILE", help="also write a summary line per read to FILE")
@@ -59,14 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cuda-dev-id", type=int, default=CudaOptions.dev_id, help="GPU to use [%(default)s]")
 
 
-def _display_path(path: str) -> str:
-    """The signal file relative to the working directory when it lies below it (as f5c's index names it)."""
-    rel = os.path.relpath(path)
-    return path if rel.startswith("..") else rel
-
-
 def run(args: argparse.Namespace) -> int:
-    opts = EventalignOptions(args.print_read_names, args.scale_events, args.signal_index, args.samples)
     limits = BatchLimits(max_reads=args.batchsize, max_bases=args.max_bases)
     cuda = CudaOptions(disable=args.disable_cuda, dev_id=args.cuda_dev_id, max_reads=limits.max_reads,
                        max_bases=limits.max_bases, hmm=False)  # fmt: skip
@@ -76,55 +57,39 @@ def run(args: argparse.Namespace) -> int:
         index = signal_index(args)
         kmer_model, _ = model_files(args, index, methylation=False)
         basecalls = stack.enter_context(open_basecalls(args.reads))
-        pipeline = EventalignPipeline(PipelineOptions(threads=args.threads, kmer_model=kmer_model, cuda=cuda),
-                                      scale_events=args.scale_events, compat=args.compat)  # fmt: skip
+        pipeline = Pipeline(PipelineOptions(threads=args.threads, kmer_model=kmer_model, cuda=cuda),
+                            [registry.analysis("eventalign", args.scale_events, args.compat)])  # fmt: skip
         summary.startup_s = summary.elapsed
         ref = stack.enter_context(Reference(args.genome))
+        # the TSV's read_index is the record's place in the BAM, every record counted, as the tools number it
+        rows = open_sink("eventalign", print_read_names=args.print_read_names, scale_events=args.scale_events,
+                         signal_index=args.signal_index, samples=args.samples)
+        sinks = []
         if args.sam:
-            with pysam.AlignmentFile(str(args.bam), "rb", check_sq=False) as bam:
-                sam = stack.enter_context(pysam.AlignmentFile(str(args.output or "-"), "w", template=bam))
+            sinks.append(open_sink("eventalign-sam", path=args.output or "-", template_bam=args.bam))
+            out = None
         else:
             out = stack.enter_context(open(args.output, "w")) if args.output else sys.stdout
-            out.write(tsv_header(opts))
-        summ = stack.enter_context(open(args.summary, "w")) if args.summary else None
-        if summ is not None:
-            summ.write(SUMMARY_HEADER)
-        # read_index is the record's place in the BAM, every record counted, as the tools number it
-        record_index: dict[int, int] = {}
-
-        def numbered():
-            for i, rec in enumerate(iter_alignments(args.bam, filt)):
-                if isinstance(rec, Alignment):
-                    record_index[id(rec)] = i
-                yield rec
-
-        for pending, skipped in plan_batches(numbered(), basecalls, index, limits, str(args.reads)):
+            out.write(rows.header)
+        if args.summary:
+            sinks.append(open_sink("eventalign-summary", path=args.summary))
+        for sink in sinks:
+            stack.callback(sink.close)
+        for pending, skipped in plan_batches(iter_alignments(args.bam, filt), basecalls, index, limits,
+                                             str(args.reads)):  # fmt: skip
             summary.reads_in += len(pending) + len(skipped)
-            signals, errors = load_signals(signal_requests(pending))
-            reads, numbers, mapq = [], [], []
-            for aln, seq, path in pending:
-                sig = signals.get(aln.read_id)
-                if sig is None:
-                    skipped.append(Skipped(aln.read_id, Skip.BAD_SIGNAL_FILE, errors[aln.read_id]))
-                else:
-                    reads.append(make_read_input(aln, seq, sig, ref, str(path)))
-                    numbers.append(record_index.pop(id(aln)))
-                    mapq.append(aln.mapq)
+            reads, failed = batch_inputs(pending, *load_signals(signal_requests(pending)), ref)
+            skipped += failed
             if reads:
                 result = pipeline.run_batch(pack(reads))
-                batch = result.batch
-                labels = batch.read_ids if opts.print_read_names else [str(n) for n in numbers]
-                if args.sam:
-                    for rec in sam_records(result.rows, batch, mapq, sam.header):
-                        sam.write(rec)
-                else:
-                    out.write(format_tsv(result.rows, batch, labels, opts))
-                if summ is not None:
-                    summ.write(summary_lines(result.rows, batch, numbers, [_display_path(p) for p in batch.signal_paths]))
+                if out is not None:
+                    out.write(rows.render(result))
+                for sink in sinks:
+                    sink.on_batch(result)
                 skipped += result.skipped
-                summary.reads_called += batch.n - len(result.skipped)
-                summary.bases += batch.n_bases
-                summary.calls += len(result.rows)
+                summary.reads_called += result.n_reads - len(result.skipped)
+                summary.bases += result.n_bases
+                summary.calls += rows.count(result)
                 summary.stage_seconds.update(result.timings)
             for s in skipped:
                 log.info("%s", s.message())

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from streamer_plugins.methfreq import CALL_THRESHOLD, MethFreq
+from streamer.sinks import open_sink
 
 NAME = "meth-freq"
 HELP = "per-site methylation frequency from call-methylation TSV"
@@ -14,14 +14,16 @@ HELP = "per-site methylation frequency from call-methylation TSV"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("calls", type=Path, help="call-methylation TSV")
-    p.add_argument("-c", "--call-threshold", type=float, default=CALL_THRESHOLD,
-                   help="a call counts if |log_lik_ratio| >= this [%(default)s]")
+    p.add_argument("-c", "--call-threshold", type=float,
+                   help="a call counts if |log_lik_ratio| >= this [f5c's: 2.5]")
     p.add_argument("-s", "--split-groups", action="store_true", help="report each CpG of a multi-CpG group separately")
     p.add_argument("-o", "--output", type=Path, help="output TSV (default: stdout)")
 
 
 def run(args: argparse.Namespace) -> int:
-    freq = MethFreq.from_tsv(args.calls, args.call_threshold, args.split_groups)
+    threshold = {} if args.call_threshold is None else {"call_threshold": args.call_threshold}
+    freq = open_sink("methfreq", split_groups=args.split_groups, **threshold).table
+    freq.read(args.calls)
     if args.output:
         with open(args.output, "w") as fh:
             freq.write(fh)

@@ -12,14 +12,14 @@ from pathlib import Path
 import yaml
 
 from streamer import config as configuration
-from streamer.align import ReadAligner
+from streamer import registry
+from streamer.read_aligner import ReadAligner
 from streamer.daemon import Daemon
 from streamer.errors import ConfigError, ModelError
 from streamer.gpu_api import CudaOptions
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
 from streamer.notify import Notifier
-from streamer.outputs_eventalign import EventalignStage
 from streamer.pipeline import Pipeline, PipelineOptions
 from streamer.poremodel import pore_models
 from streamer.publish.publisher import Publisher, PublisherConfig
@@ -53,10 +53,11 @@ def run(args: argparse.Namespace) -> int:
         stack.callback(notifier.close)
         notifier.status("loading models and compiling kernels")
         cuda = cuda_options(cfg)
-        extra = EventalignStage(cfg.eventalign.scale_events) if cfg.eventalign.enabled else None
+        # eventalign before the CpG caller, which fails the reads it finds no CpG in
+        analyses = [registry.analysis("eventalign", cfg.eventalign.scale_events)] if cfg.eventalign.enabled else []
         kmer_model, meth_model = model_files(cfg.pipeline)
         pipeline = Pipeline(PipelineOptions(threads=threads, kmer_model=kmer_model, meth_model=meth_model, cuda=cuda),
-                            extra=extra)
+                            [*analyses, registry.analysis("cpg")])
         reference = stack.enter_context(Reference(cfg.reference.genome))
         publisher = stack.enter_context(_publisher(cfg.publish)) if cfg.publish.endpoint else None
         tuner = AutoTuner.for_gpu(plan, pipeline.gpu, autotune=cfg.gpu.autotune, state_dir=cfg.state_dir(),

@@ -33,7 +33,7 @@ class AlignmentFilter:
 
 
 @dataclass(frozen=True)
-class Alignment:
+class AlignmentRecord:
     """The parts of a BAM record the pipeline needs."""
 
     read_id: str
@@ -45,11 +45,11 @@ class Alignment:
     cigar: np.ndarray  # int32[n_ops, 2] (op, length)
 
 
-def alignment_of(rec: pysam.AlignedSegment) -> Alignment:
+def alignment_of(rec: pysam.AlignedSegment) -> AlignmentRecord:
     ops = rec.cigartuples or ()
     # fromiter: np.asarray over the list of tuples costs most of reading a record
     cigar = np.fromiter(chain.from_iterable(ops), dtype=np.int32, count=2 * len(ops)).reshape(-1, 2)
-    return Alignment(
+    return AlignmentRecord(
         read_id=rec.query_name,
         ref_name=rec.reference_name,
         ref_start=rec.reference_start,
@@ -60,8 +60,8 @@ def alignment_of(rec: pysam.AlignedSegment) -> Alignment:
     )
 
 
-def iter_alignments(path: str | Path, filt: AlignmentFilter) -> Iterator[Alignment | Skipped]:
-    """Yield every record in file order: an `Alignment` to process, or a `Skipped` naming the file."""
+def iter_alignments(path: str | Path, filt: AlignmentFilter) -> Iterator[AlignmentRecord | Skipped]:
+    """Yield every record in file order: an `AlignmentRecord` to process, or a `Skipped` naming the file."""
     path = Path(path)
     try:
         fh = pysam.AlignmentFile(str(path), "rb", check_sq=False)

@@ -22,9 +22,16 @@ from pathlib import Path
 import pysam
 
 from streamer.errors import InputError
-from streamer.io.fastx import load_basecalls
+from streamer.io.fastx import load_basecalls, tail
+
+BGZF_EOF = bytes.fromhex("1f8b08040000000000ff0600424302001b0003000000000000000000")
 
 _COMPLEMENT = str.maketrans("ACGTUNacgtun", "TGCAANtgcaan")
+
+
+def bam_is_complete(path: Path) -> bool:
+    """True once a BAM file ends with BGZF's end-of-file block (writers add it when they close)."""
+    return tail(path, len(BGZF_EOF)) == BGZF_EOF
 
 
 def is_bam(path: str | Path) -> bool:

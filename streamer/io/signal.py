@@ -22,7 +22,6 @@ from streamer.io.fast5 import SignalRecord
 log = logging.getLogger(__name__)
 
 SIGNAL_SUFFIXES = (".fast5", ".pod5", ".blow5", ".slow5")
-FORMATS = ("fast5", "pod5", "blow5", "slow5")
 
 _MAGIC = (
     (b"\x89HDF\r\n\x1a\n", "fast5"),

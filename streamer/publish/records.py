@@ -7,18 +7,15 @@ Calls name their read by index, so chromosome, read name and strand become
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from streamer.publish.protocol import CALL_COLUMNS, Categorical
 
-if TYPE_CHECKING:
-    from streamer_plugins.cpg.calls import MethCalls
 
-
-def call_columns(calls: MethCalls, read_ids: Sequence[str], ref_names: Sequence[str]) -> dict[str, Any]:
-    """CALL_COLUMNS of a batch's calls; `read_ids`, `ref_names` are the batch's, per record."""
+def call_columns(calls: Any, read_ids: Sequence[str], ref_names: Sequence[str]) -> dict[str, Any]:
+    """CALL_COLUMNS of a batch's calls (a `MethCalls`); `read_ids`, `ref_names` are the batch's, per record."""
     return {
         "chromosome": Categorical(ref_names, calls.read),
         "strand": Categorical(("+", "-"), calls.strand < 0),

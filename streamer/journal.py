@@ -1,12 +1,13 @@
-"""The daemon's output files: appended logs cut back to the ledger, and derived tables.
+"""The daemon's journal: the row outputs, appended batch by batch and cut back to the ledger.
 
 `meth.tsv` and `skipped.tsv` grow by whole batches: rows are appended, flushed and fsynced,
-and only then does the ledger commit the new end offsets. At start, `Outputs` cuts each file
+and only then does the ledger commit the new end offsets. At start, `Journal` cuts each file
 back to its committed offset, which drops the rows of a batch that was written but never
 committed (a crash between the two steps); those reads are still open and are redone.
 `eventalign.tsv`, when enabled, is one more such file. A file keeps the columns it was started
-with: a header that no longer matches the configuration stops the start. `meth-freq.tsv`,
-`meth.bed` and `summary.json` are derived and replaced whole (write, then rename).
+with: a header that no longer matches the configuration stops the start. The derived tables
+(`meth-freq.tsv`, `meth.bed`, `summary.json`) are not journaled: they are replaced whole
+(`streamer.sinks.write_atomic`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ log = logging.getLogger(__name__)
 SKIPPED_HEADER = "read_id\treason\tdetail\n"
 
 
-class Outputs:
+class Journal:
     """Append-only outputs whose committed length the ledger holds."""
 
     def __init__(self, out_dir: Path, headers: Mapping[str, str], committed: Mapping[str, int]):
@@ -93,13 +94,3 @@ class Outputs:
         for fh in self._files.values():
             fh.close()
         self._files = {}
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Replace `path` whole, so readers never see half a table."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)

@@ -1,9 +1,12 @@
-"""Join alignments, basecalls, signal and reference into batches of `ReadInput`.
+"""From alignment records to batch inputs: planning, signal loading, and the one join.
 
-Batches are capped by K reads and B bases, counted over the records that go on,
-as f5c does. Every record that cannot go on leaves as a `Skipped` with its reason.
-`plan_batches` decides the batches without reading signal, so that the overlapped
-`streamer call` can hand their signal to reader workers (`load_chunk`, one task).
+Batches are capped by K reads and B bases, counted over the records that go on, as f5c
+does. Every command goes through here: `streamer call` and `streamer eventalign` plan their
+batches from the BAM in file order without reading signal (`plan_batches`), so that reader
+workers can load it (`load_chunk`, one task); the daemon's batches come from its ledger.
+All of them hand their `Pending` records and the loaded signal to `batch_inputs`, the one
+function that makes batch inputs (or skips, each with its reason) of them, and its reads to
+`streamer.batch.pack`.
 """
 
 from __future__ import annotations
@@ -11,15 +14,17 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from typing import NamedTuple
+
 from streamer.batch import ReadInput
 from streamer.errors import InputError
-from streamer.io.alignments import Alignment
+from streamer.io.alignments import AlignmentRecord
 from streamer.io.fast5 import SignalRecord
 from streamer.io.index import SignalIndex
 from streamer.io.reference import Reference
@@ -33,22 +38,6 @@ class BatchLimits:
 
     max_reads: int = 512
     max_bases: int = 5_000_000
-
-
-def make_read_input(aln: Alignment, seq: str, sig: SignalRecord, ref: Reference, signal_path: str = "") -> ReadInput:
-    return ReadInput(
-        read_id=aln.read_id,
-        seq=seq,
-        signal_pa=sig.to_pa(),
-        sample_rate=float(sig.sample_rate),
-        ref_name=aln.ref_name,
-        ref_start=aln.ref_start,
-        ref_end=aln.ref_end,
-        rc=aln.rc,
-        cigar=aln.cigar,
-        ref_seq=ref.fetch(aln.ref_name, aln.ref_start, aln.ref_end),
-        signal_path=signal_path,
-    )
 
 
 def load_signals(wanted: Mapping[Path, list[str]]) -> tuple[dict[str, SignalRecord], dict[str, str]]:
@@ -73,8 +62,13 @@ def load_signals(wanted: Mapping[Path, list[str]]) -> tuple[dict[str, SignalReco
     return got, errors
 
 
-# a record whose signal is still to be read: the alignment, its basecalls, the signal file
-Pending = tuple[Alignment, str, Path]
+class Pending(NamedTuple):
+    """An alignment record whose signal is still to be read."""
+
+    aln: AlignmentRecord
+    seq: str  # the read's basecalls, as sequenced
+    signal_path: Path
+    number: int = -1  # its number where it came from (BAM record index, the ledger's read number)
 
 
 @dataclass
@@ -87,7 +81,7 @@ class UltraLong:
 
 
 def plan_batches(
-    records: Iterable[Alignment | Skipped],
+    records: Iterable[AlignmentRecord | Skipped],
     basecalls: Mapping[str, str],
     index: SignalIndex,
     limits: BatchLimits,
@@ -103,7 +97,7 @@ def plan_batches(
     skipped: list[Skipped] = []
     deferred: list[Pending] = []
     bases = 0
-    for aln in records:
+    for number, aln in enumerate(records):
         if isinstance(aln, Skipped):
             skipped.append(aln)
             continue
@@ -118,22 +112,22 @@ def plan_batches(
             continue
         if ultra is not None and len(seq) > ultra.threshold:
             if ultra.skip_to is None:
-                deferred.append((aln, seq, path))
+                deferred.append(Pending(aln, seq, path, number))
             else:
                 ultra.skipped_ids.add(read_id)
                 skipped.append(Skipped(read_id, Skip.ULTRA_LONG, f"{len(seq)} bases, written to {ultra.skip_to}"))
             continue
-        pending.append((aln, seq, path))
+        pending.append(Pending(aln, seq, path, number))
         bases += len(seq)
         if len(pending) >= limits.max_reads or bases >= limits.max_bases:
             yield pending, skipped
             pending, skipped, bases = [], [], 0
     for item in deferred:
-        if pending and (len(pending) >= limits.max_reads or bases + len(item[1]) > limits.max_bases):
+        if pending and (len(pending) >= limits.max_reads or bases + len(item.seq) > limits.max_bases):
             yield pending, skipped
             pending, skipped, bases = [], [], 0
         pending.append(item)
-        bases += len(item[1])
+        bases += len(item.seq)
     if pending or skipped:
         yield pending, skipped
 
@@ -141,24 +135,36 @@ def plan_batches(
 def signal_requests(pending: list[Pending]) -> dict[Path, list[str]]:
     """The read ids to load from each signal file, files in first-use order."""
     wanted: dict[Path, list[str]] = defaultdict(list)
-    for aln, _, path in pending:
-        wanted[path].append(aln.read_id)
+    for p in pending:
+        wanted[p.signal_path].append(p.aln.read_id)
     return wanted
 
 
-def build_reads(
-    pending: list[Pending], signals: Mapping[str, SignalRecord], errors: Mapping[str, str], ref: Reference,
-    skipped: list[Skipped],
-) -> list[ReadInput]:  # fmt: skip
-    """The batch's reads in planned order; a record whose signal did not load is added to `skipped`."""
-    reads = []
-    for aln, seq, path in pending:
+def batch_inputs(pending: Iterable[Pending], signals: Mapping[str, SignalRecord], errors: Mapping[str, str],
+                 ref: Reference) -> tuple[list[ReadInput], list[Skipped]]:  # fmt: skip
+    """The records ready for the stages, in the order given, and those that are not, with why.
+
+    `signals` holds the records' loaded signal by read id, `errors` why a read's did not load.
+    """
+    reads: list[ReadInput] = []
+    skipped: list[Skipped] = []
+    for p in pending:
+        aln = p.aln
         sig = signals.get(aln.read_id)
         if sig is None:
-            skipped.append(Skipped(aln.read_id, Skip.BAD_SIGNAL_FILE, errors[aln.read_id]))
-        else:
-            reads.append(make_read_input(aln, seq, sig, ref, str(path)))
-    return reads
+            why = errors.get(aln.read_id) or f"{p.signal_path}: read not found in this signal file"
+            skipped.append(Skipped(aln.read_id, Skip.BAD_SIGNAL_FILE, why))
+            continue
+        try:
+            ref_seq = ref.fetch(aln.ref_name, aln.ref_start, aln.ref_end)
+        except InputError as exc:
+            skipped.append(Skipped(aln.read_id, Skip.ALIGNMENT_FAILED, str(exc)))
+            continue
+        reads.append(ReadInput(read_id=aln.read_id, seq=p.seq, signal=sig, ref_name=aln.ref_name,
+                               ref_start=aln.ref_start, ref_end=aln.ref_end, rc=aln.rc, cigar=aln.cigar,
+                               ref_seq=ref_seq, signal_path=str(p.signal_path), number=p.number,
+                               mapq=aln.mapq))  # fmt: skip
+    return reads, skipped
 
 
 _NO_SAMPLES = np.zeros(0, np.int16)
@@ -189,8 +195,21 @@ def load_chunk(wanted: Mapping[Path, list[str]]) -> SignalChunk:
     return SignalChunk(records, where, raw.astype(np.int16, copy=False), errors, time.perf_counter() - t0)
 
 
+def chunk_records(chunks: Iterable[SignalChunk], read_ids: Container[str] | None = None
+                  ) -> tuple[dict[str, SignalRecord], dict[str, str]]:  # fmt: skip
+    """The reader tasks' records (their samples views of the task's array) and failures, of `read_ids` or all."""
+    records: dict[str, SignalRecord] = {}
+    errors: dict[str, str] = {}
+    for c in chunks:
+        for rid, (s, n) in c.where.items():
+            if read_ids is None or rid in read_ids:
+                records[rid] = dataclasses.replace(c.records[rid], raw=c.raw[s : s + n])
+        errors.update((rid, why) for rid, why in c.errors.items() if read_ids is None or rid in read_ids)
+    return records, errors
+
+
 def offline_batches(
-    records: Iterable[Alignment | Skipped],
+    records: Iterable[AlignmentRecord | Skipped],
     basecalls: Mapping[str, str],
     index: SignalIndex,
     ref: Reference,
@@ -200,4 +219,5 @@ def offline_batches(
     """Yield (reads, skipped) per batch from BAM records in file order, reading signal as it goes."""
     for pending, skipped in plan_batches(records, basecalls, index, limits, reads_path):
         signals, errors = load_signals(signal_requests(pending))
-        yield build_reads(pending, signals, errors, ref, skipped), skipped
+        reads, failed = batch_inputs(pending, signals, errors, ref)
+        yield reads, skipped + failed

@@ -20,17 +20,17 @@ from pathlib import Path
 import pysam
 
 from streamer.errors import InputError
-from streamer.io.alignments import Alignment, AlignmentFilter, alignment_of
+from streamer.io.alignments import AlignmentRecord, AlignmentFilter, alignment_of
 from streamer.io.fastx import iter_fastx
 from streamer.skips import Skip, Skipped
 
 log = logging.getLogger(__name__)
 
-Record = Alignment | Skipped  # an alignment record that goes on, or why it does not
+Record = AlignmentRecord | Skipped  # an alignment record that goes on, or why it does not
 
 
 @dataclass(frozen=True)
-class Basecalls:
+class ReadBasecalls:
     """One read's basecalls and, when its file is an aligned BAM, its alignment records."""
 
     read_id: str
@@ -43,14 +43,14 @@ class Basecalls:
 
 
 def read_basecall_file(path: Path, fmt: str, filt: AlignmentFilter,
-                       wanted: Container[str] | None = None) -> dict[str, Basecalls]:
+                       wanted: Container[str] | None = None) -> dict[str, ReadBasecalls]:
     """Every read of a FASTQ/FASTA or BAM file (or only the `wanted` ones), keyed by read id."""
     if fmt == "bam":
         return _read_bam(path, filt, wanted)
-    return {rid: Basecalls(rid, seq, None) for rid, seq in iter_fastx(path) if wanted is None or rid in wanted}
+    return {rid: ReadBasecalls(rid, seq, None) for rid, seq in iter_fastx(path) if wanted is None or rid in wanted}
 
 
-def _read_bam(path: Path, filt: AlignmentFilter, wanted: Container[str] | None) -> dict[str, Basecalls]:
+def _read_bam(path: Path, filt: AlignmentFilter, wanted: Container[str] | None) -> dict[str, ReadBasecalls]:
     """Group a BAM's records by read; the read's sequence comes from its primary record.
 
     A BAM without reference sequences in its header is unaligned (dorado, MinKNOW without a
@@ -76,12 +76,12 @@ def _read_bam(path: Path, filt: AlignmentFilter, wanted: Container[str] | None) 
                     records[rid].append(record_of(rec, filt, path))
         except OSError as exc:
             raise InputError(path, f"truncated or corrupt BAM: {exc}") from exc
-    return {rid: Basecalls(rid, seqs.get(rid, ""), tuple(recs) if aligned else None)
+    return {rid: ReadBasecalls(rid, seqs.get(rid, ""), tuple(recs) if aligned else None)
             for rid, recs in records.items()}
 
 
 def record_of(rec: pysam.AlignedSegment, filt: AlignmentFilter, source: Path | str) -> Record:
-    """The record as `streamer call` takes it: an `Alignment`, or a `Skipped` naming where it came from."""
+    """The record as `streamer call` takes it: an `AlignmentRecord`, or a `Skipped` naming where it came from."""
     verdict, detail = filt.verdict(rec)
     if verdict == Skip.OK:
         return alignment_of(rec)
@@ -94,7 +94,7 @@ class BasecallCache:
     def __init__(self, max_bases: int, filt: AlignmentFilter):
         self.max_bases = max_bases
         self._filt = filt
-        self._reads: OrderedDict[str, Basecalls] = OrderedDict()
+        self._reads: OrderedDict[str, ReadBasecalls] = OrderedDict()
         self._bases = 0
         self.reloads = 0  # files read again for reads that had been dropped (or held before a restart)
 
@@ -105,7 +105,7 @@ class BasecallCache:
     def bases(self) -> int:
         return self._bases
 
-    def add(self, reads: Iterable[Basecalls]) -> None:
+    def add(self, reads: Iterable[ReadBasecalls]) -> None:
         for bc in reads:
             old = self._reads.pop(bc.read_id, None)
             if old is not None:
@@ -122,10 +122,10 @@ class BasecallCache:
             if bc is not None:
                 self._bases -= bc.n_bases
 
-    def take(self, wanted: Iterable[tuple[str, Path, str]]) -> tuple[dict[str, Basecalls], dict[str, str]]:
+    def take(self, wanted: Iterable[tuple[str, Path, str]]) -> tuple[dict[str, ReadBasecalls], dict[str, str]]:
         """Remove and return the basecalls of (read id, file, format); files are read again for
         reads not held. Also returns, per read that could not be had, why not."""
-        found: dict[str, Basecalls] = {}
+        found: dict[str, ReadBasecalls] = {}
         missing: dict[tuple[Path, str], set[str]] = {}
         for rid, path, fmt in wanted:
             bc = self._reads.pop(rid, None)

@@ -1,4 +1,5 @@
-"""The daemon's modBAM: each basecall BAM, once all its reads are done, copied with MM/ML tags.
+"""The daemon's modBAM (`streamer.sinks` entry point `modbam-copies`): each basecall BAM, once
+all its reads are done, copied with MM/ML tags.
 
 A BAM cannot be appended and cut back the way `meth.tsv` is (BGZF blocks, an index, a
 header first), so the unit is the input file: when the ledger has an outcome for every read
@@ -8,35 +9,34 @@ temporary name, fsynced and renamed; then the ledger records it. A crash before 
 only means the same file is written again, whole, at the next start: no record is lost or
 doubled, and every record of the input is in its copy, tagged or not.
 
-The calls come from `meth.tsv` rows, with the log-likelihood ratio as printed (two
-decimals), so a copy is the same whether or not the daemon restarted on the way; an ML value
-may differ by one from the full-precision ratio's, within the 1/256 that a value stands for.
-They are held only for reads of BAMs not copied yet, and read back from `meth.tsv` at start.
+The calls are taken with the log-likelihood ratio as `meth.tsv` prints it (two decimals),
+whether they come from a batch or from the rows replayed at start, so a copy is the same
+whether or not the daemon restarted on the way; an ML value may differ by one from the
+full-precision ratio's, within the 1/256 that a value stands for. They are held only for
+reads of BAMs not copied yet.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Container, Iterable
+from collections.abc import Container
 from pathlib import Path
 
 import pysam
 
 from streamer.errors import InputError
 from streamer.io.alignments import AlignmentFilter
-from streamer_plugins.cpg.calls import CALLS_HEADER
+from streamer.sinks import Result
+from streamer_plugins.cpg.caller import CALLS
 from streamer_plugins.modbam import ModCalls, write_modbam
 
 log = logging.getLogger(__name__)
 
 MODBAM_DIR = "modbam"
-_COLS = CALLS_HEADER.rstrip("\n").split("\t")
-_CHROM, _STRAND, _START, _READ, _LLR, _SEQ = (
-    _COLS.index(c) for c in ("chromosome", "strand", "start", "read_name", "log_lik_ratio", "sequence"))
 
 
-class ModBams:
+class ModBamCopies:
     """Calls of reads whose BAM is not copied yet, and the copying."""
 
     def __init__(self, out_dir: Path, watch_dir: Path, filt: AlignmentFilter):
@@ -45,12 +45,15 @@ class ModBams:
         self.filt = filt
         self.calls = ModCalls()
 
-    def add_rows(self, rows: Iterable[str], wanted: Container[str] | None = None) -> None:
-        """Add `meth.tsv` data rows (of the `wanted` reads only, if given)."""
-        for line in rows:
-            f = line.rstrip("\n").split("\t")
-            if wanted is None or f[_READ] in wanted:
-                self.calls.add(f[_READ], f[_CHROM], f[_STRAND] == "-", int(f[_START]), float(f[_LLR]), f[_SEQ])
+    def add(self, result: Result, wanted: Container[str]) -> None:
+        """Add a batch's calls of the `wanted` reads, the ratio as printed."""
+        calls = result.products[CALLS]
+        read_ids, ref_names = result.read_ids, result.ref_names
+        for j in range(len(calls)):
+            i = int(calls.read[j])
+            if read_ids[i] in wanted:
+                self.calls.add(read_ids[i], ref_names[i], bool(calls.strand[j] < 0), int(calls.start[j]),
+                               float(f"{calls.llr[j]:.2f}"), calls.sequence[j])  # fmt: skip
 
     def path_of(self, bam: Path) -> Path:
         try:

@@ -19,7 +19,7 @@ import pysam
 from streamer.batch import CIGAR_H, CIGAR_S
 from streamer.errors import InputError
 from streamer.io.alignments import AlignmentFilter
-from streamer.join import Record, record_of
+from streamer.basecall_cache import Record, record_of
 from streamer.skips import Skip, Skipped
 
 log = logging.getLogger(__name__)

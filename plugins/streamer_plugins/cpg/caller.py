@@ -1,0 +1,51 @@
+"""The CpG methylation caller as a stage of the chain (`streamer.analyses` entry point `cpg`).
+
+It runs after recalibration on the reads still going, scores every CpG group with the
+profile HMM (on the GPU when ABEA runs on one and `--disable-cuda-hmm` is not given) and keeps the calls, a
+`MethCalls`, in `batch.products["calls"]`. Reads without a CpG it can score are failed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from streamer.batch import ReadBatch
+from streamer.pipeline import Pipeline
+from streamer.poremodel import PoreModel, load_default_models
+from streamer_plugins.cpg.calls import call_methylation
+from streamer_plugins.cpg.hmm_gpu import open_gpu_hmm
+
+CALLS = "calls"  # its key in `batch.products`
+
+
+class CpgCaller:
+    name = "hmm"  # its key in the stage timings
+    chunk = 8
+
+    def __init__(self) -> None:
+        self.meth_model: PoreModel | None = None
+        self.gpu = None  # the GPU HMM, when ABEA is on a GPU and the HMM may follow it there
+
+    def open(self, pipeline: Pipeline) -> None:
+        _, self.meth_model = load_default_models(pipeline.options.kmer_model, pipeline.options.meth_model)
+        if pipeline.gpu is not None:
+            self.gpu = open_gpu_hmm(pipeline.options.cuda)
+
+    def __call__(self, batch: ReadBatch, pipeline: Pipeline) -> None:
+        post = batch.post
+        # f5c takes log var from the double var (NaN for reads not recalibrated, which are not scored)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            log_var = np.log(post.exact[:, 2])
+        args = (batch, pipeline.kmer_model, self.meth_model, post.events_per_base)
+        gpu = self.gpu
+        if gpu is None:
+            batch.products[CALLS] = call_methylation(*args, log_var=log_var)
+            return
+
+        def score_on_gpu(*jobs):
+            with pipeline.gpu_lock:
+                ll_u, ll_m, stats = gpu.score(*jobs)
+            batch.stats.setdefault(self.name, stats)
+            return ll_u, ll_m
+
+        batch.products[CALLS] = call_methylation(*args, log_var=log_var, scorer=score_on_gpu)

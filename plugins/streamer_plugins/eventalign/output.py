@@ -1,0 +1,286 @@
+"""Eventalign rows as the tools print them: the TSV (a numba row writer), the per-read summary and
+the event-space SAM."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numba
+import numpy as np
+from numba import prange
+
+from streamer.batch import CIGAR_D, CIGAR_I, CIGAR_M, CIGAR_S, ReadBatch
+from streamer_plugins.cpg import tsv
+from streamer_plugins.cpg.tsv import _put_byte, _put_bytes, _put_int, _put_uint
+from streamer_plugins.eventalign.viterbi import _ACGT
+from streamer_plugins.eventalign.rows import (
+    EventalignOptions,
+    EventalignRows,
+)
+
+
+TSV_COLUMNS = ("contig", "position", "reference_kmer", "read_index", "strand", "event_index", "event_level_mean",
+               "event_stdv", "event_length", "model_kmer", "model_mean", "model_stdv", "standardized_level")  # fmt: skip
+
+
+def tsv_header(options: EventalignOptions) -> str:
+    cols = list(TSV_COLUMNS)
+    if options.print_read_names:
+        cols[3] = "read_name"
+    if options.signal_index:
+        cols += ["start_idx", "end_idx"]
+    if options.samples:
+        cols.append("samples")
+    return "\t".join(cols) + "\n"
+
+
+def scaled_samples(signal: np.ndarray, shift: float, scale: float) -> str:
+    """Samples of one event scaled to the model, as the tools print them (C++ stream, 6 digits)."""
+    s = ((signal.astype(np.float64) - np.float64(shift)) / np.float64(scale)).astype(np.float32)
+    return ",".join("%g" % v for v in s.tolist())
+
+
+FIXED_LIMIT = 2.0**20  # the row writer's exact range for float32 values (see `_scaled_int`)
+
+
+@numba.njit(nogil=True, cache=True)
+def _scaled_int(a, decimals):
+    """round-half-even(a * 10^decimals) for a float32 value 0 <= a < 2^20, exactly (printf's `%.Nf`).
+
+    a = m * 2^(e - 24) with an integer m < 2^24, so m * 10^decimals (below 2^41 for up to 5
+    decimals) shifted right by 24 - e is the exact quotient; the remainder decides the rounding.
+    """
+    if a == 0.0:
+        return np.int64(0)
+    m, e = math.frexp(a)
+    p = np.int64(m * 16777216.0) * np.int64(10) ** decimals
+    sh = 24 - e
+    if sh <= 0:
+        return p << -sh
+    if sh >= 62:
+        return np.int64(0)
+    q = p >> sh
+    rem = p & ((np.int64(1) << sh) - 1)
+    half = np.int64(1) << (sh - 1)
+    if rem > half or (rem == half and q & 1):
+        q += 1
+    return q
+
+
+@numba.njit(nogil=True, cache=True)
+def _put_fixed(buf, pos, x, decimals, write):
+    """x (a float32 value) as C's printf("%.<decimals>f") writes it; inf and nan as glibc spells them."""
+    if x != x:
+        for c in (110, 97, 110):
+            pos = _put_byte(buf, pos, c, write)
+        return pos
+    if x < 0.0 or (x == 0.0 and math.copysign(1.0, x) < 0.0):
+        pos = _put_byte(buf, pos, 45, write)
+        x = -x
+    if x == np.inf:
+        for c in (105, 110, 102):
+            pos = _put_byte(buf, pos, c, write)
+        return pos
+    v = _scaled_int(x, decimals)
+    unit = np.int64(10) ** decimals
+    pos = _put_uint(buf, pos, v // unit, write)
+    pos = _put_byte(buf, pos, 46, write)
+    frac = v % unit
+    for d in range(decimals - 1, -1, -1):
+        pos = _put_byte(buf, pos, 48 + (frac // np.int64(10) ** d) % 10, write)
+    return pos
+
+
+@numba.njit(nogil=True, cache=True)
+def _put_kmer(buf, pos, rank, k, write):
+    """The nucleotide k-mer of `rank`, or k N's for -1."""
+    for j in range(k - 1, -1, -1):
+        c = 78 if rank < 0 else _ACGT[(rank >> (2 * j)) & 3]
+        pos = _put_byte(buf, pos, c, write)
+    return pos
+
+
+@numba.njit(nogil=True, cache=True)
+def _tsv_row(buf, pos, j, read, position, ref, kmer_at, k, event, mean, stdv, length, rank, mmean, mstdv, z, start,
+             end, contig, contig_off, label, label_off, signal_index, write):  # fmt: skip
+    r = read[j]
+    tab = 9
+    pos = _put_bytes(buf, pos, contig, contig_off[r], contig_off[r + 1], write)
+    pos = _put_byte(buf, pos, tab, write)
+    pos = _put_int(buf, pos, position[j], write)
+    pos = _put_byte(buf, pos, tab, write)
+    pos = _put_bytes(buf, pos, ref, kmer_at[j], kmer_at[j] + k, write)
+    pos = _put_byte(buf, pos, tab, write)
+    pos = _put_bytes(buf, pos, label, label_off[r], label_off[r + 1], write)
+    pos = _put_byte(buf, pos, tab, write)
+    pos = _put_byte(buf, pos, 116, write)  # strand: template
+    pos = _put_byte(buf, pos, tab, write)
+    pos = _put_int(buf, pos, event[j], write)
+    pos = _put_byte(buf, pos, tab, write)
+    pos = _put_fixed(buf, pos, mean[j], 2, write)
+    pos = _put_byte(buf, pos, tab, write)
+    pos = _put_fixed(buf, pos, stdv[j], 3, write)
+    pos = _put_byte(buf, pos, tab, write)
+    pos = _put_fixed(buf, pos, length[j], 5, write)
+    pos = _put_byte(buf, pos, tab, write)
+    pos = _put_kmer(buf, pos, rank[j], k, write)
+    pos = _put_byte(buf, pos, tab, write)
+    pos = _put_fixed(buf, pos, mmean[j], 2, write)
+    pos = _put_byte(buf, pos, tab, write)
+    pos = _put_fixed(buf, pos, mstdv[j], 2, write)
+    pos = _put_byte(buf, pos, tab, write)
+    pos = _put_fixed(buf, pos, z[j], 2, write)
+    if signal_index:
+        pos = _put_byte(buf, pos, tab, write)
+        pos = _put_int(buf, pos, start[j], write)
+        pos = _put_byte(buf, pos, tab, write)
+        pos = _put_int(buf, pos, end[j], write)
+    return _put_byte(buf, pos, 10, write)
+
+
+@numba.njit(nogil=True, cache=True, parallel=True)
+def write_rows(read, position, ref, kmer_at, k, event, mean, stdv, length, rank, mmean, mstdv, z, start, end, contig,
+               contig_off, label, label_off, signal_index):  # fmt: skip
+    """uint8 text of every row: each row measured, then all written in parallel into one buffer."""
+    n = read.shape[0]
+    dummy = np.empty(0, np.uint8)
+    row_off = np.zeros(n + 1, np.int64)
+    for j in prange(n):
+        row_off[j + 1] = _tsv_row(dummy, 0, j, read, position, ref, kmer_at, k, event, mean, stdv, length, rank,
+                                  mmean, mstdv, z, start, end, contig, contig_off, label, label_off, signal_index,
+                                  False)  # fmt: skip
+    for j in range(n):
+        row_off[j + 1] += row_off[j]
+    buf = np.empty(row_off[n], np.uint8)
+    for j in prange(n):
+        _tsv_row(buf, row_off[j], j, read, position, ref, kmer_at, k, event, mean, stdv, length, rank, mmean, mstdv,
+                 z, start, end, contig, contig_off, label, label_off, signal_index, True)  # fmt: skip
+    return buf
+
+
+def format_tsv(rows: EventalignRows, batch: ReadBatch, read_labels: Sequence[str], options: EventalignOptions) -> str:
+    """The rows as eventalign TSV text (no header), byte for byte what the tools' printf gives.
+
+    Rows are written by `write_rows` (values beyond its exact range, which no event reaches,
+    by Python); `--samples` columns are appended by Python.
+    """
+    if not len(rows):
+        return ""
+    values = (rows.event_level_mean, rows.event_stdv, rows.event_length, rows.model_mean, rows.model_stdv,
+              rows.standardized_level)  # fmt: skip
+    if all(np.all(~np.isfinite(v) | (np.abs(v) < FIXED_LIMIT)) for v in values):
+        contig, contig_off = tsv.blob(batch.ref_names)
+        label, label_off = tsv.blob(read_labels)
+        text = write_rows(rows.read, rows.position, rows.ref, rows.kmer_at, rows.k, rows.event_index, *values[:3],
+                          rows.model_rank, *values[3:], rows.start_idx, rows.end_idx, contig, contig_off, label,
+                          label_off, options.signal_index).tobytes().decode()  # fmt: skip
+        lines = text.split("\n")[:-1]
+    else:
+        lines = _format_python(rows, batch, read_labels, options)
+    if options.samples:
+        sig_off = batch.signal_off
+        for j, (r, a, b) in enumerate(zip(rows.read.tolist(), rows.start_idx.tolist(), rows.end_idx.tolist())):
+            shift, scale = rows.sample_scaling[r]
+            lines[j] += "\t" + scaled_samples(batch.signal[sig_off[r] + a : sig_off[r] + b], shift, scale)
+    return "\n".join(lines) + "\n"
+
+
+def _format_python(rows: EventalignRows, batch: ReadBatch, read_labels: Sequence[str],
+                   options: EventalignOptions) -> list[str]:  # fmt: skip
+    contig = np.asarray(batch.ref_names, dtype=object)[rows.read].tolist()
+    label = np.asarray(read_labels, dtype=object)[rows.read].tolist()
+    cols = [contig, rows.position.tolist(), rows.reference_kmer, label, rows.event_index.tolist(),
+            rows.event_level_mean.tolist(), rows.event_stdv.tolist(), rows.event_length.tolist(), rows.model_kmer,
+            rows.model_mean.tolist(), rows.model_stdv.tolist(), rows.standardized_level.tolist()]  # fmt: skip
+    fmt = "%s\t%d\t%s\t%s\tt\t%d\t%.2f\t%.3f\t%.5f\t%s\t%.2f\t%.2f\t%.2f"
+    if options.signal_index:
+        cols += [rows.start_idx.tolist(), rows.end_idx.tolist()]
+        fmt += "\t%d\t%d"
+    return [fmt % t for t in zip(*cols)]
+
+
+SUMMARY_HEADER = ("read_index\tread_name\tfast5_path\tmodel_name\tstrand\tnum_events\tnum_steps\tnum_skips\t"
+                  "num_stays\ttotal_duration\tshift\tscale\tdrift\tvar\n")  # fmt: skip
+
+
+def summary_lines(rows: EventalignRows, batch: ReadBatch, read_index: Sequence[int], paths: Sequence[str]) -> str:
+    """`--summary` lines of the reads with rows: moves along the reference and the time aligned.
+
+    A move of 0 is a stay, of 1 a step, anything else a skip (the tools compare unsigned, so a
+    move backwards is a skip too); the first row is neither.
+    """
+    out = []
+    for i in range(batch.n):
+        a, b = rows.row_off[i], rows.row_off[i + 1]
+        if a == b:
+            continue
+        move = np.diff(rows.position[a:b])
+        stays = int(np.count_nonzero(move == 0))
+        steps = int(np.count_nonzero(move == 1))
+        skips = len(move) - stays - steps
+        g = batch.ev_off[i] + rows.event_index[a:b]
+        samples = float(np.cumsum(batch.ev_length[g].astype(np.float64))[-1])
+        duration = samples / float(np.float32(batch.sample_rate[i]))
+        out.append(
+            f"{read_index[i]}\t{batch.read_ids[i]}\t{paths[i]}\tdna\ttemplate\t{b - a}\t{steps}\t{skips}\t{stays}\t"
+            f"{duration:.2f}\t{float(batch.shift[i]):.3f}\t{float(batch.scale[i]):.3f}\t0.000\t{float(batch.var[i]):.3f}\n"
+        )
+    return "".join(out)
+
+
+def event_cigar(position: np.ndarray, event: np.ndarray) -> list[tuple[int, int]]:
+    """One read's rows as an event-space CIGAR (nanopolish's `--sam`): events are the query.
+
+    Events before the first aligned one are soft-clipped; a step of one base and one event is a
+    match, a jump over bases a deletion before the match, another event on the same base an
+    insertion.
+    """
+    ops: list[list[int]] = []
+    if event[0] > 0:
+        ops.append([CIGAR_S, int(event[0])])
+    ops.append([CIGAR_M, 1])
+    r_step = np.abs(np.diff(position)).tolist()
+    e_step = np.abs(np.diff(event)).tolist()
+    for dr, de in zip(r_step, e_step):
+        if dr == 1 and de == 1:
+            op = CIGAR_M
+        elif dr > 1:
+            ops.append([CIGAR_D, dr - 1])
+            op = CIGAR_M
+        else:
+            op = CIGAR_I
+        if ops[-1][0] == op:
+            ops[-1][1] += 1
+        else:
+            ops.append([op, 1])
+    return [(op, n) for op, n in ops]
+
+
+def sam_records(rows: EventalignRows, batch: ReadBatch, mapq: Sequence[int], header) -> list:
+    """`--sam`: one unmapped-sequence record per read, `<name>.template`, its events aligned to the reference.
+
+    `header` is the input BAM's (pysam `AlignmentHeader`); ES:i is +1 when events run with the
+    reference, -1 when against it.
+    """
+    import pysam
+
+    out = []
+    for i in range(batch.n):
+        a, b = rows.row_off[i], rows.row_off[i + 1]
+        if a == b:
+            continue
+        pos, ev = rows.position[a:b], rows.event_index[a:b]
+        rec = pysam.AlignedSegment(header)
+        rec.query_name = f"{batch.read_ids[i]}.template"
+        rec.reference_name = batch.ref_names[i]
+        rec.reference_start = int(pos[0])
+        rec.mapping_quality = int(mapq[i])
+        rec.flag = 16 if batch.rc[i] else 0
+        rec.cigartuples = event_cigar(pos, ev)
+        rec.next_reference_id = -1
+        rec.next_reference_start = -1
+        rec.template_length = 0
+        rec.set_tag("ES", 1 if ev[0] < ev[-1] else -1, "i")
+        out.append(rec)
+    return out

@@ -1,0 +1,93 @@
+"""The daemon's file intake: a file the watcher reports complete, registered in the ledger.
+
+Signal files give their read ids (`streamer.io.signal.signal_read_ids`), basecall files their
+reads (`streamer.basecall_cache.read_basecall_file`); the ledger joins the two by read id. A file that
+cannot be read is set aside with its reason, once; STOP and `final_summary` files go to the
+end-of-run policy. The completeness checks themselves live with the format readers, which
+the watcher asks.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from streamer.daemon_policy import RECOVERED, EndOfRun
+from streamer.errors import InputError
+from streamer.io.alignments import AlignmentFilter
+from streamer.io.signal import SIGNAL_SUFFIXES, signal_read_ids
+from streamer.basecall_cache import BasecallCache, read_basecall_file
+from streamer.ledger import Ledger, Registered
+from streamer.watch import Kind, Ready, Rejected, RunFile
+
+log = logging.getLogger(__name__)
+
+
+class FileIntake:
+    """Takes the watcher's outcomes into the ledger, the basecall cache and the end-of-run policy.
+
+    `on_reopened_bams` gets the ledger ids of basecall BAMs whose modBAM copy must be made again
+    (a late signal file reopened some of their reads).
+    """
+
+    def __init__(self, ledger: Ledger, cache: BasecallCache, filt: AlignmentFilter, end: EndOfRun,
+                 on_reopened_bams: Callable[[tuple[int, ...]], None]):  # fmt: skip
+        self.ledger, self.cache, self.filt, self.end = ledger, cache, filt, end
+        self.on_reopened_bams = on_reopened_bams
+
+    def take(self, outcome: Ready | Rejected) -> None:
+        f = outcome.file
+        if isinstance(outcome, Rejected):
+            self._reject(outcome.file, outcome.size, outcome.mtime_ns, outcome.reason)
+            return
+        if f.kind is Kind.STOP:
+            log.info("%s: stop file found", f.path)
+            self.end.stop_file_found()
+            return
+        if f.kind is Kind.FINAL_SUMMARY:
+            log.info("%s: run %s has finished writing", f.path, f.run_root)
+            self.end.final_summary(f.run_root, time.monotonic())
+            return
+        try:
+            if f.kind is Kind.SIGNAL:
+                self._register_signal(outcome)
+            else:
+                self._register_basecalls(outcome)
+        except InputError as exc:
+            self._reject(f, outcome.size, outcome.mtime_ns, exc.reason)
+
+    def _reject(self, f: RunFile, size: int, mtime_ns: int, reason: str) -> None:
+        log.warning("%s: set aside: %s", f.path, reason)
+        self.ledger.reject_file(f.path, f.kind.value, f.fmt, size, mtime_ns, reason)
+
+    def _register_signal(self, ready: Ready) -> None:
+        f = ready.file
+        if f.path.suffix.lower() not in SIGNAL_SUFFIXES:
+            raise InputError(f.path, f"{f.fmt.upper()} signal files cannot be read by this streamer "
+                             f"(it reads {', '.join(SIGNAL_SUFFIXES)})")
+        ids = signal_read_ids(f.path)
+        reg = self.ledger.register_signal_file(f.path, f.fmt, ready.size, ready.mtime_ns, ids)
+        _log_registered(f.path, "signal", reg)
+        if reg.reopened_bams:
+            self.on_reopened_bams(reg.reopened_bams)
+
+    def _register_basecalls(self, ready: Ready) -> None:
+        f = ready.file
+        reads = read_basecall_file(f.path, f.fmt, self.filt)
+        reg = self.ledger.register_basecall_file(f.path, f.fmt, ready.size, ready.mtime_ns,
+                                                 [(rid, bc.n_bases) for rid, bc in reads.items()])
+        open_ids = self.ledger.open_reads_of(f.path)
+        self.cache.add(bc for rid, bc in reads.items() if rid in open_ids)
+        _log_registered(f.path, "basecalls", reg)
+
+
+def _log_registered(path: Path, what: str, reg: Registered) -> None:
+    log.info("%s: %d reads (%d now have signal and basecalls)", path, reg.n_reads, reg.newly_matched)
+    if reg.duplicates:
+        log.warning("%s: %d reads already had %s from another file; these copies are ignored", path,
+                    reg.duplicates, what)
+    if reg.late:
+        log.warning("%s: %d reads had already been reported without their %s; they are processed now "
+                    "(skipped.tsv: reason %r)", path, reg.late, what, RECOVERED)

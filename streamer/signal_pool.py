@@ -1,0 +1,235 @@
+"""Signal readers: a pool of processes or threads that load reads' samples ahead of the stages.
+
+`streamer call` hands each planned batch's reads to the pool in small tasks (`read_tasks`,
+`streamer.batching.load_chunk`) several batches ahead; the daemon reads the next batch's
+signal while a batch computes (`SignalReads`). FAST5 and POD5 go to processes: h5py
+serialises every thread of a process on one lock, and the POD5 reader holds the GIL for most
+of its work (on 16 cores, threads spent 44 s reading what processes read in 2.5 s).
+SLOW5/BLOW5, read through slow5lib with the GIL released, go to threads. A task hands back
+its reads' raw samples as one int16 array (half the bytes of pA, one object to pickle).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import multiprocessing
+import multiprocessing.forkserver
+import os
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from streamer.batching import chunk_records, load_chunk
+from streamer.io.fast5 import SignalRecord
+from streamer.io.index import SignalIndex
+
+log = logging.getLogger(__name__)
+
+READS_PER_TASK = 32  # reads a reader task loads, about
+
+
+IO_MODES = ("auto", "processes", "threads")
+
+
+def reader_pool(index: SignalIndex, workers: int, mode: str = "auto") -> Executor:
+    """Signal readers for the files of `index` (see `signal_readers`)."""
+    return signal_readers({p.suffix for p in index.paths.values()}, workers, mode)
+
+
+def signal_readers(suffixes: Iterable[str], workers: int, mode: str = "auto") -> Executor:
+    """Signal readers: processes, threads, or ("auto") threads only when every file suffix is SLOW5/BLOW5.
+
+    Processes come from a fork server that has imported the readers once (a fork of this
+    process could inherit its threads' locks; a fresh interpreter per worker imports for a
+    second); they are started on a side thread, so they come up while the pipeline starts.
+    """
+    if mode not in IO_MODES:
+        raise ValueError(f"io mode must be one of {', '.join(IO_MODES)}, not {mode!r}")
+    if mode == "auto":
+        slow5 = all(s.lower() in (".slow5", ".blow5") for s in suffixes)
+        mode = "threads" if slow5 else "processes"
+    if mode == "threads":
+        return ThreadPoolExecutor(workers, thread_name_prefix="signal-reader")
+    pool = ProcessPoolExecutor(workers, mp_context=_fork_server(), initializer=_end_with, initargs=(os.getpid(),))
+    threading.Thread(target=_start_workers, args=(pool, workers), name="reader-start", daemon=True).start()
+    return pool
+
+
+def read_tasks(wanted: Mapping[Path, list[str]], reads_per_task: int) -> list[dict[Path, list[str]]]:
+    """The wanted reads of each file split into reader tasks (`load_chunk`) of about `reads_per_task` reads."""
+    tasks, chunk, n = [], {}, 0
+    for path, ids in wanted.items():
+        chunk[path] = ids
+        n += len(ids)
+        if n >= reads_per_task:
+            tasks.append(chunk)
+            chunk, n = {}, 0
+    if chunk:
+        tasks.append(chunk)
+    return tasks
+
+
+def _end_with(pid: int) -> None:
+    """In a reader process: exit once process `pid` is gone. A pool's workers wait for work on a
+    pipe they hold both ends of, so without this they outlive a `kill -9` of their owner, and
+    keep its output pipes open: a parent reading those to the end before it reaps the owner
+    would wait for ever. So an owner that has died but is not yet reaped counts as gone."""
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            try:
+                os.kill(pid, 0)
+            except (ProcessLookupError, PermissionError):  # PermissionError: the pid is another user's now
+                os._exit(0)
+            if _is_zombie(pid):
+                os._exit(0)
+
+    threading.Thread(target=watch, name="owner-watch", daemon=True).start()
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rpartition(b")")[2].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return False  # no /proc (macOS): os.kill alone decides
+
+
+_FORK_SERVER_START = threading.Lock()
+_IMPORT_ROOTS = ("streamer", "streamer_gpu", "streamer_plugins")
+
+
+def _fork_server() -> multiprocessing.context.ForkServerContext:
+    """The fork server, started on this process's own import roots.
+
+    It is started as `python -c`, which puts the current directory first on its path, and
+    Python 3.11-3.13 ignore the path handed to it: run from a folder holding a `streamer`
+    checkout, the readers would import that instead of the package this process runs. So the
+    server starts with the current directory left off (PYTHONSAFEPATH) and the folders this
+    process imported its packages from first (PYTHONPATH).
+    """
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["streamer.batching"])
+    roots = []
+    for name in _IMPORT_ROOTS:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin is not None:
+            root = str(Path(spec.origin).resolve().parents[1])
+            if root not in roots:
+                roots.append(root)
+    with _FORK_SERVER_START:
+        saved = {key: os.environ.get(key) for key in ("PYTHONPATH", "PYTHONSAFEPATH")}
+        os.environ["PYTHONSAFEPATH"] = "1"
+        os.environ["PYTHONPATH"] = os.pathsep.join(roots + ([saved["PYTHONPATH"]] if saved["PYTHONPATH"] else []))
+        try:
+            multiprocessing.forkserver.ensure_running()
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+    return ctx
+
+
+def _start_workers(pool: ProcessPoolExecutor, workers: int) -> None:
+    try:
+        for _ in range(workers):
+            pool.submit(os.getpid)
+    except RuntimeError:  # shut down already: the run ended before its readers were needed
+        pass
+
+
+class SignalReads:
+    """The signal of the daemon's batches, read on the reader pool while the batch before computes.
+
+    `ahead` starts reading a later batch's reads; `take` hands a batch's reads back as a
+    `SignalBatch`: those read ahead, and the rest started now. Only the last `ahead` is kept,
+    so at most one batch's signal is held beyond the batch in hand. Without a pool, `take`
+    reads in the calling thread and `ahead` does nothing. A pool that breaks (a reader process
+    killed) is not used again: the reads go on in the calling thread.
+    """
+
+    def __init__(self, pool: Executor | None, reads_per_task: int = READS_PER_TASK):
+        self.pool = pool
+        self.reads_per_task = reads_per_task
+        self._ahead: dict[str, tuple[Future, dict[Path, list[str]]]] = {}  # read id -> its task
+        self.hits = 0  # reads whose signal was read ahead
+
+    def ahead(self, wanted: Mapping[Path, list[str]]) -> None:
+        self._drop(self._ahead.values())
+        self._ahead = {}
+        if self.pool is None:
+            return
+        for chunk in read_tasks(wanted, self.reads_per_task):
+            task = (self._submit(chunk), chunk)
+            self._ahead.update((rid, task) for ids in chunk.values() for rid in ids)
+
+    def take(self, wanted: Mapping[Path, list[str]]) -> SignalBatch:
+        tasks: dict[int, tuple[Future, dict[Path, list[str]]]] = {}
+        rest: dict[Path, list[str]] = {}
+        ids: set[str] = set()
+        for path, read_ids in wanted.items():
+            for rid in read_ids:
+                ids.add(rid)
+                task = self._ahead.get(rid)
+                if task is None:
+                    rest.setdefault(path, []).append(rid)
+                else:
+                    tasks[id(task[0])] = task
+                    self.hits += 1
+        self._drop(t for t in self._ahead.values() if id(t[0]) not in tasks)
+        self._ahead = {}
+        for chunk in read_tasks(rest, self.reads_per_task):
+            future = self._submit(chunk)
+            tasks[id(future)] = (future, chunk)
+        return SignalBatch(list(tasks.values()), ids)
+
+    def _submit(self, chunk: dict[Path, list[str]]) -> Future:
+        if self.pool is not None:
+            try:
+                return self.pool.submit(load_chunk, chunk)
+            except BrokenExecutor as exc:
+                log.warning("signal readers stopped working (%s); reading signal in this thread from now on", exc)
+                self.close()
+        future: Future = Future()
+        future.set_result(load_chunk(chunk))
+        return future
+
+    @staticmethod
+    def _drop(tasks: Iterable[tuple[Future, dict]]) -> None:
+        for future, _ in tasks:
+            future.cancel()
+
+    def close(self) -> None:
+        """Stop the readers (what was read ahead is dropped; nothing of it was committed)."""
+        self._drop(self._ahead.values())
+        self._ahead = {}
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool = None
+
+
+@dataclass
+class SignalBatch:
+    """One batch's reader tasks; `result` waits for them (a task that failed is read again here)."""
+
+    tasks: list[tuple[Future, dict[Path, list[str]]]]
+    read_ids: set[str]
+
+    def result(self) -> tuple[dict[str, SignalRecord], dict[str, str]]:
+        """The batch's records (samples are views of their task's array) and the reads that failed, with why."""
+        chunks = []
+        for future, chunk in self.tasks:
+            try:
+                chunks.append(future.result())
+            except Exception as exc:  # noqa: BLE001 - the reader, not the read: read it here instead
+                log.warning("a signal reader failed (%s: %s); reading its %d reads in this thread",
+                            type(exc).__name__, exc, sum(map(len, chunk.values())))
+                chunks.append(load_chunk(chunk))
+        return chunk_records(chunks, self.read_ids)
