@@ -44,6 +44,12 @@ def test_windows_identical_to_cpu(cases):
     assert stats["cells"] > 0
 
 
+def test_9mer_windows_identical_to_cpu(cases):
+    case = cases["k9"]
+    assert case["diff"] == 0 and case["finite"]
+    assert case["stats"]["n_gpu"] == case["n"] == 4
+
+
 def test_launch_order_does_not_change_answers(cases):
     assert cases["in_job_order"]["diff"] == 0
 
