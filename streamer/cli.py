@@ -1,4 +1,6 @@
-"""The `streamer` command: one sub-command per module in `streamer.commands`.
+"""The `streamer` command: one sub-command per module in `streamer.commands`, plus those that
+installed packages register in the `streamer.commands` entry-point group (`streamer.registry`:
+a plugin's command without the core importing the plugin; a core command keeps its name).
 
 Each command module defines `NAME`, `HELP`, `add_arguments(parser)` and `run(args) -> int`.
 Errors that streamer raises on purpose print one line and exit non-zero; set
@@ -16,6 +18,7 @@ import sys
 
 import streamer
 import streamer.commands
+from streamer import registry
 from streamer.errors import ConfigError, StreamerError
 
 EXIT_CONFIG = 78  # EX_CONFIG from sysexits.h: systemd units do not restart on it
@@ -25,6 +28,16 @@ def _command_modules():
     for info in sorted(pkgutil.iter_modules(streamer.commands.__path__), key=lambda i: i.name):
         if not info.name.startswith("_"):
             yield importlib.import_module(f"streamer.commands.{info.name}")
+
+
+def _plugin_command_modules(taken: set[str]):
+    for name in registry.names(registry.COMMANDS):
+        if name in taken:
+            continue
+        try:
+            yield registry.load(registry.COMMANDS, name)
+        except ImportError as exc:  # a broken plugin costs its own command, not the others
+            print(f"streamer: command {name!r} is unavailable: {exc}", file=sys.stderr)
 
 
 OWN_LOGGERS = ("streamer", "streamer_gpu", "streamer_plugins")
@@ -67,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="-v: streamer's debug lines, timestamped and named; -vv: every library's too")
     noise.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for mod in _command_modules():
+    core = list(_command_modules())
+    for mod in core + list(_plugin_command_modules({m.NAME for m in core})):
         p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run, _parser=p)
