@@ -116,6 +116,12 @@ class Journal:
             self._lock_fd = None
 
 
+def check_output_free(out_dir: Path) -> None:
+    """`lock_output`'s refusal before anything slow (models, kernels) is done; the lock is not kept."""
+    if (Path(out_dir) / LOCK).exists():
+        os.close(lock_output(Path(out_dir)))
+
+
 def lock_output(out_dir: Path) -> int:
     """The output folder's exclusive lock (its descriptor), or a `ConfigError` naming the holder.
 
