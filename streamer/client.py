@@ -98,11 +98,11 @@ class _Session:
     def deadline(self) -> float:
         return self.last_seen + self.lost_after * self.interval
 
-    def take_request(self, now: float) -> str | None:
-        """The endpoint to ask for a snapshot, once."""
+    def take_request(self) -> str | None:
+        """The endpoint to ask for a snapshot, once (asked when the message that called for it came)."""
         request, self._request = self._request, None
         if request is not None:
-            self._asked = (request, now)
+            self._asked = (request, self.last_seen)
         return request
 
     def check_snapshot(self, now: float) -> None:
@@ -308,7 +308,7 @@ class _SubscriberBase:
 
     def _request_snapshot(self) -> None:
         """Send the snapshot request the session asked for, if any."""
-        endpoint = self._session.take_request(time.monotonic())
+        endpoint = self._session.take_request()
         if endpoint is None:
             return
         if endpoint != self._dealer_endpoint:
