@@ -60,6 +60,14 @@ def _read_bam(path: Path, filt: AlignmentFilter, wanted: Container[str] | None) 
     `ValueError`, `NotImplementedError` (gzip that is not BGZF), errors again on close. Each is
     turned into an `InputError` naming the file, so that no file can stop the daemon.
     """
+    quiet = pysam.set_verbosity(0)  # htslib's own stderr lines name no file: the InputError does
+    try:
+        return _read_bam_records(path, filt, wanted)
+    finally:
+        pysam.set_verbosity(quiet)
+
+
+def _read_bam_records(path: Path, filt: AlignmentFilter, wanted: Container[str] | None) -> dict[str, ReadBasecalls]:
     try:
         fh = pysam.AlignmentFile(str(path), "rb", check_sq=False)
     except Exception as exc:  # noqa: BLE001 - any reader failure is the file's
