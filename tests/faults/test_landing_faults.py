@@ -29,7 +29,7 @@ from test_daemon import N_READS, N_RECORDS, daemon_for, make_config, reference, 
 INTAKE = "streamer.daemon_intake"
 
 
-def wait_for(predicate, what: str, timeout: float = 20) -> None:
+def wait_for(predicate, what: str, timeout: float = 120) -> None:  # a deadline: a cold kernel cache is slow
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
