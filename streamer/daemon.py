@@ -225,7 +225,7 @@ class Daemon:
                 drain_deadline = now + svc.drain_timeout
                 self.notifier.stopping("stopping: finishing the batch in hand")
             if drain_deadline is not None and now >= drain_deadline and self._engine.is_alive():
-                log.warning("the batch in hand did not finish within %.0f s; exiting without it (it is redone at "
+                log.warning("the batch in hand did not finish within %g s; exiting without it (it is redone at "
                             "the next start)", svc.drain_timeout)
                 self.abandoned = True
                 return 0
@@ -265,11 +265,19 @@ class Daemon:
             self.failure = exc
             self.state = State.FAILED
             log.critical("daemon failed: %s", exc, exc_info=not isinstance(exc, InputError))
-            try:
-                self._refresh(final=True)
-            except Exception as again:  # noqa: BLE001 - the state itself may be what failed
-                log.error("cannot write the summary: %s", again)
+            self._fail_summary()
             self._send("run", "end", {"state": self.state.value, "error": str(exc)})
+
+    def _fail_summary(self) -> None:
+        """summary.json with the failure, first and into the space held for it (the disk may be full),
+        then the tables if they still fit."""
+        try:
+            if self.outputs is not None:
+                self.outputs.release_reserve()
+            write_atomic(self.config.output.dir / SUMMARY_JSON, json.dumps(self.summary(), indent=2) + "\n")
+            self._refresh(final=True)
+        except Exception as again:  # noqa: BLE001 - the state itself may be what failed
+            log.error("cannot write the outputs after the failure: %s", again)
 
     def _beat(self) -> None:
         self._heartbeat = time.monotonic()

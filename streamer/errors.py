@@ -37,3 +37,9 @@ class ModelError(InputError):
 
 class ConfigError(StreamerError):
     """The configuration is invalid; the message carries the key path."""
+
+
+def one_line(exc: BaseException) -> str:
+    """An unexpected exception as one line for a log or a table: its type and first message line."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__

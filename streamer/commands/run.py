@@ -19,6 +19,7 @@ from streamer.errors import ConfigError, ModelError
 from streamer.gpu_api import CudaOptions
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
+from streamer.journal import check_output_free
 from streamer.notify import Notifier
 from streamer.pipeline import Pipeline, PipelineOptions
 from streamer.poremodel import pore_models
@@ -40,6 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg, plan = plan_config(configuration.load(args.config, configuration.overrides_from(args)))
+    check_output_free(cfg.output.dir)
     log.debug("configuration:\n%s", yaml.safe_dump(cfg.as_dict(), sort_keys=False).rstrip())
     notifier = Notifier()
     filt = AlignmentFilter(min_mapq=cfg.alignment.min_mapq, secondary=cfg.alignment.secondary)
