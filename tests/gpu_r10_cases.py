@@ -31,7 +31,7 @@ from streamer_plugins.cpg.calls import format_calls
 
 REFERENCE = Path(__file__).parent / "data" / "ecoli_k12_mg1655.fa.gz"
 CONTIG = "NC_000913.3"
-# CpG-rich stretches of MG1655, one per strand on the simulator, more on a GPU
+# stretches of MG1655 (6 to 14 CpGs in their first 160 bases), one per strand on the simulator, all on a GPU
 STARTS = ((1_000_120, False), (2_000_040, True), (150_000, False), (420_000, True), (3_100_000, False))
 
 
@@ -52,7 +52,8 @@ def main() -> int:
     kmer_path = Path(sys.argv[1])
     kmer = load_model(kmer_path)
     meth = synthetic_cpg_model(kmer)
-    batch = reads(kmer, meth, 160 if SIMULATED else 3000, 2 if SIMULATED else len(STARTS))
+    # 250 bases: about the shortest simulated reads that pass recalibration's QC
+    batch = reads(kmer, meth, 250 if SIMULATED else 3000, 2 if SIMULATED else len(STARTS))
     out: dict = {"simulated": SIMULATED, "k": kmer.k}
     with tempfile.TemporaryDirectory() as tmp:
         meth_path = Path(tmp) / "cpg.model"

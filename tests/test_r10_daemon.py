@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -90,7 +91,8 @@ def offline(tmp: Path, command: str, live: Path, models: Path, out: Path, *flags
     run = tmp / "finished"
     return subprocess.run(streamer(command, "-r", run / "reads.fasta", "-b", run / "reads.bam", "-g", REFERENCE,
                                    "--signal", live, "--model-dir", models, "-t", "2", "--disable-cuda", "-o", out,
-                                   *flags), capture_output=True, text=True, env=env_for(tmp), timeout=TIMEOUT)  # fmt: skip
+                                   *flags),
+                          capture_output=True, text=True, env=env_for(tmp), timeout=TIMEOUT)  # fmt: skip
 
 
 def test_replayed_r10_pod5_run_gives_the_rows_of_streamer_call(r10_run, tmp_path):
@@ -100,6 +102,10 @@ def test_replayed_r10_pod5_run_gives_the_rows_of_streamer_call(r10_run, tmp_path
     live, out = tmp_path / "live", tmp_path / "out"
     live.mkdir()
     d = daemon(tmp, live, out, tmp / "models")
+    deadline = time.monotonic() + TIMEOUT
+    while "watching" not in (tmp_path / "out.log").read_text():  # warm on the default pore, the folder empty
+        assert d.poll() is None and time.monotonic() < deadline, (tmp_path / "out.log").read_text()
+        time.sleep(0.2)
     rep = replay(tmp / "finished", live)
     assert rep.wait(TIMEOUT) == 0, rep.stderr.read().decode()
     assert d.wait(TIMEOUT) == 0, (tmp_path / "out.log").read_text()

@@ -57,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
         pipeline = _pore_pipeline(cfg)
         reference = stack.enter_context(Reference(cfg.reference.genome))
         publisher = stack.enter_context(_publisher(cfg.publish)) if cfg.publish.endpoint else None
-        tuner = AutoTuner.for_gpu(plan, pipeline if pipeline.gpu is not None else None, autotune=cfg.gpu.autotune, state_dir=cfg.state_dir(),
+        gpu = pipeline if pipeline.gpu is not None else None  # it stands for the current pipeline's GPU stage
+        tuner = AutoTuner.for_gpu(plan, gpu, autotune=cfg.gpu.autotune, state_dir=cfg.state_dir(),
                                   publish=publisher.publish_tuning if publisher is not None else None)
         daemon = Daemon(cfg, pipeline, reference, make_aligner=make_aligner, publisher=publisher, notifier=notifier,
                         tuner=tuner)
@@ -90,7 +91,8 @@ def _pore_pipeline(cfg: configuration.Config) -> PorePipeline:
     return PorePipeline(make, pore, source, follow=cfg.pipeline.pore == "auto")
 
 
-def model_files(p: configuration.PipelineConfig, pore: str | None, source: str) -> tuple[Path | None, Path | None, bool]:
+def model_files(p: configuration.PipelineConfig, pore: str | None,
+                source: str) -> tuple[Path | None, Path | None, bool]:
     """The model files of the pore (`source` says where it was told from), and whether methylation is
     called. A missing R10.4.1 nucleotide table is a configuration error (exit 78: a restart would not
     find it either); without the CpG model, one line says so and the rest (eventalign) goes on."""
