@@ -72,6 +72,12 @@ def test_r10_calls_at_k9_identical_on_the_gpu(r10_cases):
     assert r10_cases["cpu_abea"] is None and r10_cases["cpu_hmm"] is None
 
 
+def test_9mer_windows_identical_to_cpu(cases):
+    case = cases["k9"]
+    assert case["diff"] == 0 and case["finite"]
+    assert case["stats"]["n_gpu"] == case["n"] == 4
+
+
 def test_launch_order_does_not_change_answers(cases):
     assert cases["in_job_order"]["diff"] == 0
 

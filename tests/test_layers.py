@@ -58,6 +58,8 @@ def _placed(module: str, core: dict[str, int]) -> str | None:
         if module in core:
             return module
         module = module.rpartition(".")[0]
+        if module == "streamer":  # the root package is an entry of its own, not a catch-all
+            return None
     return None
 
 
