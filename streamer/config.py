@@ -142,9 +142,11 @@ class PipelineConfig:
     threads: int = _key(0, "CPU threads for the stages; 0 uses every core.", type=int, flag="--threads",
                         short="-t", minimum=0)
     pore: str = _key(
-        "r9", "Pore chemistry of the watched runs; it picks the models that `kmer_model` and `meth_model` leave "
-        "unset: r9 the shipped R9.4 6-mer ones, r10 (R10.4.1) the 9-mer ones in `model_dir`/r10.", type=str,
-        flag="--pore", choices=("r9", "r10"))
+        "auto", "Pore chemistry of the watched runs; it picks the models that `kmer_model` and `meth_model` leave "
+        "unset: r9 the shipped R9.4 6-mer ones, r10 (R10.4.1, 4 or 5 kHz) the 9-mer ones in `model_dir`/r10; "
+        "auto: from the signal files' run metadata (flow cell, kit), r9 when they do not say. Without the R10.4.1 "
+        "CpG model the daemon calls no methylation and writes the rest.", type=str, flag="--pore",
+        choices=("auto", "r9", "r10"))
     kmer_model: Path | None = _key(None, "Nucleotide pore model file, text or uncalled4 .npz (default: by "
                                    "`pore`).", type=Path, flag="--kmer-model", must_exist="file")
     meth_model: Path | None = _key(None, "CpG methylation pore model file, nanopolish/f5c text (default: by "

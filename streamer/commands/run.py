@@ -21,7 +21,9 @@ from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
 from streamer.journal import check_output_free
 from streamer.notify import Notifier
+from streamer.io.poretype import pore_of_file
 from streamer.pipeline import Pipeline, PipelineOptions
+from streamer.pore_pipeline import PorePipeline, first_signal_file
 from streamer.poremodel import pore_models
 from streamer.publish.publisher import Publisher, PublisherConfig
 from streamer.publish.security import CurveServer, load_public_keys, load_secret_keys
@@ -54,15 +56,11 @@ def run(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         stack.callback(notifier.close)
         notifier.status("loading models and compiling kernels")
-        cuda = cuda_options(cfg)
-        # eventalign before the CpG caller, which fails the reads it finds no CpG in
-        analyses = [registry.analysis("eventalign", cfg.eventalign.scale_events)] if cfg.eventalign.enabled else []
-        kmer_model, meth_model = model_files(cfg.pipeline)
-        pipeline = Pipeline(PipelineOptions(threads=threads, kmer_model=kmer_model, meth_model=meth_model, cuda=cuda),
-                            [*analyses, registry.analysis("cpg")])
+        pipeline = _pore_pipeline(cfg)
         reference = stack.enter_context(Reference(cfg.reference.genome))
         publisher = stack.enter_context(_publisher(cfg.publish)) if cfg.publish.endpoint else None
-        tuner = AutoTuner.for_gpu(plan, pipeline.gpu, autotune=cfg.gpu.autotune, state_dir=cfg.state_dir(),
+        gpu = pipeline if pipeline.gpu is not None else None  # it stands for the current pipeline's GPU stage
+        tuner = AutoTuner.for_gpu(plan, gpu, autotune=cfg.gpu.autotune, state_dir=cfg.state_dir(),
                                   publish=publisher.publish_tuning if publisher is not None else None)
         daemon = Daemon(cfg, pipeline, reference, make_aligner=make_aligner, publisher=publisher, notifier=notifier,
                         tuner=tuner)
@@ -76,13 +74,39 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
-def model_files(p: configuration.PipelineConfig) -> tuple[Path | None, Path | None]:
-    """The model files of `pipeline.pore`; a missing R10.4.1 one is a configuration error (exit 78: a
-    restart would not find it either)."""
+def _pore_pipeline(cfg: configuration.Config) -> PorePipeline:
+    """The pipeline of `pipeline.pore` or, with `auto`, of the pore the watched folder's signal files
+    name (built again for the other pore if later files name it)."""
+    pore, source = cfg.pipeline.pore, f"pipeline.pore {cfg.pipeline.pore}"
+    if pore == "auto":
+        first = first_signal_file(cfg.watch.dir) if cfg.watch.dir is not None else None
+        pore, source = (pore_of_file(first), f"{first}'s run metadata") if first is not None else (None, "")
+
+    def make(pore: str | None, source: str, cuda: CudaOptions | None) -> Pipeline:
+        kmer_model, meth_model, calls = model_files(cfg.pipeline, pore, source)
+        # eventalign before the CpG caller, which fails the reads it finds no CpG in
+        analyses = [registry.analysis("eventalign", cfg.eventalign.scale_events)] if cfg.eventalign.enabled else []
+        options = PipelineOptions(threads=cfg.pipeline.threads, kmer_model=kmer_model, meth_model=meth_model,
+                                  cuda=cuda or cuda_options(cfg))  # fmt: skip
+        return Pipeline(options, [*analyses, registry.analysis("cpg", calls=calls)])
+
+    return PorePipeline(make, pore, source, follow=cfg.pipeline.pore == "auto")
+
+
+def model_files(p: configuration.PipelineConfig, pore: str | None,
+                source: str) -> tuple[Path | None, Path | None, bool]:
+    """The model files of the pore (`source` says where it was told from), and whether methylation is
+    called. A missing R10.4.1 nucleotide table is a configuration error (exit 78: a restart would not
+    find it either); without the CpG model, one line says so and the rest (eventalign) goes on."""
     try:
-        return pore_models(p.pore, p.kmer_model, p.meth_model, p.model_dir)
+        kmer, _ = pore_models(pore, p.kmer_model, p.meth_model, p.model_dir, methylation=False)
     except ModelError as exc:
-        raise ConfigError(f"pipeline.pore {p.pore}: {exc}") from None
+        raise ConfigError(f"{source}: {exc}") from None
+    try:
+        return kmer, pore_models(pore, p.kmer_model, p.meth_model, p.model_dir)[1], True
+    except ModelError as exc:
+        log.warning("%s: %s; no methylation calls, the outputs that need none are written", source, exc)
+        return kmer, None, False
 
 
 def cuda_options(cfg: configuration.Config) -> CudaOptions:
