@@ -55,13 +55,25 @@ class _Short(logging.Formatter):
         return line
 
 
+class _Stderr(logging.StreamHandler):
+    """Writes to whatever sys.stderr is when a line is logged, not to the stream of the moment it was made."""
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
 def configure_logging(verbose: int = 0, quiet: bool = False) -> None:
     """streamer's own lines at INFO, short (a journal adds the time); other libraries' at WARNING.
 
     numba and numba-cuda log bytecode dumps and every device free at DEBUG/INFO, watchdog and
     asyncio their internals: those show only with -vv.
     """
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _Stderr()
     handler.setFormatter(logging.Formatter("[%(asctime)s %(name)s] %(levelname)s: %(message)s") if verbose
                          else _Short())  # fmt: skip
     root = logging.getLogger()
