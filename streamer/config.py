@@ -246,6 +246,10 @@ class ServiceConfig:
     status_interval: float = _key(
         10.0, "Seconds between status updates (systemd STATUS line, publisher status).", type=float,
         flag="--status-interval", minimum=0.1)
+    metrics: str | None = _key(
+        None, "Serve the daemon's counters, state, latency and the tuning monitor's settings for Prometheus at "
+        "http://ADDRESS/metrics: `PORT` (on loopback) or `HOST:PORT`; the numbers of `summary.json` and the status "
+        "heartbeats. Unset serves none.", type=str, flag="--metrics")
 
 
 @dataclass(frozen=True)
@@ -549,6 +553,13 @@ def build(flat: dict[str, Any], *, origin: str = "configuration", require: tuple
         sec, name = key.path.split(".")
         values[sec][name] = value
     _check_endpoints(values, problems)
+    if values["service"].get("metrics") is not None:
+        from streamer.metrics import parse_address
+
+        try:
+            parse_address(values["service"]["metrics"])
+        except ValueError as exc:
+            problems.append(f"service.metrics: {exc}")
     for path in require:
         sec, name = path.split(".")
         if name not in values[sec] and not any(p.startswith(path + ":") for p in problems):

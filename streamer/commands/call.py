@@ -28,7 +28,7 @@ from streamer.io.alignments import iter_alignments, write_records
 from streamer.io.bamreads import open_basecalls
 from streamer.io.reference import Reference
 from streamer.batch_runner import RunnerOptions, run_batches
-from streamer.pipeline import BatchResult, Pipeline, PipelineOptions
+from streamer.pipeline import BatchResult, Pipeline, PipelineOptions, synthetic_read
 from streamer.resume import CallJournal, Resumed, journal_path, run_identity
 from streamer.signal_pool import IO_MODES, reader_pool
 from streamer import registry
@@ -36,6 +36,7 @@ from streamer.sinks import open_sink
 from streamer.skips import Skipped
 from streamer.summary import RunSummary
 from streamer.tuning.session import CallTuning, add_call_arguments
+from streamer.warmup import announce_compile
 
 NAME = "call"
 HELP = "call CpG methylation on finished signal, basecall and alignment files"
@@ -101,12 +102,13 @@ OUTPUTS = ("output", "bedmethyl", "modbam", "stats_json", "skip_ultra")
 def run(args: argparse.Namespace) -> int:
     _check_combinations(args)
     check_inputs(args, *OUTPUTS)
+    compiling = announce_compile(log)
     journal = journal_path(args.output) if args.output is not None else None
     with removed_on_failure(*(getattr(args, name) for name in OUTPUTS), journal):
-        return _run(args)
+        return _run(args, compiling)
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, compiling: bool) -> int:
     tuning = CallTuning.from_args(args)
     limits = tuning.limits(BatchLimits(max_reads=args.batchsize, max_bases=args.max_bases))
     cuda = CudaOptions(disable=args.disable_cuda, dev_id=args.cuda_dev_id, mem_frac=args.cuda_mem_frac,
@@ -114,7 +116,7 @@ def _run(args: argparse.Namespace) -> int:
                        ultra_thresh=args.ultra_thresh, max_reads=limits.max_reads, max_bases=limits.max_bases,
                        hmm=not args.disable_cuda_hmm)
     filt = alignment_filter(args)
-    summary = RunSummary()
+    summary = RunSummary(compiled=compiling)
     progress = sys.stderr.isatty()
     rows = open_sink("calls")
     with ExitStack() as stack:
@@ -218,6 +220,7 @@ def _here(args, stack, options, index, limits, filt, summary, output, written, t
     with ThreadPoolExecutor(1) as early:  # the reads file is indexed while the pipeline starts
         basecalls = early.submit(open_basecalls, args.reads)
         pipeline = Pipeline(options, [registry.analysis("cpg")])
+        rows.render(pipeline.process([synthetic_read(pipeline.kmer_model)]))  # the TSV kernel, compiled now too
         tuning.attach(pipeline.gpu)
         summary.startup_s = summary.elapsed
         basecalls = stack.enter_context(basecalls.result())

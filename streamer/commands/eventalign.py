@@ -26,6 +26,7 @@ from streamer.io.reference import Reference
 from streamer.pipeline import Pipeline, PipelineOptions
 from streamer.sinks import open_sink
 from streamer.summary import RunSummary
+from streamer.warmup import announce_compile
 
 NAME = "eventalign"
 HELP = "align events to reference k-mers and write the eventalign TSV"
@@ -51,16 +52,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_inputs(args, "output", "summary")
+    compiling = announce_compile(log)
     with removed_on_failure(args.output, args.summary):
-        return _run(args)
+        return _run(args, compiling)
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, compiling: bool) -> int:
     limits = BatchLimits(max_reads=args.batchsize, max_bases=args.max_bases)
     cuda = CudaOptions(disable=args.disable_cuda, dev_id=args.cuda_dev_id, max_reads=limits.max_reads,
                        max_bases=limits.max_bases, hmm=False)  # fmt: skip
     filt = alignment_filter(args)
-    summary = RunSummary()
+    summary = RunSummary(compiled=compiling)
     with ExitStack() as stack:
         index = signal_index(args)
         kmer_model, _ = model_files(args, index, methylation=False)

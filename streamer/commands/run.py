@@ -19,12 +19,14 @@ from streamer.errors import ConfigError, ModelError
 from streamer.gpu_api import CudaOptions
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
+from streamer.metrics import serve_metrics
 from streamer.notify import Notifier
 from streamer.pipeline import Pipeline, PipelineOptions
 from streamer.poremodel import pore_models
 from streamer.publish.publisher import Publisher, PublisherConfig
 from streamer.publish.security import CurveServer, load_public_keys, load_secret_keys
 from streamer.tuning.session import AutoTuner, plan_config
+from streamer.warmup import announce_compile
 
 NAME = "run"
 HELP = "watch a run folder and call methylation on reads as their files land (the daemon)"
@@ -51,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
 
     with ExitStack() as stack:
         stack.callback(notifier.close)
-        notifier.status("loading models and compiling kernels")
+        notifier.status("loading models and compiling kernels for this machine (first run only)"
+                        if announce_compile(log) else "loading models and kernels")
         cuda = cuda_options(cfg)
         # eventalign before the CpG caller, which fails the reads it finds no CpG in
         analyses = [registry.analysis("eventalign", cfg.eventalign.scale_events)] if cfg.eventalign.enabled else []
@@ -64,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
                                   publish=publisher.publish_tuning if publisher is not None else None)
         daemon = Daemon(cfg, pipeline, reference, make_aligner=make_aligner, publisher=publisher, notifier=notifier,
                         tuner=tuner)
+        if cfg.service.metrics is not None:
+            stack.callback(serve_metrics(cfg.service.metrics, lambda: daemon.status))
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: daemon.request_stop())
         code = daemon.run()
