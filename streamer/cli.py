@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv == ["--version"]:  # without importing every command (numba, pod5...): a tenth of the time
         print(f"streamer {streamer.__version__}")
         return 0
+    compiling = _first_run_notice(argv)
     try:
         args, unknown = build_parser().parse_known_args(argv)
     except UsageError as exc:  # a flag's value, checked as it is parsed
@@ -92,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:  # the command's own usage, not the list of commands
         args._parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     configure_logging(args.verbose, args.quiet)
+    args.compiling_kernels = compiling
     if streamer.CACHE_DIR is not None:
         logging.getLogger("streamer").info("compiled kernels are cached in %s (the install folder is read-only)",
                                            streamer.CACHE_DIR)  # fmt: skip
@@ -108,6 +110,20 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(args.command, f"{where}{exc.strerror or exc}", EXIT_FAILED)
     except KeyboardInterrupt:
         return 130
+
+
+def _first_run_notice(argv: list[str]) -> bool:
+    """Before the commands are imported (numba, pod5: seconds on a busy machine), say that a
+    pipeline's first run on this machine compiles its kernels; True when it does."""
+    from streamer.warmup import COMMANDS, announce_compile
+
+    command = _command_of(argv)
+    if command not in COMMANDS:
+        return False
+    front = argv[: argv.index(command)]
+    configure_logging(sum(a.count("v") for a in front if a.startswith("-v") or a == "--verbose"),
+                      "-q" in front or "--quiet" in front)
+    return announce_compile(logging.getLogger("streamer.warmup"))
 
 
 def _fail(command: str, message: object, code: int) -> int:

@@ -11,19 +11,26 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
 FIRST_COMPILE_S = 40  # on 2 cores of a 2020s x86 machine: 30 to 70 s (README, "Correctness and speed")
+COMMANDS = ("call", "eventalign", "run")  # the commands that build a pipeline, so compile on a first run
 
 
-def kernels_cached() -> bool:
-    """Whether numba's cache has compiled ABEA, the kernel every command runs (True when numba's
-    cache layout is not the one this reads: no notice rather than a wrong one)."""
-    from streamer.abea import abea
+def kernels_cached(env: dict[str, str] | None = None) -> bool:
+    """Whether numba's cache has an index for ABEA, the kernel every pipeline runs: in
+    `NUMBA_CACHE_DIR` (numba keeps a folder per source folder there) or beside the sources.
 
-    try:
-        return os.path.exists(abea._cache._cache_file._index_path)
-    except AttributeError:
-        return True
+    Looked for by name, without importing numba (a second of the first two), so the notice
+    comes before the imports; a cache left by an older version of the source is counted as there.
+    """
+    env = os.environ if env is None else env
+    root = env.get("NUMBA_CACHE_DIR")
+    where = [Path(root)] if root else [Path(__file__).parent / "__pycache__"]
+    return any(next(folder.rglob(INDEX), None) is not None for folder in where if folder.is_dir())
+
+
+INDEX = "abea.abea-*.nbi"  # numba's index file of `streamer.abea.abea`
 
 
 def announce_compile(log: logging.Logger) -> bool:

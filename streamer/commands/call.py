@@ -36,7 +36,6 @@ from streamer.sinks import open_sink
 from streamer.skips import Skipped
 from streamer.summary import RunSummary
 from streamer.tuning.session import CallTuning, add_call_arguments
-from streamer.warmup import announce_compile
 
 NAME = "call"
 HELP = "call CpG methylation on finished signal, basecall and alignment files"
@@ -102,7 +101,7 @@ OUTPUTS = ("output", "bedmethyl", "modbam", "stats_json", "skip_ultra")
 def run(args: argparse.Namespace) -> int:
     _check_combinations(args)
     check_inputs(args, *OUTPUTS)
-    compiling = announce_compile(log)
+    compiling = getattr(args, "compiling_kernels", False)  # announced by streamer.cli before the imports
     journal = journal_path(args.output) if args.output is not None else None
     with removed_on_failure(*(getattr(args, name) for name in OUTPUTS), journal):
         return _run(args, compiling)

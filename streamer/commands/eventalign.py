@@ -26,7 +26,6 @@ from streamer.io.reference import Reference
 from streamer.pipeline import Pipeline, PipelineOptions
 from streamer.sinks import open_sink
 from streamer.summary import RunSummary
-from streamer.warmup import announce_compile
 
 NAME = "eventalign"
 HELP = "align events to reference k-mers and write the eventalign TSV"
@@ -52,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_inputs(args, "output", "summary")
-    compiling = announce_compile(log)
+    compiling = getattr(args, "compiling_kernels", False)  # announced by streamer.cli before the imports
     with removed_on_failure(args.output, args.summary):
         return _run(args, compiling)
 

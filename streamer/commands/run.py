@@ -26,7 +26,6 @@ from streamer.poremodel import pore_models
 from streamer.publish.publisher import Publisher, PublisherConfig
 from streamer.publish.security import CurveServer, load_public_keys, load_secret_keys
 from streamer.tuning.session import AutoTuner, plan_config
-from streamer.warmup import announce_compile
 
 NAME = "run"
 HELP = "watch a run folder and call methylation on reads as their files land (the daemon)"
@@ -54,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         stack.callback(notifier.close)
         notifier.status("loading models and compiling kernels for this machine (first run only)"
-                        if announce_compile(log) else "loading models and kernels")
+                        if getattr(args, "compiling_kernels", False) else "loading models and kernels")
         cuda = cuda_options(cfg)
         # eventalign before the CpG caller, which fails the reads it finds no CpG in
         analyses = [registry.analysis("eventalign", cfg.eventalign.scale_events)] if cfg.eventalign.enabled else []
