@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from streamer import config
 from streamer.errors import InputError, UsageError
@@ -133,7 +133,3 @@ def removed_on_failure(*paths: Path | None) -> Iterator[None]:
                 Path(p).unlink(missing_ok=True)
         raise
 
-
-def open_output(path: Path | None, stdout: TextIO) -> TextIO:
-    """The file at `path` for writing, or `stdout`."""
-    return stdout if path is None or str(path) == "-" else open(path, "w")
