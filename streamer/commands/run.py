@@ -52,8 +52,8 @@ def run(args: argparse.Namespace) -> int:
 
     with ExitStack() as stack:
         stack.callback(notifier.close)
-        notifier.status("loading models and compiling kernels for this machine (first run only)"
-                        if getattr(args, "compiling_kernels", False) else "loading models and kernels")
+        first = " for this machine (first run only)" if getattr(args, "compiling_kernels", False) else ""
+        notifier.status(f"loading models and compiling kernels{first}")
         cuda = cuda_options(cfg)
         # eventalign before the CpG caller, which fails the reads it finds no CpG in
         analyses = [registry.analysis("eventalign", cfg.eventalign.scale_events)] if cfg.eventalign.enabled else []
