@@ -67,6 +67,7 @@ from streamer.io.reference import Reference
 from streamer.io.signal import SIGNAL_SUFFIXES
 from streamer.basecall_cache import BasecallCache, ReadBasecalls, Record
 from streamer.ledger import BatchRecord, Ledger, Pick, Waiting
+from streamer.metrics import status_of
 from streamer.notify import Notifier
 from streamer.journal import SKIPPED_HEADER, Journal
 from streamer.publish.sink import PublishSink, PublisherLike
@@ -493,6 +494,8 @@ class Daemon:
         for r in results:
             self._add_calls(r, bam_reads)
         self._write_modbams()
+        self._refresh_status()  # heartbeats and the metrics carry the counts as committed
+        self._send("status", self._status)
 
     def _load_calls(self) -> None:
         """The derived tables' state from the committed `meth.tsv`, replayed once, a block at a time."""
@@ -576,11 +579,12 @@ class Daemon:
     def _refresh_status(self) -> None:
         """The counts behind the STATUS line and the publisher's status (the main thread reads them)."""
         self._next_status = time.monotonic() + self.config.service.status_interval
-        counters = self.ledger.counters()
-        self._status = {"state": self.state.value, **self.ledger.read_counts(),
-                        "calls": counters.get("calls", 0), "reads_called": counters.get("reads_called", 0),
-                        "files_rejected": len(self.ledger.rejected_files()),
-                        "files_pending": len(self.watcher.pending) if self.watcher else 0}
+        self._status = {**status_of(self.summary()), "files_pending": len(self.watcher.pending) if self.watcher else 0}
+
+    @property
+    def status(self) -> dict[str, Any]:
+        """The counts as of the last commit or status refresh (`streamer.metrics.status_of`); any thread."""
+        return self._status
 
     def _status_line(self) -> str:
         s = self._status

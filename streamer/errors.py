@@ -35,6 +35,10 @@ class ModelError(InputError):
     """A pore model file is malformed."""
 
 
+class UsageError(StreamerError):
+    """The command line itself is wrong: a value out of range, flags that do not go together (exit 2)."""
+
+
 class ConfigError(StreamerError):
     """The configuration is invalid; the message carries the key path."""
 

@@ -20,6 +20,7 @@ from streamer.gpu_api import CudaOptions
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
 from streamer.journal import check_output_free
+from streamer.metrics import serve_metrics
 from streamer.notify import Notifier
 from streamer.io.poretype import pore_of_file
 from streamer.pipeline import Pipeline, PipelineOptions
@@ -55,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
 
     with ExitStack() as stack:
         stack.callback(notifier.close)
-        notifier.status("loading models and compiling kernels")
+        first = " for this machine (first run only)" if getattr(args, "compiling_kernels", False) else ""
+        notifier.status(f"loading models and compiling kernels{first}")
         pipeline = _pore_pipeline(cfg)
         reference = stack.enter_context(Reference(cfg.reference.genome))
         publisher = stack.enter_context(_publisher(cfg.publish)) if cfg.publish.endpoint else None
@@ -64,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
                                   publish=publisher.publish_tuning if publisher is not None else None)
         daemon = Daemon(cfg, pipeline, reference, make_aligner=make_aligner, publisher=publisher, notifier=notifier,
                         tuner=tuner)
+        if cfg.service.metrics is not None:
+            stack.callback(serve_metrics(cfg.service.metrics, lambda: daemon.status))
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: daemon.request_stop())
         code = daemon.run()
