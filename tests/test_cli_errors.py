@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from streamer.cli import build_parser, main
-from streamer.commands._checks import _Bounded
+from streamer.flags import _Bounded
 
 DATA = Path(__file__).parent / "data"
 ECOLI = DATA / "ecoli"

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from streamer.errors import ConfigError, InputError
+from streamer.flags import bounded
 from streamer_plugins.modbase import tally
 from streamer_plugins.modbase.bedmethyl import BedMethylWriter, Layout
 from streamer_plugins.modbase.caller import Thresholds, normalise_code, parse_filter_thresholds, parse_mod_thresholds
@@ -33,22 +34,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("bams", nargs="+", type=Path, metavar="BAM", help="aligned modBAM(s); sorted and indexed reads fastest")
     p.add_argument("-o", "--output", default="-", help="output bedMethyl ('-' or 'stdout': standard output) [-]")
     p.add_argument("--region", help="only CHROM or CHROM:START-END (0-based, end exclusive)")
-    p.add_argument("-t", "--threads", type=int, default=4, help="accepted for modkit compatibility")
-    p.add_argument("-i", "--interval-size", type=int, default=100_000, help="accepted for modkit compatibility (output unchanged)")
-    p.add_argument("--sampling-interval-size", type=int, default=1_000_000, help=argparse.SUPPRESS)
-    p.add_argument("--max-depth", type=int, default=8000, help="accepted for modkit compatibility; every read is counted")
+    bounded(p, "-t", "--threads", type=int, minimum=1, default=4, help="accepted for modkit compatibility")
+    bounded(p, "-i", "--interval-size", type=int, minimum=1, default=100_000, help="accepted for modkit compatibility (output unchanged)")
+    bounded(p, "--sampling-interval-size", type=int, minimum=1, default=1_000_000, help=argparse.SUPPRESS)
+    bounded(p, "--max-depth", type=int, minimum=1, default=8000, help="accepted for modkit compatibility; every read is counted")
     p.add_argument("--suppress-progress", action="store_true", help=argparse.SUPPRESS)
     f = p.add_argument_group("filtering (modkit's meanings)")
     g = f.add_mutually_exclusive_group()
     g.add_argument("--no-filtering", action="store_true", help="no pass threshold: every call counts")
-    g.add_argument("-p", "--filter-percentile", type=float, help="estimate the threshold as this quantile of call confidences [0.1]")
+    bounded(g, "-p", "--filter-percentile", type=float, minimum=0, help="estimate the threshold as this quantile of call confidences [0.1]")
     g.add_argument("--filter-threshold", "--pass-threshold", action="append",
                    help="fixed threshold, global (0.8) or per base (C:0.7); repeatable")
     f.add_argument("--mod-thresholds", "--mod-threshold", action="append", help="threshold for one mod code (h:0.8); repeatable")
     s = f.add_mutually_exclusive_group()
-    s.add_argument("-n", "--num-reads", type=int, help="reads sampled to estimate the threshold [10042]")
-    s.add_argument("-f", "--sampling-frac", type=float, help="fraction of reads sampled to estimate the threshold")
-    f.add_argument("--seed", type=int, help="random seed for -f")
+    bounded(s, "-n", "--num-reads", type=int, minimum=1, help="reads sampled to estimate the threshold [10042]")
+    bounded(s, "-f", "--sampling-frac", type=float, minimum=0, help="fraction of reads sampled to estimate the threshold")
+    bounded(f, "--seed", type=int, minimum=0, help="random seed for -f")
     f.add_argument("--sample-region", help="region sampled for the threshold (default: --region)")
     f.add_argument("--include-unmapped", action="store_true", help="sample calls on unaligned bases too")
     m = p.add_argument_group("modified bases")
