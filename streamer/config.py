@@ -238,6 +238,39 @@ class EventalignConfig:
 
 
 @dataclass(frozen=True)
+class ModcallsConfig:
+    enabled: bool = _key(
+        True, "Aggregate the modified-base calls (MM/ML tags) of the basecall BAMs as `modkit pileup` does, "
+        "live, into `modkit.bed` (bedMethyl, refreshed with the other tables) and the `meth.freq` stream "
+        "(source `dorado`). Each BAM is counted once through the ledger; BAMs without MM/ML add nothing.",
+        type=bool, flag="--modcalls")
+    filter_threshold: tuple[str, ...] = _key(
+        (), "Fixed pass thresholds, as `modkit pileup --filter-threshold`: global (`0.8`) or per base "
+        "(`C:0.7`). Empty: estimated once, as modkit does (the `filter_percentile` quantile of the call "
+        "confidences), from the run's first BAM with calls, then kept in the ledger for the whole run; "
+        "the value is logged and in summary.json, so `streamer pileup --filter-threshold` reproduces "
+        "the table offline.", type=tuple, flag="--mod-filter-threshold")
+    filter_percentile: float = _key(
+        0.1, "The quantile of call confidences the estimated threshold is (modkit's default 0.1).",
+        type=float, flag="--mod-filter-percentile", minimum=0.0)
+    no_filtering: bool = _key(
+        False, "Count every call, whatever its confidence (`modkit pileup --no-filtering`).", type=bool,
+        flag="--mod-no-filtering")
+    cpg: bool = _key(
+        True, "Only CpG sites of the reference (`modkit pileup --cpg`): one row per CpG and strand, about "
+        "2.5 GB for every CpG of a human genome. Off: every covered position has rows (some 90 bytes per "
+        "covered base: for small genomes and panels).", type=bool, flag="--mod-cpg")
+    combine_strands: bool = _key(
+        False, "Sum the + and - strand counts of each CpG (`--combine-strands`).", type=bool,
+        flag="--mod-combine-strands")
+    ignore: str | None = _key(
+        None, "Drop this mod code, sharing its probability among the others (`--ignore h`).", type=str,
+        flag="--mod-ignore")
+    combine_mods: bool = _key(
+        False, "Count all mod codes of a base together (`--combine-mods`).", type=bool, flag="--mod-combine-mods")
+
+
+@dataclass(frozen=True)
 class ServiceConfig:
     drain_timeout: float = _key(
         60.0, "Seconds SIGTERM waits for the batch in hand; past that the daemon exits without it and it is "
@@ -297,6 +330,7 @@ class Config:
     gpu: GpuConfig = field(default_factory=GpuConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     eventalign: EventalignConfig = field(default_factory=EventalignConfig)
+    modcalls: ModcallsConfig = field(default_factory=ModcallsConfig)
     service: ServiceConfig = field(default_factory=ServiceConfig)
     publish: PublishConfig = field(default_factory=PublishConfig)
 

@@ -83,6 +83,9 @@ METH_TSV = "meth.tsv"
 SKIPPED_TSV = "skipped.tsv"
 FREQ_TSV = "meth-freq.tsv"
 BEDMETHYL = "meth.bed"
+MODKIT_BED = "modkit.bed"  # dorado's MM/ML calls aggregated as `modkit pileup`
+MODCALL_THRESHOLDS = "modcall_thresholds"  # ledger meta: the pass thresholds estimated for the run
+UNREADABLE = -1  # the ledger's call count of a BAM whose calls could not be read
 SUMMARY_JSON = "summary.json"
 EVENTALIGN_TSV = "eventalign.tsv"
 EVENTALIGN = "eventalign"  # the eventalign stage's product
@@ -157,6 +160,12 @@ class Daemon:
                                     signal_index=ea.signal_index, samples=ea.samples) if ea.enabled else None
         self.modbams = open_sink("modbam-copies", out_dir=out, watch_dir=config.watch.dir, filt=self._filter) \
             if config.output.modbam else None
+        mc = config.modcalls
+        self.modcalls = open_sink(
+            "modkit", path=out / MODKIT_BED, reference=config.reference.genome, track_changes=publisher is not None,
+            filter_threshold=mc.filter_threshold, filter_percentile=mc.filter_percentile, no_filtering=mc.no_filtering,
+            cpg=mc.cpg, combine_strands=mc.combine_strands, ignore=mc.ignore, combine_mods=mc.combine_mods,
+        ) if mc.enabled else None
         self.cache = BasecallCache(config.join.max_pending_bases, self._filter)
         end = config.end
         self.end = EndOfRun(end.final_summary_grace, end.idle_timeout, end.follow, end.stop_file)
@@ -183,13 +192,15 @@ class Daemon:
                 self.ledger.commit((), self.outputs.fresh, {})
             self._load_calls()
             self._write_modbams()
+            self._load_modcalls()
             if self._make_aligner is not None and cfg.watch.basecalls != "bam":
                 self._aligner = self._make_aligner()
             exclude = [cfg.output.dir, cfg.state_dir(), cfg.reference.genome]
             layout = RunLayout(cfg.watch.dir, stop_file=cfg.end.stop_file, include_fail=cfg.watch.include_fail,
                             basecalls=cfg.watch.basecalls, exclude=tuple(exclude))
             timings = WatchTimings(cfg.watch.poll_interval, cfg.watch.settle, cfg.watch.incomplete_timeout)
-            self.intake = FileIntake(self.ledger, self.cache, self._filter, self.end, self._reload_modbam_calls)
+            self.intake = FileIntake(self.ledger, self.cache, self._filter, self.end, self._reload_modbam_calls,
+                                     self._count_modcalls)
             self.watcher = Watcher(layout, timings, poll=cfg.watch.poll, known=self.ledger.is_known)
             self.watcher.start()
             workers = cfg.pipeline.threads or os.cpu_count() or 1
@@ -337,6 +348,85 @@ class Daemon:
         reads = set().union(*(self.ledger.reads_of_file(fid) for fid in bams))
         for block in self._committed_calls():
             self.modbams.add(block, reads)
+
+    # ------------------------------------------------------------------ dorado's modified-base calls
+
+    def _load_modcalls(self) -> None:
+        """The modkit table from the BAMs the ledger says are counted, then any registered BAM not yet
+        counted (a kill came between its registration and its count)."""
+        if self.modcalls is None:
+            return
+        saved = self.ledger.meta(MODCALL_THRESHOLDS)
+        if saved is not None:
+            self.modcalls.restore_thresholds(saved)
+        self._rebuild_modcalls()
+        self._count_modcalls()
+        self.modcalls.take_changes()  # the publisher's updates are of sites changed from here on
+
+    def _rebuild_modcalls(self) -> None:
+        """The table from the counted BAMs alone. One that cannot be read through any more is recorded
+        as unreadable (one line), and the table rebuilt without it: counts cannot be taken back."""
+        while True:
+            self.modcalls.reset()
+            for fid, path, size, mtime_ns in self.ledger.modcall_files():
+                self._beat()
+                try:
+                    self.modcalls.add_file(path)
+                except (InputError, OSError) as exc:
+                    self._unreadable(fid, path, size, mtime_ns, exc)
+                    break
+            else:
+                return
+
+    def _unreadable(self, fid: int, path: Path, size: int, mtime_ns: int, exc: Exception) -> None:
+        log.warning("%s: its modified-base calls are not counted: %s", path, exc)
+        self.ledger.record_modcalls(fid, size, mtime_ns, 0, UNREADABLE)
+
+    def _count_modcalls(self) -> None:
+        """Count each registered BAM not counted yet, then record it: the table holds each file once.
+
+        A file counted before in another state (rewritten in place), or one that fails part-way,
+        cannot be taken back from the counts: the table is rebuilt from the other counted files.
+        """
+        if self.modcalls is None:
+            return
+        for fid, path, size, mtime_ns, changed in self.ledger.uncounted_bams():
+            self._beat()
+            if changed:
+                log.info("%s changed after its modified-base calls were counted: rebuilding %s", path, MODKIT_BED)
+                self.ledger.forget_modcalls([fid])
+                self._rebuild_modcalls()
+            if self.modcalls.thresholds is None and not self._estimate_thresholds(path):
+                self.ledger.record_modcalls(fid, size, mtime_ns, 0, 0)  # no calls to count in it
+                continue
+            try:
+                n_reads, n_calls = self.modcalls.add_file(path)
+            except (InputError, OSError) as exc:
+                self._unreadable(fid, path, size, mtime_ns, exc)
+                self._rebuild_modcalls()
+                continue
+            self.ledger.record_modcalls(fid, size, mtime_ns, n_reads, n_calls)
+            if n_calls:
+                log.info("%s: %d modified-base calls of %d reads counted into %s", path, n_calls, n_reads, MODKIT_BED)
+        if self.publish is not None:
+            changes = self.modcalls.take_changes()
+            if changes is not None:
+                self.publish.publish_modcalls(changes)
+
+    def _estimate_thresholds(self, path: Path) -> bool:
+        """The run's pass thresholds from its first BAM with calls, kept in the ledger; False when it has none."""
+        try:
+            thresholds = self.modcalls.estimate(path)
+        except (InputError, OSError) as exc:
+            log.warning("%s: %s", path, exc)
+            return False
+        if not thresholds.per_base:
+            return False
+        self.modcalls.use_thresholds(thresholds)
+        self.ledger.set_meta(MODCALL_THRESHOLDS, self.modcalls.thresholds_text)
+        log.info("modified-base pass thresholds estimated from %s: streamer pileup %s gives %s offline", path,
+                 self.modcalls.describe(), MODKIT_BED)
+        return True
 
     # ------------------------------------------------------------------ batches
 
@@ -568,7 +658,7 @@ class Daemon:
         """Rewrite meth-freq.tsv and meth.bed (if changed) and summary.json; publish status."""
         self._next_refresh = time.monotonic() + self.config.output.refresh_interval
         out = self.config.output.dir
-        for table in (self.freq_sink, self.bed):
+        for table in (self.freq_sink, self.bed, self.modcalls):
             if table is not None:
                 table.dirty |= final
                 table.refresh()
@@ -618,6 +708,7 @@ class Daemon:
             "bases": counters.get("bases", 0),
             "eventalign_rows": counters.get("eventalign_rows", 0) if self.eventalign is not None else None,
             "modbam": self.ledger.modbam_counts() if self.modbams is not None else None,
+            "modcalls": self._modcalls_summary(),
             "files": self.ledger.file_counts(),
             "rejected_files": [{"path": p, "kind": k, "reason": r} for p, k, r in self.ledger.rejected_files()],
             "throughput": {
@@ -634,6 +725,12 @@ class Daemon:
             "tuning": self.tuner.summary() if self.tuner is not None else None,
             "config": self.config.as_dict(),
         }
+
+
+    def _modcalls_summary(self) -> dict[str, Any] | None:
+        if self.modcalls is None:
+            return None
+        return self.ledger.modcall_counts() | {"output": MODKIT_BED, "pileup_options": self.modcalls.describe()}
 
 
 def _pending_of(p: Pick, bc: ReadBasecalls) -> tuple[list[Pending], list[Skipped]]:

@@ -35,13 +35,15 @@ class FileIntake:
     """Takes the watcher's outcomes into the ledger, the basecall cache and the end-of-run policy.
 
     `on_reopened_bams` gets the ledger ids of basecall BAMs whose modBAM copy must be made again
-    (a late signal file reopened some of their reads).
+    (a late signal file reopened some of their reads); `on_bam` is told of each basecall BAM
+    registered (its modified-base calls are counted then).
     """
 
     def __init__(self, ledger: Ledger, cache: BasecallCache, filt: AlignmentFilter, end: EndOfRun,
-                 on_reopened_bams: Callable[[tuple[int, ...]], None]):  # fmt: skip
+                 on_reopened_bams: Callable[[tuple[int, ...]], None], on_bam: Callable[[], None] = lambda: None):
         self.ledger, self.cache, self.filt, self.end = ledger, cache, filt, end
         self.on_reopened_bams = on_reopened_bams
+        self.on_bam = on_bam
 
     def take(self, outcome: Ready | Rejected) -> None:
         f = outcome.file
@@ -108,6 +110,8 @@ class FileIntake:
         open_ids = self.ledger.open_reads_of(f.path)
         self.cache.add(bc for rid, bc in reads.items() if rid in open_ids)
         _log_registered(f.path, "basecalls", reg)
+        if f.fmt == "bam":
+            self.on_bam()
 
 
 def _log_registered(path: Path, what: str, reg: Registered) -> None:

@@ -33,7 +33,7 @@ from streamer.skips import Skip
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -69,6 +69,14 @@ CREATE TABLE IF NOT EXISTS modbams (  -- basecall BAMs whose modBAM copy is writ
     file INTEGER PRIMARY KEY,
     output TEXT,                  -- NULL when none could be written
     reason TEXT,
+    at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS modcalls (  -- basecall BAMs whose MM/ML calls are in the modkit table
+    file INTEGER PRIMARY KEY,
+    size INTEGER NOT NULL,        -- the file as it was counted
+    mtime_ns INTEGER NOT NULL,
+    n_reads INTEGER NOT NULL,
+    n_calls INTEGER NOT NULL,
     at REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
@@ -166,9 +174,13 @@ class Ledger:
                     ("schema_version", str(SCHEMA_VERSION)), ("watch_dir", want), ("created", str(self._clock())),
                 ])
             return
-        if meta.get("schema_version") == "1":  # version 2 only adds reads.superseded
+        if meta.get("schema_version") == "1":  # version 2 adds reads.superseded
             with self._tx():
                 self._db.execute("ALTER TABLE reads ADD COLUMN superseded TEXT")
+                self._db.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+            meta["schema_version"] = "2"
+        if meta.get("schema_version") == "2":  # version 3 only adds the modcalls table (made above)
+            with self._tx():
                 self._db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
             meta["schema_version"] = str(SCHEMA_VERSION)
         if meta.get("schema_version") != str(SCHEMA_VERSION):
@@ -357,6 +369,50 @@ class Ledger:
         written, failed = self._db.execute(
             "SELECT count(output), count(*) - count(output) FROM modbams").fetchone()
         return {"written": written, "not_written": failed}
+
+    # ------------------------------------------------------------------ modified-base calls
+
+    def meta(self, key: str) -> str | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else row[0]
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self._tx():
+            self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+    def modcall_files(self) -> list[tuple[int, Path, int, int]]:
+        """(file id, path, size, mtime_ns) of the BAMs counted into the modkit table, in the order counted
+        (not those recorded unreadable: a negative call count)."""
+        rows = self._db.execute("SELECT m.file, f.path, m.size, m.mtime_ns FROM modcalls m JOIN files f ON "
+                                "f.id = m.file WHERE m.size = f.size AND m.mtime_ns = f.mtime_ns AND m.n_calls >= 0 "
+                                "ORDER BY m.at, m.file")
+        return [(fid, Path(p), size, mtime) for fid, p, size, mtime in rows]
+
+    def uncounted_bams(self) -> list[tuple[int, Path, int, int, bool]]:
+        """Registered basecall BAMs not (or no longer, as they are now) counted into the modkit table;
+        the last field says whether an earlier state of the file was counted."""
+        rows = self._db.execute(
+            "SELECT f.id, f.path, f.size, f.mtime_ns, m.file IS NOT NULL FROM files f "
+            "LEFT JOIN modcalls m ON m.file = f.id "
+            "WHERE f.kind = 'basecalls' AND f.fmt = 'bam' AND f.state = 'registered' AND (m.file IS NULL OR "
+            "m.size != f.size OR m.mtime_ns != f.mtime_ns) ORDER BY f.id")
+        return [(fid, Path(p), size, mtime, bool(old)) for fid, p, size, mtime, old in rows]
+
+    def record_modcalls(self, file_id: int, size: int, mtime_ns: int, n_reads: int, n_calls: int) -> None:
+        with self._tx():
+            self._db.execute("INSERT OR REPLACE INTO modcalls VALUES (?, ?, ?, ?, ?, ?)",
+                             (file_id, size, mtime_ns, n_reads, n_calls, self._clock()))
+
+    def forget_modcalls(self, file_ids: Iterable[int]) -> None:
+        with self._tx():
+            self._db.executemany("DELETE FROM modcalls WHERE file = ?", ((f,) for f in file_ids))
+
+    def modcall_counts(self) -> dict[str, int]:
+        files, reads, calls, unreadable = self._db.execute(
+            "SELECT count(*) FILTER (WHERE n_calls >= 0), coalesce(sum(n_reads), 0), "
+            "coalesce(sum(n_calls) FILTER (WHERE n_calls >= 0), 0), count(*) FILTER (WHERE n_calls < 0) "
+            "FROM modcalls").fetchone()
+        return {"files": files, "reads": reads, "calls": calls, "unreadable_files": unreadable}
 
     # ------------------------------------------------------------------ batches
 

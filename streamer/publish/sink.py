@@ -71,6 +71,10 @@ class PublishSink:
         for columns in eventalign:
             self.send("eventalign", columns)
 
+    def publish_modcalls(self, columns: Mapping[str, Any]) -> None:
+        """The current bedMethyl rows of the sites a counted BAM reached (dorado's calls)."""
+        self.send("freq", freq_update("dorado", columns))
+
     def publish_sites(self) -> None:
         """The current counts of the sites changed since the last time."""
         keys = sorted(self.changed)
