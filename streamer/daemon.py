@@ -173,7 +173,8 @@ class Daemon:
         self._next_refresh = 0.0
         self._next_status = 0.0
         self._status: dict[str, Any] = {}
-        self.publish = PublishSink(publisher, self.freq, self.freq_sink.changed) if publisher is not None else None
+        self.publish = PublishSink(publisher, self.freq, self.freq_sink.changed, self.modcalls) \
+            if publisher is not None else None
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -382,9 +382,9 @@ class Ledger:
 
     def modcall_files(self) -> list[tuple[int, Path, int, int]]:
         """(file id, path, size, mtime_ns) of the BAMs counted into the modkit table, in the order counted
-        (not those recorded unreadable: a negative call count)."""
+        (those with calls: not the ones recorded unreadable, with a negative call count)."""
         rows = self._db.execute("SELECT m.file, f.path, m.size, m.mtime_ns FROM modcalls m JOIN files f ON "
-                                "f.id = m.file WHERE m.size = f.size AND m.mtime_ns = f.mtime_ns AND m.n_calls >= 0 "
+                                "f.id = m.file WHERE m.size = f.size AND m.mtime_ns = f.mtime_ns AND m.n_calls > 0 "
                                 "ORDER BY m.at, m.file")
         return [(fid, Path(p), size, mtime) for fid, p, size, mtime in rows]
 

@@ -45,14 +45,21 @@ def call_batch(n: int, first: int = 0) -> dict:
 def freq_batch(starts, called: int, methylated: int) -> dict:
     starts = np.asarray(starts, dtype=np.int64)
     n = len(starts)
+    zeros = np.zeros(n, dtype=np.int64)
     return {
+        "source": ["hmm"] * n,
         "chromosome": ["chr1"] * n,
         "start": starts,
         "end": starts + 1,
+        "strand": ["."] * n,
+        "mod_code": ["m"] * n,
         "num_motifs_in_group": np.ones(n, dtype=np.int32),
         "called_sites": np.full(n, called),
         "called_sites_methylated": np.full(n, methylated),
         "group_sequence": ["ACGT"] * n,
+        "count_canonical": np.full(n, called - methylated),
+        "count_other_mod": zeros, "count_delete": zeros, "count_fail": zeros, "count_diff": zeros,
+        "count_nocall": zeros,
     }
 
 

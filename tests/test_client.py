@@ -32,7 +32,7 @@ from streamer.client import (
 from streamer.commands import keys, subscribe
 from streamer.errors import ConfigError
 from streamer.publish import CALL_COLUMNS, FREQ_COLUMNS, Publisher
-from streamer.publish.protocol import encode_columns, pack
+from streamer.publish.protocol import SCHEMA_VERSION, encode_columns, pack
 from streamer.publish.security import CurveClient, CurveServer, KeyPair, load_public_keys, load_secret_keys
 
 pytestmark = pytest.mark.filterwarnings("error::ResourceWarning")
@@ -41,7 +41,7 @@ pytestmark = pytest.mark.filterwarnings("error::ResourceWarning")
 # -- the session's decisions, fed hand-made frames --------------------------------------------
 
 def _frames(topic: str, seq: int, body: dict, run: str = "r1") -> list[bytes]:
-    return [topic.encode(), msgpack.packb({"v": 1, "run": run, "seq": seq, "t": 0}), pack(body)]
+    return [topic.encode(), msgpack.packb({"v": SCHEMA_VERSION, "run": run, "seq": seq, "t": 0}), pack(body)]
 
 
 def _calls(seq: int, run: str = "r1") -> list[bytes]:
@@ -130,13 +130,15 @@ def test_snapshot_then_updates_then_resync_after_a_gap():
     s.on_message(_freq(4, [2], called=4), 0.2)
     out = s.on_snapshot(_snapshot(3, [1, 2], called=3), 0.3)
     assert _kinds(out) == ["Snapshot", "FreqUpdate"] and out[1].header.seq == 4  # update 3 is in the snapshot
-    assert s.frequencies.sites() == {("chr1", 1, 2): (1, 3, 0, "ACGT"), ("chr1", 2, 3): (1, 4, 0, "ACGT")}
+    assert s.frequencies.sites() == {("hmm", "chr1", 1, 2, ".", "m"): (1, 3, 0, "ACGT", 3, 0, 0, 0, 0, 0),
+                                      ("hmm", "chr1", 2, 3, ".", "m"): (1, 4, 0, "ACGT", 4, 0, 0, 0, 0, 0)}
     assert s.on_message(_freq(6, [1], called=9), 0.4) == [Gap("meth.freq", 5, 1)]
     assert s.take_request() == "tcp://127.0.0.1:9"
     s.on_message(_freq(7, [5], called=1), 0.4)
     out = s.on_snapshot(_snapshot(6, [1], called=9), 0.5)  # holds update 6 already
     assert _kinds(out) == ["Snapshot", "FreqUpdate"] and out[1].header.seq == 7
-    assert s.frequencies.sites() == {("chr1", 1, 2): (1, 9, 0, "ACGT"), ("chr1", 5, 6): (1, 1, 0, "ACGT")}
+    assert s.frequencies.sites() == {("hmm", "chr1", 1, 2, ".", "m"): (1, 9, 0, "ACGT", 9, 0, 0, 0, 0, 0),
+                                      ("hmm", "chr1", 5, 6, ".", "m"): (1, 1, 0, "ACGT", 1, 0, 0, 0, 0, 0)}
 
 
 def test_without_a_snapshot_server_held_updates_apply_at_the_first_status():

@@ -10,6 +10,7 @@ import random
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pysam
 import pytest
 
 from conftest import ECOLI, REFERENCE
+from daemon_support import no_leaks  # noqa: F401 (a fixture)
 
 TIMEOUT = 90
 
@@ -78,16 +80,26 @@ def test_live_table_equals_streamer_pileup_with_the_estimated_threshold(modbam, 
     assert len([line for line in proc.stderr.splitlines() if "pass thresholds estimated" in line]) == 1
 
 
+def split_bam(modbam: Path, folder: Path, per_file: int = 3) -> list[Path]:
+    """The modBAM as MinKNOW's batch files in `folder` (written aside, then renamed in)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    with pysam.AlignmentFile(str(modbam), "rb") as src:
+        records = list(src.fetch(until_eof=True))
+        for i in range(0, len(records), per_file):
+            tmp = folder.parent / f".batch_{i}.bam"
+            with pysam.AlignmentFile(str(tmp), "wb", header=src.header) as dst:
+                for rec in records[i:i + per_file]:
+                    dst.write(rec)
+            out.append(tmp)
+    return out
+
+
 def test_without_signal_files_and_with_fixed_options(modbam, tmp_path):
     """Only `bam_pass/` (no signal): the calls are counted all the same; options as configured."""
     live, out = tmp_path / "live", tmp_path / "out"
-    (live / "bam_pass").mkdir(parents=True)
-    with pysam.AlignmentFile(str(modbam), "rb") as src:
-        records = list(src.fetch(until_eof=True))
-        for i in range(0, len(records), 3):
-            with pysam.AlignmentFile(str(live / "bam_pass" / f"batch_{i}.bam"), "wb", header=src.header) as dst:
-                for rec in records[i:i + 3]:
-                    dst.write(rec)
+    for f in split_bam(modbam, live / "bam_pass"):
+        f.rename(live / "bam_pass" / f.name.lstrip("."))
     (live / "final_summary_x.txt").write_text("done\n")
     proc = subprocess.run(streamer("run", *daemon_flags(live, out, "--mod-filter-threshold", "0.6",
                                                         "--mod-combine-strands")),
@@ -134,3 +146,65 @@ def test_kill_9_and_restart_count_each_bam_once(modbam, tmp_path):
     assert "Traceback" not in text
     check_table(out, live, tmp_path)
     assert text.count("pass thresholds estimated") == 1, f"seed {seed}"
+
+
+def bed_sites(path: Path) -> dict:
+    """modkit.bed as `meth.freq` sites (source dorado): what a subscriber's table must hold."""
+    sites = {}
+    for line in path.read_text().splitlines():
+        f = line.replace(" ", "\t").split("\t")
+        valid, nmod, *rest = map(int, [f[9], *f[11:18]])
+        sites["dorado", f[0], int(f[1]), int(f[2]), f[5], f[3]] = (1, valid, nmod, "", *rest)
+    return sites
+
+
+def test_subscribers_and_a_late_joiner_reach_the_table(modbam, reference_path, tmp_path, no_leaks):  # noqa: F811
+    from streams import local_config
+
+    from daemon_support import FakePipeline
+    from streamer.client import FreqUpdate
+    from streamer.daemon import Daemon
+    from streamer.io.reference import Reference
+    from streamer.publish import Publisher
+    from test_daemon import make_config
+    from test_stream_run import _Collector
+
+    cfg = make_config(tmp_path, reference_path, **{"modcalls.filter_threshold": ["0.6"]})
+    live = tmp_path / "live"
+    files = split_bam(modbam, live / "bam_pass", per_file=2)
+    with Publisher(local_config()) as pub, Reference(reference_path) as reference:
+        early = _Collector(pub.endpoints[0], ["meth.freq", "run"])
+        early.start()
+        assert early.synced.wait(5)
+        daemon = Daemon(cfg, FakePipeline(), reference, publisher=pub)
+        codes = []
+        runner = threading.Thread(target=lambda: codes.append(daemon.run()), name="daemon")
+        runner.start()
+        try:
+            for f in files[:2]:
+                f.rename(live / "bam_pass" / f.name.lstrip("."))
+            deadline = time.monotonic() + TIMEOUT
+            while daemon.ledger is None or daemon.ledger.modcall_counts()["files"] < 2:
+                assert time.monotonic() < deadline, "the first two BAMs counted"
+                time.sleep(0.05)
+            late = _Collector(pub.endpoints[0], ["meth.freq"])
+            late.start()
+            assert late.synced.wait(5)
+            for f in files[2:]:
+                f.rename(live / "bam_pass" / f.name.lstrip("."))
+            (live / "final_summary_x.txt").write_text("done\n")
+            runner.join(TIMEOUT)
+        finally:
+            daemon.request_stop()
+            runner.join(TIMEOUT)
+            daemon.close()
+        pub.close()
+        early.join(5)
+        late.join(5)
+    assert codes == [0] and early.error is None and late.error is None
+    want = bed_sites(cfg.output.dir / "modkit.bed")
+    assert len(want) > 100
+    dorado = {k: v for k, v in early.sites.items() if k[0] == "dorado"}
+    assert dorado == want and {k: v for k, v in late.sites.items() if k[0] == "dorado"} == want
+    # the late joiner had the first files' sites from its snapshot, the others' from updates
+    assert [m for m in late.messages if isinstance(m, FreqUpdate) and "dorado" in m.sites.source.tolist()]

@@ -18,7 +18,8 @@ from streamer_plugins.cpg.calls import CALLS_HEADER, MethCalls, format_calls
 from streamer_plugins.methfreq import MethFreq
 from streamer.publish import CALL_COLUMNS, FREQ_COLUMNS, Categorical, ProtocolError, Publisher
 from streamer.publish.messages import CallBatch, SiteFrequencies, decode_message
-from streamer.publish.protocol import Header, decode_columns, encode_columns, pack, unpack
+from streamer.publish.sink import SiteTables
+from streamer.publish.protocol import SCHEMA_VERSION, Header, decode_columns, encode_columns, pack, unpack
 from streamer.publish.records import call_columns
 from streamer.publish.security import CurveServer, KeyPair, is_loopback
 
@@ -112,7 +113,7 @@ def test_frames_carry_topic_header_and_per_topic_sequence():
     assert all(len(frames) == 3 for frames in received)
     headers = [msgpack.unpackb(f[1]) for f in received]
     assert [h["seq"] for h in headers] == [1, 1, 2, 1, 1]
-    assert {h["run"] for h in headers} == {"run-42"} and {h["v"] for h in headers} == {1}
+    assert {h["run"] for h in headers} == {"run-42"} and {h["v"] for h in headers} == {SCHEMA_VERSION}
     assert all(isinstance(h["t"], int) for h in headers)
     calls = decode_message(received[2])
     assert isinstance(calls, Calls) and calls.calls.start.tolist() == [100, 110, 120]
@@ -156,7 +157,7 @@ def test_snapshots_come_from_the_table_the_owner_keeps():
     freq = MethFreq()
     row = "chr1\t+\t{0}\t{0}\tr\t{1}\t-1\t-2\t1\t1\tAACGT\n"
     with Publisher(local_config()) as pub, zmq.Context() as ctx:
-        pub.serve_sites(freq)
+        pub.serve_sites(SiteTables(freq))
         changed = set()
         freq.add_tsv([CALLS_HEADER, row.format(10, "3.0"), row.format(20, "-3.0"), row.format(30, "1.0")],
                      changed=changed)

@@ -66,7 +66,9 @@ def _freq_tsv(path: Path) -> dict:
     sites = {}
     for line in path.read_text().splitlines()[1:]:
         chrom, start, end, n, called, methylated, _, sequence = line.split("\t")
-        sites[chrom, int(start), int(end)] = (int(n), int(called), int(methylated), sequence)
+        called_, methylated_ = int(called), int(methylated)
+        sites["hmm", chrom, int(start), int(end), ".", "m"] = (int(n), called_, methylated_, sequence,
+                                                             called_ - methylated_, 0, 0, 0, 0, 0)
     return sites
 
 

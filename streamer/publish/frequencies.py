@@ -12,14 +12,15 @@ from typing import Any
 
 import numpy as np
 
-from streamer.publish.protocol import FREQ_COLUMNS
+from streamer.publish.protocol import FREQ_COLUMNS, SITE_KEY
 
-SiteKey = tuple[str, int, int]
-SiteCounts = tuple[int, int, int, str]  # num_motifs_in_group, called, methylated, group_sequence
+SiteKey = tuple[str, str, int, int, str, str]  # SITE_KEY: source, chromosome, start, end, strand, mod_code
+SiteCounts = tuple  # the other FREQ_COLUMNS, in order
+COUNTS = tuple(name for name in FREQ_COLUMNS if name not in SITE_KEY)
 
 
 class FrequencyTable:
-    """Sites keyed by (chromosome, start, end), replaced whole by each update."""
+    """Sites keyed by SITE_KEY, replaced whole by each update."""
 
     def __init__(self) -> None:
         self._sites: dict[SiteKey, SiteCounts] = {}
@@ -29,13 +30,8 @@ class FrequencyTable:
 
     def apply(self, columns: Mapping[str, Any]) -> None:
         """Set the sites in `columns` (FREQ_COLUMNS, absolute counts)."""
-        keys = zip(_tolist(columns["chromosome"]), _tolist(columns["start"]), _tolist(columns["end"]))
-        counts = zip(
-            _tolist(columns["num_motifs_in_group"]),
-            _tolist(columns["called_sites"]),
-            _tolist(columns["called_sites_methylated"]),
-            _tolist(columns["group_sequence"]),
-        )
+        keys = zip(*(_tolist(columns[name]) for name in SITE_KEY))
+        counts = zip(*(_tolist(columns[name]) for name in COUNTS))
         self._sites.update(zip(keys, counts))
 
     def clear(self) -> None:
@@ -52,17 +48,15 @@ class FrequencyTable:
 
 
 def site_columns(sites: Mapping[SiteKey, SiteCounts]) -> dict[str, Any]:
-    """Sites as FREQ_COLUMNS, sorted by position."""
+    """Sites as FREQ_COLUMNS, sorted by key."""
     items = sorted(sites.items())
-    return {
-        "chromosome": [k[0] for k, _ in items],
-        "start": np.array([k[1] for k, _ in items], dtype=FREQ_COLUMNS["start"]),
-        "end": np.array([k[2] for k, _ in items], dtype=FREQ_COLUMNS["end"]),
-        "num_motifs_in_group": np.array([c[0] for _, c in items], dtype=FREQ_COLUMNS["num_motifs_in_group"]),
-        "called_sites": np.array([c[1] for _, c in items], dtype=FREQ_COLUMNS["called_sites"]),
-        "called_sites_methylated": np.array([c[2] for _, c in items], dtype=FREQ_COLUMNS["called_sites_methylated"]),
-        "group_sequence": [c[3] for _, c in items],
-    }
+    out: dict[str, Any] = {}
+    for i, name in enumerate(SITE_KEY):
+        out[name] = [k[i] for k, _ in items]
+    for i, name in enumerate(COUNTS):
+        out[name] = [c[i] for _, c in items]
+    return {name: out[name] if FREQ_COLUMNS[name] is str else np.array(out[name], dtype=FREQ_COLUMNS[name])
+            for name in FREQ_COLUMNS}
 
 
 def _tolist(column: Any) -> list:

@@ -50,15 +50,24 @@ class CallBatch:
 
 @dataclass(frozen=True, eq=False)
 class SiteFrequencies:
-    """Per-site counts, one array per f5c meth-freq column."""
+    """Per-site counts, one array per FREQ_COLUMNS column (f5c meth-freq's and modkit bedMethyl's)."""
 
+    source: np.ndarray
     chromosome: np.ndarray
     start: np.ndarray
     end: np.ndarray
+    strand: np.ndarray
+    mod_code: np.ndarray
     num_motifs_in_group: np.ndarray
     called_sites: np.ndarray
     called_sites_methylated: np.ndarray
     group_sequence: np.ndarray
+    count_canonical: np.ndarray
+    count_other_mod: np.ndarray
+    count_delete: np.ndarray
+    count_fail: np.ndarray
+    count_diff: np.ndarray
+    count_nocall: np.ndarray
 
     def __len__(self) -> int:
         return len(self.start)

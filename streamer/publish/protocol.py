@@ -18,7 +18,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: meth.freq rows name their source, strand and mod code, with modkit's counts
 
 NDARRAY_EXT = 1
 """msgpack extension code of a 1-D numpy array: 8 bytes of dtype string, then the data."""
@@ -57,15 +57,27 @@ CALL_COLUMNS: dict[str, Any] = {
 """nanopolish call-methylation TSV columns, in TSV order."""
 
 FREQ_COLUMNS: dict[str, Any] = {
+    "source": str,  # "hmm": streamer's signal-level CpG calls; "dorado": the basecaller's MM/ML calls
     "chromosome": str,
     "start": np.int64,
     "end": np.int64,
-    "num_motifs_in_group": np.int32,
-    "called_sites": np.int64,
-    "called_sites_methylated": np.int64,
-    "group_sequence": str,
+    "strand": str,  # "+" or "-"; "." for both strands (HMM rows, combined-strand modkit rows)
+    "mod_code": str,  # "m" 5mC, "h" 5hmC, "a" 6mA, ... (HMM rows: "m")
+    "num_motifs_in_group": np.int32,  # dorado rows: 1
+    "called_sites": np.int64,  # dorado rows: bedMethyl's Nvalid_cov
+    "called_sites_methylated": np.int64,  # dorado rows: Nmod
+    "group_sequence": str,  # dorado rows: ""
+    "count_canonical": np.int64,  # HMM rows: called - methylated, the rest 0
+    "count_other_mod": np.int64,
+    "count_delete": np.int64,
+    "count_fail": np.int64,
+    "count_diff": np.int64,
+    "count_nocall": np.int64,
 }
-"""f5c meth-freq columns less `methylated_frequency`, which is derived."""
+"""Per-site counts of either source: f5c meth-freq's columns (less `methylated_frequency`, which
+is derived) and modkit bedMethyl's; a site is (source, chromosome, start, end, strand, mod_code)."""
+
+SITE_KEY = ("source", "chromosome", "start", "end", "strand", "mod_code")
 
 
 class ProtocolError(ValueError):

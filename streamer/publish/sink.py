@@ -8,9 +8,11 @@ and never stops the daemon, whose files hold every result anyway.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
+from streamer.publish.frequencies import COUNTS, SiteCounts, SiteKey
+from streamer.publish.protocol import SITE_KEY
 from streamer.publish.records import call_columns
 
 log = logging.getLogger(__name__)
@@ -35,17 +37,63 @@ class PublisherLike(Protocol):
         """Serve snapshots from `table` (read from the publisher's thread through `snapshot()`)."""
 
 
+def freq_update(source: str, rows: Mapping[str, Sequence]) -> dict[str, list]:
+    """`meth.freq` columns of one source's rows: the HMM's (f5c meth-freq columns, both strands,
+    5mC) or dorado's (modkit bedMethyl columns, as `streamer_plugins.modbase.live.FIELDS`)."""
+    n = len(rows["start"])
+    site = {"source": [source] * n, "chromosome": list(rows["chromosome"]), "start": list(rows["start"]),
+            "end": list(rows["end"])}
+    if source == "hmm":
+        called, meth = list(rows["called_sites"]), list(rows["called_sites_methylated"])
+        zeros = [0] * n
+        return site | {"strand": ["."] * n, "mod_code": ["m"] * n,
+                       "num_motifs_in_group": list(rows["num_motifs_in_group"]), "called_sites": called,
+                       "called_sites_methylated": meth, "group_sequence": list(rows["group_sequence"]),
+                       "count_canonical": [c - m for c, m in zip(called, meth)], "count_other_mod": zeros,
+                       "count_delete": zeros, "count_fail": zeros, "count_diff": zeros, "count_nocall": zeros}
+    return site | {"strand": list(rows["strand"]), "mod_code": list(rows["mod_code"]), "num_motifs_in_group": [1] * n,
+                   "called_sites": list(rows["valid_coverage"]), "called_sites_methylated": list(rows["count_modified"]),
+                   "group_sequence": [""] * n, **{name: list(rows[name]) for name in COUNTS if name.startswith("count_")}}
+
+
+def _keyed(columns: Mapping[str, Sequence]) -> dict[SiteKey, SiteCounts]:
+    return dict(zip(zip(*(columns[k] for k in SITE_KEY)), zip(*(columns[c] for c in COUNTS))))
+
+
+class SiteTables:
+    """The publisher's snapshot source: the HMM's frequency table and, when the daemon keeps one,
+    the modkit table of dorado's calls, as one table of FREQ_COLUMNS sites."""
+
+    def __init__(self, hmm: Any, dorado: Any | None = None):
+        self.hmm = hmm
+        self.dorado = dorado
+
+    def snapshot(self) -> dict[SiteKey, SiteCounts]:
+        sites = self.hmm.snapshot()
+        keys = list(sites)
+        rows = {"chromosome": [k[0] for k in keys], "start": [k[1] for k in keys], "end": [k[2] for k in keys],
+                "num_motifs_in_group": [s.group_size for s in sites.values()],
+                "called_sites": [s.called_sites for s in sites.values()],
+                "called_sites_methylated": [s.called_sites_methylated for s in sites.values()],
+                "group_sequence": [s.sequence for s in sites.values()]}
+        out = _keyed(freq_update("hmm", rows))
+        dorado = self.dorado.snapshot_columns() if self.dorado is not None else None
+        if dorado is not None:
+            out |= _keyed(freq_update("dorado", dorado))
+        return out
+
+
 class PublishSink:
     """Messages for `publisher`; `table` is the per-site frequency table whose sites are published
-    as they change (`changed`, filled by the table's sink)."""
+    as they change (`changed`, filled by the table's sink); `dorado` the modkit table, if any."""
 
-    def __init__(self, publisher: PublisherLike, table: Any, changed: set):
+    def __init__(self, publisher: PublisherLike, table: Any, changed: set, dorado: Any | None = None):
         self.publisher = publisher
         self.table = table
         self.changed = changed
         self._failed: set[str] = set()
         try:
-            publisher.serve_sites(table)
+            publisher.serve_sites(SiteTables(table, dorado))
         except Exception as exc:  # noqa: BLE001 - the publisher is an optional consumer
             log.warning("the publisher cannot serve snapshots of the frequency table (%s)", exc)
 
@@ -80,9 +128,9 @@ class PublishSink:
         keys = sorted(self.changed)
         self.changed.clear()
         sites = [self.table.sites[k] for k in keys]
-        self.send("freq", {
+        self.send("freq", freq_update("hmm", {
             "chromosome": [k[0] for k in keys], "start": [k[1] for k in keys], "end": [k[2] for k in keys],
             "num_motifs_in_group": [s.group_size for s in sites], "called_sites": [s.called_sites for s in sites],
             "called_sites_methylated": [s.called_sites_methylated for s in sites],
             "group_sequence": [s.sequence for s in sites],
-        })  # fmt: skip
+        }))  # fmt: skip

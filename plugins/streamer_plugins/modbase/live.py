@@ -209,8 +209,9 @@ class LiveModTable(BaseSink):
             blocks = np.intersect1d(blocks, self.counts.store.allocated())
         return columns_of(self.text(blocks))
 
-    def snapshot_text(self) -> str:
-        return self.text()
+    def snapshot_columns(self) -> dict[str, list] | None:
+        """Every row as `FIELDS` columns (the publisher's snapshot for late joiners)."""
+        return columns_of(self.text())
 
 
 def columns_of(text: str) -> dict[str, list] | None:
