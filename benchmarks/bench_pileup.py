@@ -8,7 +8,11 @@ positions until `--mbases` of reads; the file is coordinate-sorted and indexed. 
 - `aggregate`: PileupCounts.add over the records (tag parsing, calls, per-site tallies), the
   part the daemon would run per batch;
 - `command`: the whole `streamer pileup` command (both passes: threshold estimation from
-  10,042 sampled reads, then the pileup and the bedMethyl), default options and with `--cpg`.
+  10,042 sampled reads, then the pileup and the bedMethyl), default options and with `--cpg`;
+- `daemon`: the same reads in random order as MinKNOW's `bam_pass/` batch files of 4,000
+  reads, in a finished run folder, taken in by the daemon (each BAM registered in the ledger,
+  its calls counted, recorded, `modkit.bed` written at the end), with its default `modcalls`
+  options (`--cpg`, threshold estimated from the first BAM); no signal files, so no HMM.
 
 A PromethION flow cell yields about 1 Mbase of reads per second, so four need 4 Mbases/s.
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import array
+import json
 import os
 import random
 import tempfile
@@ -28,7 +33,10 @@ from pathlib import Path
 import numpy as np
 import pysam
 
+from streamer import config
 from streamer.cli import main
+from streamer.daemon import Daemon
+from streamer.io.reference import Reference
 from streamer_plugins.modbase.caller import Thresholds
 from streamer_plugins.modbase.pileup import CallOptions, PileupCounts
 
@@ -102,6 +110,37 @@ def time_command(args: list[str]) -> float:
     return time.perf_counter() - t0
 
 
+class _NoPipeline:
+    """The daemon's pipeline where no read has signal: never called."""
+
+    def process(self, reads):
+        raise AssertionError("no read has signal")
+
+
+def time_daemon(path: Path, tmp: Path, per_file: int = 4000, seed: int = 2) -> tuple[float, dict]:
+    """Wall seconds from the daemon's start to the end of its run over `bam_pass/`, and its modcalls summary."""
+    run, out = tmp / "run", tmp / "daemon-out"
+    (run / "bam_pass").mkdir(parents=True)
+    with pysam.AlignmentFile(str(path)) as bam:
+        header = bam.header
+        records = list(bam.fetch(until_eof=True))
+    random.Random(seed).shuffle(records)
+    for i in range(0, len(records), per_file):
+        with pysam.AlignmentFile(str(run / "bam_pass" / f"batch_{i // per_file}.bam"), "wb", header=header) as f:
+            for r in records[i:i + per_file]:
+                f.write(r)
+    (run / "final_summary_bench.txt").write_text("bench\n")
+    cfg = config.build({"watch.dir": run, "reference.genome": REFERENCE, "output.dir": out, "watch.settle": 0.1,
+                        "watch.poll_interval": 0.1, "end.final_summary_grace": 0.1, "output.bedmethyl": False})
+    with Reference(REFERENCE) as reference:
+        t0 = time.perf_counter()
+        daemon = Daemon(cfg, _NoPipeline(), reference)
+        assert daemon.run() == 0
+        secs = time.perf_counter() - t0
+        daemon.close()
+    return secs, json.loads((out / "summary.json").read_text())["modcalls"]
+
+
 def main_() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mbases", type=float, default=200.0, help="read bases in the built modBAM [200]")
@@ -120,6 +159,10 @@ def main_() -> None:
                              ("command, --cpg --ref", ["--cpg", "--ref", str(REFERENCE)])):
             secs = time_command(["pileup", str(path), "-o", str(bed), *extra])
             print(f"{label}: {secs:.1f} s, {n_calls / secs / 1e6:.2f} M calls/s, {n_bases / secs / 1e6:.1f} Mbases/s")
+        secs, summary = time_daemon(path, Path(tmp))
+        print(f"daemon, {summary['files']} BAMs of 4,000 reads ({summary['pileup_options']}): {secs:.1f} s, "
+              f"{n_calls / secs / 1e6:.2f} M calls/s, {n_bases / secs / 1e6:.1f} Mbases/s "
+              f"({summary['calls']} calls passed the threshold)")
 
 
 if __name__ == "__main__":
