@@ -17,8 +17,23 @@ from streamer.io.reference import Reference
 from streamer.pipeline import GpuDevice, Pipeline, PipelineOptions
 from streamer.summary import RunSummary
 from streamer_plugins.cpg.caller import CpgCaller
-from conftest import REFERENCE
-from test_overlap import plans  # noqa: F401 (the fixture reads, planned three to a batch)
+from conftest import ECOLI, REFERENCE
+from streamer.batching import BatchLimits, plan_batches
+from streamer.io.alignments import AlignmentFilter, AlignmentRecord, iter_alignments
+from streamer.io.fastx import load_basecalls
+from streamer.io.index import open_index
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory):
+    """The fixture's reads planned one to a batch."""
+    reads = tmp_path_factory.mktemp("devices") / "reads.fasta"
+    reads.write_bytes((ECOLI / "reads.fasta").read_bytes())
+    filt = AlignmentFilter()
+    wanted = {a.read_id for a in iter_alignments(ECOLI / "reads.bam", filt) if isinstance(a, AlignmentRecord)}
+    index = open_index(reads, [ECOLI / "fast5"])
+    return list(plan_batches(iter_alignments(ECOLI / "reads.bam", filt), load_basecalls(reads, wanted), index,
+                             BatchLimits(1), "r"))  # fmt: skip
 
 
 def test_the_least_loaded_device_takes_the_batch_lowest_index_first():
@@ -62,7 +77,7 @@ class FakeAbea:
         return align_batch(*args), None
 
 
-def test_batches_spread_over_n_devices_and_results_in_input_order(plans):  # noqa: F811
+def test_batches_spread_over_n_devices_and_results_in_input_order(plans):
     n = 3
     work = plans[: n * (len(plans) // n)]
     assert len(work) >= 2 * n
