@@ -62,6 +62,24 @@ class GpuDevice:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
+class GpuGroup:
+    """Every GPU's ABEA stage as one (`streamer.tuning.session.GpuStage`): a retune reaches each device.
+
+    The options are the first device's; each device keeps its own device number.
+    """
+
+    def __init__(self, devices: list[GpuDevice]):
+        self.devices = devices
+
+    @property
+    def options(self) -> CudaOptions:
+        return self.devices[0].abea.options
+
+    def retune(self, options: CudaOptions) -> None:
+        for device in self.devices:
+            device.abea.retune(replace(options, dev_id=device.dev_id))
+
+
 class Stage(Protocol):
     """One step of the chain. `open` runs once, before the warm-up batch (models, devices).
 
@@ -208,9 +226,9 @@ class Pipeline:
         return self.pool.devices
 
     @property
-    def gpu(self) -> Any:
-        """The first GPU's ABEA stage (what the tuner retunes), or None when ABEA runs on the CPU."""
-        return self.devices[0].abea if self.devices else None
+    def gpu(self) -> GpuGroup | None:
+        """The GPUs' ABEA stages as the tuner retunes them, or None when ABEA runs on the CPU."""
+        return GpuGroup(self.devices) if self.devices else None
 
     @property
     def device(self) -> GpuDevice | None:
