@@ -12,7 +12,8 @@ from streamer.config import load
 from streamer.daemon_runs import run_config, run_folders
 
 
-def test_two_given_run_folders_give_each_the_rows_of_streamer_call(fixture_copy, expected, daemons, tmp_path):  # noqa: F811
+def test_two_given_run_folders_give_each_the_rows_of_streamer_call(fixture_copy, expected, daemons,  # noqa: F811
+                                                                   tmp_path):
     parent, out = tmp_path / "data", tmp_path / "out"
     first, second = parent / "flowcell_a", parent / "flowcell_b"
     first.mkdir(parents=True)
