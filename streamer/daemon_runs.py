@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 from streamer.config import Config
 from streamer.daemon import Daemon, PipelineLike
@@ -23,6 +24,7 @@ from streamer.fair import SharedPipeline
 from streamer.notify import Notifier
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def run_folders(cfg: Config) -> list[Path]:
@@ -32,6 +34,21 @@ def run_folders(cfg: Config) -> list[Path]:
     skip = {p.resolve() for p in (cfg.output.dir, cfg.output.state_dir) if p is not None}
     return sorted(p for p in cfg.watch.dir.iterdir()
                   if p.is_dir() and not p.name.startswith(".") and p.resolve() not in skip)  # fmt: skip
+
+
+def made_once(make: Callable[[], T]) -> Callable[[], T]:
+    """`make`, called by the first run that needs it; the others get the same object (one minimap2
+    index for all the runs: a human one takes gigabytes)."""
+    lock = threading.Lock()
+    made: list[T] = []
+
+    def get() -> T:
+        with lock:
+            if not made:
+                made.append(make())
+            return made[0]
+
+    return get
 
 
 def several_runs(cfg: Config) -> bool:

@@ -3,13 +3,17 @@ output folder and ledger, each giving the rows of `streamer call` on its reads."
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import threading
 import time
 
+from conftest import REFERENCE
 from daemon_support import rows
 from test_daemon_e2e import TIMEOUT, daemons, expected, fixture_copy, replay, summary  # noqa: F401
 
 from streamer.config import load
-from streamer.daemon_runs import run_config, run_folders
+from streamer.daemon_runs import made_once, run_config, run_folders
 
 
 def test_two_given_run_folders_give_each_the_rows_of_streamer_call(fixture_copy, expected, daemons,  # noqa: F811
@@ -66,3 +70,25 @@ def test_each_run_gets_its_own_output_and_state_folders(tmp_path):
     assert (one.watch.dir, one.output.dir, one.state_dir()) == (parent / "run_a", parent / "out" / "run_a",
                                                                  tmp_path / "state" / "run_a")  # fmt: skip
     assert not one.watch.each_run and one.watch.also == ()
+
+
+def test_the_runs_share_one_aligner_made_by_the_first_that_needs_it():
+    made = []
+    get = made_once(lambda: made.append(object()) or made[-1])
+    threads = [threading.Thread(target=get) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(made) == 1 and get() is made[0]
+
+
+def test_publishing_several_runs_is_refused_with_one_line(tmp_path):
+    runs = [tmp_path / "a", tmp_path / "b"]
+    for r in runs:
+        r.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "streamer", "run", "--watch", runs[0], "--watch-also", runs[1],
+                           "-g", REFERENCE, "-o", tmp_path / "out", "--publish", "tcp://127.0.0.1:5599"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 78, proc.stderr
+    assert "publish.endpoint with several runs" in proc.stderr and "Traceback" not in proc.stderr

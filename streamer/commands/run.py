@@ -15,7 +15,7 @@ from streamer import config as configuration
 from streamer import registry
 from streamer.read_aligner import ReadAligner
 from streamer.daemon import Daemon, PipelineLike
-from streamer.daemon_runs import RunSet, several_runs
+from streamer.daemon_runs import RunSet, made_once, several_runs
 from streamer.errors import ConfigError, ModelError
 from streamer.gpu_api import CudaOptions
 from streamer.io.alignments import AlignmentFilter
@@ -41,6 +41,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg, plan = plan_config(configuration.load(args.config, configuration.overrides_from(args)))
+    if several_runs(cfg) and cfg.publish.endpoint:
+        # one stream carries one run id, one sequence per topic and one table's snapshots
+        raise ConfigError("publish.endpoint with several runs (watch.also, watch.each_run) is not supported: run one "
+                          "daemon per flow cell (systemd/streamer@.service) to publish each run's stream")
     log.debug("configuration:\n%s", yaml.safe_dump(cfg.as_dict(), sort_keys=False).rstrip())
     notifier = Notifier()
     filt = AlignmentFilter(min_mapq=cfg.alignment.min_mapq, secondary=cfg.alignment.secondary)
@@ -64,8 +68,10 @@ def run(args: argparse.Namespace) -> int:
         if several_runs(cfg):
             # the tuner learns from one stream of batches: with several runs the caps stay as configured
 
+            aligner = made_once(make_aligner)
+
             def make_daemon(run_cfg: configuration.Config, shared: PipelineLike) -> Daemon:
-                return Daemon(run_cfg, shared, reference, make_aligner=make_aligner, publisher=publisher)
+                return Daemon(run_cfg, shared, reference, make_aligner=aligner)
 
             daemon = RunSet(cfg, pipeline, make_daemon, notifier, slots=max(1, len(pipeline.devices)))
         else:
