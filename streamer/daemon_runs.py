@@ -20,6 +20,7 @@ from typing import TypeVar
 
 from streamer.config import Config
 from streamer.daemon import Daemon, PipelineLike
+from streamer.errors import StreamerError
 from streamer.fair import SharedPipeline
 from streamer.notify import Notifier
 
@@ -74,7 +75,7 @@ class RunSet:
         self.make_daemon = make_daemon
         self.notifier = notifier
         self.daemons: dict[Path, Daemon] = {}
-        self._refused: set[Path] = set()  # a second folder of a name already watched
+        self._refused: set[Path] = set()  # a second folder of a name already watched, or one that failed to start
         self.codes: dict[Path, int] = {}
         self._threads: dict[Path, threading.Thread] = {}
         self._stop = threading.Event()
@@ -95,9 +96,15 @@ class RunSet:
                       run_dir, name)  # fmt: skip
             self._refused.add(run_dir)
             return
-        daemon = self.make_daemon(run_config(self.config, run_dir), self.shared.for_run(name))
+        try:
+            daemon = self.make_daemon(run_config(self.config, run_dir), self.shared.for_run(name))
+            daemon.start()
+        except (StreamerError, OSError) as exc:  # this run's folder or state; the others go on
+            log.error("run %s not watched: %s", name, exc)
+            self._refused.add(run_dir)
+            self.codes[run_dir] = 1
+            return
         self.daemons[run_dir] = daemon
-        daemon.start()
         if self._stop.is_set():
             daemon.request_stop()
 
