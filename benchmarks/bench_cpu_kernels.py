@@ -82,7 +82,8 @@ def timed(fn, repeat: int) -> dict:
         fn()
         wall.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
-    return {"min_s": round(min(wall), 4), "median_s": round(statistics.median(wall), 4), "min_cpu_s": round(min(cpu), 4)}
+    return {"min_s": round(min(wall), 4), "median_s": round(statistics.median(wall), 4),
+            "min_cpu_s": round(min(cpu), 4)}
 
 
 def main() -> int:

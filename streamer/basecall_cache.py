@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pysam
 
-from streamer.errors import InputError
+from streamer.errors import InputError, one_line
 from streamer.io.alignments import AlignmentRecord, AlignmentFilter, alignment_of
 from streamer.io.fastx import iter_fastx
 from streamer.skips import Skip, Skipped
@@ -55,27 +55,45 @@ def _read_bam(path: Path, filt: AlignmentFilter, wanted: Container[str] | None) 
 
     A BAM without reference sequences in its header is unaligned (dorado, MinKNOW without a
     reference): its reads are aligned by the daemon, like FASTQ.
+
+    The reader (htslib through pysam) raises whatever a damaged file provokes: `OSError`,
+    `ValueError`, `NotImplementedError` (gzip that is not BGZF), errors again on close. Each is
+    turned into an `InputError` naming the file, so that no file can stop the daemon.
     """
+    quiet = pysam.set_verbosity(0)  # htslib's own stderr lines name no file: the InputError does
+    try:
+        return _read_bam_records(path, filt, wanted)
+    finally:
+        pysam.set_verbosity(quiet)
+
+
+def _read_bam_records(path: Path, filt: AlignmentFilter, wanted: Container[str] | None) -> dict[str, ReadBasecalls]:
     try:
         fh = pysam.AlignmentFile(str(path), "rb", check_sq=False)
-    except (OSError, ValueError) as exc:
-        raise InputError(path, f"cannot open BAM: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - any reader failure is the file's
+        raise InputError(path, f"cannot open BAM: {one_line(exc)}") from exc
     seqs: dict[str, str] = {}
     records: dict[str, list[Record]] = {}
-    with fh:
+    failure: Exception | None = None
+    try:
         aligned = fh.nreferences > 0
-        try:
-            for rec in fh.fetch(until_eof=True):
-                rid = rec.query_name
-                if wanted is not None and rid not in wanted:
-                    continue
-                records.setdefault(rid, [])
-                if not (rec.is_secondary or rec.is_supplementary) and rec.query_sequence:
-                    seqs[rid] = rec.get_forward_sequence().upper()
-                if aligned:
-                    records[rid].append(record_of(rec, filt, path))
-        except OSError as exc:
-            raise InputError(path, f"truncated or corrupt BAM: {exc}") from exc
+        for rec in fh.fetch(until_eof=True):
+            rid = rec.query_name
+            if wanted is not None and rid not in wanted:
+                continue
+            records.setdefault(rid, [])
+            if not (rec.is_secondary or rec.is_supplementary) and rec.query_sequence:
+                seqs[rid] = rec.get_forward_sequence().upper()
+            if aligned:
+                records[rid].append(record_of(rec, filt, path))
+    except Exception as exc:  # noqa: BLE001 - any reader failure is the file's
+        failure = exc
+    try:
+        fh.close()
+    except Exception as exc:  # noqa: BLE001 - a damaged file can fail again on close
+        failure = failure or exc
+    if failure is not None:
+        raise InputError(path, f"truncated or corrupt BAM: {one_line(failure)}") from failure
     return {rid: ReadBasecalls(rid, seqs.get(rid, ""), tuple(recs) if aligned else None)
             for rid, recs in records.items()}
 

@@ -1,4 +1,6 @@
-"""The `streamer` command: one sub-command per module in `streamer.commands`.
+"""The `streamer` command: one sub-command per module in `streamer.commands`, plus those that
+installed packages register in the `streamer.commands` entry-point group (`streamer.registry`:
+a plugin's command without the core importing the plugin; a core command keeps its name).
 
 Each command module defines `NAME`, `HELP`, `add_arguments(parser)` and `run(args) -> int`.
 Errors that streamer raises on purpose print one line and exit non-zero; set
@@ -16,7 +18,8 @@ import sys
 
 import streamer
 import streamer.commands
-from streamer.errors import ConfigError, StreamerError
+from streamer import registry
+from streamer.errors import ConfigError, StreamerError, UsageError
 
 EXIT_CONFIG = 78  # EX_CONFIG from sysexits.h: systemd units do not restart on it
 
@@ -25,6 +28,16 @@ def _command_modules():
     for info in sorted(pkgutil.iter_modules(streamer.commands.__path__), key=lambda i: i.name):
         if not info.name.startswith("_"):
             yield importlib.import_module(f"streamer.commands.{info.name}")
+
+
+def _plugin_command_modules(taken: set[str]):
+    for name in registry.names(registry.COMMANDS):
+        if name in taken:
+            continue
+        try:
+            yield registry.load(registry.COMMANDS, name)
+        except ImportError as exc:  # a broken plugin costs its own command, not the others
+            print(f"streamer: command {name!r} is unavailable: {exc}", file=sys.stderr)
 
 
 OWN_LOGGERS = ("streamer", "streamer_gpu", "streamer_plugins")
@@ -42,13 +55,25 @@ class _Short(logging.Formatter):
         return line
 
 
+class _Stderr(logging.StreamHandler):
+    """Writes to whatever sys.stderr is when a line is logged, not to the stream of the moment it was made."""
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
 def configure_logging(verbose: int = 0, quiet: bool = False) -> None:
     """streamer's own lines at INFO, short (a journal adds the time); other libraries' at WARNING.
 
     numba and numba-cuda log bytecode dumps and every device free at DEBUG/INFO, watchdog and
     asyncio their internals: those show only with -vv.
     """
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _Stderr()
     handler.setFormatter(logging.Formatter("[%(asctime)s %(name)s] %(levelname)s: %(message)s") if verbose
                          else _Short())  # fmt: skip
     root = logging.getLogger()
@@ -67,36 +92,72 @@ def build_parser() -> argparse.ArgumentParser:
                        help="-v: streamer's debug lines, timestamped and named; -vv: every library's too")
     noise.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for mod in _command_modules():
+    core = list(_command_modules())
+    for mod in core + list(_plugin_command_modules({m.NAME for m in core})):
         p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run, _parser=p)
     return parser
 
 
+EXIT_USAGE = 2  # the command line is wrong, as argparse exits
+EXIT_FAILED = 1  # the run could not be done: an input missing, unreadable or malformed, an output not writable
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Exit status: 0 done, 1 the run failed, 2 a usage error, 78 an invalid daemon configuration,
+    130 interrupted. Each failure is one line on stderr (`STREAMER_DEBUG=1` adds the traceback)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv == ["--version"]:  # without importing every command (numba, pod5...): a tenth of the time
         print(f"streamer {streamer.__version__}")
         return 0
-    args, unknown = build_parser().parse_known_args(argv)
+    compiling = _first_run_notice(argv)
+    try:
+        args, unknown = build_parser().parse_known_args(argv)
+    except UsageError as exc:  # a flag's value, checked as it is parsed
+        return _fail(_command_of(argv), exc, EXIT_USAGE)
     if unknown:  # the command's own usage, not the list of commands
         args._parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     configure_logging(args.verbose, args.quiet)
+    args.compiling_kernels = compiling
     if streamer.CACHE_DIR is not None:
         logging.getLogger("streamer").info("compiled kernels are cached in %s (the install folder is read-only)",
                                            streamer.CACHE_DIR)  # fmt: skip
     try:
         return args._run(args)
     except ConfigError as exc:
-        if os.environ.get("STREAMER_DEBUG"):
-            raise
-        print(f"streamer {args.command}: configuration error: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+        return _fail(args.command, f"configuration error: {exc}", EXIT_CONFIG)
+    except UsageError as exc:
+        return _fail(args.command, exc, EXIT_USAGE)
     except StreamerError as exc:
-        if os.environ.get("STREAMER_DEBUG"):
-            raise
-        print(f"streamer {args.command}: {exc}", file=sys.stderr)
-        return 1
+        return _fail(args.command, exc, EXIT_FAILED)
+    except OSError as exc:  # a file the checks could not foresee (removed meanwhile, disk full)
+        where = f"{exc.filename}: " if exc.filename else ""
+        return _fail(args.command, f"{where}{exc.strerror or exc}", EXIT_FAILED)
     except KeyboardInterrupt:
         return 130
+
+
+def _first_run_notice(argv: list[str]) -> bool:
+    """Before the commands are imported (numba, pod5: seconds on a busy machine), say that a
+    pipeline's first run on this machine compiles its kernels; True when it does."""
+    from streamer.warmup import COMMANDS, announce_compile
+
+    command = _command_of(argv)
+    if command not in COMMANDS:
+        return False
+    front = argv[: argv.index(command)]
+    configure_logging(sum(a.count("v") for a in front if a.startswith("-v") or a == "--verbose"),
+                      "-q" in front or "--quiet" in front)
+    return announce_compile(logging.getLogger("streamer.warmup"))
+
+
+def _fail(command: str, message: object, code: int) -> int:
+    if os.environ.get("STREAMER_DEBUG"):
+        raise  # noqa: PLE0704 - called from an except block: the exception being handled
+    print(f"streamer {command}: {message}", file=sys.stderr)
+    return code
+
+
+def _command_of(argv: list[str]) -> str:
+    return next((a for a in argv if not a.startswith("-")), "")

@@ -11,8 +11,9 @@ and every heartbeat carries the last number sent on each topic, so losses at
 the tail of a burst show as soon as the next heartbeat arrives. When it follows
 `meth.freq` it fetches a snapshot on joining (and again after any gap) and
 keeps `frequencies` equal to the publisher's table. If nothing arrives for
-`lost_after` heartbeat intervals it raises `PublisherLost`; when the publisher
-closes cleanly, iteration simply ends.
+`lost_after` heartbeat intervals it raises `PublisherLost`, and if a snapshot
+request goes unanswered as long, or the publisher closes with one unanswered,
+`SnapshotUnanswered`; when the publisher closes cleanly, iteration simply ends.
 
 The decisions live in `_Session`, which sees frames and times but no sockets;
 `Subscriber` and `AsyncSubscriber` only move bytes.
@@ -52,7 +53,8 @@ from streamer.publish.security import CurveClient, make_client
 
 __all__ = [
     "AsyncSubscriber", "CallBatch", "Calls", "EventAlign", "FreqUpdate", "Gap", "Header", "Message",
-    "ProtocolError", "PublisherLost", "RunEvent", "SiteFrequencies", "Snapshot", "Status", "Subscriber",
+    "ProtocolError", "PublisherLost", "RunEvent", "SiteFrequencies", "Snapshot", "SnapshotUnanswered", "Status",
+    "Subscriber",
     "Topic", "Tuning",
 ]
 
@@ -64,6 +66,10 @@ _TOPICS = {t.encode() for t in Topic}
 
 class PublisherLost(StreamerError):
     """No message, not even a heartbeat, for `lost_after` heartbeat intervals."""
+
+
+class SnapshotUnanswered(StreamerError):
+    """A snapshot request got no answer: the frequencies cannot be brought in sync."""
 
 
 class _Session:
@@ -86,15 +92,31 @@ class _Session:
         self._sync = "waiting" if follow_sites else "synced"
         self._buffer: list[FreqUpdate] = []  # updates held back until the snapshot arrives
         self._request: str | None = None
+        self._asked: tuple[str, float] | None = None  # the snapshot request in flight: endpoint, when
 
     @property
     def deadline(self) -> float:
         return self.last_seen + self.lost_after * self.interval
 
     def take_request(self) -> str | None:
-        """The endpoint to ask for a snapshot, once."""
+        """The endpoint to ask for a snapshot, once (asked when the message that called for it came)."""
         request, self._request = self._request, None
+        if request is not None:
+            self._asked = (request, self.last_seen)
         return request
+
+    def check_snapshot(self, now: float) -> None:
+        """Raise if the request in flight has waited `lost_after` heartbeat intervals, or can no longer be answered."""
+        if self._asked is None or self._sync != "requested":
+            return
+        endpoint, at = self._asked
+        limit = self.lost_after * self.interval
+        if self.finished:
+            raise SnapshotUnanswered(f"{self.endpoint} closed before answering the snapshot request to {endpoint}: "
+                                     f"{len(self._buffer)} frequency updates could not be applied")
+        if now - at >= limit:
+            raise SnapshotUnanswered(f"the snapshot request to {endpoint} was not answered within {limit:g} s "
+                                     f"({self.lost_after} heartbeat intervals)")
 
     def on_message(self, frames: list, now: float) -> list[Message]:
         self.last_seen = now
@@ -118,7 +140,7 @@ class _Session:
         self.frequencies.clear()
         self.frequencies.apply(snap.sites.columns())
         self._last[str(Topic.FREQ)] = snap.header.seq
-        self._sync = "synced"
+        self._sync, self._asked = "synced", None
         return [snap, *self._replay()]
 
     def _replay(self) -> list[Message]:
@@ -279,6 +301,7 @@ class _SubscriberBase:
         return max(0, math.ceil((self._session.deadline - time.monotonic()) * 1000))
 
     def _check_alive(self, ready: dict) -> None:
+        self._session.check_snapshot(time.monotonic())
         if not ready and time.monotonic() >= self._session.deadline:
             raise PublisherLost(f"nothing from {self._session.endpoint} for {self._session.lost_after} heartbeat "
                                 f"intervals ({self._session.lost_after * self._session.interval:g} s)")
@@ -321,6 +344,7 @@ class Subscriber(_SubscriberBase):
     def __next__(self) -> Message:
         while not self._pending:
             if self._session.finished:
+                self._session.check_snapshot(time.monotonic())
                 raise StopIteration
             self._pump()
         return self._pending.popleft()
@@ -355,6 +379,7 @@ class AsyncSubscriber(_SubscriberBase):
     async def __anext__(self) -> Message:
         while not self._pending:
             if self._session.finished:
+                self._session.check_snapshot(time.monotonic())
                 raise StopAsyncIteration
             await self._pump()
         return self._pending.popleft()

@@ -150,9 +150,11 @@ class PipelineConfig:
     threads: int = _key(0, "CPU threads for the stages; 0 uses every core.", type=int, flag="--threads",
                         short="-t", minimum=0)
     pore: str = _key(
-        "r9", "Pore chemistry of the watched runs; it picks the models that `kmer_model` and `meth_model` leave "
-        "unset: r9 the shipped R9.4 6-mer ones, r10 (R10.4.1) the 9-mer ones in `model_dir`/r10.", type=str,
-        flag="--pore", choices=("r9", "r10"))
+        "auto", "Pore chemistry of the watched runs; it picks the models that `kmer_model` and `meth_model` leave "
+        "unset: r9 the shipped R9.4 6-mer ones, r10 (R10.4.1, 4 or 5 kHz) the 9-mer ones in `model_dir`/r10; "
+        "auto: from the signal files' run metadata (flow cell, kit), r9 when they do not say. Without the R10.4.1 "
+        "CpG model the daemon calls no methylation and writes the rest.", type=str, flag="--pore",
+        choices=("auto", "r9", "r10"))
     kmer_model: Path | None = _key(None, "Nucleotide pore model file, text or uncalled4 .npz (default: by "
                                    "`pore`).", type=Path, flag="--kmer-model", must_exist="file")
     meth_model: Path | None = _key(None, "CpG methylation pore model file, nanopolish/f5c text (default: by "
@@ -256,6 +258,10 @@ class ServiceConfig:
     status_interval: float = _key(
         10.0, "Seconds between status updates (systemd STATUS line, publisher status).", type=float,
         flag="--status-interval", minimum=0.1)
+    metrics: str | None = _key(
+        None, "Serve the daemon's counters, state, latency and the tuning monitor's settings for Prometheus at "
+        "http://ADDRESS/metrics: `PORT` (on loopback) or `HOST:PORT`; the numbers of `summary.json` and the status "
+        "heartbeats. Unset serves none.", type=str, flag="--metrics")
 
 
 @dataclass(frozen=True)
@@ -508,6 +514,11 @@ ENDPOINT_KEYS = ("publish.endpoint", "publish.extra_endpoints", "publish.snapsho
 _ENDPOINT = re.compile(r"(tcp://(\[[0-9a-fA-F:.]+\]|[^:/\s]+):(\*|\d{1,5})|ipc://\S+|inproc://\S+)")
 
 
+def is_endpoint(text: str) -> bool:
+    """ZeroMQ endpoint syntax, as the publisher and its subscribers take it."""
+    return bool(_ENDPOINT.fullmatch(text))
+
+
 def _check_endpoints(values: dict[str, dict[str, Any]], problems: list[str]) -> None:
     """ZeroMQ endpoint syntax, and the rule the publisher applies before binding: beyond loopback
     only with CURVE keys or insecure_bind, so `run` never fails on what validation passed."""
@@ -515,7 +526,7 @@ def _check_endpoints(values: dict[str, dict[str, Any]], problems: list[str]) -> 
     for path in ENDPOINT_KEYS:
         given = pub.get(path.split(".")[1])
         for endpoint in (given,) if isinstance(given, str) else given or ():
-            if not _ENDPOINT.fullmatch(endpoint):
+            if not is_endpoint(endpoint):
                 problems.append(f"{path}: {endpoint!r} is not a ZeroMQ endpoint (tcp://HOST:PORT, ipc://PATH)")
             elif not (is_loopback(endpoint) or pub.get("curve_secret_key") or pub.get("insecure_bind")):
                 problems.append(f"{path}: {endpoint} is beyond loopback: set publish.curve_secret_key and "
@@ -569,14 +580,22 @@ def build(flat: dict[str, Any], *, origin: str = "configuration", require: tuple
         sec, name = key.path.split(".")
         values[sec][name] = value
     _check_endpoints(values, problems)
+    if values["service"].get("metrics") is not None:
+        from streamer.metrics import parse_address
+
+        try:
+            parse_address(values["service"]["metrics"])
+        except ValueError as exc:
+            problems.append(f"service.metrics: {exc}")
     for path in require:
         sec, name = path.split(".")
         if name not in values[sec] and not any(p.startswith(path + ":") for p in problems):
             flag = next(k for k in schema() if k.path == path)
             problems.append(f"{path}: required (set it in the file or with {flag.flag})")
+    if len(problems) == 1:  # one line
+        raise ConfigError(f"{origin}: {problems[0]}")
     if problems:
-        head = f"{len(problems)} problem{'s' if len(problems) > 1 else ''} in {origin}:"
-        raise ConfigError("\n  ".join([head, *problems]))
+        raise ConfigError("\n  ".join([f"{len(problems)} problems in {origin}:", *problems]))
     config = Config()
     for sec in _sections():
         config = replace(config, **{sec.name: replace(getattr(config, sec.name), **values[sec.name])})

@@ -67,6 +67,7 @@ from streamer.io.reference import Reference
 from streamer.io.signal import SIGNAL_SUFFIXES
 from streamer.basecall_cache import BasecallCache, ReadBasecalls, Record
 from streamer.ledger import BatchRecord, Ledger, Pick, Waiting
+from streamer.metrics import status_of
 from streamer.notify import Notifier
 from streamer.journal import SKIPPED_HEADER, Journal
 from streamer.publish.sink import PublishSink, PublisherLike
@@ -225,7 +226,7 @@ class Daemon:
                 drain_deadline = now + svc.drain_timeout
                 self.notifier.stopping("stopping: finishing the batch in hand")
             if drain_deadline is not None and now >= drain_deadline and self._engine.is_alive():
-                log.warning("the batch in hand did not finish within %.0f s; exiting without it (it is redone at "
+                log.warning("the batch in hand did not finish within %g s; exiting without it (it is redone at "
                             "the next start)", svc.drain_timeout)
                 self.abandoned = True
                 return 0
@@ -269,11 +270,19 @@ class Daemon:
             self.failure = exc
             self.state = State.FAILED
             log.critical("daemon failed: %s", exc, exc_info=not isinstance(exc, InputError))
-            try:
-                self._refresh(final=True)
-            except Exception as again:  # noqa: BLE001 - the state itself may be what failed
-                log.error("cannot write the summary: %s", again)
+            self._fail_summary()
             self._send("run", "end", {"state": self.state.value, "error": str(exc)})
+
+    def _fail_summary(self) -> None:
+        """summary.json with the failure, first and into the space held for it (the disk may be full),
+        then the tables if they still fit."""
+        try:
+            if self.outputs is not None:
+                self.outputs.release_reserve()
+            write_atomic(self.config.output.dir / SUMMARY_JSON, json.dumps(self.summary(), indent=2) + "\n")
+            self._refresh(final=True)
+        except Exception as again:  # noqa: BLE001 - the state itself may be what failed
+            log.error("cannot write the outputs after the failure: %s", again)
 
     def _beat(self) -> None:
         self._heartbeat = time.monotonic()
@@ -489,6 +498,8 @@ class Daemon:
         for r in results:
             self._add_calls(r, bam_reads)
         self._write_modbams()
+        self._refresh_status()  # heartbeats and the metrics carry the counts as committed
+        self._send("status", self._status)
 
     def _load_calls(self) -> None:
         """The derived tables' state from the committed `meth.tsv`, replayed once, a block at a time."""
@@ -572,11 +583,12 @@ class Daemon:
     def _refresh_status(self) -> None:
         """The counts behind the STATUS line and the publisher's status (the main thread reads them)."""
         self._next_status = time.monotonic() + self.config.service.status_interval
-        counters = self.ledger.counters()
-        self._status = {"state": self.state.value, **self.ledger.read_counts(),
-                        "calls": counters.get("calls", 0), "reads_called": counters.get("reads_called", 0),
-                        "files_rejected": len(self.ledger.rejected_files()),
-                        "files_pending": len(self.watcher.pending) if self.watcher else 0}
+        self._status = {**status_of(self.summary()), "files_pending": len(self.watcher.pending) if self.watcher else 0}
+
+    @property
+    def status(self) -> dict[str, Any]:
+        """The counts as of the last commit or status refresh (`streamer.metrics.status_of`); any thread."""
+        return self._status
 
     def status_line(self) -> str:
         s = self._status

@@ -1,28 +1,34 @@
 """The daemon's file intake: a file the watcher reports complete, registered in the ledger.
 
 Signal files give their read ids (`streamer.io.signal.signal_read_ids`), basecall files their
-reads (`streamer.basecall_cache.read_basecall_file`); the ledger joins the two by read id. A file that
-cannot be read is set aside with its reason, once; STOP and `final_summary` files go to the
-end-of-run policy. The completeness checks themselves live with the format readers, which
+reads (`streamer.basecall_cache.read_basecall_file`); the ledger joins the two by read id. Every
+file ends in an outcome the ledger records: registered, or set aside with its reason (one that
+vanished before it was read included), once, whatever exception its reader raised: a
+damaged file must never stop the daemon, at this start or the next. STOP and `final_summary`
+files go to the end-of-run policy. The completeness checks themselves live with the format readers, which
 the watcher asks.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from streamer.daemon_policy import RECOVERED, EndOfRun
-from streamer.errors import InputError
+from streamer.errors import InputError, one_line
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.signal import SIGNAL_SUFFIXES, signal_read_ids
 from streamer.basecall_cache import BasecallCache, read_basecall_file
 from streamer.ledger import Ledger, Registered
-from streamer.watch import Kind, Ready, Rejected, RunFile
+from streamer.watch import VANISHED, Kind, Ready, Rejected, RunFile
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class FileIntake:
@@ -50,24 +56,43 @@ class FileIntake:
             log.info("%s: run %s has finished writing", f.path, f.run_root)
             self.end.final_summary(f.run_root, time.monotonic())
             return
-        try:
-            if f.kind is Kind.SIGNAL:
-                self._register_signal(outcome)
-            else:
-                self._register_basecalls(outcome)
-        except InputError as exc:
-            self._reject(f, outcome.size, outcome.mtime_ns, exc.reason)
+        if f.kind is Kind.SIGNAL:
+            self._register_signal(outcome)
+        else:
+            self._register_basecalls(outcome)
 
     def _reject(self, f: RunFile, size: int, mtime_ns: int, reason: str) -> None:
         log.warning("%s: set aside: %s", f.path, reason)
         self.ledger.reject_file(f.path, f.kind.value, f.fmt, size, mtime_ns, reason)
 
+    def _read(self, ready: Ready, reader: Callable[..., T], *args) -> T | None:
+        """What `reader` gives for the file; None once the file is set aside because it failed.
+
+        Only the reading is guarded: an error of the ledger itself is not the file's and goes on up.
+        """
+        f = ready.file
+        try:
+            return reader(*args)
+        except Exception as exc:  # noqa: BLE001 - whatever a damaged file provokes in its reader
+            if not os.path.lexists(f.path):
+                reason = VANISHED
+            elif isinstance(exc, InputError):
+                reason = exc.reason
+            else:
+                log.debug("%s: %s", f.path, exc, exc_info=True)
+                reason = f"cannot read: {one_line(exc)}"
+            self._reject(f, ready.size, ready.mtime_ns, reason)
+            return None
+
     def _register_signal(self, ready: Ready) -> None:
         f = ready.file
         if f.path.suffix.lower() not in SIGNAL_SUFFIXES:
-            raise InputError(f.path, f"{f.fmt.upper()} signal files cannot be read by this streamer "
-                             f"(it reads {', '.join(SIGNAL_SUFFIXES)})")
-        ids = signal_read_ids(f.path)
+            self._reject(f, ready.size, ready.mtime_ns, f"{f.fmt.upper()} signal files cannot be read by this "
+                         f"streamer (it reads {', '.join(SIGNAL_SUFFIXES)})")
+            return
+        ids = self._read(ready, signal_read_ids, f.path)
+        if ids is None:
+            return
         reg = self.ledger.register_signal_file(f.path, f.fmt, ready.size, ready.mtime_ns, ids)
         _log_registered(f.path, "signal", reg)
         if reg.reopened_bams:
@@ -75,7 +100,9 @@ class FileIntake:
 
     def _register_basecalls(self, ready: Ready) -> None:
         f = ready.file
-        reads = read_basecall_file(f.path, f.fmt, self.filt)
+        reads = self._read(ready, read_basecall_file, f.path, f.fmt, self.filt)
+        if reads is None:
+            return
         reg = self.ledger.register_basecall_file(f.path, f.fmt, ready.size, ready.mtime_ns,
                                                  [(rid, bc.n_bases) for rid, bc in reads.items()])
         open_ids = self.ledger.open_reads_of(f.path)

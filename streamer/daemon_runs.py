@@ -16,12 +16,13 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from streamer.config import Config
 from streamer.daemon import Daemon, PipelineLike
 from streamer.errors import StreamerError
 from streamer.fair import SharedPipeline
+from streamer.metrics import combined
 from streamer.notify import Notifier
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,11 @@ class RunSet:
         self.codes: dict[Path, int] = {}
         self._threads: dict[Path, threading.Thread] = {}
         self._stop = threading.Event()
+
+    @property
+    def status(self) -> dict[str, Any]:
+        """The runs' statuses as one (`streamer.metrics.combined`); any thread."""
+        return combined([d.status for d in list(self.daemons.values()) if d.status])
 
     @property
     def abandoned(self) -> bool:

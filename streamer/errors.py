@@ -35,5 +35,15 @@ class ModelError(InputError):
     """A pore model file is malformed."""
 
 
+class UsageError(StreamerError):
+    """The command line itself is wrong: a value out of range, flags that do not go together (exit 2)."""
+
+
 class ConfigError(StreamerError):
     """The configuration is invalid; the message carries the key path."""
+
+
+def one_line(exc: BaseException) -> str:
+    """An unexpected exception as one line for a log or a table: its type and first message line."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__

@@ -8,20 +8,31 @@ committed (a crash between the two steps); those reads are still open and are re
 with: a header that no longer matches the configuration stops the start. The derived tables
 (`meth-freq.tsv`, `meth.bed`, `summary.json`) are not journaled: they are replaced whole
 (`streamer.sinks.write_atomic`).
+
+The journal also holds the output folder: an exclusive lock (`.streamer.lock`, naming the
+holder's pid) keeps a second daemon out whatever its state folder, and a small reserved file
+(`.streamer.reserve`) is given back when the daemon fails, so that `summary.json` can still
+say why on a full disk.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from streamer.errors import ConfigError
 from streamer.ledger import LedgerError
 
 log = logging.getLogger(__name__)
 
 SKIPPED_HEADER = "read_id\treason\tdetail\n"
+LOCK = ".streamer.lock"
+RESERVE = ".streamer.reserve"
+RESERVE_BYTES = 64 * 1024  # summary.json with the whole configuration is a few KiB
 
 
 class Journal:
@@ -33,7 +44,9 @@ class Journal:
         self._files = {}
         self._offsets: dict[str, int] = {}
         self.fresh: dict[str, int] = {}  # outputs created now: their header offsets, still to commit
+        self._lock_fd: int | None = lock_output(self.dir)
         try:
+            _reserve(self.dir / RESERVE)
             for name, header in headers.items():
                 self._files[name] = self._open(name, header, committed.get(name))
         except BaseException:
@@ -90,7 +103,55 @@ class Journal:
     def path(self, name: str) -> Path:
         return self.dir / name
 
+    def release_reserve(self) -> None:
+        """Give the reserved space back (the daemon failed: what it writes now must fit)."""
+        (self.dir / RESERVE).unlink(missing_ok=True)
+
     def close(self) -> None:
         for fh in self._files.values():
             fh.close()
         self._files = {}
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+def check_output_free(out_dir: Path) -> None:
+    """`lock_output`'s refusal before anything slow (models, kernels) is done; the lock is not kept."""
+    if (Path(out_dir) / LOCK).exists():
+        os.close(lock_output(Path(out_dir)))
+
+
+def lock_output(out_dir: Path) -> int:
+    """The output folder's exclusive lock (its descriptor), or a `ConfigError` naming the holder.
+
+    A configuration error (exit 78): two daemons given one output folder stay in conflict however
+    often either is restarted, and each state folder would disown the other's rows.
+    """
+    path = out_dir / LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise ConfigError(f"output.dir {out_dir}: another streamer daemon (pid {holder}) writes to this output "
+                          "folder; give each daemon its own") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _reserve(path: Path) -> None:
+    """Hold `RESERVE_BYTES` of the output folder's file system (kept across starts)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            os.posix_fallocate(fd, 0, RESERVE_BYTES)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system without fallocate
+                raise
+            os.pwrite(fd, bytes(RESERVE_BYTES), 0)
+            os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,11 +1,13 @@
 """Plugins the core reaches by name: entry points, so that another package can add its own.
 
-Two groups, declared in `pyproject.toml`:
+Three groups, declared in `pyproject.toml`:
 
 - `streamer.analyses`: stages that run after the core's chain (`streamer.pipeline.Stage`),
   e.g. `cpg` (the CpG methylation caller) and `eventalign`;
 - `streamer.sinks`: outputs (`streamer.sinks.Sink`) made from batch results, e.g. `calls`,
-  `bedmethyl`, `modbam`.
+  `bedmethyl`, `modbam`;
+- `streamer.commands`: sub-commands (a module with `NAME`, `HELP`, `add_arguments`, `run`, as in
+  `streamer/commands/`), e.g. `pileup`.
 
 An entry point names a class or factory; `load` imports it on first use. The core never
 imports the plugin packages itself, so they can be left out, replaced or added to.
@@ -21,6 +23,7 @@ from streamer.errors import StreamerError
 
 ANALYSES = "streamer.analyses"
 SINKS = "streamer.sinks"
+COMMANDS = "streamer.commands"
 
 
 @cache

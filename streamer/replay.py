@@ -8,6 +8,12 @@ BAM in `bam_pass/`, all named
 `{flowcell}_pass_{run8}_{acq8}_{i}.*`. Files are written elsewhere and moved in (live
 basecalling) or written in place, optionally slowly, so the watcher's completeness checks
 are exercised. A `sequencing_summary` and then the `final_summary` close the run.
+
+The finished run's signal may be FAST5, POD5 or BLOW5; its flow cell and kit (which tell the
+pore) go into every signal file written. FAST5 reads keep their recorded times; POD5 and BLOW5
+reads, whose files need not say when they were sequenced, are taken one after the other in file
+order, each lasting its signal's length. A FAST5 replay copies HDF5 groups, so it needs FAST5
+sources.
 """
 
 from __future__ import annotations
@@ -31,7 +37,8 @@ import vbz_h5py_plugin  # noqa: F401  (importing registers the VBZ filter with H
 
 from streamer.errors import InputError
 from streamer.io.pod5 import write_pod5
-from streamer.io.signal import read_signal
+from streamer.io.poretype import run_metadata
+from streamer.io.signal import iter_signal, read_signal
 from streamer.io.slow5 import write_blow5
 from streamer.watch import Kind, RunLayout
 
@@ -64,7 +71,7 @@ class SourceRead:
 
     read_id: str
     signal_file: Path
-    group: str  # HDF5 path of its raw group: /Raw/Reads/Read_N (single) or /read_<id> (multi)
+    group: str  # HDF5 path of its raw group: /Raw/Reads/Read_N (single) or /read_<id> (multi); "" for POD5/BLOW5
     single: bool
     channel: str
     start_s: float
@@ -81,6 +88,7 @@ class Source:
     bam_records: dict[str, list[pysam.AlignedSegment]] = field(default_factory=dict)
     run_id: str = ""
     device: str = "MN00000"
+    run_info: dict[str, str] = field(default_factory=dict)  # flow cell and kit, as `run_metadata` reads them
 
 
 def load_source(root: Path) -> Source:
@@ -99,8 +107,9 @@ def load_source(root: Path) -> Source:
             _load_bam(path, src)
         elif rf is None:
             continue
-        elif rf.kind is Kind.SIGNAL and rf.fmt == "fast5":
-            reads.extend(_fast5_reads(path, src))
+        elif rf.kind is Kind.SIGNAL:
+            src.run_info = src.run_info or run_metadata(path)
+            reads.extend(_fast5_reads(path, src) if rf.fmt == "fast5" else _record_reads(path, reads))
         elif rf.kind is Kind.BASECALLS:
             with pysam.FastxFile(str(path)) as fh:
                 for rec in fh:
@@ -112,7 +121,7 @@ def load_source(root: Path) -> Source:
                 qual = pysam.qualities_to_qualitystring(primary.query_qualities) if primary.query_qualities else None
                 basecalls[rid] = (primary.get_forward_sequence(), qual[::-1] if qual and primary.is_reverse else qual)
     if not reads:
-        raise InputError(root, "no FAST5 signal files found")
+        raise InputError(root, "no signal files found")
     reads.sort(key=lambda r: (r.end_s, r.read_id))
     src.run_id = src.run_id or uuid.uuid4().hex
     return src
@@ -140,6 +149,20 @@ def _fast5_reads(path: Path, src: Source) -> Iterator[SourceRead]:
                         yield _source_read(path, f"/{name}", False, g["Raw"].attrs, g["channel_id"].attrs)
     except (OSError, KeyError) as exc:
         raise InputError(path, f"cannot read FAST5: {exc}") from exc
+
+
+def _record_reads(path: Path, before: list[SourceRead]) -> Iterator[SourceRead]:
+    """A POD5 or BLOW5 file's reads, one after the other from where the reads found so far end."""
+    t = max((r.end_s for r in before), default=0.0)
+    try:
+        for rec in iter_signal(path):
+            duration = len(rec.raw) / rec.sample_rate
+            yield SourceRead(rec.read_id, path, "", False, "1", t, t + duration)
+            t += duration
+    except InputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the format libraries raise their own types
+        raise InputError(path, f"cannot read signal file: {exc}") from exc
 
 
 def _source_read(path: Path, group: str, single: bool, raw_attrs, cal) -> SourceRead:
@@ -208,6 +231,8 @@ class Replayer:
             raise ValueError(f"mode must be move or inplace, not {opts.mode!r}")
         if opts.signal_format not in SIGNAL_FORMATS:
             raise ValueError(f"signal format must be one of {', '.join(SIGNAL_FORMATS)}, not {opts.signal_format!r}")
+        if opts.signal_format == "fast5" and any(r.group == "" for r in src.reads):
+            raise InputError(src.reads[0].signal_file, "the run's signal is not FAST5: replay it as pod5 or blow5")
         self.src = src
         self.opts = opts
         self._sleep = sleep
@@ -251,7 +276,7 @@ class Replayer:
                 if fmt == "fast5":
                     self._write_fast5(tmp, reads)
                 else:
-                    RECORD_WRITERS[fmt](tmp, (read_signal(r.signal_file, r.read_id) for r in reads))
+                    RECORD_WRITERS[fmt](tmp, (read_signal(r.signal_file, r.read_id) for r in reads), self.src.run_info)
         elif landing.kind == "fastq":
             dest = self.run_dir / "fastq_pass" / f"{stem}.fastq.gz"
             with self._placing(dest) as tmp:

@@ -33,6 +33,10 @@ def run_identity(inputs: Iterable[Path], options: Mapping[str, Any]) -> dict[str
     return {"version": VERSION, "inputs": files, "options": {k: str(v) for k, v in sorted(options.items())}}
 
 
+def journal_path(output: Path) -> Path:
+    return output.with_name(output.name + ".journal")
+
+
 @dataclass(frozen=True)
 class Resumed:
     batches: int  # batches already written: the plan's first `batches` are skipped
@@ -44,7 +48,7 @@ class CallJournal:
     """Appends a line per written batch; `resume` reads one back and cuts the output to it."""
 
     def __init__(self, output: Path, identity: dict[str, Any]):
-        self.path = output.with_name(output.name + ".journal")
+        self.path = journal_path(output)
         self.identity = identity
         self._fh: TextIO | None = None
 

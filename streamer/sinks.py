@@ -73,9 +73,13 @@ def open_sink(name: str, **settings: Any) -> Any:
 def write_atomic(path: Path, text: str) -> None:
     """Replace `path` whole, so readers never see half a table."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    tmp = path.with_name(f".{path.name}.tmp")  # one name: what a killed writer left is reused
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no half-written table behind
+        raise

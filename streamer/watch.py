@@ -8,7 +8,10 @@ A file is handed on ("ready") exactly when it is complete:
   newline, a FAST5 opens (retried with back-off: HDF5 refuses to open a file another process
   is still writing).
 A file that stays unchanged and incomplete for `incomplete_timeout` seconds is rejected with
-the reason (truncated, corrupt); if it changes later it is looked at again.
+the reason (truncated, corrupt); if it changes later it is looked at again. A file that cannot
+be read at all (permission denied, a symbolic link that loops or leads nowhere) is rejected
+once settled, and one that disappears before it is handed on is rejected as `VANISHED`: every
+file the watcher meets ends in an outcome the daemon records.
 
 watchdog's observer thread only enqueues paths; every check runs on the caller's thread in
 `Watcher.poll`, so a slow check never stalls event delivery.
@@ -37,6 +40,7 @@ log = logging.getLogger(__name__)
 SIGNAL_DIRS = ("fast5", "pod5", "slow5", "blow5")  # prefixes: fast5_pass, pod5_fail, ...
 BASECALL_DIRS = ("fastq", "bam")
 TEMP_SUFFIXES = (".tmp", ".temp", ".part", ".partial", "~", ".swp")
+VANISHED = "vanished (deleted or moved away) before it was read"
 
 
 class Kind(enum.Enum):
@@ -90,6 +94,7 @@ def check_complete(path: Path, fmt: str) -> tuple[Verdict, str]:
         size = path.stat().st_size
         if size == 0:
             return Verdict.INCOMPLETE, "empty file"
+        os.close(os.open(path, os.O_RDONLY))  # unreadable files are told apart from incomplete ones
         if fmt in _END_MARKED:
             is_complete, missing = _END_MARKED[fmt]
             return (Verdict.COMPLETE, "") if is_complete(path) else (Verdict.INCOMPLETE, missing)
@@ -101,6 +106,8 @@ def check_complete(path: Path, fmt: str) -> tuple[Verdict, str]:
             return Verdict.COMPLETE, ""
         verdict, reason = fastx.text_completeness(path)
         return Verdict(verdict), reason
+    except PermissionError as exc:
+        return Verdict.CORRUPT, f"cannot read ({exc.strerror or exc})"
     except OSError as exc:
         return Verdict.INCOMPLETE, f"cannot read ({exc.strerror or exc})"
 
@@ -281,6 +288,7 @@ class Watcher:
         self._clock = clock
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._candidates: dict[Path, _Candidate] = {}
+        self._outcomes: list[Ready | Rejected] = []  # decided while taking events, handed on by `poll`
         self._observer = None
         self.run_roots: set[Path] = set()
         self.last_activity = clock()
@@ -342,11 +350,12 @@ class Watcher:
                 break
         for raw in raws:
             self._take(raw)
-        return self._check_due()
+        out, self._outcomes = self._outcomes, []
+        return out + self._check_due()
 
-    def reject_pending(self, why: str) -> list[Rejected]:
+    def reject_pending(self, why: str) -> list[Ready | Rejected]:
         """Give up on every incomplete file (end of run): each is rejected with its last reason."""
-        out = []
+        out, self._outcomes = self._outcomes, []
         for path, c in sorted(self._candidates.items()):
             reason = c.reason or "never completed"
             out.append(Rejected(c.file, c.size, c.mtime_ns, f"{reason} ({why})"))
@@ -356,7 +365,9 @@ class Watcher:
     def _take(self, raw: _Raw) -> None:
         path = Path(raw.path)
         if raw.gone:
-            self._candidates.pop(path, None)
+            c = self._candidates.pop(path, None)
+            if c is not None:
+                self._outcomes.append(Rejected(c.file, c.size, c.mtime_ns, VANISHED))
             return
         if raw.is_dir:
             if path.is_dir():  # made or moved in with files already inside
@@ -373,7 +384,8 @@ class Watcher:
             self.run_roots.add(f.run_root)
             try:
                 st = f.path.stat()
-            except OSError:
+            except OSError as exc:
+                self._unstattable(f, exc)
                 return
             if self._known(f.path, st.st_size, st.st_mtime_ns):
                 return
@@ -384,16 +396,34 @@ class Watcher:
             log.debug("new file %s (%s, %s)", f.path, f.kind.value, f.fmt)
         self.last_activity = self._clock()
         if announced:
-            self._restat(c)
+            if not self._restat(c):
+                del self._candidates[c.file.path]
+                return
             c.announced = True
             c.next_check = self._clock()
             c.attempts = 0
 
+    def _unstattable(self, f: RunFile, exc: OSError) -> None:
+        """A file seen that cannot be looked at: gone already, or a link that loops or leads nowhere.
+
+        Recorded once (`known` asks the ledger), by what the link itself says of its size and time.
+        """
+        try:
+            st = os.lstat(f.path)
+        except OSError:
+            if not self._known(f.path, 0, 0):
+                self._outcomes.append(Rejected(f, 0, 0, VANISHED))
+            return
+        if not self._known(f.path, st.st_size, st.st_mtime_ns):
+            what = "a broken symbolic link" if isinstance(exc, FileNotFoundError) else exc.strerror or str(exc)
+            self._outcomes.append(Rejected(f, st.st_size, st.st_mtime_ns, f"cannot read ({what})"))
+
     def _restat(self, c: _Candidate) -> bool:
-        """Refresh size and mtime; False if the file is gone."""
+        """Refresh size and mtime; False if the file cannot be looked at any more."""
         try:
             st = c.file.path.stat()
-        except OSError:
+        except OSError as exc:
+            self._unstattable(c.file, exc)
             return False
         if (st.st_size, st.st_mtime_ns) != (c.size, c.mtime_ns):
             c.size, c.mtime_ns = st.st_size, st.st_mtime_ns

@@ -31,3 +31,18 @@ def ecoli() -> Path:
 @pytest.fixture(scope="session")
 def reference_path() -> Path:
     return REFERENCE
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_it_was():
+    """`streamer.cli.main` sets up logging for a process; in tests one call must not leave its
+    handler and levels to the next test."""
+    import logging
+
+    names = ("streamer", "streamer_gpu", "streamer_plugins")
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level, [logging.getLogger(n).level for n in names]
+    yield
+    root.handlers[:], root.level = saved[0], saved[1]
+    for name, level in zip(names, saved[2]):
+        logging.getLogger(name).setLevel(level)

@@ -8,7 +8,8 @@ batch's measurements.
 The windows are the (read, window) jobs `streamer call` scores on the fixture reads, taken
 from the CPU pipeline. The simulator runs each GPU thread as a Python thread, so there the
 cases use a selection: the smallest windows of each strand, the windows of most CpGs and a
-long one; on a GPU every window of the fixture is scored.
+long one; on a GPU every window of the fixture is scored. A last case scores windows of a
+synthetic CpG 9-mer model (tests/cpg_model9.py).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from streamer.pipeline import Pipeline, PipelineOptions
 from streamer_plugins.cpg.caller import CpgCaller
 from streamer_plugins.cpg.hmm import score_windows
 from streamer_plugins.cpg.hmm_cuda import CudaHmm
+
+from cpg_model9 import cpg_model, synthetic_jobs
 
 ECOLI = Path(__file__).parent / "data" / "ecoli"
 REFERENCE = Path(__file__).parent / "data" / "ecoli_k12_mg1655.fa.gz"
@@ -118,6 +121,9 @@ def main() -> int:
     results["capacity"] = compare(args, CudaHmm(max_kmers=small, block=block)) | {
         "over": int(np.count_nonzero(kmers > small))
     }
+
+    # a CpG 9-mer model (R10.4.1's k): the same kernel over windows of 9-mers, both strands
+    results["k9"] = compare(synthetic_jobs(cpg_model(9), np.random.default_rng(4)), CudaHmm(block=block))
 
     class Broken:
         """A launch that fails as a device out of memory would."""

@@ -8,7 +8,8 @@ import re
 import numpy as np
 import pytest
 
-from streamer.abea import FROM_D, FROM_L, FROM_U, align_batch, cell_score
+from streamer.abea import align_batch, cell_score
+from streamer.abea_cells import FROM_D, FROM_L, FROM_U
 from streamer.scaling import estimate_scalings
 from streamer.skips import Skip
 
@@ -71,6 +72,9 @@ def test_reference_agrees_on_failures_and_other_settings(nuc_model):
     wrong = assert_equals_reference(seqs[:1], means[1:2], shift[:1], scale[:1], nuc_model)
     assert wrong[0] == Skip.ALIGNMENT_FAILED
     assert_equals_reference(seqs[:2], means[:2], shift[:2], scale[:2], nuc_model, bandwidth=20, max_skip_run=3)
+    # a band too narrow for most reads: passes and QC failures alike
+    narrow = assert_equals_reference(seqs, means, shift, scale, nuc_model, bandwidth=6)
+    assert Skip.OK in narrow and Skip.ALIGNMENT_FAILED in narrow
 
 
 def test_read1_pairs_are_an_ascending_monotone_path(nuc_model):

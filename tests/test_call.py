@@ -48,7 +48,7 @@ def test_fixture_matches_nanopolish_and_f5c(tmp_path):
         theirs = load_calls(ECOLI / f"meth.{tool}.tsv")
         assert set(ours) == set(theirs)
         assert agreement(ours, theirs) == (1.0, 1.0)
-    assert "reads called:     9" in proc.stderr and "calls written:    790" in proc.stderr
+    assert "records called:   9" in proc.stderr and "calls written:    790" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
@@ -131,8 +131,8 @@ def test_bad_input_is_reported_and_the_run_goes_on(tmp_path):
     # every good read still produced exactly its calls
     expected = load_calls(ECOLI / "meth.nanopolish-0.14.tsv")
     assert set(load_calls(out)) == set(expected)
-    assert "reads considered: 13" in err
-    assert "reads skipped:    4" in err
+    assert "alignment records considered: 13 " in err
+    assert "records skipped:  4" in err
 
 
 def test_malformed_model_is_one_clear_line(tmp_path):

@@ -10,16 +10,6 @@ import pytest
 from streamer.cli import build_parser, configure_logging
 
 
-@pytest.fixture(autouse=True)
-def _restore_logging():
-    root = logging.getLogger()
-    saved = root.handlers[:], root.level, {n: logging.getLogger(n).level for n in ("streamer", "numba")}
-    yield
-    root.handlers[:], root.level = saved[0], saved[1]
-    for name, level in saved[2].items():
-        logging.getLogger(name).setLevel(level)
-
-
 @pytest.mark.parametrize(("flags", "own", "numba"), [
     ([], logging.INFO, logging.WARNING),
     (["-q"], logging.WARNING, logging.WARNING),

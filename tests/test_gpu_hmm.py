@@ -1,6 +1,7 @@
 """GPU CpG HMM: bit-identical to the CPU `score_windows` under numba's CUDA simulator (and on a GPU
 when there is one), windows over the kernel's capacity and failed batches scored on the CPU, and
-the host-side helpers and the no-GPU path without CUDA."""
+the host-side helpers and the no-GPU path without CUDA; R10.4.1 calls at k = 9 through the whole
+pipeline (ABEA and HMM on the GPU) identical to the CPU's."""
 
 from __future__ import annotations
 
@@ -19,20 +20,35 @@ from streamer_plugins.cpg.hmm_gpu import launch_order, open_gpu_hmm, pack_jobs
 from test_gpu_abea import HAS_CUDA_MODULE, _gpu_present, case_env
 
 CASES = Path(__file__).parent / "gpu_hmm_cases.py"
+R10_CASES = Path(__file__).parent / "gpu_r10_cases.py"
+R10_TABLE = Path(__file__).resolve().parents[2] / "shared" / "models" / "r10" / "dna_r10.4.1_400bps_9mer.npz"
 
 
-@pytest.fixture(scope="module", params=["simulator", "gpu"])
-def cases(request) -> dict:
-    env = case_env()
-    if request.param == "simulator":
+def run_cases(target: str, script: Path, *args: str, **env: str) -> dict:
+    """A case script's JSON, run under the CUDA simulator or on the GPU (skipped where neither is)."""
+    env = case_env() | env
+    if target == "simulator":
         if not HAS_CUDA_MODULE:
             pytest.skip("neither numba-cuda nor numba's built-in CUDA target is installed")
         env["NUMBA_ENABLE_CUDASIM"] = "1"
     elif not _gpu_present():
         pytest.skip("no CUDA GPU")
-    proc = subprocess.run([sys.executable, str(CASES)], capture_output=True, text=True, env=env, timeout=900)
+    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module", params=["simulator", "gpu"])
+def cases(request) -> dict:
+    return run_cases(request.param, CASES)
+
+
+@pytest.fixture(scope="module", params=["simulator", "gpu"])
+def r10_cases(request, tmp_path_factory) -> dict:
+    if not R10_TABLE.is_file():
+        pytest.skip("../shared R10 model not present")
+    cache = tmp_path_factory.mktemp("model-cache")
+    return run_cases(request.param, R10_CASES, str(R10_TABLE), STREAMER_MODEL_CACHE_DIR=str(cache))
 
 
 def test_windows_identical_to_cpu(cases):
@@ -42,6 +58,24 @@ def test_windows_identical_to_cpu(cases):
     stats = case["stats"]
     assert stats["n_gpu"] == case["n"] and stats["n_cpu"] == 0 and stats["fallback"] == ""
     assert stats["cells"] > 0
+
+
+def test_r10_calls_at_k9_identical_on_the_gpu(r10_cases):
+    """Simulated R10.4.1 reads on both strands: ABEA and the HMM on the GPU write the CPU's TSV."""
+    assert r10_cases["k"] == 9
+    cpu, gpu = r10_cases["cpu"], r10_cases["gpu"]
+    assert cpu.count("\n") >= 4 and {row.split("\t")[1] for row in cpu.splitlines()} == {"+", "-"}
+    assert gpu == cpu
+    abea, hmm = r10_cases["gpu_abea"], r10_cases["gpu_hmm"]
+    assert abea["n_gpu"] == abea["n_reads"] > 0 and abea["fallback"] == ""
+    assert hmm["n_gpu"] > 0 and hmm["n_cpu"] == 0 and hmm["fallback"] == ""
+    assert r10_cases["cpu_abea"] is None and r10_cases["cpu_hmm"] is None
+
+
+def test_9mer_windows_identical_to_cpu(cases):
+    case = cases["k9"]
+    assert case["diff"] == 0 and case["finite"]
+    assert case["stats"]["n_gpu"] == case["n"] == 4
 
 
 def test_launch_order_does_not_change_answers(cases):

@@ -1,5 +1,5 @@
 """R10.4.1 methylation: the simulator keeps the truth per CpG and draws the signal of methylated
-k-mers from the CpG model; the daemon finds R10.4.1 models by `pipeline.pore`; `streamer call` on
+k-mers from the CpG model; the daemon finds R10.4.1 models by the pore; `streamer call` on
 simulated R10.4.1 reads, with both 9-mer models found in the model folder, recovers the truth."""
 
 import csv
@@ -25,7 +25,14 @@ from streamer import config
 from streamer.commands.run import model_files
 from streamer.errors import ConfigError
 from streamer.io.reference import Reference
-from streamer.poremodel import METHYL_CPG, R10_KMER_MODEL, R10_METH_MODEL, load_default_models, load_model
+from streamer.poremodel import (
+    F5C_RELEASES,
+    METHYL_CPG,
+    R10_KMER_MODEL,
+    R10_METH_MODEL,
+    load_default_models,
+    load_model,
+)
 
 CONTIG = "NC_000913.3"
 R10_MODEL = Path(__file__).resolve().parents[2] / "shared" / "models" / "r10" / "dna_r10.4.1_400bps_9mer.npz"
@@ -87,20 +94,28 @@ def test_methylation_probability_is_the_truth_rate(models, stretch):
     assert simulate_methylated(kmer, meth, stretch, True, 1.0, rng).methylated.all()
 
 
-def test_daemon_finds_r10_models_by_pore(tmp_path, monkeypatch):
+def test_daemon_finds_r10_models_by_pore(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("STREAMER_MODEL_DIR", str(tmp_path / "env"))
-    r9 = config.PipelineConfig()
-    assert r9.pore == "r9" and model_files(r9) == (None, None)
+    auto = config.PipelineConfig()
+    assert auto.pore == "auto" and model_files(auto, None, "") == (None, None, True)  # nothing said: r9's
+    assert model_files(auto, "r9", "x") == (None, None, True)
     folder = tmp_path / "models" / "r10"
     folder.mkdir(parents=True)
-    (folder / R10_KMER_MODEL).write_bytes(b"")
     r10 = config.PipelineConfig(pore="r10", model_dir=tmp_path / "models")
-    with pytest.raises(ConfigError, match=f"pipeline.pore r10: {folder / R10_METH_MODEL}: no R10.4.1 CpG methylation"):
-        model_files(r10)
+    with pytest.raises(ConfigError, match=f"pipeline.pore r10: {folder / R10_KMER_MODEL}: no R10.4.1 9-mer"):
+        model_files(r10, "r10", "pipeline.pore r10")
+    (folder / R10_KMER_MODEL).write_bytes(b"")
+    # no CpG model: one line naming it; no calls, the rest goes on
+    with caplog.at_level("WARNING"):
+        assert model_files(r10, "r10", "pipeline.pore r10") == (folder / R10_KMER_MODEL, None, False)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"pipeline.pore r10: {folder / R10_METH_MODEL}: no R10.4.1 CpG methylation model: f5c publishes its CpG "
+        f"9-mer model {R10_METH_MODEL} with its releases ({F5C_RELEASES}); put it there or pass --meth-model FILE; "
+        "no methylation calls, the outputs that need none are written"]
     (folder / R10_METH_MODEL).write_bytes(b"")
-    assert model_files(r10) == (folder / R10_KMER_MODEL, folder / R10_METH_MODEL)
-    cfg = config.load(None, {"pipeline.pore": "r10", "pipeline.model_dir": str(tmp_path / "models")}, require=())
-    assert model_files(cfg.pipeline) == (folder / R10_KMER_MODEL, folder / R10_METH_MODEL)
+    assert model_files(r10, "r10", "") == (folder / R10_KMER_MODEL, folder / R10_METH_MODEL, True)
+    cfg = config.load(None, {"pipeline.model_dir": str(tmp_path / "models")}, require=())
+    assert model_files(cfg.pipeline, "r10", "") == (folder / R10_KMER_MODEL, folder / R10_METH_MODEL, True)
 
 
 # --- streamer call on simulated R10.4.1 reads with known methylation -------------------------------

@@ -8,7 +8,7 @@ and `compact` writes the pairs of the reads that passed, ascending and packed as
 their final offsets.
 
 Exactness: the arithmetic of each cell, the band rule, the traceback and the QC are
-`streamer.abea.abea_cells`, the CPU's own source compiled for the device (`streamer_gpu.target`:
+`streamer.abea_cells`, the CPU's own source compiled for the device (`streamer_gpu.target`:
 libdevice's unfused round-to-nearest operations, numpy scalars under the simulator); log and exp
 are never evaluated on the device (the host passes ln(trim) and each read's transition log
 probabilities). numba's CUDA simulator has no warp barrier and no shuffles: there every read
@@ -22,7 +22,7 @@ import functools
 import numpy as np
 from numba import cuda
 
-from streamer.abea import FROM_U, abea_cells
+from streamer.abea_cells import FROM_U, abea_cells
 from streamer.skips import Skip
 from streamer_gpu.target import DEVICE, SIMULATED
 

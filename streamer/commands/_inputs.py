@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from pathlib import Path
 
 from streamer.batching import BatchLimits
+from streamer.commands._checks import check_bam, check_files, check_writable, numeric
 from streamer.errors import ModelError, StreamerError
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.index import SignalIndex, open_index
@@ -29,10 +31,14 @@ def add_input_arguments(p: argparse.ArgumentParser, output: str) -> None:
     p.add_argument("--signal", nargs="+", metavar="DIR_OR_FILE",
                    help="signal files or folders (default: the index cached beside --reads)")
     p.add_argument("-o", "--output", type=Path, help=f"{output} (default: stdout)")
-    p.add_argument("-t", "--threads", type=int, default=PipelineOptions.threads, help="CPU threads [%(default)s]")
-    p.add_argument("-K", "--batchsize", type=int, default=BatchLimits.max_reads, help="most reads per batch [%(default)s]")
-    p.add_argument("-B", "--max-bases", type=int, default=BatchLimits.max_bases, help="most bases per batch [%(default)s]")
-    p.add_argument("--min-mapq", type=int, default=AlignmentFilter.min_mapq, help="minimum mapping quality [%(default)s]")
+    numeric(p, "-t", "--threads", key="pipeline.threads", default=PipelineOptions.threads,
+            help="CPU threads; 0: every core [%(default)s]")
+    numeric(p, "-K", "--batchsize", key="batch.max_reads", default=BatchLimits.max_reads,
+            help="most reads per batch [%(default)s]")
+    numeric(p, "-B", "--max-bases", key="batch.max_bases", default=BatchLimits.max_bases,
+            help="most bases per batch [%(default)s]")
+    numeric(p, "--min-mapq", key="alignment.min_mapq", default=AlignmentFilter.min_mapq,
+            help="minimum mapping quality [%(default)s]")
     p.add_argument("--secondary", choices=("yes", "no"), default="no", help="use secondary alignments [%(default)s]")
     p.add_argument("--kmer-model", type=Path,
                    help="nucleotide pore model file, text or uncalled4 .npz (default: r9.4 450bps 6-mer; for "
@@ -44,6 +50,17 @@ def add_input_arguments(p: argparse.ArgumentParser, output: str) -> None:
     p.add_argument("--pore", choices=("auto", *PORES), default="auto",
                    help="pore chemistry; auto: from the signal files' run metadata, r9 when they do not say "
                         "[%(default)s]")
+
+
+def check_inputs(args: argparse.Namespace, *outputs: str) -> None:
+    """The input files exist and are what they should be, and the outputs (`args` attributes named by
+    `outputs`) can be written: checked before any work, so a mistake costs one line and no file.
+    `-t 0` becomes every core, as `pipeline.threads: 0` does for the daemon."""
+    args.threads = args.threads or os.cpu_count() or 1
+    check_files(**{"-g/--genome": args.genome, "--kmer-model": args.kmer_model,
+                   "--meth-model": getattr(args, "meth_model", None)})
+    check_bam(args.bam)
+    check_writable(**{f"--{name.replace('_', '-')}": getattr(args, name) for name in outputs})
 
 
 def alignment_filter(args: argparse.Namespace) -> AlignmentFilter:

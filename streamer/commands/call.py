@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import TextIO
 
 from streamer.batching import BatchLimits, UltraLong, plan_batches
-from streamer.errors import StreamerError
+from streamer.errors import UsageError
+from streamer.commands._checks import numeric, removed_on_failure
 from streamer.gpu_api import CudaOptions, device_spec
 from streamer.commands._inputs import (
     add_input_arguments,
     alignment_filter,
+    check_inputs,
     model_files,
     signal_index,
 )
@@ -26,8 +28,8 @@ from streamer.io.alignments import iter_alignments, write_records
 from streamer.io.bamreads import open_basecalls
 from streamer.io.reference import Reference
 from streamer.batch_runner import RunnerOptions, run_batches
-from streamer.pipeline import BatchResult, Pipeline, PipelineOptions
-from streamer.resume import CallJournal, Resumed, run_identity
+from streamer.pipeline import BatchResult, Pipeline, PipelineOptions, synthetic_read
+from streamer.resume import CallJournal, Resumed, journal_path, run_identity
 from streamer.signal_pool import IO_MODES, reader_pool
 from streamer import registry
 from streamer.sinks import open_sink
@@ -51,30 +53,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--meth-model", type=Path,
                    help="CpG methylation pore model file, nanopolish/f5c text, k up to 9 (default: r9.4 450bps 6-mer; "
                         "for R10.4.1 data f5c's CpG 9-mer model in the model folder, see --model-dir)")
-    p.add_argument("--io-workers", type=int, default=RunnerOptions.io_workers,
-                   help="signal readers working ahead of the stages [%(default)s]")
+    numeric(p, "--io-workers", type=int, minimum=1, default=RunnerOptions.io_workers,
+            help="signal readers working ahead of the stages [%(default)s]")
     p.add_argument("--io-mode", choices=IO_MODES, default=RunnerOptions.io_mode,
                    help="signal readers as processes or threads; auto: threads for SLOW5/BLOW5, processes "
                         "otherwise (FAST5 and POD5 readers hold a lock or the GIL) [%(default)s]")
-    p.add_argument("--compute-threads", type=int, default=RunnerOptions.compute_threads,
-                   help="batches in the stages at once, so CPU and GPU stages overlap [%(default)s]")
+    numeric(p, "--compute-threads", type=int, minimum=1, default=RunnerOptions.compute_threads,
+            help="batches in the stages at once, so CPU and GPU stages overlap [%(default)s]")
     gpu = p.add_argument_group("GPU (ABEA and the CpG HMM on an NVIDIA GPU when numba-cuda and a GPU are present)")
     gpu.add_argument("--disable-cuda", action="store_true", help="align and call on the CPU only")
     gpu.add_argument("--disable-cuda-hmm", action="store_true", help="run the CpG HMM on the CPU, ABEA on the GPU")
     gpu.add_argument("--cuda-dev-id", type=device_spec, default=str(CudaOptions.dev_id),
                      help="GPU to use, a list of them (0,1) or all: batches go to the least loaded [%(default)s]")
-    gpu.add_argument("--cuda-mem-frac", type=float, default=CudaOptions.mem_frac,
-                     help="most of the free GPU memory to take; the arena is sized for the batches "
-                          "[0.9; 0.7 on integrated GPUs]")
-    gpu.add_argument("--cuda-avg-epk", type=float, default=CudaOptions.avg_epk,
-                     help="events per base the GPU memory is divided for [%(default)s]")
-    gpu.add_argument("--cuda-max-lf", type=float, default=CudaOptions.max_lf,
-                     help="reads longer than this times the batch's mean length run on the CPU [%(default)s]")
-    gpu.add_argument("--cuda-max-epk", type=float, default=CudaOptions.max_epk,
-                     help="reads with more events per base than this run on the CPU [%(default)s]")
-    gpu.add_argument("--ultra-thresh", type=int, default=CudaOptions.ultra_thresh,
-                     help="with the GPU, reads longer than this are set aside and aligned on the CPU after all "
-                          "the others [%(default)s]")
+    numeric(gpu, "--cuda-mem-frac", key="gpu.mem_frac", default=CudaOptions.mem_frac,
+            help="most of the free GPU memory to take; the arena is sized for the batches "
+                 "[0.9; 0.7 on integrated GPUs]")
+    numeric(gpu, "--cuda-avg-epk", key="gpu.avg_epk", default=CudaOptions.avg_epk,
+            help="events per base the GPU memory is divided for [%(default)s]")
+    numeric(gpu, "--cuda-max-lf", key="gpu.max_lf", default=CudaOptions.max_lf,
+            help="reads longer than this times the batch's mean length run on the CPU [%(default)s]")
+    numeric(gpu, "--cuda-max-epk", key="gpu.max_epk", default=CudaOptions.max_epk,
+            help="reads with more events per base than this run on the CPU [%(default)s]")
+    numeric(gpu, "--ultra-thresh", key="gpu.ultra_thresh", default=CudaOptions.ultra_thresh,
+            help="with the GPU, reads longer than this are set aside and aligned on the CPU after all the others "
+                 "[%(default)s]")
     gpu.add_argument("--skip-ultra", type=Path, metavar="FILE",
                      help="with the GPU, write the alignments of reads longer than --ultra-thresh to this BAM "
                           "instead of processing them")
@@ -95,8 +97,19 @@ def _report(skipped: list[Skipped], summary: RunSummary) -> None:
         summary.skip(s.reason)
 
 
+OUTPUTS = ("output", "bedmethyl", "modbam", "stats_json", "skip_ultra")
+
+
 def run(args: argparse.Namespace) -> int:
     _check_combinations(args)
+    check_inputs(args, *OUTPUTS)
+    compiling = getattr(args, "compiling_kernels", False)  # announced by streamer.cli before the imports
+    journal = journal_path(args.output) if args.output is not None else None
+    with removed_on_failure(*(getattr(args, name) for name in OUTPUTS), journal):
+        return _run(args, compiling)
+
+
+def _run(args: argparse.Namespace, compiling: bool) -> int:
     tuning = CallTuning.from_args(args)
     limits = tuning.limits(BatchLimits(max_reads=args.batchsize, max_bases=args.max_bases))
     cuda = CudaOptions(disable=args.disable_cuda, mem_frac=args.cuda_mem_frac, avg_epk=args.cuda_avg_epk,
@@ -104,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
                        max_reads=limits.max_reads, max_bases=limits.max_bases, hmm=not args.disable_cuda_hmm,
                        autotune=args.autotune).with_devices(args.cuda_dev_id)
     filt = alignment_filter(args)
-    summary = RunSummary()
+    summary = RunSummary(compiled=compiling)
     progress = sys.stderr.isatty()
     rows = open_sink("calls")
     with ExitStack() as stack:
@@ -135,9 +148,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_combinations(args: argparse.Namespace) -> None:
     if args.dask and (args.autotune or args.bedmethyl or args.modbam or args.skip_ultra):
-        raise StreamerError("--dask writes the call TSV: leave out --autotune, --bedmethyl, --modbam and --skip-ultra")
+        raise UsageError("--dask writes the call TSV: leave out --autotune, --bedmethyl, --modbam and --skip-ultra")
     if args.resume and (args.output is None or args.autotune):
-        raise StreamerError("--resume needs -o FILE and fixed batch sizes (no --autotune): the plan must be the same")
+        raise UsageError("--resume needs -o FILE and fixed batch sizes (no --autotune): the plan must be the same")
 
 
 class _Output:
@@ -208,6 +221,7 @@ def _here(args, stack, options, index, limits, filt, summary, output, written, t
     with ThreadPoolExecutor(1) as early:  # the reads file is indexed while the pipeline starts
         basecalls = early.submit(open_basecalls, args.reads)
         pipeline = Pipeline(options, [registry.analysis("cpg")])
+        rows.render(pipeline.process([synthetic_read(pipeline.kmer_model)]))  # the TSV kernel, compiled now too
         tuning.attach(pipeline.gpu)
         summary.startup_s = summary.elapsed
         basecalls = stack.enter_context(basecalls.result())

@@ -13,10 +13,12 @@ from streamer.batch import pack
 from streamer.commands._inputs import (
     add_input_arguments,
     alignment_filter,
+    check_inputs,
     model_files,
     signal_index,
 )
 from streamer import registry
+from streamer.commands._checks import numeric, removed_on_failure
 from streamer.gpu_api import CudaOptions
 from streamer.io.alignments import iter_alignments
 from streamer.io.bamreads import open_basecalls
@@ -44,15 +46,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sam", action="store_true",
                    help="write SAM instead of TSV: each read's events aligned to the reference (nanopolish's format)")
     p.add_argument("--disable-cuda", action="store_true", help="align on the CPU only")
-    p.add_argument("--cuda-dev-id", type=int, default=CudaOptions.dev_id, help="GPU to use [%(default)s]")
+    numeric(p, "--cuda-dev-id", key="gpu.device", default=CudaOptions.dev_id, help="GPU to use [%(default)s]")
 
 
 def run(args: argparse.Namespace) -> int:
+    check_inputs(args, "output", "summary")
+    compiling = getattr(args, "compiling_kernels", False)  # announced by streamer.cli before the imports
+    with removed_on_failure(args.output, args.summary):
+        return _run(args, compiling)
+
+
+def _run(args: argparse.Namespace, compiling: bool) -> int:
     limits = BatchLimits(max_reads=args.batchsize, max_bases=args.max_bases)
     cuda = CudaOptions(disable=args.disable_cuda, dev_id=args.cuda_dev_id, max_reads=limits.max_reads,
                        max_bases=limits.max_bases, hmm=False)  # fmt: skip
     filt = alignment_filter(args)
-    summary = RunSummary()
+    summary = RunSummary(compiled=compiling)
     with ExitStack() as stack:
         index = signal_index(args)
         kmer_model, _ = model_files(args, index, methylation=False)

@@ -6,6 +6,7 @@ import argparse
 import logging
 from pathlib import Path
 
+from streamer.commands._checks import numeric
 from streamer.replay import COMPRESSION, SIGNAL_FORMATS, Replayer, ReplayOptions, load_source
 
 NAME = "replay"
@@ -18,17 +19,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d = ReplayOptions()
     p.add_argument("finished_run", type=Path, help="folder of the finished run (FAST5 + FASTQ/FASTA [+ BAM])")
     p.add_argument("live_dir", type=Path, help="folder to write the run into (a run folder is made inside)")
-    p.add_argument("--speed", type=float, default=d.speed,
-                   help="pace relative to the original run; 0 writes as fast as it can [%(default)s]")
-    p.add_argument("--interval", type=float, help="seconds between batches, instead of the original pace")
-    p.add_argument("--batch-size", type=int, default=d.batch_reads, dest="batch_reads",
-                   help="reads per batch file [%(default)s]")
+    numeric(p, "--speed", type=float, minimum=0, default=d.speed,
+            help="pace relative to the original run; 0 writes as fast as it can [%(default)s]")
+    numeric(p, "--interval", type=float, minimum=0, help="seconds between batches, instead of the original pace")
+    numeric(p, "--batch-size", type=int, minimum=1, default=d.batch_reads, dest="batch_reads",
+            help="reads per batch file [%(default)s]")
     p.add_argument("--mode", choices=("move", "inplace"), default=d.mode,
                    help="write elsewhere and move in (live basecalling), or write in place [%(default)s]")
-    p.add_argument("--write-seconds", type=float, default=d.write_seconds,
-                   help="with --mode inplace: take this long to write each file [%(default)s]")
-    p.add_argument("--basecall-lag", type=float, default=d.basecall_lag,
-                   help="seconds after its FAST5 that a batch's basecalls land; negative: before [%(default)s]")
+    numeric(p, "--write-seconds", type=float, minimum=0, default=d.write_seconds,
+            help="with --mode inplace: take this long to write each file [%(default)s]")
+    numeric(p, "--basecall-lag", type=float, default=d.basecall_lag,
+            help="seconds after its FAST5 that a batch's basecalls land; negative: before [%(default)s]")
     p.add_argument("--no-bam", dest="bam", action="store_false", help="do not write bam_pass/ even if the run has a BAM")
     p.add_argument("--signal-format", choices=SIGNAL_FORMATS, default=d.signal_format,
                    help="signal file format written [%(default)s]")
@@ -38,11 +39,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    for name in ("speed", "write_seconds"):
-        if getattr(args, name) < 0:
-            raise SystemExit(f"streamer replay: --{name.replace('_', '-')} must not be negative")
-    if args.batch_reads < 1 or (args.interval is not None and args.interval < 0):
-        raise SystemExit("streamer replay: --batch-size must be at least 1 and --interval not negative")
     opts = ReplayOptions(speed=args.speed, interval=args.interval, batch_reads=args.batch_reads, mode=args.mode,
                          write_seconds=args.write_seconds, basecall_lag=args.basecall_lag, bam=args.bam,
                          compression=args.compression, signal_format=args.signal_format, flowcell=args.flowcell)

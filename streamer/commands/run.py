@@ -20,8 +20,12 @@ from streamer.errors import ConfigError, ModelError
 from streamer.gpu_api import CudaOptions
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
+from streamer.journal import check_output_free
+from streamer.metrics import serve_metrics
 from streamer.notify import Notifier
+from streamer.io.poretype import pore_of_file
 from streamer.pipeline import Pipeline, PipelineOptions
+from streamer.pore_pipeline import PorePipeline, first_signal_file
 from streamer.poremodel import pore_models
 from streamer.publish.publisher import Publisher, PublisherConfig
 from streamer.publish.security import CurveServer, load_public_keys, load_secret_keys
@@ -45,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
         # one stream carries one run id, one sequence per topic and one table's snapshots
         raise ConfigError("publish.endpoint with several runs (watch.also, watch.each_run) is not supported: run one "
                           "daemon per flow cell (systemd/streamer@.service) to publish each run's stream")
+    check_output_free(cfg.output.dir)
     log.debug("configuration:\n%s", yaml.safe_dump(cfg.as_dict(), sort_keys=False).rstrip())
     notifier = Notifier()
     filt = AlignmentFilter(min_mapq=cfg.alignment.min_mapq, secondary=cfg.alignment.secondary)
@@ -56,18 +61,14 @@ def run(args: argparse.Namespace) -> int:
 
     with ExitStack() as stack:
         stack.callback(notifier.close)
-        notifier.status("loading models and compiling kernels")
-        cuda = cuda_options(cfg)
-        # eventalign before the CpG caller, which fails the reads it finds no CpG in
-        analyses = [registry.analysis("eventalign", cfg.eventalign.scale_events)] if cfg.eventalign.enabled else []
-        kmer_model, meth_model = model_files(cfg.pipeline)
-        pipeline = Pipeline(PipelineOptions(threads=threads, kmer_model=kmer_model, meth_model=meth_model, cuda=cuda),
-                            [*analyses, registry.analysis("cpg")])
+        first = " for this machine (first run only)" if getattr(args, "compiling_kernels", False) else ""
+        notifier.status(f"loading models and compiling kernels{first}")
+        pipeline = _pore_pipeline(cfg)
         reference = stack.enter_context(Reference(cfg.reference.genome))
         publisher = stack.enter_context(_publisher(cfg.publish)) if cfg.publish.endpoint else None
+        gpu = pipeline if pipeline.gpu is not None else None  # it stands for the current pipeline's GPU stage
         if several_runs(cfg):
             # the tuner learns from one stream of batches: with several runs the caps stay as configured
-
             aligner = made_once(make_aligner)
 
             def make_daemon(run_cfg: configuration.Config, shared: PipelineLike) -> Daemon:
@@ -75,10 +76,12 @@ def run(args: argparse.Namespace) -> int:
 
             daemon = RunSet(cfg, pipeline, make_daemon, notifier, slots=max(1, len(pipeline.devices)))
         else:
-            tuner = AutoTuner.for_gpu(plan, pipeline.gpu, autotune=cfg.gpu.autotune, state_dir=cfg.state_dir(),
+            tuner = AutoTuner.for_gpu(plan, gpu, autotune=cfg.gpu.autotune, state_dir=cfg.state_dir(),
                                       publish=publisher.publish_tuning if publisher is not None else None)
             daemon = Daemon(cfg, pipeline, reference, make_aligner=make_aligner, publisher=publisher,
                             notifier=notifier, tuner=tuner)
+        if cfg.service.metrics is not None:
+            stack.callback(serve_metrics(cfg.service.metrics, lambda: daemon.status))
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: daemon.request_stop())
         code = daemon.run()
@@ -89,13 +92,39 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
-def model_files(p: configuration.PipelineConfig) -> tuple[Path | None, Path | None]:
-    """The model files of `pipeline.pore`; a missing R10.4.1 one is a configuration error (exit 78: a
-    restart would not find it either)."""
+def _pore_pipeline(cfg: configuration.Config) -> PorePipeline:
+    """The pipeline of `pipeline.pore` or, with `auto`, of the pore the watched folder's signal files
+    name (built again for the other pore if later files name it)."""
+    pore, source = cfg.pipeline.pore, f"pipeline.pore {cfg.pipeline.pore}"
+    if pore == "auto":
+        first = first_signal_file(cfg.watch.dir) if cfg.watch.dir is not None else None
+        pore, source = (pore_of_file(first), f"{first}'s run metadata") if first is not None else (None, "")
+
+    def make(pore: str | None, source: str, cuda: CudaOptions | None) -> Pipeline:
+        kmer_model, meth_model, calls = model_files(cfg.pipeline, pore, source)
+        # eventalign before the CpG caller, which fails the reads it finds no CpG in
+        analyses = [registry.analysis("eventalign", cfg.eventalign.scale_events)] if cfg.eventalign.enabled else []
+        options = PipelineOptions(threads=cfg.pipeline.threads, kmer_model=kmer_model, meth_model=meth_model,
+                                  cuda=cuda or cuda_options(cfg))  # fmt: skip
+        return Pipeline(options, [*analyses, registry.analysis("cpg", calls=calls)])
+
+    return PorePipeline(make, pore, source, follow=cfg.pipeline.pore == "auto")
+
+
+def model_files(p: configuration.PipelineConfig, pore: str | None,
+                source: str) -> tuple[Path | None, Path | None, bool]:
+    """The model files of the pore (`source` says where it was told from), and whether methylation is
+    called. A missing R10.4.1 nucleotide table is a configuration error (exit 78: a restart would not
+    find it either); without the CpG model, one line says so and the rest (eventalign) goes on."""
     try:
-        return pore_models(p.pore, p.kmer_model, p.meth_model, p.model_dir)
+        kmer, _ = pore_models(pore, p.kmer_model, p.meth_model, p.model_dir, methylation=False)
     except ModelError as exc:
-        raise ConfigError(f"pipeline.pore {p.pore}: {exc}") from None
+        raise ConfigError(f"{source}: {exc}") from None
+    try:
+        return kmer, pore_models(pore, p.kmer_model, p.meth_model, p.model_dir)[1], True
+    except ModelError as exc:
+        log.warning("%s: %s; no methylation calls, the outputs that need none are written", source, exc)
+        return kmer, None, False
 
 
 def cuda_options(cfg: configuration.Config) -> CudaOptions:

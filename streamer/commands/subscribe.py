@@ -18,7 +18,9 @@ from typing import Any
 import numpy as np
 
 from streamer.client import Gap, Subscriber
-from streamer.errors import ConfigError
+from streamer.commands._checks import numeric
+from streamer.config import is_endpoint
+from streamer.errors import ConfigError, UsageError
 from streamer.publish.protocol import Topic
 from streamer.publish.security import CurveClient, load_keys, load_secret_keys
 
@@ -32,13 +34,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"topic prefix to follow, repeatable (default: all of {', '.join(Topic)})")
     parser.add_argument("--snapshot-endpoint", help="snapshot endpoint (default: as the publisher announces it)")
     parser.add_argument("--no-snapshot", action="store_true", help="do not fetch per-site frequencies on joining")
-    parser.add_argument("--heartbeat-interval", type=float, default=2.0, metavar="S",
-                        help="assumed until the first heartbeat says otherwise (default 2)")
+    numeric(parser, "--heartbeat-interval", key="publish.heartbeat_interval", default=2.0, metavar="S",
+            help="assumed until the first heartbeat says otherwise (default 2)")
     parser.add_argument("--client-key", type=Path, metavar="FILE", help="our CURVE key (NAME.key_secret)")
     parser.add_argument("--server-key", type=Path, metavar="FILE", help="the publisher's public CURVE key (NAME.key)")
 
 
 def run(args: argparse.Namespace) -> int:
+    for flag, endpoint in (("ENDPOINT", args.endpoint), ("--snapshot-endpoint", args.snapshot_endpoint)):
+        if endpoint is not None and not is_endpoint(endpoint):
+            raise UsageError(f"{flag}: {endpoint!r} is not a ZeroMQ endpoint (tcp://HOST:PORT, ipc://PATH)")
     curve = None
     if args.client_key or args.server_key:
         if not (args.client_key and args.server_key):

@@ -91,8 +91,9 @@ def write_pod5(path: str | Path, records: Iterable[SignalRecord], run: Mapping[s
 
     Calibration and ADC span are set as `pod5 convert fast5` sets them, so a FAST5 read
     written here reads back with the same pA bits. `run` sets string fields of the run
-    info (e.g. `flow_cell_product_code`, `sequencing_kit`, which tell the pore). For tests,
-    benchmarks and replays; read ids must be UUIDs, as POD5 requires.
+    info (e.g. `flow_cell_product_code`, `sequencing_kit`, which tell the pore; keys the run info
+    has no field for are left out). For tests, benchmarks and replays; read ids must be UUIDs, as
+    POD5 requires.
     """
     epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
     runs: dict[tuple[int, int], pod5.RunInfo] = {}
@@ -110,7 +111,7 @@ def write_pod5(path: str | Path, records: Iterable[SignalRecord], run: Mapping[s
                     sequencer_position="", sequencer_position_type="", software="streamer", system_name="",
                     system_type="", tracking_id={},
                 )
-                runs[key] = pod5.RunInfo(**{**fields, **(run or {})})
+                runs[key] = pod5.RunInfo(**{**fields, **{k: v for k, v in (run or {}).items() if k in fields}})
             writer.add_read(pod5.Read(
                 read_id=uuid.UUID(rec.read_id),
                 pore=pod5.Pore(channel=1, well=1, pore_type="not_set"),

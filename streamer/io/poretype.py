@@ -36,38 +36,49 @@ def pore_from_metadata(values: list[str]) -> str | None:
     return None
 
 
-def _attrs(group) -> list[str]:
-    return [str(v.decode() if isinstance(v, bytes) else v) for k, v in group.attrs.items() if k in _KEYS]
+def _attrs(group) -> dict[str, str]:
+    return {k: str(v.decode() if isinstance(v, bytes) else v) for k, v in group.attrs.items() if k in _KEYS}
 
 
-def _fast5_metadata(path: Path) -> list[str]:
+def _fast5_metadata(path: Path) -> dict[str, str]:
     with h5py.File(path, "r") as f:
         top = f["UniqueGlobalKey"] if "UniqueGlobalKey" in f else next((f[k] for k in f if k.startswith("read_")), None)
         if top is None:
-            return []
-        return [v for sub in ("tracking_id", "context_tags") if sub in top for v in _attrs(top[sub])]
+            return {}
+        return {k: v for sub in ("tracking_id", "context_tags") if sub in top for k, v in _attrs(top[sub]).items()}
 
 
-def _pod5_metadata(path: Path) -> list[str]:
+def _pod5_metadata(path: Path) -> dict[str, str]:
     with pod5.Reader(path) as reader:
         read = next(reader.reads(), None)
-        return [] if read is None else [read.run_info.flow_cell_product_code, read.run_info.sequencing_kit]
+        if read is None:
+            return {}
+        return {"flow_cell_product_code": read.run_info.flow_cell_product_code,
+                "sequencing_kit": read.run_info.sequencing_kit}
 
 
-def _slow5_metadata(path: Path) -> list[str]:
+def _slow5_metadata(path: Path) -> dict[str, str]:
     with open(path, "rb") as fh:
         head = fh.read(_SLOW5_HEADER_BYTES)
-    return [m.group(2).decode(errors="replace") for m in _SLOW5_HEADER.finditer(head)]
+    found = {m.group(1).decode(): m.group(2).decode(errors="replace") for m in _SLOW5_HEADER.finditer(head)}
+    return {k: v for k, v in found.items() if v != "."}  # "." is SLOW5's empty field
 
 
 _READERS = {"fast5": _fast5_metadata, "pod5": _pod5_metadata, "blow5": _slow5_metadata, "slow5": _slow5_metadata}
 
 
+def run_metadata(path: str | Path) -> dict[str, str]:
+    """The flow cell and kit fields a signal file's run carries (those of them it has, non-empty);
+    empty if it has none or cannot be read (the signal readers report a bad file when its reads are
+    read). A replay writes them into the files it makes, so they tell the pore as the source did."""
+    path = Path(path)
+    try:
+        return {k: v for k, v in _READERS[signal_format(path)](path).items() if v}
+    except Exception:  # noqa: BLE001 - h5py, pod5 and OS errors alike mean "not known"
+        return {}
+
+
 def pore_of_file(path: str | Path) -> str | None:
     """The pore of a signal file's run; None if its metadata does not say or cannot be read
     (the signal readers report a bad file when its reads are read)."""
-    path = Path(path)
-    try:
-        return pore_from_metadata(_READERS[signal_format(path)](path))
-    except Exception:  # noqa: BLE001 - h5py, pod5 and OS errors alike mean "not known"
-        return None
+    return pore_from_metadata(list(run_metadata(path).values()))

@@ -98,6 +98,28 @@ class PublisherStats:
     queued_bytes: int
 
 
+MALFORMED_WARNING_INTERVAL = 60.0  # seconds: a local client cannot fill the log with bad requests
+
+
+class _RateLimitedWarning:
+    """At most one WARNING per `interval` for malformed snapshot requests, counting those not logged."""
+
+    def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic):
+        self.interval, self._clock = interval, clock
+        self._next = 0.0
+        self._quiet = 0  # not logged since the last line
+
+    def note(self, n_frames: int) -> None:
+        now = self._clock()
+        if now < self._next:
+            self._quiet += 1
+            return
+        more = f" (and {self._quiet} more since the last such warning)" if self._quiet else ""
+        log.warning("ignored a malformed snapshot request of %d frames%s; at most one such warning every %g s",
+                    n_frames, more, self.interval)
+        self._next, self._quiet = now + self.interval, 0
+
+
 class Publisher:
     """Binds the PUB (XPUB) and snapshot sockets and publishes results; thread-safe.
 
@@ -125,6 +147,7 @@ class Publisher:
         self._seq = dict.fromkeys(Topic, 0)
         self._handed: dict[str, int] = {}  # sending thread only: last seq sent or dropped, per topic
         self._counters: dict[str, Any] = {}
+        self._malformed = _RateLimitedWarning(MALFORMED_WARNING_INTERVAL)
         self._table: FrequencyTable | None = FrequencyTable()  # None once `serve_sites` shares a table
         self._sites: SiteSource = self._table
         self._wake_r, self._wake_w = socket.socketpair()
@@ -264,7 +287,7 @@ class Publisher:
                 if beat or time.monotonic() >= next_beat:
                     self._send_status("running")
                     next_beat = time.monotonic() + interval
-            self._send_status("closed")
+            self._send_final_status()
         finally:
             for sock in self._sockets:
                 sock.close()
@@ -307,7 +330,8 @@ class Publisher:
             return False
         return True
 
-    def _send_status(self, state: str) -> None:
+    def _send_status(self, state: str, retry: bool = False) -> bool:
+        """Send a status; with `retry` a refused one is not counted (the caller sends it again)."""
         with self._lock:
             seq = self._seq[Topic.STATUS] = self._seq[Topic.STATUS] + 1
             body = {
@@ -320,9 +344,30 @@ class Publisher:
             }
             header = stamp(Topic.STATUS, self.run_id, seq)
         sent = self._send([Topic.STATUS.encode(), header, pack(body)])
+        if retry and not sent:
+            with self._lock:
+                self._seq[Topic.STATUS] -= 1  # the same number again at the next attempt
+            return False
         with self._lock:
             self._sent += sent
             self._dropped += not sent
+        return sent
+
+    def _send_final_status(self) -> None:
+        """The "closed" status, which tells a subscriber what it missed at the tail: a subscriber whose
+        queue is full gets up to `linger` seconds to make room for it before it is dropped for it."""
+        deadline = time.monotonic() + self._config.linger
+        self._pub.setsockopt(zmq.XPUB_NODROP, 1)  # a full queue refuses the message instead of losing it
+        try:
+            while not self._send_status("closed", retry=True):
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.01)
+            else:
+                return
+        finally:
+            self._pub.setsockopt(zmq.XPUB_NODROP, 0)
+        self._send_status("closed")
 
     def _status_subscribed(self) -> bool:
         """Read XPUB subscription messages; True when one will receive `status`."""
@@ -341,7 +386,7 @@ class Publisher:
             except zmq.Again:
                 return
             if b"" not in frames or frames[frames.index(b"") + 1:] != [SNAPSHOT_REQUEST]:
-                log.warning("ignored a malformed snapshot request of %d frames", len(frames))
+                self._malformed.note(len(frames))
                 continue
             envelope = frames[:frames.index(b"") + 1]
             with self._lock:  # then the owner's lock, in `snapshot()`; no one takes them the other way

@@ -15,10 +15,10 @@ from typing import Any, Protocol
 from streamer.batching import BatchLimits
 from streamer.config import Config
 from streamer.gpu_api import AbeaBatchStats, CudaOptions, GpuInfo, gpu_module
+from streamer.paths import user_state_dir
 from streamer.tuning.controller import Action, Controller, Policy, Settings
 from streamer.tuning.monitor import ADVICE, REPEATS
 from streamer.tuning.profiles import PROFILE_NAMES, Machine, Plan, plan, user_set, with_settings
-from streamer.paths import user_state_dir
 from streamer.tuning.store import TuningStore
 
 log = logging.getLogger(__name__)

@@ -3,6 +3,8 @@
 It runs after recalibration on the reads still going, scores every CpG group with the
 profile HMM (on the GPU when ABEA runs on one and `--disable-cuda-hmm` is not given) and keeps the calls, a
 `MethCalls`, in `batch.products["calls"]`. Reads without a CpG it can score are failed.
+Made with `calls=False` (the daemon on R10.4.1 data without the CpG model) it scores nothing and
+keeps empty calls, so the outputs made from calls stay as they are and the others go on.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import numpy as np
 from streamer.batch import ReadBatch
 from streamer.pipeline import Pipeline
 from streamer.poremodel import PoreModel, load_default_models
-from streamer_plugins.cpg.calls import call_methylation
+from streamer_plugins.cpg.calls import MethCalls, call_methylation
 from streamer_plugins.cpg.hmm_gpu import open_gpu_hmm
 
 CALLS = "calls"  # its key in `batch.products`
@@ -24,16 +26,22 @@ class CpgCaller:
     name = "hmm"  # its key in the stage timings
     chunk = 8
 
-    def __init__(self) -> None:
+    def __init__(self, calls: bool = True) -> None:
+        self.calls = calls
         self.meth_model: PoreModel | None = None
         self.gpu = None  # a scorer set from outside (tests, benchmarks), used in place of the devices' GPU HMMs
 
     def open(self, pipeline: Pipeline) -> None:
+        if not self.calls:
+            return
         _, self.meth_model = load_default_models(pipeline.options.kmer_model, pipeline.options.meth_model)
         for device in pipeline.devices:
             device.parts[self.name] = open_gpu_hmm(replace(pipeline.options.cuda, dev_id=device.dev_id))
 
     def __call__(self, batch: ReadBatch, pipeline: Pipeline) -> None:
+        if not self.calls:
+            batch.products[CALLS] = no_calls()
+            return
         post = batch.post
         # f5c takes log var from the double var (NaN for reads not recalibrated, which are not scored)
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -52,3 +60,9 @@ class CpgCaller:
             return ll_u, ll_m
 
         batch.products[CALLS] = call_methylation(*args, log_var=log_var, scorer=score_on_gpu)
+
+
+def no_calls() -> MethCalls:
+    empty = np.zeros(0, np.int64)
+    return MethCalls(read=empty, start=empty, end=empty, strand=np.zeros(0, np.int8), llr=np.zeros(0),
+                     ll_meth=np.zeros(0), ll_unmeth=np.zeros(0), num_motifs=np.zeros(0, np.int32), sequence=[])

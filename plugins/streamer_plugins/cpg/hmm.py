@@ -41,8 +41,7 @@ P_SKIP, P_SKIP_SELF, P_BAD, P_BAD_SELF, P_START_TO_CLIP, P_CLIP_SELF, P_BACKGROU
 # Indices into the per-read scalings rows (`pack_scalings`).
 S_SCALE, S_SHIFT, S_VAR, S_LOG_VAR = range(4)
 
-# values kept per k-mer block of the forward pass: the row's M, B, K and the level mean, stdv, log stdv,
-# each slot a row of its own (interleaved per block, the CPU pass ran 1.5 times slower)
+# values kept per k-mer block of the forward pass: the row's M, B, K and the level mean, stdv, log stdv
 SLOTS = 6
 
 
@@ -249,7 +248,7 @@ def hmm_cells(t: Target) -> HmmCells:
 
         `model` from `pack_model`; row r of `scalings` (`pack_scalings`) and of `trans`
         (`read_transitions`) are the read's; `flank` from `flank_table` (at least as long as
-        the window's events); `cell` float32[SLOTS, k-mers] of work space. One row of the
+        the window's events); `cell` float32[SLOTS * k-mers] of work space. One row of the
         forward matrix (M, B, K per k-mer block, beside the block's scaled level) is updated in
         place, block by block, holding in registers the previous row's values of the block
         before (which the update has already overwritten) and the current row's values of that
@@ -265,10 +264,11 @@ def hmm_cells(t: Target) -> HmmCells:
         sc_log_var = scalings[r, S_LOG_VAR]
         for ki in range(n_kmers):
             rank = window_kmer_rank(ref_seq, w0, length, ki, k, rc, methylated)
-            cell[0, ki] = ninf
-            cell[1, ki] = ninf
-            cell[2, ki] = ninf
-            cell[3, ki], cell[4, ki], cell[5, ki] = scaled_level(rank, model, sc_scale, sc_shift, sc_var, sc_log_var)
+            o = SLOTS * ki
+            cell[o] = ninf
+            cell[o + 1] = ninf
+            cell[o + 2] = ninf
+            cell[o + 3], cell[o + 4], cell[o + 5] = scaled_level(rank, model, sc_scale, sc_shift, sc_var, sc_log_var)
 
         t_mm_self = trans[r, T_MM_SELF]
         t_mb = trans[r, T_MB]
@@ -293,9 +293,10 @@ def hmm_cells(t: Target) -> HmmCells:
             c_b = ninf
             c_k = ninf
             for ki in range(n_kmers):
-                o_m = cell[0, ki]
-                o_b = cell[1, ki]
-                o_k = cell[2, ki]
+                o = SLOTS * ki
+                o_m = cell[o]
+                o_b = cell[o + 1]
+                o_k = cell[o + 2]
                 m = sum6(
                     fadd(t_mm_self, o_m),
                     fadd(t_mm_next, p_m),
@@ -305,13 +306,13 @@ def hmm_cells(t: Target) -> HmmCells:
                     soft if ki == 0 else ninf,
                     table,
                 )
-                n_m = fadd(m, emission(level, cell[3, ki], cell[4, ki], cell[5, ki]))
+                n_m = fadd(m, emission(level, cell[o + 3], cell[o + 4], cell[o + 5]))
                 n_b = flogsum(fadd(t_mb, o_m), fadd(t_bb, o_b), table)
                 kk = flogsum(fadd(t_mk, c_m), fadd(t_bk, c_b), table)
                 n_k = flogsum(kk, fadd(t_kk, c_k), table)
-                cell[0, ki] = n_m
-                cell[1, ki] = n_b
-                cell[2, ki] = n_k
+                cell[o] = n_m
+                cell[o + 1] = n_b
+                cell[o + 2] = n_k
                 p_m = o_m
                 p_b = o_b
                 p_k = o_k
@@ -340,7 +341,7 @@ def profile_forward(
     `pack_model`, `scalings` one row of `pack_scalings`, `trans` from `block_transitions`.
     """
     n_kmers = length - k + 1
-    cell = np.empty((SLOTS, max(n_kmers, 1)), np.float32)
+    cell = np.empty(SLOTS * max(n_kmers, 1), np.float32)
     flank = flank_table(abs(e_stop - e_start) + 1, params)
     return forward(seq, w0, length, rc, methylated, ev_mean, e_start, e_stop, k, model, scalings.reshape((1, 4)),
                    trans.reshape((1, 10)), 0, flank, table, cell)  # fmt: skip
@@ -376,7 +377,7 @@ def score_windows(
         max_kmers = 1
         for j in range(j0, j1):
             max_kmers = max(max_kmers, job_w1[j] - job_w0[j] - k + 1)
-        cell = np.empty((SLOTS, max_kmers), np.float32)
+        cell = np.empty(SLOTS * max_kmers, np.float32)
         for j in range(j0, j1):
             r = job_read[j]
             w0 = ref_seq_off[r] + job_w0[j]

@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 @functools.cache
 def forward_kernel(max_kmers: int):
     """The forward kernel for windows of up to max_kmers k-mers (the size of its local arrays)."""
-    CELLS = (SLOTS, max_kmers)  # a constant of the kernel: local arrays need one
+    CELLS = SLOTS * max_kmers  # a constant of the kernel: local arrays need one
     forward = hmm_cells(DEVICE).forward
 
     @cuda.jit(

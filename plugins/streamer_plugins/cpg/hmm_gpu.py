@@ -21,9 +21,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # the largest default window (MAX_SPAN between its first and last C, MIN_SEPARATION either side)
-# has MAX_SPAN + 2 * MIN_SEPARATION + 1 bases; 6-mers of it fit in 224 blocks
+# has MAX_SPAN + 2 * MIN_SEPARATION + 1 bases: 216 6-mers (R9.4.1), 213 9-mers (R10.4.1). The kernel
+# keeps SLOTS floats per k-mer in local memory, 5.25 kB a thread for 224, whatever k; k changes
+# only the loop that ranks a window's k-mers (5^9 ranks fit easily in int64) and the model's size
 DEFAULT_MAX_KMERS = 224
-assert MAX_SPAN + 2 * MIN_SEPARATION + 1 - 6 + 1 <= DEFAULT_MAX_KMERS
+assert all(MAX_SPAN + 2 * MIN_SEPARATION + 1 - k + 1 <= DEFAULT_MAX_KMERS for k in range(6, 10))
 
 
 def open_gpu_hmm(options: CudaOptions) -> CudaHmm | None:

@@ -1,0 +1,95 @@
+"""The daemon's pipeline for the pore of the reads it is given, told from their signal files.
+
+A daemon may start before its run has written a signal file, so the pore (R9.4.1 or R10.4.1,
+which pick the models) is not always known when the kernels are warmed: `PorePipeline` builds
+the pipeline for the pore the watched folder already shows (or the default one), and when a
+batch's signal files name another pore it builds that pore's pipeline in place of the first,
+once, with one log line. The sample rate (4 or 5 kHz R10.4.1) is each read's own, from its file.
+With a fixed pore (`pipeline.pore: r9|r10`) it never changes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from streamer.batch import ReadInput
+from streamer.errors import StreamerError
+from streamer.gpu_api import CudaOptions
+from streamer.io.poretype import pore_of_file
+from streamer.io.signal import SIGNAL_SUFFIXES
+from streamer.pipeline import BatchResult, Pipeline
+
+log = logging.getLogger(__name__)
+
+MakePipeline = Callable[[str | None, str, CudaOptions | None], Pipeline]
+"""(pore, where it was told from, the GPU options the tuner last set or None) -> a warm pipeline."""
+
+
+def first_signal_file(folder: Path) -> Path | None:
+    """A signal file already in a watched folder (hidden folders passed over), or None."""
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(files):
+            if not name.startswith(".") and name.lower().endswith(SIGNAL_SUFFIXES):
+                return Path(root) / name
+    return None
+
+
+class PorePipeline:
+    """`process` as `Pipeline.process`, on the pipeline of the batch's pore.
+
+    For the tuner it stands for the GPU stage (`options`, `retune`) of whichever pipeline is
+    current, so a pipeline built later starts from the settings the tuner has reached.
+    """
+
+    def __init__(self, make: MakePipeline, pore: str | None, source: str, *, follow: bool):
+        self._make = make
+        self.follow = follow  # False: the configured pore, whatever the files say
+        self.pore = pore
+        self._pore_of: dict[str, str | None] = {}
+        self.current: Pipeline | None = make(pore, source, None)
+        self._cuda = self.current.gpu.options if self.current.gpu is not None else None
+
+    @property
+    def gpu(self):
+        return self.current.gpu if self.current is not None else None
+
+    @property
+    def devices(self) -> list:
+        """The current pipeline's GPUs (`Pipeline.devices`): how many batches may run at once."""
+        return self.current.devices if self.current is not None else []
+
+    @property
+    def options(self) -> CudaOptions | None:
+        return self._cuda
+
+    def retune(self, options: CudaOptions) -> None:
+        self._cuda = options
+        if self.gpu is not None:
+            self.gpu.retune(options)
+
+    def process(self, reads: list[ReadInput]) -> BatchResult:
+        if self.follow and reads:
+            self._switch_to(reads)
+        if self.current is None:  # building the last pore's pipeline failed: try again, to say why again
+            self.current = self._make(self.pore, "the run's metadata", self._cuda)
+        return self.current.process(reads)
+
+    def _switch_to(self, reads: list[ReadInput]) -> None:
+        """The pipeline of the reads' pore; files whose metadata says nothing keep the current one."""
+        for path in {r.signal_path for r in reads} - self._pore_of.keys():
+            self._pore_of[path] = pore_of_file(path) if path else None
+        told = {(self._pore_of[r.signal_path], r.signal_path) for r in reads if self._pore_of[r.signal_path]}
+        pores = {pore for pore, _ in told}
+        if len(pores) > 1:  # the daemon then takes the batch read by read
+            raise StreamerError(f"one batch holds reads of pores {' and '.join(sorted(pores))}")
+        if not pores or (pores == {self.pore} and self.current is not None):
+            return
+        pore, path = min(told)
+        log.info("%s: the run is %s: loading its models", path, "R10.4.1" if pore == "r10" else "R9.4.1")
+        self.current = None  # its GPU memory goes before the next pipeline takes its share
+        self.pore = pore
+        self.current = self._make(pore, f"{path}'s run metadata", self._cuda)
