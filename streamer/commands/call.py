@@ -251,8 +251,11 @@ def _here(args, stack, options, index, limits, filt, summary, output, written, t
         written(batch["calls"], batch["reads"])
         batch.update(calls=0, reads=0)
 
+    before = list(pipeline.pool.batches)  # the start-up's synthetic batch is not the run's
     run_batches(pipeline, islice(plans, output.resumed, None), ref, pool, summary, on_result, rows.render,
                 lambda skipped: _report(skipped, summary), runner, done)  # fmt: skip
+    for device, n, n0 in zip(pipeline.devices, pipeline.pool.batches, before):
+        summary.gpu[f"batches_on_gpu{device.dev_id}"] = n - n0
     tuning.finish()
     if ultra is not None and ultra.skip_to is not None:
         write_records(args.bam, ultra.skip_to, ultra.skipped_ids, filt)
