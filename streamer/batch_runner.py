@@ -143,10 +143,6 @@ class _Run:
     def compute(self) -> None:
         try:
             numba.set_num_threads(max(1, min(self.pipeline.options.threads, numba.config.NUMBA_NUM_THREADS)))
-            if self.pipeline.gpu is not None:
-                from numba import cuda
-
-                cuda.select_device(self.pipeline.options.cuda.dev_id)
             idle = 0.0
             while True:
                 t0 = time.perf_counter()

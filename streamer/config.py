@@ -52,6 +52,14 @@ class WatchConfig:
     dir: Path | None = _key(
         None, "Folder to watch: a MinKNOW run folder, a folder holding several (restarted) runs, or a plain "
         "folder of signal and basecall files. Required.", type=Path, flag="--watch", must_exist="dir")
+    also: tuple[str, ...] = _key(
+        (), "More run folders watched by the same daemon, each a run of its own with its output folder "
+        "`OUTDIR/<folder name>` and its ledger, sharing the warm pipeline and the GPUs; `dir` is then one of the "
+        "runs too (the flag may be repeated).", type=tuple, flag="--watch-also")
+    each_run: bool = _key(
+        False, "`dir` is a parent folder (MinKNOW's data folder): each folder in it, and each that appears "
+        "later, is a run of its own as with `also`; the daemon runs until SIGTERM or the STOP file in `dir`.",
+        type=bool, flag="--each-run")
     poll: bool = _key(
         False, "Poll the folder instead of relying on inotify (network mounts, where inotify is silent).",
         type=bool, flag="--poll")
@@ -167,9 +175,11 @@ class GpuConfig:
                          type=bool, flag="--disable-cuda")
     disable_hmm: bool = _key(False, "Run the CpG HMM on the CPU while ABEA runs on the GPU.", type=bool,
                              flag="--disable-cuda-hmm")
-    device: int = _key(0, "GPU to use.", type=int, flag="--cuda-dev-id", minimum=0)
+    device: str = _key("0", "GPU to use, a list of them (`0,1`) or `all`: each batch goes to the least loaded.",
+                       type=str, flag="--cuda-dev-id")
     mem_frac: float | None = _key(
-        None, "Share of free GPU memory to take; unset: 0.9, or 0.7 on integrated GPUs (Jetson).", type=float,
+        None, "Most of the free GPU memory to take (the ABEA arena is sized for the batches, the HMM's memory "
+        "beside it); unset: 0.9, or 0.7 on integrated GPUs (Jetson).", type=float,
         flag="--cuda-mem-frac", minimum=0.01)
     avg_epk: float = _key(2.0, "Events per k-mer assumed when sizing the GPU arena.", type=float,
                           flag="--cuda-avg-epk", minimum=0.1)
@@ -510,6 +520,11 @@ def _coerce(key: Key, value: Any, problems: list[str]) -> Any:
             return tuple(items)
         problems.append(f"{key.path}: expected a list of strings, got {_describe(value)}")
         return None
+    if t is str and isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)  # YAML reads `device: 1` as a number
+    if key.path == "gpu.device" and isinstance(value, str) and not _device_spec_ok(value):
+        problems.append(f"{key.path}: expected a GPU number, a list of them (0,1) or all, got {value!r}")
+        return None
     if not isinstance(value, (str, Path)) or str(value) == "":
         problems.append(f"{key.path}: expected {'a path' if t is Path else 'a string'}, got {_describe(value)}")
         return None
@@ -517,6 +532,16 @@ def _coerce(key: Key, value: Any, problems: list[str]) -> Any:
         problems.append(f"{key.path}: expected one of {', '.join(key.choices)}, got {value!r}")
         return None
     return Path(value).expanduser() if t is Path else str(value)
+
+
+def _device_spec_ok(spec: str) -> bool:
+    from streamer.gpu_api import CudaOptions
+
+    try:
+        CudaOptions().with_devices(spec)
+    except ValueError:
+        return False
+    return True
 
 
 ENDPOINT_KEYS = ("publish.endpoint", "publish.extra_endpoints", "publish.snapshot_endpoint")

@@ -223,7 +223,7 @@ class Daemon:
     def run(self) -> int:
         """Run until the run is over or a stop is requested; 0 unless the engine failed."""
         self.start()
-        self.notifier.ready(self._status_line())
+        self.notifier.ready(self.status_line())
         self._engine = threading.Thread(target=self._engine_main, name="streamer-engine", daemon=True)
         self._engine.start()
         svc = self.config.service
@@ -242,16 +242,20 @@ class Daemon:
                             "the next start)", svc.drain_timeout)
                 self.abandoned = True
                 return 0
-            if ping and now >= next_ping and now - self._heartbeat < svc.stall_timeout:
+            if ping and now >= next_ping and not self.stalled(svc.stall_timeout):
                 self.notifier.watchdog()
                 next_ping = now + ping
             if now >= next_status:
-                self.notifier.status(self._status_line())
+                self.notifier.status(self.status_line())
                 next_status = now + svc.status_interval
-        self.notifier.stopping(self._status_line())
+        self.notifier.stopping(self.status_line())
         if self.failure is not None:
             return 1
         return 0
+
+    def stalled(self, timeout: float) -> bool:
+        """The engine has made no progress for `timeout` seconds (systemd's watchdog is then left to fire)."""
+        return time.monotonic() - self._heartbeat >= timeout
 
     def close(self) -> None:
         """Release everything (waits for the engine, so call it after `run` unless abandoning)."""
@@ -337,7 +341,7 @@ class Daemon:
             self.state = State.STOPPED
         self._refresh(final=True)
         self._send("run", "end", {"state": self.state.value, "reason": ending.reason, **self._status})
-        log.info("%s", self._status_line())
+        log.info("%s", self.status_line())
 
     # ------------------------------------------------------------------ files
 
@@ -677,7 +681,7 @@ class Daemon:
         """The counts as of the last commit or status refresh (`streamer.metrics.status_of`); any thread."""
         return self._status
 
-    def _status_line(self) -> str:
+    def status_line(self) -> str:
         s = self._status
         if not s:
             return f"{self.state.value}"

@@ -8,8 +8,9 @@ stage is asked for, and that package depends on the core, never the reverse.
 
 from __future__ import annotations
 
+import argparse
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import ModuleType
 
 
@@ -37,10 +38,13 @@ class GpuInfo:
 class CudaOptions:
     """How the GPU takes part in ABEA (f5c's names and defaults where f5c has them).
 
-    mem_frac None picks 0.9 of the free device memory, or 0.7 on integrated GPUs (Jetson),
-    whose memory is the host's. max_reads/max_bases are the batch caps K and B the batches
-    were assembled under; they are only recorded with each batch for the tuning monitor.
-    hmm False keeps the CpG HMM on the CPU while ABEA uses the GPU.
+    The ABEA arena holds one batch of max_reads/max_bases (the caps K and B the batches are
+    assembled under, also recorded with each batch for the tuning monitor) at avg_epk, with
+    room for the tuner to grow them when autotune is on (`streamer_gpu.memory`), capped at
+    mem_frac of the free device memory (None: 0.9, or 0.7 on integrated GPUs (Jetson), whose
+    memory is the host's). hmm False keeps the CpG HMM on the CPU while ABEA uses the GPU.
+    dev_ids, when given, are the GPUs batches are spread over (dev_id is then the first);
+    all_devices spreads them over every GPU of the host.
     """
 
     disable: bool = False
@@ -53,6 +57,31 @@ class CudaOptions:
     max_reads: int | None = None
     max_bases: int | None = None
     hmm: bool = True
+    autotune: bool = False
+    dev_ids: tuple[int, ...] = ()
+    all_devices: bool = False
+
+    def with_devices(self, spec: str) -> CudaOptions:
+        """These options on the GPUs of `--cuda-dev-id`: a number, a list (`0,1`) or `all`."""
+        if spec.strip() == "all":
+            return replace(self, all_devices=True)
+        ids = tuple(int(d) for d in spec.split(","))
+        if not ids or min(ids) < 0 or len(set(ids)) != len(ids):
+            raise ValueError(spec)
+        return replace(self, dev_id=ids[0], dev_ids=ids)
+
+    def devices(self, n_present: int) -> tuple[int, ...]:
+        """The GPUs to open on a host with n_present of them."""
+        return tuple(range(n_present)) if self.all_devices else self.dev_ids or (self.dev_id,)
+
+
+def device_spec(text: str) -> str:
+    """An argparse type for `--cuda-dev-id`: checked here, kept as text for `CudaOptions.with_devices`."""
+    try:
+        CudaOptions().with_devices(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a GPU number, a list of them (0,1) or all, not {text!r}") from None
+    return text
 
 
 @dataclass(frozen=True)

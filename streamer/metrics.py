@@ -64,6 +64,26 @@ def status_of(summary: Mapping[str, Any]) -> dict[str, Any]:
     return status
 
 
+def combined(statuses: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """The status of several runs in one daemon as one: counts summed, the slowest latency, the
+    state of the run furthest from done (running before finished), the first error."""
+    if not statuses:
+        return {}
+    out: dict[str, Any] = {name: sum(s[name] for s in statuses) for name in (*COUNTERS, "matched",
+                                                                             "waiting_for_signal",
+                                                                             "waiting_for_basecalls")}
+    out["bases_per_busy_s"] = out["bases"] / out["busy_s"] if out["busy_s"] else 0.0
+    called = [s for s in statuses if s["reads_called"]]
+    out["latency_mean_s"] = (sum(s["latency_mean_s"] * s["reads_called"] for s in called) / out["reads_called"]
+                             if called else 0.0)
+    out["latency_max_s"] = max(s["latency_max_s"] for s in statuses)
+    out["uptime_s"] = max(s["uptime_s"] for s in statuses)
+    order = ("failed", "running", "finishing", "new", "stopped", "finished")
+    out["state"] = min((s["state"] for s in statuses), key=lambda x: order.index(x) if x in order else len(order))
+    out["error"] = next((s["error"] for s in statuses if s.get("error")), None)
+    return out
+
+
 def render(status: Mapping[str, Any]) -> str:
     """The status as `streamer status` prints it: one line, then one line per group."""
     s = status

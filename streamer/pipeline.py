@@ -12,18 +12,22 @@ what it made in `batch.products[its name]`.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ContextManager, Protocol
 
 import numba
 import numpy as np
 
 from streamer.abea import align_batch
 from streamer.batch import CIGAR_M, ReadBatch, ReadInput, pack
+from streamer.device_pool import DevicePool
 from streamer.events import detect_events
 from streamer.gpu_api import AbeaBatchStats, CudaOptions, HmmBatchStats, gpu_module
 from streamer.io.fast5 import SignalRecord
@@ -31,6 +35,8 @@ from streamer.poremodel import PoreModel, load_kmer_model
 from streamer.postalign import recalibrate_batch
 from streamer.scaling import estimate_scalings
 from streamer.skips import Skip, Skipped
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -41,8 +47,45 @@ class PipelineOptions:
     cuda: CudaOptions = CudaOptions()
 
 
+@dataclass
+class GpuDevice:
+    """One GPU's stages: ABEA, the analyses' GPU parts (by stage name), the lock they take turns on.
+
+    `context` makes the device current on the calling thread for one batch (numba's
+    `cuda.gpus[dev_id]`; a no-op for the fakes of the tests).
+    """
+
+    dev_id: int
+    abea: Any  # streamer_gpu.abea.CudaAbea, or any object with its `align`
+    context: Callable[[], ContextManager] = contextlib.nullcontext
+    parts: dict[str, Any] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class GpuGroup:
+    """Every GPU's ABEA stage as one (`streamer.tuning.session.GpuStage`): a retune reaches each device.
+
+    The options are the first device's; each device keeps its own device number.
+    """
+
+    def __init__(self, devices: list[GpuDevice]):
+        self.devices = devices
+
+    @property
+    def options(self) -> CudaOptions:
+        return self.devices[0].abea.options
+
+    def retune(self, options: CudaOptions) -> None:
+        for device in self.devices:
+            device.abea.retune(replace(options, dev_id=device.dev_id))
+
+
 class Stage(Protocol):
-    """One step of the chain. `open` runs once, before the warm-up batch (models, devices)."""
+    """One step of the chain. `open` runs once, before the warm-up batch (models, devices).
+
+    A stage with GPU work opens its part on each of `pipeline.devices` into `device.parts[name]`
+    and uses `pipeline.device`'s (None: this batch, or this part of it, runs on the CPU).
+    """
 
     name: str  # its key in the batch's stage timings (and in `batch.products` for an analysis)
     chunk: int  # reads handed to a thread at a time
@@ -85,11 +128,12 @@ class AlignEvents(_CoreStage):
     def __call__(self, batch: ReadBatch, pipeline: Pipeline) -> None:
         args = (batch.seq, batch.seq_off, batch.ev_mean, batch.ev_off, batch.status, batch.shift, batch.scale,
                 pipeline.kmer_model)  # fmt: skip
-        if pipeline.gpu is None:
+        device = pipeline.device
+        if device is None:
             aln = align_batch(*args)
         else:
-            with pipeline.gpu_lock:
-                aln, batch.stats[self.name] = pipeline.gpu.align(*args)
+            with device.lock:
+                aln, batch.stats[self.name] = device.abea.align(*args)
         batch.aln_off, batch.aln_kmer, batch.aln_event = aln.aln_off, aln.aln_kmer, aln.aln_event
 
 
@@ -155,9 +199,14 @@ class Pipeline:
     """Models loaded and kernels compiled once; then `run_batch` batch after batch.
 
     `analyses` are the stages after the core's, in order. Batches may run on several threads
-    at once (`streamer call` overlaps them); the GPU stages, whose device buffers serve one
-    batch at a time, take turns on `gpu_lock`. `gpu` is the GPU ABEA stage, or None; an analysis
-    opens its own GPU part only when it is set.
+    at once (`streamer call` overlaps them). Each batch takes the least loaded of `devices`
+    (one per GPU of `options.cuda.devices`; none when ABEA runs on the CPU) for all its GPU
+    stages, whose device buffers serve one batch at a time and so take turns on the device's lock.
+
+    A CUDA error (device out of memory included) never loses a read: at start-up (the warm-up
+    batch, where a GPU another process filled first runs out) it drops that GPU, with one line,
+    and the process runs on the others or the CPU; in a batch, the stage that raised it and the
+    rest of that batch run on the CPU, with one line, and the next batch tries the GPU again.
     """
 
     def __init__(self, options: PipelineOptions = PipelineOptions(), analyses: list[Stage] | tuple[Stage, ...] = ()):
@@ -165,11 +214,26 @@ class Pipeline:
         self.kmer_model: PoreModel = load_kmer_model(options.kmer_model)  # any k; a caller checks its own model
         self.stages: list[Stage] = [stage() for stage in CORE_STAGES] + list(analyses)
         numba.set_num_threads(max(1, min(options.threads, numba.config.NUMBA_NUM_THREADS)))
-        self.gpu = gpu_module("").open_gpu(options.cuda)
-        self.gpu_lock = threading.Lock()
+        self.pool: DevicePool[GpuDevice] = DevicePool(open_devices(options.cuda))
+        self.gpu_lock = threading.Lock()  # for a GPU part set from outside (tests, benchmarks) with no device
+        self._local = threading.local()
         for stage in self.stages:
             stage.open(self)
         self._warm_up()
+
+    @property
+    def devices(self) -> list[GpuDevice]:
+        return self.pool.devices
+
+    @property
+    def gpu(self) -> GpuGroup | None:
+        """The GPUs' ABEA stages as the tuner retunes them, or None when ABEA runs on the CPU."""
+        return GpuGroup(self.devices) if self.devices else None
+
+    @property
+    def device(self) -> GpuDevice | None:
+        """The GPU the calling thread's batch runs on, or None where it runs on the CPU."""
+        return getattr(self._local, "device", None)
 
     def analysis(self, name: str) -> Stage | None:
         return next((s for s in self.stages if s.name == name), None)
@@ -178,17 +242,70 @@ class Pipeline:
         return self.run_batch(pack(reads))
 
     def run_batch(self, batch: ReadBatch) -> BatchResult:
+        i = self.pool.take()
+        try:
+            return self._run(batch, None if i is None else self.devices[i], recover=True)
+        finally:
+            self.pool.give(i)
+
+    def _run(self, batch: ReadBatch, device: GpuDevice | None, recover: bool) -> BatchResult:
         timings: dict[str, float] = {}
-        for stage in self.stages:
-            t0 = time.perf_counter()
-            with numba.parallel_chunksize(stage.chunk):
-                stage(batch, self)
-            timings[stage.name] = timings.get(stage.name, 0.0) + time.perf_counter() - t0
+        with device.context() if device is not None else contextlib.nullcontext():
+            for stage in self.stages:
+                t0 = time.perf_counter()
+                self._local.device = device
+                try:
+                    with numba.parallel_chunksize(stage.chunk):
+                        stage(batch, self)
+                except Exception as exc:
+                    if device is None or not recover or not is_cuda_error(exc):
+                        raise
+                    log.warning("GPU %d failed in the %s stage of a batch of %d reads (%s): the rest of the batch "
+                                "runs on the CPU", device.dev_id, stage.name, batch.n, exc)  # fmt: skip
+                    device = self._local.device = None
+                    with numba.parallel_chunksize(stage.chunk):
+                        stage(batch, self)
+                finally:
+                    self._local.device = None
+                timings[stage.name] = timings.get(stage.name, 0.0) + time.perf_counter() - t0
         return BatchResult(batch, skipped_of(batch), timings)
 
     def _warm_up(self) -> None:
-        """Compile (or load from cache) every kernel on a synthetic read before real data arrives."""
-        self.run_batch(pack([synthetic_read(self.kmer_model)]))
+        """Compile (or load from cache) every kernel on a synthetic read before real data arrives, on each GPU."""
+        failed = False
+        for i in reversed(range(len(self.devices))):
+            dev_id = self.devices[i].dev_id
+            try:
+                self._run(pack([synthetic_read(self.kmer_model)]), self.devices[i], recover=False)
+            except Exception as exc:
+                if not is_cuda_error(exc):
+                    raise
+                self.pool.drop(i)
+                where = "batches go to the other GPUs" if self.devices else "this process runs on the CPU"
+                log.warning("GPU %d failed at start-up (%s): %s", dev_id, exc, where)
+                failed = True
+        if failed:
+            gpu_module("").release_gpu()
+        if not self.devices:
+            self._run(pack([synthetic_read(self.kmer_model)]), None, recover=False)
+
+
+def open_devices(cuda: CudaOptions) -> list[GpuDevice]:
+    """The GPU ABEA stage on each of cuda's devices that has one to give (each failure said in one line)."""
+    if cuda.disable:
+        return []
+    gpu = gpu_module("")
+    devices = []
+    for dev_id in cuda.devices(gpu.count_gpus()):
+        abea = gpu.open_gpu(replace(cuda, dev_id=dev_id))
+        if abea is not None:
+            devices.append(GpuDevice(dev_id, abea, gpu.device_context(dev_id)))
+    return devices
+
+
+def is_cuda_error(exc: BaseException) -> bool:
+    """A failed launch, copy, allocation or module load on a GPU (asked only where a GPU stage ran)."""
+    return isinstance(exc, gpu_module("target").CUDA_ERRORS)
 
 
 def skipped_of(batch: ReadBatch) -> list[Skipped]:

@@ -58,6 +58,11 @@ class PorePipeline:
         return self.current.gpu if self.current is not None else None
 
     @property
+    def devices(self) -> list:
+        """The current pipeline's GPUs (`Pipeline.devices`): how many batches may run at once."""
+        return self.current.devices if self.current is not None else []
+
+    @property
     def options(self) -> CudaOptions | None:
         return self._cuda
 

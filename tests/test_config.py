@@ -125,7 +125,7 @@ def test_gpu_defaults_match_the_gpu_stage():
 
     g, c = config.Config().gpu, CudaOptions()
     assert (g.disable, g.device, g.mem_frac, g.avg_epk, g.max_lf, g.max_epk, g.ultra_thresh) == \
-        (c.disable, c.dev_id, c.mem_frac, c.avg_epk, c.max_lf, c.max_epk, c.ultra_thresh)
+        (c.disable, str(c.dev_id), c.mem_frac, c.avg_epk, c.max_lf, c.max_epk, c.ultra_thresh)
 
 
 def test_list_keys_from_the_file_and_repeated_flags(tmp_path):

@@ -33,6 +33,12 @@ def test_unit_settings(name):
     assert svc["ExecStart"].startswith("/opt/streamer/bin/streamer run --config /etc/streamer/streamer.yaml")
 
 
+def test_units_document_one_daemon_for_the_box_and_one_per_flow_cell():
+    box, per_cell = (UNITS / "streamer.service").read_text(), (UNITS / "streamer@.service").read_text()
+    assert "watch.each_run: true" in box and "streamer@.service" in box
+    assert "#MemoryMax=" in per_cell and "gpu.mem_frac" in per_cell and "watch.each_run" in per_cell
+
+
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
 def test_systemd_analyze_verify(tmp_path):
     """Verified as installed: ExecStart pointed at this environment's `streamer`, the template instantiated."""

@@ -18,7 +18,7 @@ from streamer.gpu_api import CudaOptions
 if TYPE_CHECKING:
     from streamer_gpu.abea import CudaAbea
 
-__all__ = ["open_gpu"]
+__all__ = ["count_gpus", "device_context", "open_gpu", "release_gpu"]
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +35,46 @@ def open_gpu(options: CudaOptions, bandwidth: int = 100) -> CudaAbea | None:
     if not cuda.is_available():
         log.info("no CUDA GPU found: ABEA runs on the CPU")
         return None
-    from streamer_gpu.abea import CudaAbea
+    from streamer_gpu.abea import CudaAbea, TooLittleMemory
     from streamer_gpu.target import CUDA_ERRORS
 
     try:
         return CudaAbea(options, bandwidth)
+    except TooLittleMemory as exc:
+        log.warning("too little free memory on GPU %d (%s): this process runs on the CPU", options.dev_id, exc)
     except CUDA_ERRORS as exc:
         log.warning("could not start ABEA on GPU %d (%s): ABEA runs on the CPU", options.dev_id, exc)
-        return None
+    return None
+
+
+def count_gpus() -> int:
+    """GPUs on this host (0 without numba-cuda or a GPU)."""
+    try:
+        from numba import cuda
+    except ImportError:
+        return 0
+    return len(cuda.gpus) if cuda.is_available() else 0
+
+
+def device_context(dev_id: int):
+    """What makes GPU dev_id current on a thread for one batch (and the previous one current after it)."""
+    from numba import cuda
+
+    return lambda: cuda.gpus[dev_id]
+
+
+def release_gpu() -> None:
+    """Give the memory of dropped GPU stages back to the driver now, not at numba's next flush."""
+    import gc
+
+    from numba import cuda
+
+    from streamer_gpu.target import CUDA_ERRORS
+
+    gc.collect()
+    try:
+        pending = getattr(cuda.current_context(), "deallocations", None)  # the simulator keeps none
+        if pending is not None:
+            pending.clear()
+    except CUDA_ERRORS as exc:
+        log.debug("GPU memory not given back (%s)", exc)

@@ -1,7 +1,7 @@
 """ABEA on the GPU: the device arena and the host launcher, with the CPU's answers.
 
-`CudaAbea` owns one device: at start-up it takes a fraction of the free device memory as
-one arena (f5c's heuristic pre-allocation: X bases and Y = avg_epk * X events), and per
+`CudaAbea` owns one device: at start-up it takes one arena sized for the configured batches
+(`streamer_gpu.memory`; f5c's heuristic partition: X bases and Y = avg_epk * X events), and per
 batch it splits the reads (`streamer_gpu.host.assign_reads`), packs and copies the GPU
 reads, runs the kernels while CPU threads align the reads the split gave the CPU, aligns
 ultra-long reads last, and merges everything back into batch order. Answers are identical
@@ -38,7 +38,9 @@ from streamer_gpu.host import (
     merge,
     read_params,
 )
-from streamer_gpu.target import CUDA_ERRORS
+from streamer_gpu.faults import from_env as fault_plan
+from streamer_gpu.memory import MODULE_BYTES, plan_memory
+from streamer_gpu.target import CUDA_ERRORS, SIMULATED
 from streamer.poremodel import PoreModel
 from streamer.scaling import F5C_CODES, require_dtype, require_nucleotide
 
@@ -142,6 +144,10 @@ class _GpuOutput:
                    np.zeros(0, np.uint8), [0.0] * 4, 0)  # fmt: skip
 
 
+class TooLittleMemory(Exception):
+    """The free device memory does not hold a useful arena beside the HMM (the message says how much)."""
+
+
 class CudaAbea:
     """One GPU's ABEA: arena, model on the device, compiled kernels; `align` a batch at a time."""
 
@@ -156,10 +162,13 @@ class CudaAbea:
         if arena_bytes is None:
             free, _ = cuda.current_context().get_memory_info()
             free = free if math.isfinite(free) else SIMULATED_FREE_BYTES
-            frac = options.mem_frac
-            if frac is None:
-                frac = 0.7 if getattr(device, "INTEGRATED", 0) else 0.9
-            arena_bytes = int(free * frac)
+            threads = getattr(device, "MULTIPROCESSOR_COUNT", 0) * getattr(device, "MAX_THREADS_PER_MULTI_PROCESSOR", 0)
+            plan = plan_memory(int(free), bool(getattr(device, "INTEGRATED", 0)), options, bandwidth, threads,
+                               0 if SIMULATED else MODULE_BYTES)  # fmt: skip
+            if plan.refused:
+                raise TooLittleMemory(plan.refused)
+            arena_bytes = plan.arena_bytes
+        self._faults = fault_plan()
         self.arena = Arena(arena_bytes, options.avg_epk, bandwidth)
         self._retuned: CudaOptions | None = None
         self._retune_lock = threading.Lock()
@@ -214,6 +223,7 @@ class CudaAbea:
         and the CPU threads are done with the rest, so that they hold neither back.
         """
         t_start = time.perf_counter()
+        self._faults.check("abea")
         require_nucleotide(model)
         for name, array in (("ev_mean", ev_mean), ("shift", shift), ("scale", scale)):
             require_dtype(name, array, np.float32)

@@ -10,14 +10,14 @@ target but no GPU.
 from __future__ import annotations
 
 from numba import config, cuda
-from numba.cuda.cudadrv.driver import CudaAPIError
+from numba.cuda.cudadrv.driver import CudaAPIError, LinkerError
 from numba.cuda.cudadrv.error import CudaSupportError
 
 from streamer.targets import IEEE_OPS, Target
 
 SIMULATED = bool(config.ENABLE_CUDASIM)
-# a failed launch, copy or allocation (device out of memory included): the batch goes to the CPU
-CUDA_ERRORS = (CudaAPIError, CudaSupportError)
+# a failed launch, copy, allocation (device out of memory included) or module load: the work goes to the CPU
+CUDA_ERRORS = (CudaAPIError, CudaSupportError, LinkerError)
 
 if SIMULATED:
     _OPS = IEEE_OPS

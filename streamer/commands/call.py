@@ -16,7 +16,7 @@ from typing import TextIO
 from streamer.batching import BatchLimits, UltraLong, plan_batches
 from streamer.errors import UsageError
 from streamer.commands._checks import numeric, removed_on_failure
-from streamer.gpu_api import CudaOptions
+from streamer.gpu_api import CudaOptions, device_spec
 from streamer.commands._inputs import (
     add_input_arguments,
     alignment_filter,
@@ -63,9 +63,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     gpu = p.add_argument_group("GPU (ABEA and the CpG HMM on an NVIDIA GPU when numba-cuda and a GPU are present)")
     gpu.add_argument("--disable-cuda", action="store_true", help="align and call on the CPU only")
     gpu.add_argument("--disable-cuda-hmm", action="store_true", help="run the CpG HMM on the CPU, ABEA on the GPU")
-    numeric(gpu, "--cuda-dev-id", key="gpu.device", default=CudaOptions.dev_id, help="GPU to use [%(default)s]")
+    gpu.add_argument("--cuda-dev-id", type=device_spec, default=str(CudaOptions.dev_id),
+                     help="GPU to use, a list of them (0,1) or all: batches go to the least loaded [%(default)s]")
     numeric(gpu, "--cuda-mem-frac", key="gpu.mem_frac", default=CudaOptions.mem_frac,
-            help="fraction of free GPU memory to take [0.9; 0.7 on integrated GPUs]")
+            help="most of the free GPU memory to take; the arena is sized for the batches "
+                 "[0.9; 0.7 on integrated GPUs]")
     numeric(gpu, "--cuda-avg-epk", key="gpu.avg_epk", default=CudaOptions.avg_epk,
             help="events per base the GPU memory is divided for [%(default)s]")
     numeric(gpu, "--cuda-max-lf", key="gpu.max_lf", default=CudaOptions.max_lf,
@@ -110,10 +112,10 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, compiling: bool) -> int:
     tuning = CallTuning.from_args(args)
     limits = tuning.limits(BatchLimits(max_reads=args.batchsize, max_bases=args.max_bases))
-    cuda = CudaOptions(disable=args.disable_cuda, dev_id=args.cuda_dev_id, mem_frac=args.cuda_mem_frac,
-                       avg_epk=args.cuda_avg_epk, max_lf=args.cuda_max_lf, max_epk=args.cuda_max_epk,
-                       ultra_thresh=args.ultra_thresh, max_reads=limits.max_reads, max_bases=limits.max_bases,
-                       hmm=not args.disable_cuda_hmm)
+    cuda = CudaOptions(disable=args.disable_cuda, mem_frac=args.cuda_mem_frac, avg_epk=args.cuda_avg_epk,
+                       max_lf=args.cuda_max_lf, max_epk=args.cuda_max_epk, ultra_thresh=args.ultra_thresh,
+                       max_reads=limits.max_reads, max_bases=limits.max_bases, hmm=not args.disable_cuda_hmm,
+                       autotune=args.autotune).with_devices(args.cuda_dev_id)
     filt = alignment_filter(args)
     summary = RunSummary(compiled=compiling)
     progress = sys.stderr.isatty()
@@ -249,8 +251,11 @@ def _here(args, stack, options, index, limits, filt, summary, output, written, t
         written(batch["calls"], batch["reads"])
         batch.update(calls=0, reads=0)
 
+    before = list(pipeline.pool.batches)  # the start-up's synthetic batch is not the run's
     run_batches(pipeline, islice(plans, output.resumed, None), ref, pool, summary, on_result, rows.render,
                 lambda skipped: _report(skipped, summary), runner, done)  # fmt: skip
+    for device, n, n0 in zip(pipeline.devices, pipeline.pool.batches, before):
+        summary.gpu[f"batches_on_gpu{device.dev_id}"] = n - n0
     tuning.finish()
     if ultra is not None and ultra.skip_to is not None:
         write_records(args.bam, ultra.skip_to, ultra.skipped_ids, filt)

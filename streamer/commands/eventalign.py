@@ -19,7 +19,7 @@ from streamer.commands._inputs import (
 )
 from streamer import registry
 from streamer.commands._checks import numeric, removed_on_failure
-from streamer.gpu_api import CudaOptions
+from streamer.gpu_api import CudaOptions, device_spec
 from streamer.io.alignments import iter_alignments
 from streamer.io.bamreads import open_basecalls
 from streamer.io.reference import Reference
@@ -46,7 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sam", action="store_true",
                    help="write SAM instead of TSV: each read's events aligned to the reference (nanopolish's format)")
     p.add_argument("--disable-cuda", action="store_true", help="align on the CPU only")
-    numeric(p, "--cuda-dev-id", key="gpu.device", default=CudaOptions.dev_id, help="GPU to use [%(default)s]")
+    p.add_argument("--cuda-dev-id", type=device_spec, default=str(CudaOptions.dev_id),
+                   help="GPU to use, a list of them (0,1) or all: batches go to the least loaded [%(default)s]")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,8 +59,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, compiling: bool) -> int:
     limits = BatchLimits(max_reads=args.batchsize, max_bases=args.max_bases)
-    cuda = CudaOptions(disable=args.disable_cuda, dev_id=args.cuda_dev_id, max_reads=limits.max_reads,
-                       max_bases=limits.max_bases, hmm=False)  # fmt: skip
+    cuda = CudaOptions(disable=args.disable_cuda, max_reads=limits.max_reads, max_bases=limits.max_bases,
+                       hmm=False).with_devices(args.cuda_dev_id)
     filt = alignment_filter(args)
     summary = RunSummary(compiled=compiling)
     with ExitStack() as stack:

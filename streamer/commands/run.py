@@ -1,4 +1,4 @@
-"""`streamer run`: the daemon. Watch a run folder and call methylation as its files land."""
+"""`streamer run`: the daemon. Watch a run folder (or several) and call methylation as its files land."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import yaml
 from streamer import config as configuration
 from streamer import registry
 from streamer.read_aligner import ReadAligner
-from streamer.daemon import Daemon
+from streamer.daemon import Daemon, PipelineLike
+from streamer.daemon_runs import RunSet, made_once, several_runs
 from streamer.errors import ConfigError, ModelError
 from streamer.gpu_api import CudaOptions
 from streamer.io.alignments import AlignmentFilter
@@ -31,7 +32,7 @@ from streamer.publish.security import CurveServer, load_public_keys, load_secret
 from streamer.tuning.session import AutoTuner, plan_config
 
 NAME = "run"
-HELP = "watch a run folder and call methylation on reads as their files land (the daemon)"
+HELP = "watch a run folder, or several, and call methylation on reads as their files land (the daemon)"
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg, plan = plan_config(configuration.load(args.config, configuration.overrides_from(args)))
+    if several_runs(cfg) and cfg.publish.endpoint:
+        # one stream carries one run id, one sequence per topic and one table's snapshots
+        raise ConfigError("publish.endpoint with several runs (watch.also, watch.each_run) is not supported: run one "
+                          "daemon per flow cell (systemd/streamer@.service) to publish each run's stream")
     check_output_free(cfg.output.dir)
     log.debug("configuration:\n%s", yaml.safe_dump(cfg.as_dict(), sort_keys=False).rstrip())
     notifier = Notifier()
@@ -62,10 +67,19 @@ def run(args: argparse.Namespace) -> int:
         reference = stack.enter_context(Reference(cfg.reference.genome))
         publisher = stack.enter_context(_publisher(cfg.publish)) if cfg.publish.endpoint else None
         gpu = pipeline if pipeline.gpu is not None else None  # it stands for the current pipeline's GPU stage
-        tuner = AutoTuner.for_gpu(plan, gpu, autotune=cfg.gpu.autotune, state_dir=cfg.state_dir(),
-                                  publish=publisher.publish_tuning if publisher is not None else None)
-        daemon = Daemon(cfg, pipeline, reference, make_aligner=make_aligner, publisher=publisher, notifier=notifier,
-                        tuner=tuner)
+        if several_runs(cfg):
+            # the tuner learns from one stream of batches: with several runs the caps stay as configured
+            aligner = made_once(make_aligner)
+
+            def make_daemon(run_cfg: configuration.Config, shared: PipelineLike) -> Daemon:
+                return Daemon(run_cfg, shared, reference, make_aligner=aligner)
+
+            daemon = RunSet(cfg, pipeline, make_daemon, notifier, slots=max(1, len(pipeline.devices)))
+        else:
+            tuner = AutoTuner.for_gpu(plan, gpu, autotune=cfg.gpu.autotune, state_dir=cfg.state_dir(),
+                                      publish=publisher.publish_tuning if publisher is not None else None)
+            daemon = Daemon(cfg, pipeline, reference, make_aligner=make_aligner, publisher=publisher,
+                            notifier=notifier, tuner=tuner)
         if cfg.service.metrics is not None:
             stack.callback(serve_metrics(cfg.service.metrics, lambda: daemon.status))
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -116,9 +130,10 @@ def model_files(p: configuration.PipelineConfig, pore: str | None,
 def cuda_options(cfg: configuration.Config) -> CudaOptions:
     """The GPU keys as the pipeline takes them (`gpu.disable_hmm` is `streamer call --disable-cuda-hmm`)."""
     g = cfg.gpu
-    return CudaOptions(disable=g.disable, dev_id=g.device, mem_frac=g.mem_frac, avg_epk=g.avg_epk, max_lf=g.max_lf,
+    return CudaOptions(disable=g.disable, mem_frac=g.mem_frac, avg_epk=g.avg_epk, max_lf=g.max_lf,
                        max_epk=g.max_epk, ultra_thresh=g.ultra_thresh, max_reads=cfg.batch.max_reads,
-                       max_bases=cfg.batch.max_bases, hmm=not g.disable_hmm)
+                       max_bases=cfg.batch.max_bases, hmm=not g.disable_hmm,
+                       autotune=g.autotune).with_devices(g.device)
 
 
 def _publisher(p: configuration.PublishConfig) -> Publisher:

@@ -44,7 +44,8 @@ def plan_config(cfg: Config) -> tuple[Config, Plan]:
     defaults = Config()
     values = {k: getattr(getattr(cfg, sec), key) for k, (sec, key) in CONFIG_KEYS.items()}
     given = user_set(values, {k: getattr(getattr(defaults, sec), key) for k, (sec, key) in CONFIG_KEYS.items()})
-    p = prepare(given, cfg.gpu.profile, dev_id=cfg.gpu.device, disable_cuda=cfg.gpu.disable,
+    dev_id = CudaOptions().with_devices(cfg.gpu.device).dev_id  # the profiles plan for the first GPU
+    p = prepare(given, cfg.gpu.profile, dev_id=dev_id, disable_cuda=cfg.gpu.disable,
                 state_dir=cfg.state_dir() if cfg.gpu.autotune else None)  # fmt: skip
     resolved = {**p.settings.as_dict(), "threads": p.threads, "mem_frac": p.mem_frac}
     for section in ("batch", "gpu", "pipeline"):
@@ -233,7 +234,8 @@ class CallTuning:
         """Plan from the profile, learned values (--autotune) and the flags given; the flags' values become the plan's."""
         given = {k: getattr(args, dest) for k, dest in CALL_ARGS.items() if getattr(args, dest) is not None}
         state_dir = (args.state_dir or user_state_dir()) if args.autotune else None
-        p = prepare(given, args.profile, dev_id=args.cuda_dev_id, disable_cuda=args.disable_cuda, state_dir=state_dir)
+        dev_id = CudaOptions().with_devices(args.cuda_dev_id).dev_id  # the profiles plan for the first GPU
+        p = prepare(given, args.profile, dev_id=dev_id, disable_cuda=args.disable_cuda, state_dir=state_dir)
         resolved = {**p.settings.as_dict(), "threads": p.threads, "mem_frac": p.mem_frac}
         for k, dest in CALL_ARGS.items():
             setattr(args, dest, resolved[k])

@@ -9,6 +9,8 @@ keeps empty calls, so the outputs made from calls stay as they are and the other
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from streamer.batch import ReadBatch
@@ -27,14 +29,14 @@ class CpgCaller:
     def __init__(self, calls: bool = True) -> None:
         self.calls = calls
         self.meth_model: PoreModel | None = None
-        self.gpu = None  # the GPU HMM, when ABEA is on a GPU and the HMM may follow it there
+        self.gpu = None  # a scorer set from outside (tests, benchmarks), used in place of the devices' GPU HMMs
 
     def open(self, pipeline: Pipeline) -> None:
         if not self.calls:
             return
         _, self.meth_model = load_default_models(pipeline.options.kmer_model, pipeline.options.meth_model)
-        if pipeline.gpu is not None:
-            self.gpu = open_gpu_hmm(pipeline.options.cuda)
+        for device in pipeline.devices:
+            device.parts[self.name] = open_gpu_hmm(replace(pipeline.options.cuda, dev_id=device.dev_id))
 
     def __call__(self, batch: ReadBatch, pipeline: Pipeline) -> None:
         if not self.calls:
@@ -45,13 +47,14 @@ class CpgCaller:
         with np.errstate(divide="ignore", invalid="ignore"):
             log_var = np.log(post.exact[:, 2])
         args = (batch, pipeline.kmer_model, self.meth_model, post.events_per_base)
-        gpu = self.gpu
+        device = pipeline.device
+        gpu = self.gpu if self.gpu is not None else device.parts.get(self.name) if device is not None else None
         if gpu is None:
             batch.products[CALLS] = call_methylation(*args, log_var=log_var)
             return
 
         def score_on_gpu(*jobs):
-            with pipeline.gpu_lock:
+            with device.lock if device is not None else pipeline.gpu_lock:
                 ll_u, ll_m, stats = gpu.score(*jobs)
             batch.stats.setdefault(self.name, stats)
             return ll_u, ll_m

@@ -31,6 +31,7 @@ from numba import cuda
 
 from streamer.gpu_api import HmmBatchStats
 from streamer_gpu.buffers import DeviceBuffers
+from streamer_gpu.faults import from_env as fault_plan
 from streamer_gpu.target import CUDA_ERRORS, DEVICE
 from streamer_plugins.cpg import hmm as cpu_hmm
 from streamer_plugins.cpg.hmm import SLOTS, flank_table, hmm_cells, read_transitions
@@ -83,6 +84,7 @@ class CudaHmm:
         self._stream = cuda.stream()
         self._buffers = DeviceBuffers()
         self._constants: dict[str, tuple[np.ndarray, cuda.devicearray.DeviceNDArray]] = {}
+        self._faults = fault_plan()
 
     def _constant(self, name: str, host: np.ndarray) -> cuda.devicearray.DeviceNDArray:
         """A read-only array (pore model, log-sum table) on the device, copied again only if it changes."""
@@ -95,6 +97,7 @@ class CudaHmm:
     def score(self, job_read, job_w0, job_w1, job_e1, job_e2, ref_seq, ref_seq_off, rc, ev_mean, ev_off, scalings,
               events_per_base, k, model, params, table) -> tuple[np.ndarray, np.ndarray, HmmBatchStats]:  # fmt: skip
         """`score_windows` on the GPU (and CPU threads for windows over max_kmers), plus the batch's measurements."""
+        self._faults.check("hmm")
         t0 = time.perf_counter()
         read, w0, length, e1, e2, cells, fits = pack_jobs(
             job_read, job_w0, job_w1, job_e1, job_e2, ref_seq_off, ev_off, k, self.max_kmers

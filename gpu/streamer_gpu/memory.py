@@ -1,0 +1,82 @@
+"""How much device memory a process takes: what its batches need, not what the GPU has.
+
+Several processes share one GPU (a daemon per flow cell, a `streamer call` beside a daemon), so
+the ABEA arena is sized from the batches this process will assemble (K reads, B bases,
+avg_epk events per base) and capped at `mem_frac` of the free memory; the rest of the process's
+device memory (the CpG HMM's buffers and the local memory its kernel launch reserves, the CUDA
+context) is counted before the arena is taken, so that a later launch does not run out. Pure
+arithmetic: `plan_memory` decides, `CudaAbea` allocates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from streamer.gpu_api import CudaOptions
+from streamer_gpu.host import MIN_MEAN_READ_LEN, SLOT_BYTES, bytes_per_base
+
+# batch caps when the caller gives none (`streamer.batching.BatchLimits`' defaults)
+DEFAULT_MAX_READS = 512
+DEFAULT_MAX_BASES = 5_000_000
+# the tuner (`streamer.tuning.controller`) grows B by 2x and avg_epk by 1.25x a step; with autotune on
+# the arena holds one step up of both, so the first grown batch still fits whole on the GPU (a
+# second step spills its excess reads to the CPU threads, which the tuner sees as memout and stops)
+AUTOTUNE_BASES = 2.0
+AUTOTUNE_EPK = 1.25
+# kernel modules loaded after the arena is taken, the model and the driver's small allocations
+# (the context itself is already counted out of the free memory measured)
+MODULE_BYTES = 256 << 20
+# local memory the CpG HMM kernel launch reserves per resident thread: its forward rows (6 x 224
+# float32); the driver reserves it for every thread the device can hold (2048 x 132 SMs on an H100:
+# 1.45 GB), at the first launch, which is where a process that took all the rest runs out
+HMM_LOCAL_BYTES_PER_THREAD = 6 * 224 * 4
+# the HMM's device buffers per base of the batch: the reference span (1 byte), events (4 bytes per
+# event), jobs (about 48 bytes each, at most one per 16 bases), grown by 5/4 when they are replaced
+HMM_BYTES_PER_BASE_AT_EPK = (1 + 48 / 16, 4)
+# below this share of one batch's bases on the GPU, the GPU no longer pays for itself
+MIN_BATCH_SHARE = 0.25
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """The arena's bytes, the rest of the process's device memory, and why the GPU is not used (or "")."""
+
+    arena_bytes: int
+    other_bytes: int
+    refused: str = ""
+
+
+def arena_bytes_for(max_reads: int, max_bases: int, avg_epk: float, bandwidth: int) -> int:
+    """Device bytes of an arena that holds one whole batch of max_bases bases and max_reads reads."""
+    extra_slots = max(0, max_reads - max_bases // MIN_MEAN_READ_LEN)
+    return int(max_bases * bytes_per_base(avg_epk, bandwidth)) + extra_slots * SLOT_BYTES
+
+
+def hmm_bytes_for(max_bases: int, avg_epk: float, resident_threads: int) -> int:
+    """The CpG HMM's device buffers for a batch of max_bases bases, and its kernel's local memory."""
+    per_base, per_event = HMM_BYTES_PER_BASE_AT_EPK
+    return int(max_bases * (per_base + per_event * avg_epk) * 5 / 4) + HMM_LOCAL_BYTES_PER_THREAD * resident_threads
+
+
+def plan_memory(free_bytes: int, integrated: bool, options: CudaOptions, bandwidth: int = 100,
+                resident_threads: int = 0, reserve_bytes: int = MODULE_BYTES) -> MemoryPlan:  # fmt: skip
+    """The arena for options' batches within mem_frac (default 0.9, 0.7 on integrated GPUs) of free_bytes.
+
+    The HMM's memory (for resident_threads threads of its kernel) and reserve_bytes come off the
+    cap first. An arena smaller than a quarter of what one batch needs is refused: the process
+    runs on the CPU (the GPU would align too few reads to pay for itself, and waiting for memory
+    another process holds could wait for days).
+    """
+    frac = options.mem_frac if options.mem_frac is not None else (0.7 if integrated else 0.9)
+    max_reads = options.max_reads or DEFAULT_MAX_READS
+    max_bases = options.max_bases or DEFAULT_MAX_BASES
+    epk = options.avg_epk
+    if options.autotune:
+        max_reads, max_bases, epk = int(max_reads * AUTOTUNE_BASES), int(max_bases * AUTOTUNE_BASES), epk * AUTOTUNE_EPK
+    want = arena_bytes_for(max_reads, max_bases, epk, bandwidth)
+    other = reserve_bytes + (hmm_bytes_for(max_bases, epk, resident_threads) if options.hmm else 0)
+    room = int(free_bytes * frac) - other
+    if room < want * MIN_BATCH_SHARE:
+        return MemoryPlan(0, other, f"{free_bytes / 1e9:.2f} GB free, {frac:g} of it leaves "
+                                    f"{max(room, 0) / 1e9:.2f} GB for a {want / 1e9:.2f} GB arena")  # fmt: skip
+    return MemoryPlan(min(want, room), other)

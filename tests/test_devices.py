@@ -1,0 +1,106 @@
+"""Every GPU of a host: batches go to the least loaded device, results come back in input order
+(fake devices: several GPUs are not at hand, and the choice is the same for any device object)."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from streamer import batch_runner
+from streamer.abea import align_batch
+from streamer.device_pool import DevicePool
+from streamer.gpu_api import CudaOptions
+from streamer.io.reference import Reference
+from streamer.pipeline import GpuDevice, Pipeline, PipelineOptions
+from streamer.summary import RunSummary
+from streamer_plugins.cpg.caller import CpgCaller
+from conftest import ECOLI, REFERENCE
+from streamer.batching import BatchLimits, plan_batches
+from streamer.io.alignments import AlignmentFilter, AlignmentRecord, iter_alignments
+from streamer.io.fastx import load_basecalls
+from streamer.io.index import open_index
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory):
+    """The fixture's reads planned one to a batch."""
+    reads = tmp_path_factory.mktemp("devices") / "reads.fasta"
+    reads.write_bytes((ECOLI / "reads.fasta").read_bytes())
+    filt = AlignmentFilter()
+    wanted = {a.read_id for a in iter_alignments(ECOLI / "reads.bam", filt) if isinstance(a, AlignmentRecord)}
+    index = open_index(reads, [ECOLI / "fast5"])
+    return list(plan_batches(iter_alignments(ECOLI / "reads.bam", filt), load_basecalls(reads, wanted), index,
+                             BatchLimits(1), "r"))  # fmt: skip
+
+
+def test_the_least_loaded_device_takes_the_batch_lowest_index_first():
+    pool = DevicePool(["gpu0", "gpu1", "gpu2"])
+    assert [pool.take() for _ in range(4)] == [0, 1, 2, 0]
+    pool.give(1)
+    pool.give(2)
+    assert pool.take() == 1  # loads (2, 0, 0)
+    assert pool.take() == 2
+    assert pool.load == [2, 1, 1] and pool.batches == [2, 2, 2]
+    pool.drop(0)
+    assert pool.devices == ["gpu1", "gpu2"] and pool.take() == 0
+
+
+def test_no_device_no_choice():
+    pool = DevicePool([])
+    assert pool.take() is None
+    pool.give(None)
+
+
+def test_device_lists_and_all():
+    base = CudaOptions()
+    assert base.devices(4) == (0,)
+    assert base.with_devices("2").devices(4) == (2,)
+    assert base.with_devices("0,1").devices(4) == (0, 1) and base.with_devices("0,1").dev_id == 0
+    assert base.with_devices("all").devices(3) == (0, 1, 2)
+    for bad in ("-1", "0,0", "x", ""):
+        with pytest.raises(ValueError):
+            base.with_devices(bad)
+
+
+class FakeAbea:
+    """A device's ABEA that aligns on the CPU, once `parties` batches are in flight on the devices at once."""
+
+    def __init__(self, dev_id: int, meeting: threading.Barrier, seen: list):
+        self.dev_id, self.meeting, self.seen = dev_id, meeting, seen
+
+    def align(self, *args):
+        self.meeting.wait(timeout=60)
+        self.seen.append(self.dev_id)
+        return align_batch(*args), None
+
+
+def test_batches_spread_over_n_devices_and_results_in_input_order(plans):
+    n = 3
+    work = plans[: n * (len(plans) // n)]
+    assert len(work) >= 2 * n
+    options = PipelineOptions(threads=1, cuda=CudaOptions(disable=True))
+    alone = Pipeline(options, [CpgCaller()])
+    spread = Pipeline(options, [CpgCaller()])
+    meeting, seen = threading.Barrier(n), []
+    spread.pool = DevicePool([GpuDevice(d, FakeAbea(d, meeting, seen)) for d in range(n)])
+
+    def run(pipeline: Pipeline, threads: int) -> list:
+        got: list = []
+        with Reference(REFERENCE) as ref, ThreadPoolExecutor(2) as pool:
+            batch_runner.run_batches(pipeline, iter(work), ref, pool, RunSummary(),
+                                     lambda result, rendered: got.append(result) or 0,
+                                     options=batch_runner.RunnerOptions(compute_threads=threads, ahead=n))  # fmt: skip
+        return got
+
+    expected, ours = run(alone, 1), run(spread, n)
+    # n batches in flight at once each took a device of its own: every device did its share
+    assert sorted(seen) == sorted(list(range(n)) * (len(work) // n))
+    assert spread.pool.batches == [len(work) // n] * n and spread.pool.load == [0] * n
+    assert [r.read_ids for r in ours] == [r.read_ids for r in expected]
+    for a, b in zip(ours, expected):
+        for name in ("aln_off", "aln_kmer", "aln_event", "status"):
+            assert np.array_equal(getattr(a.batch, name), getattr(b.batch, name))
+        assert a.products["calls"].llr.tobytes() == b.products["calls"].llr.tobytes()

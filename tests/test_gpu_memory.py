@@ -1,0 +1,75 @@
+"""GPU memory that coexists: the ABEA arena is what the configured batches need, within mem_frac of
+the free memory beside the HMM's, and a GPU with too little left is refused (the process runs on the CPU)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("numba.cuda")
+
+from streamer.gpu_api import CudaOptions  # noqa: E402
+from streamer_gpu.host import arena_capacity, bytes_per_base  # noqa: E402
+from streamer_gpu.memory import (  # noqa: E402
+    HMM_LOCAL_BYTES_PER_THREAD,
+    MODULE_BYTES,
+    arena_bytes_for,
+    hmm_bytes_for,
+    plan_memory,
+)
+
+GB = 10**9
+H100_THREADS = 132 * 2048
+
+
+def test_the_arena_holds_one_whole_batch_and_no_more():
+    opts = CudaOptions(max_reads=512, max_bases=5_000_000)
+    plan = plan_memory(80 * GB, False, opts, 100, H100_THREADS)
+    assert not plan.refused and plan.arena_bytes == arena_bytes_for(512, 5_000_000, 2.0, 100)
+    cap = arena_capacity(plan.arena_bytes, 2.0, 100)
+    assert cap.bases >= 5_000_000 - 1 and cap.reads >= 512
+    assert plan.arena_bytes < 2 * GB  # not 0.9 of the 80 GB: other processes fit beside it
+
+
+def test_many_processes_fit_where_the_first_took_all_before():
+    """The issue's H200 (141 GB free): a second process used to find 14 GB and run out at the HMM launch."""
+    opts = CudaOptions(max_reads=4096, max_bases=20_000_000)
+    free = 141 * GB
+    for _ in range(8):  # one per flow cell of a GridION and then some
+        plan = plan_memory(free, False, opts, 100, H100_THREADS)
+        assert not plan.refused
+        free -= plan.arena_bytes + plan.other_bytes
+    assert free > 0
+
+
+def test_the_cap_is_mem_frac_of_the_free_memory_less_the_hmm():
+    opts = CudaOptions(max_bases=5_000_000, mem_frac=0.5)
+    want = arena_bytes_for(512, 5_000_000, 2.0, 100)
+    free = int(1.5 * want)
+    plan = plan_memory(free, False, opts, 100, 1000, reserve_bytes=0)
+    hmm = hmm_bytes_for(5_000_000, 2.0, 1000)
+    assert plan.other_bytes == hmm and plan.arena_bytes == int(free * 0.5) - hmm < want
+    # the HMM's local memory is counted for every thread the device holds
+    assert hmm_bytes_for(0, 2.0, H100_THREADS) == HMM_LOCAL_BYTES_PER_THREAD * H100_THREADS > GB
+
+
+def test_too_little_free_memory_is_refused_with_the_numbers():
+    plan = plan_memory(2 * GB, False, CudaOptions(max_bases=20_000_000), 100, H100_THREADS)
+    assert plan.arena_bytes == 0 and "2.00 GB free" in plan.refused and "arena" in plan.refused
+
+
+def test_no_hmm_no_hmm_memory():
+    opts = CudaOptions(hmm=False)
+    assert plan_memory(80 * GB, False, opts, 100, H100_THREADS).other_bytes == MODULE_BYTES
+
+
+def test_autotune_leaves_the_tuner_one_step_of_room():
+    fixed = plan_memory(80 * GB, False, CudaOptions(max_bases=5_000_000), 100)
+    tuned = plan_memory(80 * GB, False, CudaOptions(max_bases=5_000_000, autotune=True), 100)
+    assert tuned.arena_bytes == arena_bytes_for(1024, 10_000_000, 2.5, 100)
+    assert tuned.arena_bytes > 2 * fixed.arena_bytes
+    assert bytes_per_base(2.5, 100) > bytes_per_base(2.0, 100)
+
+
+def test_integrated_gpus_default_to_a_smaller_share():
+    opts = CudaOptions(max_bases=50_000_000)
+    assert plan_memory(8 * GB, True, opts, 100).arena_bytes < plan_memory(8 * GB, False, opts, 100).arena_bytes
