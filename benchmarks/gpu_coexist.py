@@ -67,7 +67,8 @@ def calls_part(rep: Path, ref: Path, small: list, work: Path, half: int) -> dict
     out["small_gpu_s"] = finish(p, t0, work / "small_gpu.log")
     t_all = time.perf_counter()
     procs = [start([*big, "-o", work / f"pair{i}.tsv"], work / f"pair{i}.log") for i in range(2)]
-    tiny = start([*small, "--cuda-mem-frac", "0.0001", "-o", work / "tiny.tsv"], work / "tiny.log")
+    # 1% of an H200's free memory is 1.4 GB: too little for batches of 400 Mbases
+    tiny = start([*small, "--cuda-mem-frac", "0.01", "-B", "400000000", "-o", work / "tiny.tsv"], work / "tiny.log")
     out["pair_s"] = [finish(p, t0, work / f"pair{i}.log") for i, (p, t0) in enumerate(procs)]
     out["tiny_s"] = finish(*tiny, work / "tiny.log")
     out["together_s"] = time.perf_counter() - t_all
@@ -99,7 +100,8 @@ def runs_part(rep: Path, ref: Path, work: Path, threads: int, extra: tuple = (),
         p, t0 = start(["call", "-r", rep / "pod5" / "reads.fasta", "-b", rep / "reads.bam", "-g", ref, "-t", threads,
                        "--signal", run / "pod5", "-o", work / f"{run.name}.call.tsv"], work / f"{run.name}.call.log")
         out[f"{run.name}_call_s"] = finish(p, t0, work / f"{run.name}.call.log")
-    common = ["-g", ref, "-t", threads, "--grace", "0.5", "--settle", "0.2", "--poll-interval", "0.2", *extra]
+    common = ["-g", ref, "-t", threads, "--grace", "0.5", "--settle", "0.2", "--poll-interval", "0.2",
+              "--basecalls", "bam", "-K", "512", *extra]
     alone_dir, both_dir = work / f"alone{label}", work / f"both{label}"
     p, t0 = start(["run", "--watch", folders[0], "-o", alone_dir, *common], work / f"alone{label}.log")
     out["alone_s"] = finish(p, t0, work / f"alone{label}.log")
@@ -124,7 +126,7 @@ def runs_part(rep: Path, ref: Path, work: Path, threads: int, extra: tuple = (),
 
 def gpus_part(rep: Path, ref: Path, work: Path, threads: int) -> dict:
     """`--cuda-dev-id all` against one GPU, the same input; then with a CUDA error injected on each device."""
-    big = ["call", "-r", rep / "pod5" / "reads.fasta", "-b", rep / "reads.bam", "-g", ref, "-t", threads]
+    big = ["call", "-r", rep / "pod5" / "reads.fasta", "-b", rep / "reads.bam", "-g", ref, "-t", threads, "-K", "256"]
     out: dict = {}
     for label, flags in (("one", ["--cuda-dev-id", "0"]), ("all", ["--cuda-dev-id", "all"]),
                          ("one_again", ["--cuda-dev-id", "0"]), ("all_again", ["--cuda-dev-id", "all"])):
