@@ -86,6 +86,8 @@ BEDMETHYL = "meth.bed"
 MODKIT_BED = "modkit.bed"  # dorado's MM/ML calls aggregated as `modkit pileup`
 MODCALL_THRESHOLDS = "modcall_thresholds"  # ledger meta: the pass thresholds estimated for the run
 UNREADABLE = -1  # the ledger's call count of a BAM whose calls could not be read
+MODCALL_CHECKPOINT = "modkit-counts.pickle"  # in the state folder
+MODCALL_CHECKPOINT_S = 300.0  # a checkpoint costs a write of the whole table (GBs for a human genome)
 SUMMARY_JSON = "summary.json"
 EVENTALIGN_TSV = "eventalign.tsv"
 EVENTALIGN = "eventalign"  # the eventalign stage's product
@@ -166,6 +168,10 @@ class Daemon:
             filter_threshold=mc.filter_threshold, filter_percentile=mc.filter_percentile, no_filtering=mc.no_filtering,
             cpg=mc.cpg, combine_strands=mc.combine_strands, ignore=mc.ignore, combine_mods=mc.combine_mods,
         ) if mc.enabled else None
+        self._modcall_checkpoint = config.state_dir() / MODCALL_CHECKPOINT
+        self._modcall_files: set[tuple[int, int, int]] = set()  # (file id, size, mtime) of the BAMs in the table
+        self._modcalls_saved: set[tuple[int, int, int]] = set()  # those the checkpoint holds
+        self._next_modcall_checkpoint = time.monotonic() + MODCALL_CHECKPOINT_S
         self.cache = BasecallCache(config.join.max_pending_bases, self._filter)
         end = config.end
         self.end = EndOfRun(end.final_summary_grace, end.idle_timeout, end.follow, end.stop_file)
@@ -357,35 +363,57 @@ class Daemon:
     # ------------------------------------------------------------------ dorado's modified-base calls
 
     def _load_modcalls(self) -> None:
-        """The modkit table from the BAMs the ledger says are counted, then any registered BAM not yet
-        counted (a kill came between its registration and its count)."""
+        """The modkit table as the ledger says it was (from its checkpoint and the BAMs counted after
+        it), then any registered BAM not yet counted (a kill came between its registration and its count)."""
         if self.modcalls is None:
             return
         saved = self.ledger.meta(MODCALL_THRESHOLDS)
         if saved is not None:
             self.modcalls.restore_thresholds(saved)
-        self._rebuild_modcalls()
+        self._rebuild_modcalls(checkpoint=True)
         self._count_modcalls()
         self.modcalls.take_changes()  # the publisher's updates are of sites changed from here on
 
-    def _rebuild_modcalls(self) -> None:
-        """The table from the counted BAMs alone. One that cannot be read through any more is recorded
-        as unreadable (one line), and the table rebuilt without it: counts cannot be taken back."""
+    def _rebuild_modcalls(self, checkpoint: bool = False) -> None:
+        """The table from the counted BAMs alone: from the checkpoint if it holds only files the ledger
+        still has as counted (as they are now), then the others. One that cannot be read through any
+        more is recorded as unreadable (one line), and the table rebuilt without it: counts cannot be
+        taken back."""
         while True:
+            recorded = self.ledger.modcall_files()
             self.modcalls.reset()
-            for fid, path, size, mtime_ns in self.ledger.modcall_files():
+            self._modcall_files = set()
+            held = self.modcalls.load(self._modcall_checkpoint) if checkpoint else None
+            if held is not None and set(held) <= {(f, size, mtime) for f, _, size, mtime in recorded}:
+                self._modcall_files = set(held)
+                self._modcalls_saved = set(held)
+                log.info("%s: the counts of %d BAMs restored from the checkpoint", MODKIT_BED, len(held))
+            elif held is not None:
+                self.modcalls.reset()
+            for fid, path, size, mtime_ns in recorded:
+                if (fid, size, mtime_ns) in self._modcall_files:
+                    continue
                 self._beat()
                 try:
                     self.modcalls.add_file(path)
                 except (InputError, OSError) as exc:
                     self._unreadable(fid, path, size, mtime_ns, exc)
                     break
+                self._modcall_files.add((fid, size, mtime_ns))
             else:
                 return
+            checkpoint = False
 
-    def _unreadable(self, fid: int, path: Path, size: int, mtime_ns: int, exc: Exception) -> None:
-        log.warning("%s: its modified-base calls are not counted: %s", path, exc)
-        self.ledger.record_modcalls(fid, size, mtime_ns, 0, UNREADABLE)
+    def _save_modcalls(self, final: bool) -> None:
+        """A checkpoint of the counts, every `MODCALL_CHECKPOINT_S` and at exit, when files were counted
+        since the last: a restart then reads only the BAMs counted after it, not the whole run again."""
+        if self.modcalls is None or self._modcall_files == self._modcalls_saved or self.modcalls.counts is None:
+            return
+        if not final and time.monotonic() < self._next_modcall_checkpoint:
+            return
+        self.modcalls.save(self._modcall_checkpoint, sorted(self._modcall_files))
+        self._modcalls_saved = set(self._modcall_files)
+        self._next_modcall_checkpoint = time.monotonic() + MODCALL_CHECKPOINT_S
 
     def _count_modcalls(self) -> None:
         """Count each registered BAM not counted yet, then record it: the table holds each file once.
@@ -411,6 +439,8 @@ class Daemon:
                 self._rebuild_modcalls()
                 continue
             self.ledger.record_modcalls(fid, size, mtime_ns, n_reads, n_calls)
+            if n_calls:
+                self._modcall_files.add((fid, size, mtime_ns))
             if n_calls:
                 log.info("%s: %d modified-base calls of %d reads counted into %s", path, n_calls, n_reads, MODKIT_BED)
         if self.publish is not None:
@@ -667,6 +697,7 @@ class Daemon:
             if table is not None:
                 table.dirty |= final
                 table.refresh()
+        self._save_modcalls(final)
         self._refresh_status()
         write_atomic(out / SUMMARY_JSON, json.dumps(self.summary(), indent=2) + "\n")
         self._send("status", self._status)

@@ -109,6 +109,24 @@ def test_without_signal_files_and_with_fixed_options(modbam, tmp_path):
     assert summary["pileup_options"] == "--cpg --combine-strands --filter-threshold 0.6"
 
 
+def test_a_restart_takes_the_counts_from_the_checkpoint_and_counts_only_new_bams(modbam, tmp_path):
+    live, out = tmp_path / "live", tmp_path / "out"
+    files = split_bam(modbam, live / "bam_pass")
+    for f in files[:-1]:
+        f.rename(live / "bam_pass" / f.name.lstrip("."))
+    (live / "final_summary_x.txt").write_text("done\n")
+    first = subprocess.run(streamer("run", *daemon_flags(live, out)), capture_output=True, text=True, timeout=TIMEOUT)
+    assert first.returncode == 0, first.stderr
+    assert (out / ".streamer" / "modkit-counts.pickle").exists()
+    files[-1].rename(live / "bam_pass" / files[-1].name.lstrip("."))
+    again = subprocess.run(streamer("run", *daemon_flags(live, out)), capture_output=True, text=True, timeout=TIMEOUT)
+    assert again.returncode == 0, again.stderr
+    assert f"the counts of {len(files) - 1} BAMs restored from the checkpoint" in again.stderr
+    counted = [line for line in again.stderr.splitlines() if "counted into modkit.bed" in line]
+    assert len(counted) == 1 and files[-1].name.lstrip(".") in counted[0]
+    check_table(out, live, tmp_path)
+
+
 def test_kill_9_and_restart_count_each_bam_once(modbam, tmp_path):
     seed = int(os.environ.get("STREAMER_KILL_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)

@@ -6,13 +6,16 @@ The daemon decides which files are counted, once each, through its ledger; this 
 counts what it is given (`add_file`), renders the whole table on `refresh`, and hands the
 rows a file changed to the publisher (`take_changes`, absolute counts, as bedMethyl text says
 them). Counts are a pure function of the set of files added, so a restart rebuilds the table
-by adding the ledger's files again (`reset` first when a file must be taken back).
+from its checkpoint (`save`, `load`: the counts with the files they hold) and the files counted
+after it, or by adding the ledger's files again (`reset` first when a file must be taken back).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import pickle
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,6 +34,7 @@ from streamer_plugins.modbase.reader import BamInputs, Sampling, estimate_thresh
 log = logging.getLogger(__name__)
 
 BATCH_READS = 2000
+CHECKPOINT_VERSION = 1
 # bedMethyl columns as published (`meth.freq` version 2, source "dorado"); 4 is the mod code
 FIELDS = ("chromosome", "start", "end", "mod_code", "score", "strand", "valid_coverage", "percent_modified",
           "count_modified", "count_canonical", "count_other_mod", "count_delete", "count_fail", "count_diff",
@@ -107,6 +111,7 @@ class LiveModTable(BaseSink):
         self.dirty = False
         self._changed: list[np.ndarray] = []
         self.lock = threading.Lock()  # the publisher's thread renders snapshots while files are added
+        self._contigs: list[tuple[str, int]] = []
 
     # ------------------------------------------------------------------ thresholds
 
@@ -160,19 +165,56 @@ class LiveModTable(BaseSink):
 
     def _counts_for(self, bam: Path, contigs: list[tuple[str, int]]) -> PileupCounts:
         if self.counts is None:
-            motifs = parse_motifs(None, self.options.cpg)
-            sites = None
-            if motifs:
-                reference = load_reference(self.reference, [n for n, _ in contigs])
-                sites = {name: contig_sites(motifs, seq, self.options.combine_strands)
-                         for name, seq in reference.items()}  # fmt: skip
+            sites = self._set_layout(contigs)
             options = CallOptions(self.thresholds, self.ignore, self.options.combine_mods)
             self.counts = PileupCounts(contigs, options, sites)
-            self.layout = Layout(tuple(motifs), sites, self.options.combine_strands)
-            self._contigs = contigs
         elif contigs != self._contigs:
             raise InputError(bam, "its contigs differ from those of the run's first BAM; its calls are not counted")
         return self.counts
+
+    def _set_layout(self, contigs: list[tuple[str, int]]):
+        """The motif sites of the contigs (None without `cpg`) and the rows' layout."""
+        motifs = parse_motifs(None, self.options.cpg)
+        sites = None
+        if motifs:
+            reference = load_reference(self.reference, [n for n, _ in contigs])
+            sites = {name: contig_sites(motifs, seq, self.options.combine_strands) for name, seq in reference.items()}
+        self.layout = Layout(tuple(motifs), sites, self.options.combine_strands)
+        self._contigs = contigs
+        return sites
+
+    # ------------------------------------------------------------------ checkpoint
+
+    def save(self, path: Path, files: object) -> None:
+        """The counts, with `files` (what the caller says they hold), replacing `path` whole."""
+        with self.lock:
+            state = {"version": CHECKPOINT_VERSION, "options": self.options, "thresholds": self.thresholds_text,
+                     "contigs": self._contigs, "counts": self.counts, "files": files}
+            data = pickle.dumps(state, protocol=5)
+        tmp = path.with_name(f".{path.name}.tmp")
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+
+    def load(self, path: Path) -> object | None:
+        """The counts a checkpoint of this run holds, and the `files` saved with them; None (and the
+        counts untouched) when there is none, or it was made with other options or thresholds."""
+        try:
+            state = pickle.loads(Path(path).read_bytes())
+        except FileNotFoundError:
+            return None
+        except Exception as exc:  # noqa: BLE001 - a damaged checkpoint is rebuilt from the BAMs
+            log.warning("%s: not a usable checkpoint (%s); the counts are rebuilt from the BAMs", path, exc)
+            return None
+        if (state.get("version") != CHECKPOINT_VERSION or state["options"] != self.options
+                or state["thresholds"] != self.thresholds_text or state["counts"] is None):
+            return None
+        self.counts = state["counts"]
+        self._set_layout(state["contigs"])
+        self.dirty = True
+        return state["files"]
 
     def _note(self, counts: PileupCounts) -> None:
         if self.track_changes and len(counts.touched):
