@@ -745,6 +745,9 @@ class Daemon:
             "eventalign_rows": counters.get("eventalign_rows", 0) if self.eventalign is not None else None,
             "modbam": self.ledger.modbam_counts() if self.modbams is not None else None,
             "modcalls": self._modcalls_summary(),
+            "publish": {"endpoints": list(getattr(self.publisher, "endpoints", ())),
+                        "snapshot": getattr(self.publisher, "snapshot_endpoint", None)}
+            if self.publisher is not None else None,
             "files": self.ledger.file_counts(),
             "rejected_files": [{"path": p, "kind": k, "reason": r} for p, k, r in self.ledger.rejected_files()],
             "throughput": {

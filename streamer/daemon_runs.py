@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from streamer.config import Config
 from streamer.daemon import Daemon, PipelineLike
-from streamer.errors import StreamerError
+from streamer.errors import ConfigError, StreamerError
 from streamer.fair import SharedPipeline
 from streamer.metrics import combined
 from streamer.notify import Notifier
@@ -57,13 +57,37 @@ def several_runs(cfg: Config) -> bool:
     return cfg.watch.each_run or bool(cfg.watch.also)
 
 
+RUN_NAME = "{run}"  # in a publish endpoint: the run folder's name
+
+
+def check_publishing(cfg: Config) -> None:
+    """With several runs each run publishes its own stream (its run id, sequences and snapshots), so
+    every endpoint must differ between runs: `{run}` in it, or a port the system picks (`:*`, the
+    bound address is logged and in the run's summary.json)."""
+    p = cfg.publish
+    given = [("publish.endpoint", p.endpoint), *(("publish.extra_endpoints", e) for e in p.extra_endpoints),
+             ("publish.snapshot_endpoint", p.snapshot_endpoint)]
+    for key, endpoint in given:
+        if endpoint and RUN_NAME not in endpoint and not endpoint.endswith(":*"):
+            raise ConfigError(f"{key} {endpoint}: with several runs each run publishes its own stream: put "
+                              f"{RUN_NAME} in it (ipc:///run/streamer/{RUN_NAME}.sock) or let the port be chosen "
+                              "(tcp://127.0.0.1:*)")
+
+
+def _for_run(endpoint: str | None, name: str) -> str | None:
+    return endpoint.replace(RUN_NAME, name) if endpoint else endpoint
+
+
 def run_config(cfg: Config, run_dir: Path) -> Config:
     """The configuration of one of several runs: its folder watched, its outputs and state under its name."""
     out = cfg.output.dir / run_dir.name
     out.mkdir(parents=True, exist_ok=True)
     state = cfg.output.state_dir / run_dir.name if cfg.output.state_dir is not None else None
+    p = cfg.publish
+    publish = replace(p, endpoint=_for_run(p.endpoint, run_dir.name), snapshot_endpoint=_for_run(
+        p.snapshot_endpoint, run_dir.name), extra_endpoints=tuple(_for_run(e, run_dir.name) for e in p.extra_endpoints))
     return replace(cfg, watch=replace(cfg.watch, dir=run_dir, also=(), each_run=False),
-                   output=replace(cfg.output, dir=out, state_dir=state))  # fmt: skip
+                   output=replace(cfg.output, dir=out, state_dir=state), publish=publish)  # fmt: skip
 
 
 class RunSet:

@@ -3,6 +3,7 @@ output folder and ledger, each giving the rows of `streamer call` on its reads."
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -12,8 +13,10 @@ from conftest import REFERENCE
 from daemon_support import rows
 from test_daemon_e2e import TIMEOUT, daemons, expected, fixture_copy, replay, summary  # noqa: F401
 
+from streamer import config
 from streamer.config import load
-from streamer.daemon_runs import made_once, run_config, run_folders
+from streamer.daemon_runs import check_publishing, made_once, run_config, run_folders
+from streamer.replay import Replayer, ReplayOptions, load_source
 
 
 def test_two_given_run_folders_give_each_the_rows_of_streamer_call(fixture_copy, expected, daemons,  # noqa: F811
@@ -83,7 +86,7 @@ def test_the_runs_share_one_aligner_made_by_the_first_that_needs_it():
     assert len(made) == 1 and get() is made[0]
 
 
-def test_publishing_several_runs_is_refused_with_one_line(tmp_path):
+def test_several_runs_publish_with_one_address_each_or_are_refused_with_one_line(tmp_path):
     runs = [tmp_path / "a", tmp_path / "b"]
     for r in runs:
         r.mkdir()
@@ -91,4 +94,52 @@ def test_publishing_several_runs_is_refused_with_one_line(tmp_path):
                            "-g", REFERENCE, "-o", tmp_path / "out", "--publish", "tcp://127.0.0.1:5599"],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 78, proc.stderr
-    assert "publish.endpoint with several runs" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "streamer run: configuration error: publish.endpoint tcp://127.0.0.1:5599: with several runs each run "
+        "publishes its own stream")
+    assert "Traceback" not in proc.stderr
+    cfg = config.build({"watch.dir": runs[0], "watch.also": [str(runs[1])], "reference.genome": REFERENCE,
+                        "output.dir": tmp_path / "out", "publish.endpoint": f"ipc://{tmp_path}/{{run}}.sock",
+                        "publish.snapshot_endpoint": "tcp://127.0.0.1:*"})
+    check_publishing(cfg)
+    b = run_config(cfg, runs[1]).publish
+    assert b.endpoint == f"ipc://{tmp_path}/b.sock" and b.snapshot_endpoint == "tcp://127.0.0.1:*"
+
+
+def test_each_run_has_its_own_stream_with_its_calls(fixture_copy, expected, daemons, tmp_path):  # noqa: F811
+    """Two runs in one daemon, each published on its own socket: each subscriber gets its run's calls."""
+    from streamer.client import Calls, Subscriber
+    from streams import tsv_rows
+
+    runs = [tmp_path / "flowcell_a", tmp_path / "flowcell_b"]
+    for r in runs:
+        r.mkdir()
+        Replayer(load_source(fixture_copy), r, ReplayOptions(speed=0, batch_reads=3)).run()
+    out = tmp_path / "out"
+    endpoint = f"ipc://{tmp_path}/{{run}}.sock"
+    d = daemons(tmp_path, runs[0], out, "--watch-also", runs[1], "--publish", endpoint, "--snapshot",
+                f"ipc://{tmp_path}/{{run}}-snap.sock", "--follow")
+    got: dict[str, list] = {}
+    threads = []
+    for r in runs:
+        def follow(name=r.name):
+            with Subscriber(endpoint.replace("{run}", name), ["meth.call"]) as sub:
+                for msg in sub:
+                    if isinstance(msg, Calls):
+                        got.setdefault(name, []).extend(tsv_rows(msg.calls))
+        threads.append(threading.Thread(target=follow, daemon=True))
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 120
+    while not all((out / r.name / "summary.json").exists() and
+                  json.loads((out / r.name / "summary.json").read_text())["reads"]["done"] == 8 for r in runs):
+        assert time.monotonic() < deadline and d.proc.poll() is None, d.output()
+        time.sleep(0.2)
+    d.proc.terminate()
+    assert d.wait() == 0, d.output()
+    for t in threads:
+        t.join(10)
+    for r in runs:
+        assert sorted(got[r.name]) == sorted(expected), r.name
+        s = json.loads((out / r.name / "summary.json").read_text())
+        assert s["publish"]["endpoints"] == [endpoint.replace("{run}", r.name)]

@@ -15,7 +15,7 @@ from streamer import config as configuration
 from streamer import registry
 from streamer.read_aligner import ReadAligner
 from streamer.daemon import Daemon, PipelineLike
-from streamer.daemon_runs import RunSet, made_once, several_runs
+from streamer.daemon_runs import RunSet, check_publishing, made_once, several_runs
 from streamer.errors import ConfigError, ModelError
 from streamer.gpu_api import CudaOptions
 from streamer.io.alignments import AlignmentFilter
@@ -45,10 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg, plan = plan_config(configuration.load(args.config, configuration.overrides_from(args)))
-    if several_runs(cfg) and cfg.publish.endpoint:
-        # one stream carries one run id, one sequence per topic and one table's snapshots
-        raise ConfigError("publish.endpoint with several runs (watch.also, watch.each_run) is not supported: run one "
-                          "daemon per flow cell (systemd/streamer@.service) to publish each run's stream")
+    if several_runs(cfg):
+        check_publishing(cfg)
     check_output_free(cfg.output.dir)
     log.debug("configuration:\n%s", yaml.safe_dump(cfg.as_dict(), sort_keys=False).rstrip())
     notifier = Notifier()
@@ -65,14 +63,18 @@ def run(args: argparse.Namespace) -> int:
         notifier.status(f"loading models and compiling kernels{first}")
         pipeline = _pore_pipeline(cfg)
         reference = stack.enter_context(Reference(cfg.reference.genome))
-        publisher = stack.enter_context(_publisher(cfg.publish)) if cfg.publish.endpoint else None
+        publisher = None
+        if cfg.publish.endpoint and not several_runs(cfg):
+            publisher = stack.enter_context(_publisher(cfg.publish))
         gpu = pipeline if pipeline.gpu is not None else None  # it stands for the current pipeline's GPU stage
         if several_runs(cfg):
             # the tuner learns from one stream of batches: with several runs the caps stay as configured
             aligner = made_once(make_aligner)
 
             def make_daemon(run_cfg: configuration.Config, shared: PipelineLike) -> Daemon:
-                return Daemon(run_cfg, shared, reference, make_aligner=aligner)
+                # each run its own stream: its run id, sequences and snapshots (docs/protocol.md)
+                pub = stack.enter_context(_publisher(run_cfg.publish)) if run_cfg.publish.endpoint else None
+                return Daemon(run_cfg, shared, reference, make_aligner=aligner, publisher=pub)
 
             daemon = RunSet(cfg, pipeline, make_daemon, notifier, slots=max(1, len(pipeline.devices)))
         else:
