@@ -125,12 +125,13 @@ class Daemon:
     def __init__(self, config: Config, pipeline: PipelineLike, reference: Reference, *,
                  make_aligner: Callable[[], ReadAligner] | None = None,
                  publisher: PublisherLike | None = None, notifier: Notifier | None = None,
-                 tuner: AutoTuner | None = None):
+                 tuner: AutoTuner | None = None, published_on: dict[str, Any] | None = None):
         self.config = config
         self.pipeline = pipeline
         self.tuner = tuner  # sees each batch's GPU measurements; its caps K and B apply from the next batch
         self.reference = reference
         self.publisher = publisher
+        self.published_on = published_on  # the publisher's bound addresses, for summary.json
         self.notifier = notifier or Notifier({})
         self._make_aligner = make_aligner
         self._aligner: ReadAligner | None = None
@@ -745,9 +746,7 @@ class Daemon:
             "eventalign_rows": counters.get("eventalign_rows", 0) if self.eventalign is not None else None,
             "modbam": self.ledger.modbam_counts() if self.modbams is not None else None,
             "modcalls": self._modcalls_summary(),
-            "publish": {"endpoints": list(getattr(self.publisher, "endpoints", ())),
-                        "snapshot": getattr(self.publisher, "snapshot_endpoint", None)}
-            if self.publisher is not None else None,
+            "publish": self.published_on,
             "files": self.ledger.file_counts(),
             "rejected_files": [{"path": p, "kind": k, "reason": r} for p, k, r in self.ledger.rejected_files()],
             "throughput": {

@@ -74,14 +74,15 @@ def run(args: argparse.Namespace) -> int:
             def make_daemon(run_cfg: configuration.Config, shared: PipelineLike) -> Daemon:
                 # each run its own stream: its run id, sequences and snapshots (docs/protocol.md)
                 pub = stack.enter_context(_publisher(run_cfg.publish)) if run_cfg.publish.endpoint else None
-                return Daemon(run_cfg, shared, reference, make_aligner=aligner, publisher=pub)
+                return Daemon(run_cfg, shared, reference, make_aligner=aligner, publisher=pub,
+                              published_on=bound_addresses(pub))
 
             daemon = RunSet(cfg, pipeline, make_daemon, notifier, slots=max(1, len(pipeline.devices)))
         else:
             tuner = AutoTuner.for_gpu(plan, gpu, autotune=cfg.gpu.autotune, state_dir=cfg.state_dir(),
                                       publish=publisher.publish_tuning if publisher is not None else None)
             daemon = Daemon(cfg, pipeline, reference, make_aligner=make_aligner, publisher=publisher,
-                            notifier=notifier, tuner=tuner)
+                            notifier=notifier, tuner=tuner, published_on=bound_addresses(publisher))
         if cfg.service.metrics is not None:
             stack.callback(serve_metrics(cfg.service.metrics, lambda: daemon.status))
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -136,6 +137,13 @@ def cuda_options(cfg: configuration.Config) -> CudaOptions:
                        max_epk=g.max_epk, ultra_thresh=g.ultra_thresh, max_reads=cfg.batch.max_reads,
                        max_bases=cfg.batch.max_bases, hmm=not g.disable_hmm,
                        autotune=g.autotune).with_devices(g.device)
+
+
+def bound_addresses(publisher: Publisher | None) -> dict | None:
+    """Where a publisher listens (ports the system chose included), as summary.json says it."""
+    if publisher is None:
+        return None
+    return {"endpoints": list(publisher.endpoints), "snapshot": publisher.snapshot_endpoint}
 
 
 def _publisher(p: configuration.PublishConfig) -> Publisher:
