@@ -193,7 +193,13 @@ def test_a_full_queue_drops_counts_and_shows_as_a_gap(monkeypatch):
             assert pub.stats.dropped == 7
             gate.set()
             pub.publish_status({})  # tells the subscriber the last seq sent: the dropped tail shows
-            received = [next(sub) for _ in range(5)]
+            received = []
+            while not (received and isinstance(received[-1], Status)):
+                msg = next(sub)
+                # the publisher greets each subscription it sees (one per topic) with a status: on a
+                # busy machine the second may come after the first was read
+                if not (isinstance(msg, Status) and msg.dropped == 0 and not received):
+                    received.append(msg)
     assert [type(m) for m in received] == [Calls, Calls, Calls, Gap, Status]
     assert [m.header.seq for m in received[:3]] == [1, 2, 3]
     assert received[3] == Gap("meth.call", first_missing=4, missed=7)
