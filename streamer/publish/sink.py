@@ -56,6 +56,17 @@ def freq_update(source: str, rows: Mapping[str, Sequence]) -> dict[str, list]:
                    "group_sequence": [""] * n, **{name: list(rows[name]) for name in COUNTS if name.startswith("count_")}}
 
 
+def hmm_update(sites: Mapping[tuple[str, int, int], Any]) -> dict[str, list]:
+    """`meth.freq` columns of the HMM's sites ((chromosome, start, end) -> `methfreq.SiteStats`)."""
+    keys, stats = list(sites), list(sites.values())
+    return freq_update("hmm", {
+        "chromosome": [k[0] for k in keys], "start": [k[1] for k in keys], "end": [k[2] for k in keys],
+        "num_motifs_in_group": [s.group_size for s in stats], "called_sites": [s.called_sites for s in stats],
+        "called_sites_methylated": [s.called_sites_methylated for s in stats],
+        "group_sequence": [s.sequence for s in stats],
+    })  # fmt: skip
+
+
 def _keyed(columns: Mapping[str, Sequence]) -> dict[SiteKey, SiteCounts]:
     return dict(zip(zip(*(columns[k] for k in SITE_KEY)), zip(*(columns[c] for c in COUNTS))))
 
@@ -69,14 +80,7 @@ class SiteTables:
         self.dorado = dorado
 
     def snapshot(self) -> dict[SiteKey, SiteCounts]:
-        sites = self.hmm.snapshot()
-        keys = list(sites)
-        rows = {"chromosome": [k[0] for k in keys], "start": [k[1] for k in keys], "end": [k[2] for k in keys],
-                "num_motifs_in_group": [s.group_size for s in sites.values()],
-                "called_sites": [s.called_sites for s in sites.values()],
-                "called_sites_methylated": [s.called_sites_methylated for s in sites.values()],
-                "group_sequence": [s.sequence for s in sites.values()]}
-        out = _keyed(freq_update("hmm", rows))
+        out = _keyed(hmm_update(self.hmm.snapshot()))
         dorado = self.dorado.snapshot_columns() if self.dorado is not None else None
         if dorado is not None:
             out |= _keyed(freq_update("dorado", dorado))
@@ -127,10 +131,4 @@ class PublishSink:
         """The current counts of the sites changed since the last time."""
         keys = sorted(self.changed)
         self.changed.clear()
-        sites = [self.table.sites[k] for k in keys]
-        self.send("freq", freq_update("hmm", {
-            "chromosome": [k[0] for k in keys], "start": [k[1] for k in keys], "end": [k[2] for k in keys],
-            "num_motifs_in_group": [s.group_size for s in sites], "called_sites": [s.called_sites for s in sites],
-            "called_sites_methylated": [s.called_sites_methylated for s in sites],
-            "group_sequence": [s.sequence for s in sites],
-        }))  # fmt: skip
+        self.send("freq", hmm_update({k: self.table.sites[k] for k in keys}))
