@@ -116,8 +116,11 @@ class LiveModTable(BaseSink):
     # ------------------------------------------------------------------ thresholds
 
     def estimate(self, bam: Path) -> Thresholds:
-        """modkit's estimate (the `filter_percentile` quantile of call confidences) over one BAM's reads."""
+        """modkit's estimate (the `filter_percentile` quantile of call confidences) over one BAM's reads;
+        no per-base thresholds for a BAM without modification tags."""
         inputs = BamInputs([bam])
+        if not _has_mod_tags(inputs):
+            return Thresholds()
         sampling = Sampling(self.options.filter_percentile, ignore=self.ignore)
         return Thresholds(0.0, estimate_thresholds(inputs, sampling, None).per_base)
 
@@ -154,6 +157,8 @@ class LiveModTable(BaseSink):
         if self.thresholds is None:
             raise RuntimeError("no pass thresholds: estimate them first")
         inputs = BamInputs([bam])
+        if not _has_mod_tags(inputs):  # most runs' BAMs, before dorado calls modifications: nothing to count
+            return sum(1 for _ in inputs.records(None)), 0
         counts = self._counts_for(bam, inputs.contigs)
         reads, calls = counts.n_reads, counts.n_calls
         for batch in _batches(inputs):
@@ -273,6 +278,12 @@ def columns_of(text: str) -> dict[str, list] | None:
         else:
             out[name] = [int(x) for x in column]
     return out
+
+
+def _has_mod_tags(inputs: BamInputs) -> bool:
+    """Whether any mapped record carries MM (or the old Mm) tags: a look at the tags, without the
+    kernels that count them (which compile on first use)."""
+    return any(rec.has_tag("MM") or rec.has_tag("Mm") for rec, _ in inputs.records(None))
 
 
 def _batches(inputs: BamInputs) -> Iterator[list[tuple]]:
