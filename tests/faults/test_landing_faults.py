@@ -145,7 +145,10 @@ def test_bad_files_landing_mid_run_are_named_once_and_a_restart_passes_them(sour
     reasons = rejected(cfg)
     assert "NotImplementedError" in reasons["plain_gzip.bam"]
     assert reasons["cut_mid_block.bam"].startswith("truncated or corrupt BAM")
-    assert reasons["loop_a.fast5"] == reasons["loop_b.fast5"] == "cannot read (Too many levels of symbolic links)"
+    # loop_a is a dangling link until loop_b lands: on a busy machine it may be read in between
+    assert reasons["loop_a.fast5"] in ("cannot read (Too many levels of symbolic links)",
+                                       "cannot read (a broken symbolic link)")
+    assert reasons["loop_b.fast5"] == "cannot read (Too many levels of symbolic links)"
     assert reasons["locked.fast5"] == "cannot read (Permission denied)"
     assert reasons["gone.fast5"] == VANISHED
     lines = [r.getMessage() for r in caplog.records if r.name == INTAKE and r.levelno >= logging.WARNING]
