@@ -1,15 +1,29 @@
 """`streamer compare-meth`: streamer's signal-level CpG frequencies against dorado's MM/ML calls.
 
-A run that has both (the daemon writes `meth-freq.tsv` and `modkit.bed` side by side) can be
-checked site by site: Pearson and Spearman correlation of the two frequencies, mean absolute and
-mean signed difference, over the CpGs both cover at least `--min-coverage` times.
+A run that has both (the daemon writes `meth-freq.tsv` and `modkit.bed` side by side) is
+checked row by row of the meth-freq table: Pearson and Spearman correlation of the two
+frequencies, mean absolute and mean signed difference (HMM - dorado), each also weighted by
+coverage, over the rows both cover at least `--min-coverage` reads per CpG.
 
-The join is per CpG, on the C of its + strand. An HMM row of several CpGs (a group f5c calls
-together) stands for each of its CpGs with the group's frequency and coverage, the same rule as
-`meth-freq --split-groups`; its CpGs are where `CG` occurs in the group's sequence, the first at
-`start`. bedMethyl rows of the chosen mod code count per strand (a - strand row's C is one base
-after the + strand's C), so both strands of a CpG are summed, as the HMM calls both together;
-combined-strand rows (`.`) are taken as they are.
+The unit is the HMM's row, with dorado's calls summed over its CpGs. A multi-CpG row is one
+call per read for the whole group (f5c/nanopolish score the group's CpGs together): spreading
+it over its CpGs would count one measurement several times, with the same value, in every
+statistic. Dorado's CpGs from the row's `start` to its `end` (the + strand Cs of its first and
+last CpG; every CpG in between belongs to the group) are summed instead, so both sides
+count the same thing: calls on the group's CpGs. Rows of `meth-freq --split-groups` are single
+CpGs, so that table gives the per-CpG comparison, each CpG with its group's call.
+
+- HMM frequency: called_sites_methylated / called_sites; coverage: called_sites /
+  num_motifs_in_group, the reads called at each CpG of the row.
+- Dorado frequency: sum Nmod / sum Nvalid_cov over the row's CpGs (both strands: a `-` row's C
+  is one base after the + C; combined `.` rows are at the + C); coverage: sum Nvalid_cov /
+  num_motifs_in_group, valid calls per CpG.
+- Weight: the smaller of the two coverages, the side the difference is least sure of.
+  Spearman's weighted form is the weighted Pearson correlation of the (unweighted) ranks.
+
+The dorado table is expected to hold CpG sites only (dorado's CpG models call nothing else;
+`pileup --cpg` or `--preset traditional` keep only CpGs): another C inside a group's span
+would be counted with it.
 """
 
 from __future__ import annotations
@@ -24,10 +38,13 @@ import numpy as np
 
 from streamer.errors import InputError
 from streamer.flags import bounded
+from streamer_plugins.modbase.methtables import BedSites, Contigs, FreqRows, read_bedmethyl, read_freq, site_key
 
 NAME = "compare-meth"
 HELP = "per-CpG comparison of streamer's methylation frequencies (meth-freq.tsv) with dorado's (modkit bedMethyl)"
-FREQ_HEADER = "chromosome\tstart\tend\tnum_motifs_in_group\tcalled_sites\tcalled_sites_methylated"
+SITES_HEADER = ("chromosome\tstart\tend\tnum_motifs_in_group\thmm_called_sites\thmm_methylated\thmm_frequency\t"
+                "hmm_coverage\tdorado_cpgs\tdorado_valid\tdorado_modified\tdorado_frequency\tdorado_coverage\n")
+WRITE_ROWS = 200_000
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,165 +52,155 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dorado", type=Path, required=True, metavar="BED", help="bedMethyl (modkit pileup, modkit.bed)")
     p.add_argument("--mod-code", default="m", help="the bedMethyl rows compared [m]")
     bounded(p, "--min-coverage", type=int, minimum=1, default=5,
-            help="sites need this many calls on both sides [%(default)s]")
-    p.add_argument("-o", "--output", type=Path, help="per-site TSV of both frequencies and coverages")
+            help="rows need this many reads per CpG on both sides [%(default)s]")
+    p.add_argument("-o", "--output", type=Path, help="per-row TSV of both frequencies and coverages")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
 @dataclass(frozen=True)
-class Sites:
-    """Per CpG: contig index, + strand C position, calls, modified calls."""
+class Joined:
+    """Per HMM row: dorado's CpGs in its span, their valid and modified calls summed."""
 
-    contig: np.ndarray
-    pos: np.ndarray
-    coverage: np.ndarray
+    cpgs: np.ndarray
+    valid: np.ndarray
     modified: np.ndarray
 
-    def key(self) -> np.ndarray:
-        return self.contig.astype(np.int64) << 40 | self.pos
 
-    def merged(self) -> "Sites":
-        """Rows at one site summed (both strands of a CpG), in key order."""
-        keys, inverse = np.unique(self.key(), return_inverse=True)
-        cov = np.bincount(inverse, self.coverage, len(keys)).astype(np.int64)
-        mod = np.bincount(inverse, self.modified, len(keys)).astype(np.int64)
-        return Sites(keys >> 40, keys & ((1 << 40) - 1), cov, mod)
-
-
-def read_freq(path: Path, contigs: dict[str, int]) -> Sites:
-    """meth-freq rows, each group expanded to its CpGs."""
-    contig, pos, cov, mod = [], [], [], []
-    with _open(path) as fh:
-        header = fh.readline()
-        if not header.startswith(FREQ_HEADER):
-            raise InputError(path, "not a methylation frequency TSV (header chromosome, start, end, "
-                                   "num_motifs_in_group, called_sites, called_sites_methylated, ...)", line=1)
-        for number, line in enumerate(fh, 2):
-            f = line.rstrip("\n").split("\t")
-            try:
-                start, called, methylated, sequence = int(f[1]), int(f[4]), int(f[5]), f[7]
-            except (IndexError, ValueError):
-                raise InputError(path, "expected 8 tab-separated columns with whole numbers in 2-6", line=number) \
-                    from None
-            cgs = [i for i in range(len(sequence) - 1) if sequence[i:i + 2] == "CG"] or [0]
-            c = contigs.setdefault(f[0], len(contigs))
-            for i in cgs:
-                contig.append(c)
-                pos.append(start + i - cgs[0])
-                cov.append(called)
-                mod.append(methylated)
-    return _sites(contig, pos, cov, mod)
-
-
-def read_bedmethyl(path: Path, contigs: dict[str, int], code: str) -> Sites:
-    """bedMethyl rows of one mod code at the + strand C of their CpG."""
-    contig, pos, cov, mod = [], [], [], []
-    with _open(path) as fh:
-        for number, line in enumerate(fh, 1):
-            if line.startswith(("#", "chrom\t", "track")):
-                continue
-            f = line.rstrip("\n").replace(" ", "\t").split("\t")
-            if len(f) < 12:
-                raise InputError(path, f"expected bedMethyl's 18 columns, found {len(f)}", line=number)
-            if f[3].split(",")[0] != code:
-                continue
-            try:
-                start, valid, nmod = int(f[1]), int(f[9]), int(f[11])
-            except ValueError:
-                raise InputError(path, "columns 2, 10 and 12 must be whole numbers", line=number) from None
-            contig.append(contigs.setdefault(f[0], len(contigs)))
-            pos.append(start - 1 if f[5] == "-" else start)
-            cov.append(valid)
-            mod.append(nmod)
-    return _sites(contig, pos, cov, mod)
-
-
-def _sites(contig, pos, cov, mod) -> Sites:
-    return Sites(np.array(contig, np.int64), np.array(pos, np.int64), np.array(cov, np.int64),
-                 np.array(mod, np.int64)).merged()
-
-
-def _open(path: Path):
-    try:
-        return open(path)
-    except OSError as exc:
-        raise InputError(path, f"cannot read: {exc.strerror}") from None
+def join(hmm: FreqRows, dorado: BedSites) -> Joined:
+    """Dorado's counts summed over each row's [start, end], by prefix sums and binary search."""
+    lo = np.searchsorted(dorado.key, site_key(hmm.contig, hmm.start), side="left")
+    hi = np.searchsorted(dorado.key, site_key(hmm.contig, hmm.end), side="right")
+    valid = np.concatenate([[0], np.cumsum(dorado.valid)])
+    modified = np.concatenate([[0], np.cumsum(dorado.modified)])
+    return Joined(hi - lo, valid[hi] - valid[lo], modified[hi] - modified[lo])
 
 
 @dataclass(frozen=True)
 class Comparison:
-    hmm_sites: int
-    dorado_sites: int
-    sites_in_both: int  # both sides with at least min_coverage calls
+    hmm_sites: int  # rows with a call
+    hmm_cpgs: int  # their CpGs
+    dorado_sites: int  # CpGs with a valid call
+    sites_in_both: int  # HMM rows with a valid dorado call on one of their CpGs
+    sites_compared: int  # of those, with at least min_coverage reads per CpG on both sides
     min_coverage: int
     pearson: float | None
     spearman: float | None
     mean_abs_diff: float | None
     mean_diff: float | None  # hmm - dorado
-    weighted_mean_abs_diff: float | None  # weights: the smaller coverage of the two
+    weighted_pearson: float | None
+    weighted_spearman: float | None
+    weighted_mean_abs_diff: float | None
+    weighted_mean_diff: float | None
 
 
-def compare(hmm: Sites, dorado: Sites, min_coverage: int) -> tuple[Comparison, np.ndarray, np.ndarray, np.ndarray]:
-    """The summary, and the indices into `hmm` and `dorado` of the sites compared, with their weights."""
-    common, ih, idd = np.intersect1d(hmm.key(), dorado.key(), assume_unique=True, return_indices=True)
-    keep = (hmm.coverage[ih] >= min_coverage) & (dorado.coverage[idd] >= min_coverage)
-    ih, idd = ih[keep], idd[keep]
-    fh = hmm.modified[ih] / hmm.coverage[ih]
-    fd = dorado.modified[idd] / dorado.coverage[idd]
-    weight = np.minimum(hmm.coverage[ih], dorado.coverage[idd])
-    n = len(ih)
-    diff = fh - fd
-    result = Comparison(len(hmm.pos), len(dorado.pos), n, min_coverage,
-                        _corr(fh, fd), _corr(_ranks(fh), _ranks(fd)),
-                        float(np.abs(diff).mean()) if n else None, float(diff.mean()) if n else None,
-                        float((np.abs(diff) * weight).sum() / weight.sum()) if n else None)
-    return result, ih, idd, weight
+@dataclass(frozen=True)
+class Compared:
+    """The rows compared (indices into the HMM rows) and their frequencies, coverages, weights."""
+
+    rows: np.ndarray
+    hmm_freq: np.ndarray
+    hmm_cov: np.ndarray
+    dorado_freq: np.ndarray
+    dorado_cov: np.ndarray
+
+    @property
+    def weight(self) -> np.ndarray:
+        return np.minimum(self.hmm_cov, self.dorado_cov)
 
 
-def _corr(a: np.ndarray, b: np.ndarray) -> float | None:
-    if len(a) < 2 or a.std() == 0 or b.std() == 0:
+def compare(hmm: FreqRows, dorado: BedSites, joined: Joined, min_coverage: int) -> tuple[Comparison, Compared]:
+    called = hmm.called > 0
+    both = called & (joined.valid > 0)
+    hmm_cov = hmm.called / hmm.n_cpgs
+    dorado_cov = joined.valid / hmm.n_cpgs
+    rows = np.flatnonzero(both & (hmm_cov >= min_coverage) & (dorado_cov >= min_coverage))
+    c = Compared(rows, hmm.methylated[rows] / hmm.called[rows], hmm_cov[rows],
+                 joined.modified[rows] / joined.valid[rows], dorado_cov[rows])
+    diff, w = c.hmm_freq - c.dorado_freq, c.weight
+    n = len(rows)
+    rh, rd = _ranks(c.hmm_freq), _ranks(c.dorado_freq)
+    summary = Comparison(
+        int(called.sum()), int(hmm.n_cpgs[called].sum()), len(dorado.key), int(both.sum()), n, min_coverage,
+        _corr(c.hmm_freq, c.dorado_freq), _corr(rh, rd),
+        float(np.abs(diff).mean()) if n else None, float(diff.mean()) if n else None,
+        _corr(c.hmm_freq, c.dorado_freq, w), _corr(rh, rd, w),
+        float(np.average(np.abs(diff), weights=w)) if n else None, float(np.average(diff, weights=w)) if n else None)
+    return summary, c
+
+
+def _corr(a: np.ndarray, b: np.ndarray, w: np.ndarray | None = None) -> float | None:
+    """Pearson's r (weighted when `w` is given); None for fewer than two rows or a constant side."""
+    if len(a) < 2:
         return None
-    return float(np.corrcoef(a, b)[0, 1])
+    w = np.ones(len(a)) if w is None else w / w.sum()
+    da, db = a - np.average(a, weights=w), b - np.average(b, weights=w)
+    va, vb = np.average(da * da, weights=w), np.average(db * db, weights=w)
+    if va <= 0 or vb <= 0:
+        return None
+    return float(np.clip(np.average(da * db, weights=w) / np.sqrt(va * vb), -1.0, 1.0))
 
 
 def _ranks(x: np.ndarray) -> np.ndarray:
     """Ranks with ties given their mean rank (Spearman's)."""
     order = np.argsort(x, kind="stable")
-    values, first, counts = np.unique(x[order], return_index=True, return_counts=True)
-    mean_rank = first + (counts - 1) / 2
+    _, first, counts = np.unique(x[order], return_index=True, return_counts=True)
     ranks = np.empty(len(x))
-    ranks[order] = np.repeat(mean_rank, counts)
+    ranks[order] = np.repeat(first + (counts - 1) / 2, counts)
     return ranks
 
 
+def write_sites(out, contigs: Contigs, hmm: FreqRows, joined: Joined, c: Compared) -> None:
+    """The compared rows, in the meth-freq table's order, formatted a chunk at a time."""
+    out.write(SITES_HEADER)
+    names = contigs.names()
+    for a in range(0, len(c.rows), WRITE_ROWS):
+        r, s = c.rows[a:a + WRITE_ROWS], slice(a, a + WRITE_ROWS)
+        columns = [names[hmm.contig[r]].tolist(), *(v[r].tolist() for v in (hmm.start, hmm.end, hmm.n_cpgs)),
+                   hmm.called[r].tolist(), hmm.methylated[r].tolist(), _fixed(c.hmm_freq[s]), _fixed(c.hmm_cov[s]),
+                   joined.cpgs[r].tolist(), joined.valid[r].tolist(), joined.modified[r].tolist(),
+                   _fixed(c.dorado_freq[s]), _fixed(c.dorado_cov[s])]
+        out.write("".join("\t".join(map(str, row)) + "\n" for row in zip(*columns)))
+
+
+def _fixed(x: np.ndarray) -> list[str]:
+    return [f"{v:.4f}" for v in x.tolist()]
+
+
 def run(args: argparse.Namespace) -> int:
-    contigs: dict[str, int] = {}
-    hmm = read_freq(args.hmm, contigs)
-    dorado = read_bedmethyl(args.dorado, contigs, args.mod_code)
-    result, ih, idd, _ = compare(hmm, dorado, args.min_coverage)
+    out = None
     if args.output is not None:
-        names = {i: n for n, i in contigs.items()}
-        with open(args.output, "w") as out:
-            out.write("chromosome\tpos\thmm_called\thmm_methylated\thmm_frequency\tdorado_valid\tdorado_modified\t"
-                      "dorado_frequency\n")
-            for h, d in zip(ih.tolist(), idd.tolist()):
-                out.write(f"{names[int(hmm.contig[h])]}\t{hmm.pos[h]}\t{hmm.coverage[h]}\t{hmm.modified[h]}\t"
-                          f"{hmm.modified[h] / hmm.coverage[h]:.4f}\t{dorado.coverage[d]}\t{dorado.modified[d]}\t"
-                          f"{dorado.modified[d] / dorado.coverage[d]:.4f}\n")
-    if args.json:
-        print(json.dumps(asdict(result), indent=2))
-    else:
-        print(_render(result), file=sys.stdout)
+        try:  # before the work, as pileup does
+            out = open(args.output, "w")
+        except OSError as exc:
+            raise InputError(args.output, f"cannot write: {exc.strerror}") from None
+    try:
+        contigs = Contigs()
+        hmm = read_freq(args.hmm, contigs)
+        dorado = read_bedmethyl(args.dorado, contigs, args.mod_code)
+        joined = join(hmm, dorado)
+        summary, compared = compare(hmm, dorado, joined, args.min_coverage)
+        if out is not None:
+            write_sites(out, contigs, hmm, joined, compared)
+    except BaseException:
+        if out is not None:  # no half table left to be taken for a result
+            out.close()
+            args.output.unlink(missing_ok=True)
+        raise
+    if out is not None:
+        out.close()
+    print(json.dumps(asdict(summary), indent=2) if args.json else render(summary))
     return 0
 
 
-def _render(r: Comparison) -> str:
+def render(r: Comparison) -> str:
     def num(x: float | None) -> str:
         return "n/a" if x is None else f"{x:.4f}"
 
     return "\n".join([
-        f"sites: {r.hmm_sites} HMM, {r.dorado_sites} dorado, {r.sites_in_both} in both with >= {r.min_coverage} calls",
-        f"correlation: Pearson {num(r.pearson)}, Spearman {num(r.spearman)}",
-        f"difference (HMM - dorado): mean {num(r.mean_diff)}, mean absolute {num(r.mean_abs_diff)}, "
-        f"coverage-weighted mean absolute {num(r.weighted_mean_abs_diff)}",
+        f"HMM: {r.hmm_sites} rows ({r.hmm_cpgs} CpGs); dorado: {r.dorado_sites} CpGs; {r.sites_in_both} rows in both, "
+        f"{r.sites_compared} with >= {r.min_coverage} reads per CpG on both sides",
+        f"correlation: Pearson {num(r.pearson)}, Spearman {num(r.spearman)}; coverage-weighted: Pearson "
+        f"{num(r.weighted_pearson)}, Spearman {num(r.weighted_spearman)}",
+        f"difference (HMM - dorado): mean {num(r.mean_diff)}, mean absolute {num(r.mean_abs_diff)}; coverage-weighted: "
+        f"mean {num(r.weighted_mean_diff)}, mean absolute {num(r.weighted_mean_abs_diff)}",
     ])
