@@ -156,7 +156,7 @@ def read_bedmethyl(path: Path, contigs: Contigs, mod_code: str) -> BedSites:
             strand = np.array(f[5::BED_COLUMNS])
             odd = np.flatnonzero(~np.isin(strand, ["+", "-", "."]))
             if len(odd):
-                raise InputError(path, f"strand is not +, - or .: {strand[odd[0]]!r}", line=number + int(odd[0]))
+                raise InputError(path, f"strand is not +, - or .: {str(strand[odd[0]])!r}", line=number + int(odd[0]))
             line_of = (number + take).__getitem__
             start, nvalid, nmod = (_ints(path, _take(f[c::BED_COLUMNS], take), name, line_of)
                                    for c, name in _BED_USED.items())
