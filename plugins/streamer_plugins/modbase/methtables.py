@@ -147,9 +147,10 @@ def read_bedmethyl(path: Path, contigs: Contigs, mod_code: str) -> BedSites:
     """
     keys, valid, modified = [], [], []
     with _open(path) as fh:
-        if not fh.readline().startswith(("#", "track", "chrom\t", "chrom ")):  # a header, or the first row
+        header = fh.readline().startswith(("#", "track", "chrom\t", "chrom "))  # `--header`, or the first row
+        if not header:
             fh.seek(0)
-        for number, lines in _chunks(fh, 1 + (fh.tell() > 0)):
+        for number, lines in _chunks(fh, 2 if header else 1):
             f = _split(path, number, lines, BED_COLUMNS, None)
             codes = np.array(f[3::BED_COLUMNS])
             take = np.flatnonzero((codes == mod_code) | np.char.startswith(codes, mod_code + ","))
