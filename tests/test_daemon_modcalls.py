@@ -226,3 +226,45 @@ def test_subscribers_and_a_late_joiner_reach_the_table(modbam, reference_path, t
     assert dorado == want and {k: v for k, v in late.sites.items() if k[0] == "dorado"} == want
     # the late joiner had the first files' sites from its snapshot, the others' from updates
     assert [m for m in late.messages if isinstance(m, FreqUpdate) and "dorado" in m.sites.source.tolist()]
+
+
+def strip_tags(modbam: Path, out: Path, keep=lambda i: False) -> None:
+    """The modBAM with the MM/ML tags of every record but those `keep` picks removed."""
+    with pysam.AlignmentFile(str(modbam), "rb") as src, pysam.AlignmentFile(str(out), "wb", header=src.header) as dst:
+        for i, rec in enumerate(src.fetch(until_eof=True)):
+            if not keep(i):
+                rec.set_tag("MM", None)
+                rec.set_tag("ML", None)
+            dst.write(rec)
+
+
+def test_each_bam_is_read_once_and_batches_without_tags_skip_the_kernels(modbam, tmp_path, monkeypatch):
+    """A BAM is opened for its header and read through once, whether it has calls or not; batches
+    without tags count as reads only, and the table still equals `streamer pileup` over the file."""
+    from streamer_plugins.modbase import live, reader
+    from streamer_plugins.modbase.pileup import is_used
+
+    monkeypatch.setattr(reader, "BATCH_READS", 2)
+    opened: list[str] = []
+    real_open = reader._open
+    monkeypatch.setattr(reader, "_open", lambda path: opened.append(Path(path).name) or real_open(path))
+    untagged, mixed = tmp_path / "untagged.bam", tmp_path / "mixed.bam"
+    strip_tags(modbam, untagged)
+    strip_tags(modbam, mixed, keep=lambda i: i % 4 == 3)  # batches with calls between batches without
+    with pysam.AlignmentFile(str(modbam), "rb") as bam:
+        used = sum(1 for rec in bam.fetch(until_eof=True) if is_used(rec))
+
+    assert live.LiveModTable(tmp_path / "a.bed", REFERENCE).estimate(untagged).per_base == {}
+    assert opened == ["untagged.bam"] * 2
+    opened.clear()
+
+    table = live.LiveModTable(tmp_path / "modkit.bed", REFERENCE, no_filtering=True)
+    assert table.add_file(untagged) == (used, 0)
+    assert table.counts is None and opened == ["untagged.bam"] * 2  # no counts made, so no kernel ran
+    opened.clear()
+    reads, calls = table.add_file(mixed)
+    assert opened == ["mixed.bam"] * 2
+    assert reads == used and calls == table.n_calls > 0
+    table.refresh()
+    want = pileup([mixed], table.describe(), tmp_path / "offline.bed")
+    assert want.count("\n") > 10 and (tmp_path / "modkit.bed").read_text() == want

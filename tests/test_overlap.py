@@ -3,7 +3,6 @@ whatever the threads, readers chosen by format, failures raised rather than hung
 
 from __future__ import annotations
 
-import io
 import os
 import shutil
 import signal

@@ -3,7 +3,7 @@
 import pysam
 
 from streamer.batching import BatchLimits, UltraLong, plan_batches
-from streamer.io.alignments import AlignmentRecord, AlignmentFilter, iter_alignments, write_records
+from streamer.io.alignments import AlignmentFilter, iter_alignments, write_records
 from streamer.io.fastx import load_basecalls
 from streamer.io.index import open_index
 from streamer.skips import Skip

@@ -18,7 +18,7 @@ from streamer.commands._inputs import (
     signal_index,
 )
 from streamer import registry
-from streamer.commands._checks import numeric, removed_on_failure
+from streamer.commands._checks import removed_on_failure
 from streamer.gpu_api import CudaOptions, device_spec
 from streamer.io.alignments import iter_alignments
 from streamer.io.bamreads import open_basecalls

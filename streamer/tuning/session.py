@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path

@@ -5,7 +5,6 @@ read) with their FAST5 files, basecalls, alignments and the expected nanopolish 
 f5c rows, so the suite runs on a fresh machine without ../shared.
 """
 
-import gzip
 import shutil
 import sys
 from pathlib import Path

@@ -7,13 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import logging
-import shutil
 import subprocess
 import threading
 from pathlib import Path
-
-import pytest
 
 from streamer import cli
 from streamer.daemon import State

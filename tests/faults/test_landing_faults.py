@@ -119,7 +119,6 @@ def test_bad_files_landing_mid_run_are_named_once_and_a_restart_passes_them(sour
     held = sorted((run / "fast5_pass").iterdir())[-1]  # a good file to land with the bad ones
     held_data = held.read_bytes()
     held.unlink()
-    good_bam = sorted((run / "bam_pass").iterdir())[0].read_bytes()
     cfg = make_config(tmp_path, reference_path, **{"end.follow": True, "output.refresh_interval": 0.05})
     d = start(cfg)
     wait_for(lambda: current(cfg).get("reads", {}).get("done") == N_READS - 2, "the first batches")

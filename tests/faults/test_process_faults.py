@@ -5,7 +5,6 @@ pipeline is `test_daemon_e2e`); each batch takes a fifth of a second so that kil
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess

@@ -19,11 +19,10 @@ from streamer_plugins.modbase.bedmethyl import BedMethylWriter, Layout
 from streamer_plugins.modbase.caller import Thresholds, normalise_code, parse_filter_thresholds, parse_mod_thresholds
 from streamer_plugins.modbase.motifs import contig_sites, load_reference, parse_motifs
 from streamer_plugins.modbase.pileup import CallOptions, PileupCounts
-from streamer_plugins.modbase.reader import BamInputs, Sampling, estimate_thresholds, parse_region
+from streamer_plugins.modbase.reader import BamInputs, Sampling, estimate_thresholds, parse_region, record_batches
 
 NAME = "pileup"
 HELP = "per-site counts of modified-base calls (MM/ML tags) as bedMethyl, like modkit pileup"
-BATCH_READS = 2000
 HEADER = ("chrom\tchromStart\tchromEnd\tname\tscore\tstrand\tthickStart\tthickEnd\tcolor\tvalid_coverage\t"
           "percent_modified\tcount_modified\tcount_canonical\tcount_other_mod\tcount_delete\tcount_fail\t"
           "count_diff\tcount_nocall\n")
@@ -133,21 +132,18 @@ def _thresholds(args, inputs: BamInputs, region, ignore: str | None) -> Threshol
 
 def aggregate(inputs: BamInputs, counts: PileupCounts, writer: BedMethylWriter, region=None) -> None:
     """Count every record in batches; with sorted inputs, write and free sites behind the stream."""
-    batch: list[tuple] = []
     released = 0
-    for rec, path in inputs.records(region):
-        if inputs.sorted and rec.reference_id >= 0 and counts.goff[rec.reference_id] + rec.reference_start < released:
-            raise InputError(path, "the header says coordinate-sorted but this read is out of order", rec.query_name)
-        batch.append((rec, str(path)))
-        if len(batch) >= BATCH_READS:
-            counts.add(batch)
-            last = batch[-1][0]
-            batch = []
-            if inputs.sorted and last.reference_id >= 0:
-                boundary = int(counts.goff[last.reference_id] + last.reference_start)
-                boundary -= boundary % tally.BLOCK
-                if boundary > released:
-                    writer.write(counts.release_before(boundary), boundary)
-                    released = boundary
-    counts.add(batch)
+    for batch in record_batches(inputs, region):
+        if inputs.sorted:
+            for rec, path in batch:
+                if rec.reference_id >= 0 and counts.goff[rec.reference_id] + rec.reference_start < released:
+                    raise InputError(path, "the header says coordinate-sorted but this read is out of order", rec.query_name)
+        counts.add(batch)
+        last = batch[-1][0]
+        if inputs.sorted and last.reference_id >= 0:
+            boundary = int(counts.goff[last.reference_id] + last.reference_start)
+            boundary -= boundary % tally.BLOCK
+            if boundary > released:
+                writer.write(counts.release_before(boundary), boundary)
+                released = boundary
     writer.write(counts.rows())

@@ -17,7 +17,6 @@ import logging
 import os
 import pickle
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,12 +27,11 @@ from streamer.sinks import BaseSink, write_atomic
 from streamer_plugins.modbase.bedmethyl import Layout, expand, render
 from streamer_plugins.modbase.caller import BASES, Thresholds, normalise_code, parse_filter_thresholds
 from streamer_plugins.modbase.motifs import contig_sites, load_reference, parse_motifs
-from streamer_plugins.modbase.pileup import CallOptions, PileupCounts
-from streamer_plugins.modbase.reader import BamInputs, Sampling, estimate_thresholds
+from streamer_plugins.modbase.pileup import CallOptions, PileupCounts, is_used
+from streamer_plugins.modbase.reader import BamInputs, Sampling, estimate_thresholds, record_batches
 
 log = logging.getLogger(__name__)
 
-BATCH_READS = 2000
 CHECKPOINT_VERSION = 1
 # bedMethyl columns as published (`meth.freq` version 2, source "dorado"); 4 is the mod code
 FIELDS = ("chromosome", "start", "end", "mod_code", "score", "strand", "valid_coverage", "percent_modified",
@@ -119,7 +117,7 @@ class LiveModTable(BaseSink):
         """modkit's estimate (the `filter_percentile` quantile of call confidences) over one BAM's reads;
         no per-base thresholds for a BAM without modification tags."""
         inputs = BamInputs([bam])
-        if not _has_mod_tags(inputs):
+        if not any(_has_mod_tags(rec) for rec, _ in inputs.records(None)):
             return Thresholds()
         sampling = Sampling(self.options.filter_percentile, ignore=self.ignore)
         return Thresholds(0.0, estimate_thresholds(inputs, sampling, None).per_base)
@@ -152,21 +150,27 @@ class LiveModTable(BaseSink):
         self._changed.clear()
 
     def add_file(self, bam: Path) -> tuple[int, int]:
-        """Count one BAM's calls; (reads, calls) counted. Raises InputError for a file that cannot be read
-        through (the counts may then hold part of it: the caller resets and re-adds what it keeps)."""
+        """Count one BAM's calls in one pass; (reads, calls) counted. Batches without MM/Mm tags (all of
+        them in most runs, before dorado calls modifications) are only counted as reads: they hold no
+        calls, and the kernels, which compile on first use, are not started for them. Raises InputError
+        for a file that cannot be read through (the counts may then hold part of it: the caller resets
+        and re-adds what it keeps)."""
         if self.thresholds is None:
             raise RuntimeError("no pass thresholds: estimate them first")
         inputs = BamInputs([bam])
-        if not _has_mod_tags(inputs):  # most runs' BAMs, before dorado calls modifications: nothing to count
-            return sum(1 for _ in inputs.records(None)), 0
-        counts = self._counts_for(bam, inputs.contigs)
-        reads, calls = counts.n_reads, counts.n_calls
-        for batch in _batches(inputs):
+        reads = calls = 0
+        for batch in record_batches(inputs):
+            if not any(_has_mod_tags(rec) for rec, _ in batch):
+                reads += sum(1 for rec, _ in batch if is_used(rec))
+                continue
+            counts = self._counts_for(bam, inputs.contigs)
+            before = counts.n_reads
             with self.lock:
-                counts.add(batch)
+                calls += counts.add(batch)
+            reads += counts.n_reads - before
             self._note(counts)
-        self.dirty = True
-        return counts.n_reads - reads, counts.n_calls - calls
+            self.dirty = True
+        return reads, calls
 
     def _counts_for(self, bam: Path, contigs: list[tuple[str, int]]) -> PileupCounts:
         if self.counts is None:
@@ -280,19 +284,6 @@ def columns_of(text: str) -> dict[str, list] | None:
     return out
 
 
-def _has_mod_tags(inputs: BamInputs) -> bool:
-    """Whether any mapped record carries MM (or the old Mm) tags: a look at the tags, without the
-    kernels that count them (which compile on first use)."""
-    return any(rec.has_tag("MM") or rec.has_tag("Mm") for rec, _ in inputs.records(None))
-
-
-def _batches(inputs: BamInputs) -> Iterator[list[tuple]]:
-    batch: list[tuple] = []
-    for rec, path in inputs.records(None):
-        batch.append((rec, str(path)))
-        if len(batch) >= BATCH_READS:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
+def _has_mod_tags(rec) -> bool:
+    """Whether a record carries MM (or the old Mm) tags: a look at the tags, before any parsing."""
+    return rec.has_tag("MM") or rec.has_tag("Mm")

@@ -30,6 +30,7 @@ from streamer_plugins.modbase.pileup import usable_groups
 
 log = logging.getLogger("streamer.pileup")
 _UNMAPPED_KEY = 1 << 62
+BATCH_READS = 2000  # records per call of the counting kernels: large enough to amortise, small in memory
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,18 @@ class BamInputs:
                 yield from stream
             return
         yield from heapq.merge(*streams, key=_coordinate)
+
+
+def record_batches(inputs: BamInputs, region: Region | None = None) -> Iterator[list[tuple[pysam.AlignedSegment, str]]]:
+    """The inputs' (record, source file) pairs in batches of `BATCH_READS`, the unit `PileupCounts.add` takes."""
+    batch: list[tuple[pysam.AlignedSegment, str]] = []
+    for rec, path in inputs.records(region):
+        batch.append((rec, str(path)))
+        if len(batch) >= BATCH_READS:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 def _coordinate(item) -> tuple[int, int]:
