@@ -193,7 +193,7 @@ def test_subscribers_and_a_late_joiner_reach_the_table(modbam, reference_path, t
     with Publisher(local_config()) as pub, Reference(reference_path) as reference:
         early = _Collector(pub.endpoints[0], ["meth.freq", "run"])
         early.start()
-        assert early.synced.wait(5)
+        assert early.synced.wait(30)
         daemon = Daemon(cfg, FakePipeline(), reference, publisher=pub)
         codes = []
         runner = threading.Thread(target=lambda: codes.append(daemon.run()), name="daemon")
@@ -207,7 +207,7 @@ def test_subscribers_and_a_late_joiner_reach_the_table(modbam, reference_path, t
                 time.sleep(0.05)
             late = _Collector(pub.endpoints[0], ["meth.freq"])
             late.start()
-            assert late.synced.wait(5)
+            assert late.synced.wait(30)
             for f in files[2:]:
                 f.rename(live / "bam_pass" / f.name.lstrip("."))
             (live / "final_summary_x.txt").write_text("done\n")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,17 @@ def open_fds() -> int:
 
 def mapped(path: Path) -> bool:
     return str(path) in Path("/proc/self/maps").read_text()
+
+
+def unmapped(path: Path, within: float = 10.0) -> bool:
+    """Whether the file's mapping goes: once the reader is closed, one of pod5's own threads drops it a
+    moment later (milliseconds when idle, longer on a busy machine); a leak never lets it go."""
+    deadline = time.monotonic() + within
+    while mapped(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +68,7 @@ def test_reads_match_fast5_route(ecoli_pod5, fast5_records):
         assert got.to_pa().tobytes() == want.to_pa().tobytes()
         by_id = read_pod5(ecoli_pod5, want.read_id)
         assert by_id.to_pa().tobytes() == want.to_pa().tobytes()
-    assert not mapped(ecoli_pod5)
+    assert unmapped(ecoli_pod5)
 
 
 def test_pa_equals_pod5s_own_calibration(ecoli_pod5):
@@ -84,7 +96,7 @@ def test_abandoned_iterator_releases_the_file(ecoli_pod5):
     next(it)
     it.close()
     gc.collect()  # the record just dropped may sit in a reference cycle with arrow's buffers
-    assert not mapped(ecoli_pod5)
+    assert unmapped(ecoli_pod5)
 
 
 @needs_dorado

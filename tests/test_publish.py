@@ -182,12 +182,12 @@ def test_a_full_queue_drops_counts_and_shows_as_a_gap(monkeypatch):
 
             def held_send(frames):
                 entered.set()
-                gate.wait(5)
+                gate.wait(30)
                 return send(frames)
 
             monkeypatch.setattr(pub, "_send", held_send)
             pub.publish_calls(call_batch(50))  # taken by the sending thread, which then waits at the gate
-            assert entered.wait(5)
+            assert entered.wait(30)
             for i in range(1, 10):
                 pub.publish_calls(call_batch(50, first=i))
             assert pub.stats.dropped == 7

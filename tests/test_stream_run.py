@@ -86,7 +86,7 @@ def test_subscribers_get_every_call_and_a_late_joiner_the_same_frequencies(ecoli
     with Publisher(local_config()) as pub, Reference(reference_path) as reference:
         early = _Collector(pub.endpoints[0], ["meth", "run"])
         early.start()
-        assert early.synced.wait(5)
+        assert early.synced.wait(30)
         daemon = Daemon(cfg, held, reference, publisher=pub)
         runner = threading.Thread(target=lambda: codes.append(daemon.run()), name="daemon")
         runner.start()
@@ -94,7 +94,7 @@ def test_subscribers_get_every_call_and_a_late_joiner_the_same_frequencies(ecoli
             assert held.holding.wait(60)  # the first batch is out, the second waits
             late = _Collector(pub.endpoints[0], ["meth.freq"])
             late.start()
-            assert late.synced.wait(5)
+            assert late.synced.wait(30)
             held.release.set()
             runner.join(120)
         finally:

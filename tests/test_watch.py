@@ -227,18 +227,18 @@ def test_half_written_gzip_is_not_read_until_complete(tmp_path, no_leaks):
                 fh.write(f"@r{i}\nACGT\n+\nIIII\n".encode())
                 fh.flush()  # a sync flush: the bytes are on disk, the trailer is not
                 flushed.set()
-                proceed.wait(5)
+                proceed.wait(30)
                 proceed.clear()
 
     with Watcher(RunLayout(tmp_path), FAST) as w:
         t = threading.Thread(target=writer)
         t.start()
         for _ in range(4):
-            assert flushed.wait(5)
+            assert flushed.wait(30)
             flushed.clear()
             assert wait_for(w, 0.3) == []  # half written: never handed on
             proceed.set()
-        assert flushed.wait(5)
+        assert flushed.wait(30)
         proceed.set()
         t.join()
         (got,) = wait_for(w, 5)
