@@ -219,7 +219,8 @@ class Pipeline:
         self._local = threading.local()
         for stage in self.stages:
             stage.open(self)
-        self._warm_up()
+        self.warm_up_result: BatchResult = self._warm_up()
+        """The synthetic read's result, which a host renders to compile its sinks' kernels (the calls TSV)."""
 
     @property
     def devices(self) -> list[GpuDevice]:
@@ -270,13 +271,14 @@ class Pipeline:
                 timings[stage.name] = timings.get(stage.name, 0.0) + time.perf_counter() - t0
         return BatchResult(batch, skipped_of(batch), timings)
 
-    def _warm_up(self) -> None:
+    def _warm_up(self) -> BatchResult:
         """Compile (or load from cache) every kernel on a synthetic read before real data arrives, on each GPU."""
         failed = False
+        result = None
         for i in reversed(range(len(self.devices))):
             dev_id = self.devices[i].dev_id
             try:
-                self._run(pack([synthetic_read(self.kmer_model)]), self.devices[i], recover=False)
+                result = self._run(pack([synthetic_read(self.kmer_model)]), self.devices[i], recover=False)
             except Exception as exc:
                 if not is_cuda_error(exc):
                     raise
@@ -287,7 +289,8 @@ class Pipeline:
         if failed:
             gpu_module("").release_gpu()
         if not self.devices:
-            self._run(pack([synthetic_read(self.kmer_model)]), None, recover=False)
+            result = self._run(pack([synthetic_read(self.kmer_model)]), None, recover=False)
+        return result
 
 
 def open_devices(cuda: CudaOptions) -> list[GpuDevice]:

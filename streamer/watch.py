@@ -24,6 +24,7 @@ import logging
 import os
 import queue
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,11 @@ from streamer.errors import InputError
 from streamer.io import bamreads, fast5, fastx, pod5, slow5
 
 log = logging.getLogger(__name__)
+
+# watchdog's recursive inotify may add a watch twice for a folder made and filled at once (MinKNOW's and
+# replay's staging folders) and warns that it replaces the first; the folder stays watched, so a user
+# would see a page of watchdog's internals for nothing
+warnings.filterwarnings("ignore", r"Callback with id .* already exists", RuntimeWarning, r"watchdog\.")
 
 SIGNAL_DIRS = ("fast5", "pod5", "slow5", "blow5")  # prefixes: fast5_pass, pod5_fail, ...
 BASECALL_DIRS = ("fastq", "bam")

@@ -10,6 +10,10 @@ import sys
 import time
 from pathlib import Path
 
+from streamer import config
+from streamer.commands.run import _pore_pipeline
+from streamer_plugins.call_sinks import CallRows
+
 DATA = Path(__file__).parent / "data"
 ECOLI = DATA / "ecoli"
 
@@ -51,3 +55,14 @@ def test_the_first_run_says_it_compiles_and_its_speed_excludes_the_compile(tmp_p
     first, _, err, warm = _call(tmp_path, cache, "warm")  # the cache is filled: nothing to announce
     assert "compiling kernels" not in err and not warm["compiled_kernels"]
     assert (tmp_path / "cold.tsv").read_text() == (tmp_path / "warm.tsv").read_text()
+
+
+def test_the_daemons_pipeline_compiles_the_calls_tsv_kernel_before_the_first_batch(monkeypatch):
+    """A daemon's first batch on a new machine waited seconds on the TSV formatter's compile: its
+    pipeline is now built with the warm-up read's calls rendered, as `streamer call` does."""
+    rendered = []
+    render = CallRows.render
+    monkeypatch.setattr(CallRows, "render", lambda self, result: rendered.append(render(self, result)) or rendered[-1])
+    _pore_pipeline(config.Config())
+    (text,) = rendered
+    assert text.count("\n") > 0 and all(len(row.split("\t")) == 11 for row in text.splitlines())

@@ -18,22 +18,32 @@ from streamer.gpu_api import CudaOptions
 if TYPE_CHECKING:
     from streamer_gpu.abea import CudaAbea
 
-__all__ = ["count_gpus", "device_context", "open_gpu", "release_gpu"]
+__all__ = ["count_gpus", "device_context", "gpu_absent", "open_gpu", "release_gpu"]
 
 log = logging.getLogger(__name__)
+_said: set[tuple[str, str]] = set()
+
+
+def gpu_absent(stage: str) -> bool:
+    """True when this install or machine has no CUDA GPU for `stage`, said once a process (a daemon builds
+    its pipeline again when the run's pore differs from the one it started with)."""
+    try:
+        from numba import cuda
+    except ImportError as exc:
+        why = f"no CUDA support in this install ({exc})"
+    else:
+        if cuda.is_available():
+            return False
+        why = "no CUDA GPU found"
+    if (why, stage) not in _said:
+        _said.add((why, stage))
+        log.info("%s: %s runs on the CPU", why, stage)
+    return True
 
 
 def open_gpu(options: CudaOptions, bandwidth: int = 100) -> CudaAbea | None:
     """The GPU ABEA stage on options.dev_id, or None, said in one log line, when there is none to use."""
-    if options.disable:
-        return None
-    try:
-        from numba import cuda
-    except ImportError as exc:
-        log.info("no CUDA support in this install (%s): ABEA runs on the CPU", exc)
-        return None
-    if not cuda.is_available():
-        log.info("no CUDA GPU found: ABEA runs on the CPU")
+    if options.disable or gpu_absent("ABEA"):
         return None
     from streamer_gpu.abea import CudaAbea, TooLittleMemory
     from streamer_gpu.target import CUDA_ERRORS

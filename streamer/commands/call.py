@@ -28,7 +28,7 @@ from streamer.io.alignments import iter_alignments, write_records
 from streamer.io.bamreads import open_basecalls
 from streamer.io.reference import Reference
 from streamer.batch_runner import RunnerOptions, run_batches
-from streamer.pipeline import BatchResult, Pipeline, PipelineOptions, synthetic_read
+from streamer.pipeline import BatchResult, Pipeline, PipelineOptions
 from streamer.resume import CallJournal, Resumed, journal_path, run_identity
 from streamer.signal_pool import IO_MODES, reader_pool
 from streamer import registry
@@ -221,7 +221,7 @@ def _here(args, stack, options, index, limits, filt, summary, output, written, t
     with ThreadPoolExecutor(1) as early:  # the reads file is indexed while the pipeline starts
         basecalls = early.submit(open_basecalls, args.reads)
         pipeline = Pipeline(options, [registry.analysis("cpg")])
-        rows.render(pipeline.process([synthetic_read(pipeline.kmer_model)]))  # the TSV kernel, compiled now too
+        rows.render(pipeline.warm_up_result)  # the TSV kernel, compiled now too
         tuning.attach(pipeline.gpu)
         summary.startup_s = summary.elapsed
         basecalls = stack.enter_context(basecalls.result())

@@ -16,6 +16,8 @@ from streamer.errors import InputError
 
 log = logging.getLogger(__name__)
 
+TELL_IN_MEMORY_BYTES = 64 << 20  # a compressed FASTA this large costs real memory held whole (a human one: ~3 GB)
+
 
 class Reference:
     """`fetch(name, start, end)` returns upper-case reference bases, 0-based half-open."""
@@ -37,7 +39,10 @@ class Reference:
     def _load_in_memory(self) -> None:
         with open(self.path, "rb") as fh:
             opener = gzip.open if fh.read(2) == b"\x1f\x8b" else open
-        log.info("%s cannot be indexed (plain gzip?): loading it into memory", self.path)
+        size = self.path.stat().st_size
+        say = log.info if size >= TELL_IN_MEMORY_BYTES else log.debug  # a bacterial genome loads in a blink
+        say("%s cannot be indexed (plain gzip?): loading it into memory (bgzip it to read it through an index)",
+            self.path)
         name, parts = None, []
         try:
             with opener(self.path, "rt") as fh:

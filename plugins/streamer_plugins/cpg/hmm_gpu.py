@@ -13,6 +13,7 @@ import numba
 import numpy as np
 
 from streamer.gpu_api import CudaOptions
+from streamer_gpu import gpu_absent
 from streamer_plugins.cpg.sites import MAX_SPAN, MIN_SEPARATION
 
 if TYPE_CHECKING:
@@ -30,15 +31,7 @@ assert all(MAX_SPAN + 2 * MIN_SEPARATION + 1 - k + 1 <= DEFAULT_MAX_KMERS for k 
 
 def open_gpu_hmm(options: CudaOptions) -> CudaHmm | None:
     """The GPU CpG HMM on options.dev_id, or None, said in one log line, when there is none to use."""
-    if options.disable or not options.hmm:
-        return None
-    try:
-        from numba import cuda
-    except ImportError as exc:
-        log.info("no CUDA support in this install (%s): the CpG HMM runs on the CPU", exc)
-        return None
-    if not cuda.is_available():
-        log.info("no CUDA GPU found: the CpG HMM runs on the CPU")
+    if options.disable or not options.hmm or gpu_absent("the CpG HMM"):
         return None
     from streamer_gpu.target import CUDA_ERRORS
     from streamer_plugins.cpg.hmm_cuda import CudaHmm
