@@ -210,7 +210,7 @@ class OutputConfig:
         "`OUTDIR/.streamer`.", type=Path, flag="--state-dir",
         must_exist="writable")
     refresh_interval: float = _key(
-        30.0, "Seconds between rewrites of `meth-freq.tsv`, `meth.bed` and `summary.json` (all are also written "
+        30.0, "Seconds between rewrites of `meth-freq.tsv`, `meth.bed` and `modkit.bed` (all are also written "
         "when the daemon stops).", type=float, flag="--refresh-interval", minimum=0.0)
     call_threshold: float = _key(
         2.5, "meth-freq: a site is called when |log-likelihood ratio| is at least this.", type=float,
@@ -289,7 +289,8 @@ class ServiceConfig:
         900.0, "Seconds without progress in the processing loop after which systemd's watchdog is no longer "
         "fed (so systemd restarts a hung daemon).", type=float, flag="--stall-timeout", minimum=1.0)
     status_interval: float = _key(
-        10.0, "Seconds between status updates (systemd STATUS line, publisher status).", type=float,
+        10.0, "Seconds between status updates (systemd STATUS line, publisher status, `summary.json`) while no "
+        "batch is committed; each committed batch updates them too.", type=float,
         flag="--status-interval", minimum=0.1)
     metrics: str | None = _key(
         None, "Serve the daemon's counters, state, latency and the tuning monitor's settings for Prometheus at "

@@ -693,20 +693,21 @@ class Daemon:
     def _refresh(self, final: bool = False) -> None:
         """Rewrite meth-freq.tsv and meth.bed (if changed) and summary.json; publish status."""
         self._next_refresh = time.monotonic() + self.config.output.refresh_interval
-        out = self.config.output.dir
         for table in (self.freq_sink, self.bed, self.modcalls):
             if table is not None:
                 table.dirty |= final
                 table.refresh()
         self._save_modcalls(final)
         self._refresh_status()
-        write_atomic(out / SUMMARY_JSON, json.dumps(self.summary(), indent=2) + "\n")
         self._send("status", self._status)
 
     def _refresh_status(self) -> None:
-        """The counts behind the STATUS line and the publisher's status (the main thread reads them)."""
+        """The counts behind the STATUS line, the publisher's status and summary.json (which `streamer status
+        OUTDIR` reads), as of the last commit: a small file, unlike the tables `_refresh` rewrites."""
         self._next_status = time.monotonic() + self.config.service.status_interval
-        self._status = {**status_of(self.summary()), "files_pending": len(self.watcher.pending) if self.watcher else 0}
+        summary = self.summary()
+        self._status = {**status_of(summary), "files_pending": len(self.watcher.pending) if self.watcher else 0}
+        write_atomic(self.config.output.dir / SUMMARY_JSON, json.dumps(summary, indent=2) + "\n")
 
     @property
     def status(self) -> dict[str, Any]:
