@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from streamer.gpu_api import CudaOptions
+import streamer_gpu
 from streamer_gpu import open_gpu
 from streamer_gpu.host import CPU, GPU, ULTRA, assign_reads
 
@@ -127,11 +128,13 @@ def test_split_counts_rows_and_read_slots():
     assert owner.tolist() == [GPU, GPU, CPU, CPU]
 
 
-def test_disabled_or_absent_gpu_means_cpu_in_one_log_line(caplog):
+def test_disabled_or_absent_gpu_means_cpu_in_one_log_line(caplog, monkeypatch):
     assert open_gpu(CudaOptions(disable=True)) is None
     if _gpu_present():
         pytest.skip("a GPU is present")
+    monkeypatch.setattr(streamer_gpu, "_said", set())  # as in a new process
     with caplog.at_level(logging.INFO, logger="streamer_gpu"):
         assert open_gpu(CudaOptions()) is None
+        assert open_gpu(CudaOptions()) is None  # a daemon's second pipeline (another pore): no second line
     lines = [r for r in caplog.records if r.name.startswith("streamer_gpu")]
     assert len(lines) == 1 and "ABEA runs on the CPU" in lines[0].getMessage()

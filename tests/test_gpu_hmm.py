@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from streamer.gpu_api import CudaOptions
+import streamer_gpu
 from streamer_plugins.cpg.hmm import HmmParams, block_transitions, clip_flanks, flank_table, read_transitions
 from streamer_plugins.cpg.hmm_gpu import launch_order, open_gpu_hmm, pack_jobs
 from test_gpu_abea import HAS_CUDA_MODULE, _gpu_present, case_env
@@ -133,12 +134,14 @@ def test_transitions_are_the_cpu_helpers():
     assert not trans[1].any()  # no jobs: never computed (its rate would divide by zero)
 
 
-def test_disabled_or_absent_gpu_keeps_the_hmm_on_the_cpu(caplog):
+def test_disabled_or_absent_gpu_keeps_the_hmm_on_the_cpu(caplog, monkeypatch):
     assert open_gpu_hmm(CudaOptions(disable=True)) is None
     assert open_gpu_hmm(CudaOptions(hmm=False)) is None
     if _gpu_present():
         pytest.skip("a GPU is present")
-    with caplog.at_level(logging.INFO, logger="streamer_plugins"):
+    monkeypatch.setattr(streamer_gpu, "_said", set())  # as in a new process
+    with caplog.at_level(logging.INFO, logger="streamer_gpu"):
         assert open_gpu_hmm(CudaOptions()) is None
-    lines = [r for r in caplog.records if r.name.startswith("streamer_plugins")]
-    assert len(lines) == 1 and "HMM runs on the CPU" in lines[0].getMessage()
+        assert open_gpu_hmm(CudaOptions()) is None
+    lines = [r for r in caplog.records if "HMM" in r.getMessage()]
+    assert len(lines) == 1 and "the CpG HMM runs on the CPU" in lines[0].getMessage()
