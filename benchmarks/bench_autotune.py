@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from streamer_gpu.abea import CudaAbea
-from streamer.gpu_api import CudaOptions
-from streamer.poremodel import load_default_models
+from streamer.pipeline.gpu import CudaOptions
+from streamer.pore.model import load_default_models
 from streamer.tuning import Controller, Policy, Settings
 from streamer.tuning.profiles import with_settings
 from streamer.tuning.session import AutoTuner, prepare

@@ -27,8 +27,8 @@ for _root in (ROOT / "plugins", ROOT / "gpu", ROOT):
 import numpy as np  # noqa: E402
 
 from streamer import pipeline as pipeline_module  # noqa: E402
-from streamer.batching import BatchLimits, offline_batches  # noqa: E402
-from streamer.batch import pack  # noqa: E402
+from streamer.pipeline.batching import BatchLimits, offline_batches  # noqa: E402
+from streamer.pipeline.batch import pack  # noqa: E402
 from streamer.io.alignments import AlignmentRecord, AlignmentFilter, iter_alignments  # noqa: E402
 from streamer.io.fastx import load_basecalls  # noqa: E402
 from streamer.io.index import open_index  # noqa: E402

@@ -139,15 +139,15 @@ def call(args: list[str], out: Path, log: Path) -> dict:
 
 def hmm_stage(data: Path, work: Path, ref_path: Path, copies: int, reps: int) -> dict:
     """CPU against GPU `score_windows` on the shared reads' jobs tiled `copies` times."""
-    from streamer.batching import BatchLimits, offline_batches
-    from streamer.batch import pack
-    from streamer.gpu_api import CudaOptions
+    from streamer.pipeline.batching import BatchLimits, offline_batches
+    from streamer.pipeline.batch import pack
+    from streamer.pipeline.gpu import CudaOptions
     from streamer_plugins.cpg.hmm_cuda import CudaHmm
     from streamer.io.alignments import AlignmentRecord, AlignmentFilter, iter_alignments
     from streamer.io.fastx import load_basecalls
     from streamer.io.index import open_index
     from streamer.io.reference import Reference
-    from streamer.pipeline import Pipeline, PipelineOptions
+    from streamer.pipeline.stages import Pipeline, PipelineOptions
     from streamer_plugins.cpg.caller import CpgCaller
     from streamer_plugins.cpg.hmm import score_windows
 
@@ -222,15 +222,15 @@ def hmm_stage(data: Path, work: Path, ref_path: Path, copies: int, reps: int) ->
 def signal_stages(data: Path, ref_path: Path, reads: Path, copies: int) -> dict:
     """Event detection and scaling on CPU threads over the shared reads tiled `copies` times, in memory:
     what moving them to the GPU could save at most, against what the signal's copy there costs."""
-    from streamer.batching import BatchLimits, offline_batches
-    from streamer.batch import pack
-    from streamer.events import detect_events
+    from streamer.pipeline.batching import BatchLimits, offline_batches
+    from streamer.pipeline.batch import pack
+    from streamer.pipeline.events import detect_events
     from streamer.io.alignments import AlignmentRecord, AlignmentFilter, iter_alignments
     from streamer.io.fastx import load_basecalls
     from streamer.io.index import open_index
     from streamer.io.reference import Reference
-    from streamer.poremodel import load_default_models
-    from streamer.scaling import estimate_scalings
+    from streamer.pore.model import load_default_models
+    from streamer.pipeline.scaling import estimate_scalings
 
     bam = data / "reads.mg1655.sorted.bam"
     filt = AlignmentFilter()

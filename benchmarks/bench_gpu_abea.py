@@ -30,18 +30,18 @@ import numba
 import numpy as np
 from numba import cuda
 
-from streamer.abea import align_batch
-from streamer.batching import BatchLimits, offline_batches
-from streamer.batch import pack
-from streamer.events import detect_events
+from streamer.pipeline.abea import align_batch
+from streamer.pipeline.batching import BatchLimits, offline_batches
+from streamer.pipeline.batch import pack
+from streamer.pipeline.events import detect_events
 from streamer_gpu.abea import CudaAbea, Layout
-from streamer.gpu_api import CudaOptions
+from streamer.pipeline.gpu import CudaOptions
 from streamer.io.alignments import AlignmentRecord, AlignmentFilter, iter_alignments
 from streamer.io.fastx import load_basecalls
 from streamer.io.index import open_index
 from streamer.io.reference import Reference
-from streamer.poremodel import load_default_models
-from streamer.scaling import estimate_scalings
+from streamer.pore.model import load_default_models
+from streamer.pipeline.scaling import estimate_scalings
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_call import replicate  # noqa: E402

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 from r10_sim import synthetic_cpg_model, write_text_model  # noqa: E402
 
-from streamer.poremodel import load_model  # noqa: E402
+from streamer.pore.model import load_model  # noqa: E402
 
 # VmHWM, not ru_maxrss: Linux folds the forking parent's peak into ru_maxrss across exec
 PEAK = "int(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')).split()[1]) / 1024"
@@ -33,7 +33,7 @@ CHILD = """
 import json, sys, time
 sys.path.insert(0, {root!r})
 t0 = time.perf_counter()
-from streamer.poremodel import load_model
+from streamer.pore.model import load_model
 t1 = time.perf_counter()
 m = load_model(sys.argv[1])
 t2 = time.perf_counter()
@@ -67,7 +67,7 @@ def main() -> int:
         runs["cold"].append(child(text, cache))
         runs["warm"].append(child(text, cache))
     baseline = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
-                               f"import streamer.poremodel; print({PEAK})"], check=True, capture_output=True,
+                               f"import streamer.pore.model; print({PEAK})"], check=True, capture_output=True,
                               text=True).stdout  # fmt: skip
     report = {"rows": 5**9, "bytes": text.stat().st_size, "cpus": os.cpu_count(),
               "import_only_peak_rss_mb": round(float(baseline), 1)}  # fmt: skip

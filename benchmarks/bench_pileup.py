@@ -35,7 +35,7 @@ import pysam
 
 from streamer import config
 from streamer.cli import main
-from streamer.daemon import Daemon
+from streamer.daemon.shell import Daemon
 from streamer.io.reference import Reference
 from streamer_plugins.modbase.caller import Thresholds
 from streamer_plugins.modbase.pileup import CallOptions, PileupCounts

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from streamer.publish import Publisher, PublisherConfig
 from streamer.publish.sink import PublishSink
-from streamer_plugins.call_sinks import MethFreqTable, parse_rows
+from streamer_plugins.outputs.sinks import MethFreqTable, parse_rows
 
 
 def call_rows(n_sites: int, depth: int, seed: int = 1) -> list[str]:

@@ -39,7 +39,7 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT), str(ROOT / "plugins"), str(ROOT 
 from r10_sim import Placed, simulate_methylated, synthetic_cpg_model, write_run, write_text_model  # noqa: E402
 
 from streamer.io.reference import Reference  # noqa: E402
-from streamer.poremodel import load_model  # noqa: E402
+from streamer.pore.model import load_model  # noqa: E402
 
 CALLED = 2.5  # |LLR| at which meth-freq counts a site as called
 

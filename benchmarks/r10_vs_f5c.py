@@ -27,7 +27,7 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT), str(ROOT / "plugins"), str(ROOT 
 from r10_sim import Placed, reverse_complement, simulate, write_run, write_text_model  # noqa: E402
 
 from streamer.io.reference import Reference  # noqa: E402
-from streamer.poremodel import load_model  # noqa: E402
+from streamer.pore.model import load_model  # noqa: E402
 
 FLAG_SETS = ([], ["--print-read-names", "--signal-index"], ["--scale-events", "--samples"])
 

@@ -21,7 +21,7 @@ import zmq
 
 from zmq_throughput import make_batch
 
-from streamer.client import Calls, Gap, Status, Subscriber
+from streamer.publish.client import Calls, Gap, Status, Subscriber
 from streamer.publish import Publisher, PublisherConfig
 from streamer.publish.records import call_columns
 

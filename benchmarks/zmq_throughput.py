@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from streamer.client import Calls, RunEvent, Subscriber
+from streamer.publish.client import Calls, RunEvent, Subscriber
 from streamer_plugins.cpg.calls import MethCalls
 from streamer.publish import Publisher, PublisherConfig
 from streamer.publish.records import call_columns

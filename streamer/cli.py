@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
 def _first_run_notice(argv: list[str]) -> bool:
     """Before the commands are imported (numba, pod5: seconds on a busy machine), say that a
     pipeline's first run on this machine compiles its kernels; True when it does."""
-    from streamer.warmup import COMMANDS, announce_compile
+    from streamer.pipeline.warmup import COMMANDS, announce_compile
 
     command = _command_of(argv)
     if command not in COMMANDS:
@@ -149,7 +149,7 @@ def _first_run_notice(argv: list[str]) -> bool:
     front = argv[: argv.index(command)]
     configure_logging(sum(a.count("v") for a in front if a.startswith("-v") or a == "--verbose"),
                       "-q" in front or "--quiet" in front)
-    return announce_compile(logging.getLogger("streamer.warmup"))
+    return announce_compile(logging.getLogger("streamer.pipeline.warmup"))
 
 
 def _fail(command: str, message: object, code: int) -> int:

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from streamer.batching import Pending, batch_inputs, load_signals, signal_requests
+from streamer.pipeline.batching import Pending, batch_inputs, load_signals, signal_requests
 from streamer.errors import InputError, StreamerError
-from streamer.pipeline import Pipeline, PipelineOptions
+from streamer.pipeline.stages import Pipeline, PipelineOptions
 from streamer.skips import Skip, Skipped
 
 log = logging.getLogger(__name__)

@@ -536,7 +536,7 @@ def _coerce(key: Key, value: Any, problems: list[str]) -> Any:
 
 
 def _device_spec_ok(spec: str) -> bool:
-    from streamer.gpu_api import CudaOptions
+    from streamer.pipeline.gpu import CudaOptions
 
     try:
         CudaOptions().with_devices(spec)

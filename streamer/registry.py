@@ -2,7 +2,7 @@
 
 Three groups, declared in `pyproject.toml`:
 
-- `streamer.analyses`: stages that run after the core's chain (`streamer.pipeline.Stage`),
+- `streamer.analyses`: stages that run after the core's chain (`streamer.pipeline.stages.Stage`),
   e.g. `cpg` (the CpG methylation caller) and `eventalign`;
 - `streamer.sinks`: outputs (`streamer.sinks.Sink`) made from batch results, e.g. `calls`,
   `bedmethyl`, `modbam`;

@@ -22,7 +22,7 @@ from streamer import registry
 
 
 class Result(Protocol):
-    """What a sink sees of a batch (`streamer.pipeline.BatchResult`, or a block of replayed rows)."""
+    """What a sink sees of a batch (`streamer.pipeline.stages.BatchResult`, or a block of replayed rows)."""
 
     read_ids: Sequence[str]
     ref_names: Sequence[str]

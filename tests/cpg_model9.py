@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 import reference_hmm
-from streamer.poremodel import METHYL_CPG, NUCLEOTIDE, PoreModel, logf
+from streamer.pore.model import METHYL_CPG, NUCLEOTIDE, PoreModel, logf
 from streamer_plugins.cpg.hmm import HmmParams, pack_model, pack_scalings
 from streamer_plugins.cpg.logsum import LOGSUM_TABLE
 

@@ -53,7 +53,7 @@ class FakeResult:
 
 
 class FakePipeline:
-    """Stands in for `streamer.pipeline.Pipeline` where the numbers do not matter."""
+    """Stands in for `streamer.pipeline.stages.Pipeline` where the numbers do not matter."""
 
     def __init__(self, skip_ids=(), gate: threading.Event | None = None, poison=()):
         self.skip_ids = set(skip_ids)

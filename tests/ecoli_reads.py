@@ -6,10 +6,10 @@ from pathlib import Path
 
 import numpy as np
 
-from streamer.events import detect_events
+from streamer.pipeline.events import detect_events
 from streamer.io.fast5 import iter_fast5
 from streamer.io.fastx import load_basecalls
-from streamer.scaling import estimate_scalings
+from streamer.pipeline.scaling import estimate_scalings
 
 ECOLI = Path(__file__).parent / "data" / "ecoli"
 

@@ -18,12 +18,12 @@ import sys
 
 import numpy as np
 
-from streamer.abea import align_batch
-from streamer.gpu_api import CudaOptions
+from streamer.pipeline.abea import align_batch
+from streamer.pipeline.gpu import CudaOptions
 from streamer_gpu.abea import CudaAbea, Layout
 from streamer_gpu.host import CPU, GPU, ULTRA, assign_reads, bytes_per_base
 from streamer_gpu.target import SIMULATED
-from streamer.poremodel import load_default_models
+from streamer.pore.model import load_default_models
 from streamer.skips import Skip
 
 import reference_abea

@@ -22,15 +22,15 @@ from pathlib import Path
 
 import numpy as np
 
-from streamer.batching import BatchLimits, offline_batches
-from streamer.batch import pack
-from streamer.gpu_api import CudaOptions
+from streamer.pipeline.batching import BatchLimits, offline_batches
+from streamer.pipeline.batch import pack
+from streamer.pipeline.gpu import CudaOptions
 from streamer_gpu.target import SIMULATED
 from streamer.io.alignments import AlignmentRecord, AlignmentFilter, iter_alignments
 from streamer.io.fastx import load_basecalls
 from streamer.io.index import open_index
 from streamer.io.reference import Reference
-from streamer.pipeline import Pipeline, PipelineOptions
+from streamer.pipeline.stages import Pipeline, PipelineOptions
 from streamer_plugins.cpg.caller import CpgCaller
 from streamer_plugins.cpg.hmm import score_windows
 from streamer_plugins.cpg.hmm_cuda import CudaHmm

@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 
 from r10_sim import simulate_methylated, synthetic_cpg_model, write_text_model
-from streamer.batch import CIGAR_M, ReadInput
-from streamer.gpu_api import CudaOptions
+from streamer.pipeline.batch import CIGAR_M, ReadInput
+from streamer.pipeline.gpu import CudaOptions
 from streamer.io.reference import Reference
-from streamer.pipeline import Pipeline, PipelineOptions
-from streamer.poremodel import load_model
+from streamer.pipeline.stages import Pipeline, PipelineOptions
+from streamer.pore.model import load_model
 from streamer_gpu.target import SIMULATED
 from streamer_plugins.cpg.caller import CALLS, CpgCaller
 from streamer_plugins.cpg.calls import format_calls

@@ -29,7 +29,7 @@ import pysam
 
 from streamer.io.fast5 import SignalRecord
 from streamer.io.slow5 import write_blow5
-from streamer.poremodel import METH_CODE, METHYL_CPG, NUC_CODE, NUCLEOTIDE, PoreModel, logf
+from streamer.pore.model import METH_CODE, METHYL_CPG, NUC_CODE, NUCLEOTIDE, PoreModel, logf
 
 SAMPLE_RATE = 5000.0
 BASES_PER_SECOND = 400.0

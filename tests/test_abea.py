@@ -8,9 +8,9 @@ import re
 import numpy as np
 import pytest
 
-from streamer.abea import align_batch, cell_score
-from streamer.abea_cells import FROM_D, FROM_L, FROM_U
-from streamer.scaling import estimate_scalings
+from streamer.pipeline.abea import align_batch, cell_score
+from streamer.pipeline.abea_cells import FROM_D, FROM_L, FROM_U
+from streamer.pipeline.scaling import estimate_scalings
 from streamer.skips import Skip
 
 import reference_abea

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from conftest import ECOLI, REFERENCE, SHARED
 
-from streamer_plugins.bedmethyl import BedMethyl
+from streamer_plugins.outputs.bedmethyl import BedMethyl
 from streamer_plugins.cpg.calls import MethCalls
-from streamer_plugins.methfreq import MethFreq
+from streamer_plugins.outputs.methfreq import MethFreq
 
 CALL_FILES = [ECOLI / "meth.f5c-1.1.tsv", SHARED / "expected" / "f5c-1.1" / "meth.tsv"]
 

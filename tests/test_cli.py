@@ -19,7 +19,7 @@ from streamer.cli import build_parser, configure_logging
 def test_levels_follow_the_flags(flags, own, numba):
     args = build_parser().parse_args([*flags, "meth-freq", "x.tsv"])
     configure_logging(args.verbose, args.quiet)
-    assert logging.getLogger("streamer.daemon").getEffectiveLevel() == own
+    assert logging.getLogger("streamer.daemon.shell").getEffectiveLevel() == own
     assert logging.getLogger("streamer_gpu.abea").getEffectiveLevel() == own
     assert logging.getLogger("numba.cuda.cudadrv.driver").getEffectiveLevel() == numba
 

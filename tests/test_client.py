@@ -17,7 +17,7 @@ import pytest
 import zmq
 from streams import HEARTBEAT, call_batch, freq_batch, local_config, next_of, no_leaks  # noqa: F401 (fixture)
 
-from streamer.client import (
+from streamer.publish.client import (
     AsyncSubscriber,
     Calls,
     FreqUpdate,
@@ -201,7 +201,7 @@ def test_a_late_joiner_ends_with_the_same_frequencies():
 _STALLED_READER = """
 import sys
 import zmq
-from streamer.client import Calls, Gap, Status, Subscriber
+from streamer.publish.client import Calls, Gap, Status, Subscriber
 total = int(sys.argv[1])
 endpoint = sys.stdin.readline().strip()
 with zmq.Context() as ctx:

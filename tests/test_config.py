@@ -11,7 +11,7 @@ import yaml
 from streamer import config
 from streamer.cli import EXIT_CONFIG, main
 from streamer.errors import ConfigError
-from streamer_plugins.methfreq import CALL_THRESHOLD
+from streamer_plugins.outputs.methfreq import CALL_THRESHOLD
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = Path(__file__).parent / "data" / "config"
@@ -121,7 +121,7 @@ def test_defaults_printed(capsys):
 
 
 def test_gpu_defaults_match_the_gpu_stage():
-    from streamer.gpu_api import CudaOptions
+    from streamer.pipeline.gpu import CudaOptions
 
     g, c = config.Config().gpu, CudaOptions()
     assert (g.disable, g.device, g.mem_frac, g.avg_epk, g.max_lf, g.max_epk, g.ultra_thresh) == \

@@ -7,7 +7,7 @@ import pytest
 
 import reference_hmm
 from streamer.io.fast5 import SignalRecord
-from streamer.batch import CIGAR_D, CIGAR_H, CIGAR_I, CIGAR_M, CIGAR_N, CIGAR_S, ReadInput, pack
+from streamer.pipeline.batch import CIGAR_D, CIGAR_H, CIGAR_I, CIGAR_M, CIGAR_N, CIGAR_S, ReadInput, pack
 from streamer_plugins.cpg.calls import CALLS_HEADER, call_methylation, format_calls
 from streamer_plugins.cpg.hmm import (
     HmmParams,
@@ -29,7 +29,7 @@ from streamer_plugins.cpg.lookup import (
     kmer_first_event,
 )
 from streamer_plugins.cpg.sites import DISAMBIGUATE, cpg_sites, group_sites, read_windows
-from streamer.poremodel import load_default_models
+from streamer.pore.model import load_default_models
 from streamer.skips import Skip
 
 F32 = np.float32

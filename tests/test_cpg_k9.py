@@ -9,7 +9,7 @@ import pytest
 
 import reference_hmm
 from cpg_model9 import cpg_model, events_for, nucleotide_model, synthetic_jobs
-from streamer.batch import CIGAR_M
+from streamer.pipeline.batch import CIGAR_M
 from streamer_plugins.cpg.calls import call_methylation
 from test_cpg import cig, make_batch, random_ref
 from streamer_plugins.cpg.hmm import (

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from streamer import config
-from streamer.read_aligner import ReadAligner
-from streamer.client import Snapshot, Subscriber
-from streamer.daemon import Daemon, State
+from streamer.pipeline.aligner import ReadAligner
+from streamer.publish.client import Snapshot, Subscriber
+from streamer.daemon.shell import Daemon, State
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
-from streamer.notify import Notifier
+from streamer.daemon.notify import Notifier
 from streamer.publish import Publisher
-from streamer.replay import Replayer, ReplayOptions, load_source
+from streamer.daemon.replay import Replayer, ReplayOptions, load_source
 
 from daemon_support import FakePipeline, no_leaks, rows  # noqa: F401
 from streams import local_config, next_of

@@ -180,8 +180,8 @@ def test_subscribers_and_a_late_joiner_reach_the_table(modbam, reference_path, t
     from streams import local_config
 
     from daemon_support import FakePipeline
-    from streamer.client import FreqUpdate
-    from streamer.daemon import Daemon
+    from streamer.publish.client import FreqUpdate
+    from streamer.daemon.shell import Daemon
     from streamer.io.reference import Reference
     from streamer.publish import Publisher
     from test_daemon import make_config

@@ -23,20 +23,20 @@ import pytest
 from conftest import ECOLI, REFERENCE
 from daemon_support import FakePipeline, no_leaks, rows  # noqa: F401
 from streamer import config
-from streamer.read_aligner import ReadAligner
-from streamer.daemon import Daemon, State
+from streamer.pipeline.aligner import ReadAligner
+from streamer.daemon.shell import Daemon, State
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
-from streamer.ledger import LedgerError
-from streamer.pipeline import Pipeline, PipelineOptions
+from streamer.daemon.ledger import LedgerError
+from streamer.pipeline.stages import Pipeline, PipelineOptions
 from streamer_plugins.cpg.caller import CpgCaller
 from streamer_plugins.eventalign import EventalignStage
-from streamer_plugins.bedmethyl import BedMethyl
-from streamer_plugins.modbam import probability_code
-from streamer.client import EventAlign
+from streamer_plugins.outputs.bedmethyl import BedMethyl
+from streamer_plugins.outputs.modbam import probability_code
+from streamer.publish.client import EventAlign
 from streamer.publish.messages import decode_message
 from streamer.publish.protocol import encode_columns, pack, stamp
-from streamer.replay import Replayer, ReplayOptions, load_source
+from streamer.daemon.replay import Replayer, ReplayOptions, load_source
 
 TIMEOUT = 90
 
@@ -340,7 +340,7 @@ def test_kill_9_and_restart_neither_lose_nor_double_eventalign_rows_or_modbam_re
 
 
 def test_eventalign_messages_split_at_read_boundaries():
-    from streamer_plugins.eventalign_sinks import _chunks
+    from streamer_plugins.eventalign.sinks import _chunks
 
     row_off = np.array([0, 5, 50, 51, 200, 203])
     assert list(_chunks(row_off, 10)) == [(0, 50), (50, 200), (200, 203)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from streamer.daemon_policy import (
+from streamer.daemon.policy import (
     CALLED,
     PIPELINE_ERROR,
     EndOfRun,

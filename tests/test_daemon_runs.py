@@ -15,8 +15,8 @@ from test_daemon_e2e import TIMEOUT, daemons, expected, fixture_copy, replay, su
 
 from streamer import config
 from streamer.config import load
-from streamer.daemon_runs import check_publishing, made_once, run_config, run_folders
-from streamer.replay import Replayer, ReplayOptions, load_source
+from streamer.daemon.runs import check_publishing, made_once, run_config, run_folders
+from streamer.daemon.replay import Replayer, ReplayOptions, load_source
 
 
 def test_two_given_run_folders_give_each_the_rows_of_streamer_call(fixture_copy, expected, daemons,  # noqa: F811
@@ -108,7 +108,7 @@ def test_several_runs_publish_with_one_address_each_or_are_refused_with_one_line
 
 def test_each_run_has_its_own_stream_with_its_calls(fixture_copy, expected, daemons, tmp_path):  # noqa: F811
     """Two runs in one daemon, each published on its own socket: each subscriber gets its run's calls."""
-    from streamer.client import Calls, Subscriber
+    from streamer.publish.client import Calls, Subscriber
     from streams import tsv_rows
 
     runs = [tmp_path / "flowcell_a", tmp_path / "flowcell_b"]

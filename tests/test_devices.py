@@ -9,16 +9,16 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from streamer import batch_runner
-from streamer.abea import align_batch
-from streamer.device_pool import DevicePool
-from streamer.gpu_api import CudaOptions
+from streamer.pipeline import runner as batch_runner
+from streamer.pipeline.abea import align_batch
+from streamer.pipeline.devices import DevicePool
+from streamer.pipeline.gpu import CudaOptions
 from streamer.io.reference import Reference
-from streamer.pipeline import GpuDevice, Pipeline, PipelineOptions
+from streamer.pipeline.stages import GpuDevice, Pipeline, PipelineOptions
 from streamer.summary import RunSummary
 from streamer_plugins.cpg.caller import CpgCaller
 from conftest import ECOLI, REFERENCE
-from streamer.batching import BatchLimits, plan_batches
+from streamer.pipeline.batching import BatchLimits, plan_batches
 from streamer.io.alignments import AlignmentFilter, AlignmentRecord, iter_alignments
 from streamer.io.fastx import load_basecalls
 from streamer.io.index import open_index

@@ -168,14 +168,14 @@ def test_read_indices_samples_and_columns(tmp_path):
 
 
 def test_columns_publish_as_the_eventalign_topic():
-    from streamer.batching import Pending, batch_inputs
-    from streamer.batch import pack
+    from streamer.pipeline.batching import Pending, batch_inputs
+    from streamer.pipeline.batch import pack
     from streamer.io.alignments import AlignmentRecord, AlignmentFilter, iter_alignments
     from streamer.io.fastx import load_basecalls
     from streamer.io.reference import Reference
     from streamer.io.index import SignalIndex
     from streamer.io.signal import find_signal_files, read_signal
-    from streamer.pipeline import Pipeline
+    from streamer.pipeline.stages import Pipeline
     from streamer_plugins.eventalign import EventalignOptions, EventalignStage, format_tsv
 
     alns = [a for a in iter_alignments(ECOLI / "reads.bam", AlignmentFilter()) if isinstance(a, AlignmentRecord)][:2]

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamer.events import DNA_PARAMS, RNA_PARAMS, EventParams, detect_events
+from streamer.pipeline.events import DNA_PARAMS, RNA_PARAMS, EventParams, detect_events
 from streamer.io.fast5 import fast5_read_ids, iter_fast5, read_fast5
 
 DATA = Path(__file__).parent / "data" / "ecoli"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from streamer.fair import FairQueue, SharedPipeline
+from streamer.daemon.fair import FairQueue, SharedPipeline
 
 
 def grants(q: FairQueue, n: int) -> list:

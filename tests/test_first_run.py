@@ -12,7 +12,7 @@ from pathlib import Path
 
 from streamer import config
 from streamer.commands.run import _pore_pipeline
-from streamer_plugins.call_sinks import CallRows
+from streamer_plugins.outputs.sinks import CallRows
 
 DATA = Path(__file__).parent / "data"
 ECOLI = DATA / "ecoli"

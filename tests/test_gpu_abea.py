@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamer.gpu_api import CudaOptions
+from streamer.pipeline.gpu import CudaOptions
 import streamer_gpu
 from streamer_gpu import open_gpu
 from streamer_gpu.host import CPU, GPU, ULTRA, assign_reads

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamer.gpu_api import CudaOptions
+from streamer.pipeline.gpu import CudaOptions
 import streamer_gpu
 from streamer_plugins.cpg.hmm import HmmParams, block_transitions, clip_flanks, flank_table, read_transitions
 from streamer_plugins.cpg.hmm_gpu import launch_order, open_gpu_hmm, pack_jobs

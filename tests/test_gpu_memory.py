@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("numba.cuda")
 
-from streamer.gpu_api import CudaOptions  # noqa: E402
+from streamer.pipeline.gpu import CudaOptions  # noqa: E402
 from streamer_gpu.host import arena_capacity, bytes_per_base  # noqa: E402
 from streamer_gpu.memory import (  # noqa: E402
     HMM_LOCAL_BYTES_PER_THREAD,

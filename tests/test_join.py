@@ -7,10 +7,10 @@ import gzip
 import pysam
 import pytest
 
-from streamer.read_aligner import ReadAligner
+from streamer.pipeline.aligner import ReadAligner
 from streamer.errors import InputError
 from streamer.io.alignments import AlignmentRecord, AlignmentFilter, iter_alignments
-from streamer.basecall_cache import BasecallCache, ReadBasecalls, read_basecall_file
+from streamer.daemon.basecall_cache import BasecallCache, ReadBasecalls, read_basecall_file
 from streamer.skips import Skip, Skipped
 
 from daemon_support import no_leaks  # noqa: F401

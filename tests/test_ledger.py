@@ -6,8 +6,8 @@ import sqlite3
 
 import pytest
 
-from streamer.ledger import BatchRecord, Ledger, LedgerError
-from streamer.journal import Journal as Outputs
+from streamer.daemon.ledger import BatchRecord, Ledger, LedgerError
+from streamer.daemon.journal import Journal as Outputs
 from streamer.sinks import write_atomic
 
 from daemon_support import no_leaks  # noqa: F401

@@ -6,7 +6,7 @@ from conftest import ECOLI, SHARED, needs_shared
 
 from streamer.errors import InputError
 from streamer_plugins.cpg.calls import CALLS_HEADER, MethCalls
-from streamer_plugins.methfreq import MethFreq
+from streamer_plugins.outputs.methfreq import MethFreq
 
 EXPECTED = SHARED / "expected" / "f5c-1.1"
 

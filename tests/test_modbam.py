@@ -12,7 +12,7 @@ import pytest
 from conftest import ECOLI, REFERENCE, SHARED
 
 from streamer.io.alignments import AlignmentFilter
-from streamer_plugins.modbam import ModCalls, mod_tags, probability_code, write_modbam
+from streamer_plugins.outputs.modbam import ModCalls, mod_tags, probability_code, write_modbam
 
 
 def tsv_calls(path) -> ModCalls:

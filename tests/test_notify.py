@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from streamer.notify import Notifier
+from streamer.daemon.notify import Notifier
 
 from daemon_support import no_leaks  # noqa: F401
 

@@ -13,15 +13,16 @@ import numpy as np
 import pytest
 
 from conftest import ECOLI, REFERENCE
-from streamer import batch_runner, signal_pool
-from streamer.batching import BatchLimits, batch_inputs, chunk_records, load_chunk, load_signals, plan_batches, signal_requests
-from streamer.batch import pack
-from streamer.gpu_api import CudaOptions
+from streamer.pipeline import runner as batch_runner
+from streamer.pipeline import signal_pool
+from streamer.pipeline.batching import BatchLimits, batch_inputs, chunk_records, load_chunk, load_signals, plan_batches, signal_requests
+from streamer.pipeline.batch import pack
+from streamer.pipeline.gpu import CudaOptions
 from streamer.io.alignments import AlignmentRecord, AlignmentFilter, iter_alignments
 from streamer.io.fastx import load_basecalls
 from streamer.io.index import SignalIndex, open_index
 from streamer.io.reference import Reference
-from streamer.pipeline import Pipeline, PipelineOptions
+from streamer.pipeline.stages import Pipeline, PipelineOptions
 from streamer_plugins.cpg.caller import CpgCaller
 from streamer.summary import RunSummary
 from test_call import streamer

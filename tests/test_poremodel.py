@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from streamer.errors import ModelError
-from streamer.poremodel import (
+from streamer.pore.model import (
     METHYL_CPG,
     NUC_CODE,
     NUCLEOTIDE,
@@ -148,7 +148,7 @@ def test_synthetic_cpg_model_round_trips_as_text(tmp_path):
 
 @pytest.fixture
 def model_cache(tmp_path, monkeypatch):
-    import streamer.modeltext as modeltext
+    import streamer.pore.modeltext as modeltext
 
     monkeypatch.setattr(modeltext, "CACHE_MIN_BYTES", 0)
     monkeypatch.setenv("STREAMER_MODEL_CACHE_DIR", str(tmp_path / "cache"))
@@ -159,11 +159,11 @@ def test_text_model_cached_by_content(tmp_path, model_cache, caplog):
     """The first load parses and caches (one line says so); later loads read the cache; an edit to
     the file is a new key; a damaged cache file is rebuilt."""
     p = _write_model(tmp_path, _rows(3, METHYL_CPG), header="#k\t3\n#alphabet\tcpg\n")
-    with caplog.at_level("INFO", logger="streamer.modeltext"):
+    with caplog.at_level("INFO", logger="streamer.pore.modeltext"):
         first = load_model(p)
     assert [r.message for r in caplog.records] == [f"{p}: parsed once and cached as {next(model_cache.iterdir())}"]
     caplog.clear()
-    with caplog.at_level("INFO", logger="streamer.modeltext"):
+    with caplog.at_level("INFO", logger="streamer.pore.modeltext"):
         again = load_model(p)
     assert not caplog.records
     for a in ("level_mean", "level_stdv", "level_log_stdv"):
@@ -174,7 +174,7 @@ def test_text_model_cached_by_content(tmp_path, model_cache, caplog):
     assert edited.level_mean[0] == 81.0 and len(list(model_cache.iterdir())) == 2
     for f in model_cache.iterdir():
         f.write_bytes(b"not a cache")
-    with caplog.at_level("WARNING", logger="streamer.modeltext"):
+    with caplog.at_level("WARNING", logger="streamer.pore.modeltext"):
         assert load_model(p).level_mean[0] == 81.0
     assert "unreadable model cache, rebuilding it" in caplog.text
 
@@ -182,13 +182,13 @@ def test_text_model_cached_by_content(tmp_path, model_cache, caplog):
 def test_unwritable_cache_still_loads(tmp_path, model_cache, caplog):
     model_cache.write_text("a file where the folder should be")
     p = _write_model(tmp_path, _rows(2))
-    with caplog.at_level("WARNING", logger="streamer.modeltext"):
+    with caplog.at_level("WARNING", logger="streamer.pore.modeltext"):
         assert load_model(p).n_kmers == 16
     assert "cannot cache the parsed model" in caplog.text and "parsed on every start" in caplog.text
 
 
 def test_r10_models_from_the_default_location(tmp_path, monkeypatch):
-    from streamer.poremodel import F5C_RELEASES, R10_KMER_MODEL, R10_METH_MODEL, pore_models
+    from streamer.pore.model import F5C_RELEASES, R10_KMER_MODEL, R10_METH_MODEL, pore_models
 
     monkeypatch.setenv("STREAMER_MODEL_DIR", str(tmp_path))
     assert pore_models("r9") == (None, None)

@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamer.abea import align_batch
-from streamer.events import detect_events
+from streamer.pipeline.abea import align_batch
+from streamer.pipeline.events import detect_events
 from streamer.io.fast5 import iter_fast5
 from streamer.io.fastx import load_basecalls
-from streamer.postalign import recalibrate_batch
-from streamer.scaling import estimate_scalings
+from streamer.pipeline.postalign import recalibrate_batch
+from streamer.pipeline.scaling import estimate_scalings
 from streamer.skips import Skip
 
 from conftest import ECOLI, READ1, SHARED, needs_shared

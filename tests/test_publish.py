@@ -12,10 +12,10 @@ from streams import (  # noqa: F401 (no_leaks is a fixture)
     HEARTBEAT, call_batch, freq_batch, local_config, next_of, no_leaks, tsv_rows,
 )
 
-from streamer.client import Calls, Gap, Status, Subscriber
+from streamer.publish.client import Calls, Gap, Status, Subscriber
 from streamer.errors import ConfigError
 from streamer_plugins.cpg.calls import CALLS_HEADER, MethCalls, format_calls
-from streamer_plugins.methfreq import MethFreq
+from streamer_plugins.outputs.methfreq import MethFreq
 from streamer.publish import CALL_COLUMNS, FREQ_COLUMNS, Categorical, ProtocolError, Publisher
 from streamer.publish.messages import CallBatch, SiteFrequencies, decode_message
 from streamer.publish.sink import SiteTables

@@ -20,7 +20,7 @@ from streamer.io.pod5 import write_pod5
 from streamer.io.poretype import pore_from_metadata, pore_of_file
 from streamer.io.reference import Reference
 from streamer.io.slow5 import write_blow5
-from streamer.poremodel import (
+from streamer.pore.model import (
     F5C_RELEASES,
     NUCLEOTIDE,
     R10_KMER_MODEL,

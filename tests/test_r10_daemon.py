@@ -18,16 +18,16 @@ from conftest import REFERENCE
 from daemon_support import rows
 from r10_sim import R10_RUN, Placed, simulate_methylated, synthetic_cpg_model, write_run, write_text_model
 
-from streamer.batch import ReadInput
+from streamer.pipeline.batch import ReadInput
 from streamer.errors import InputError, StreamerError
 from streamer.io.fast5 import SignalRecord
 from streamer.io.poretype import R9, R10, pore_of_file
 from streamer.io.reference import Reference
 from streamer.io.signal import iter_signal
 from streamer.io.slow5 import write_blow5
-from streamer.pore_pipeline import PorePipeline, first_signal_file
-from streamer.poremodel import F5C_RELEASES, R10_KMER_MODEL, R10_METH_MODEL, load_model
-from streamer.replay import Replayer, ReplayOptions, load_source
+from streamer.daemon.pore_pipeline import PorePipeline, first_signal_file
+from streamer.pore.model import F5C_RELEASES, R10_KMER_MODEL, R10_METH_MODEL, load_model
+from streamer.daemon.replay import Replayer, ReplayOptions, load_source
 
 CONTIG = "NC_000913.3"
 R10_MODEL = Path(__file__).resolve().parents[2] / "shared" / "models" / "r10" / "dna_r10.4.1_400bps_9mer.npz"

@@ -25,7 +25,7 @@ from streamer import config
 from streamer.commands.run import model_files
 from streamer.errors import ConfigError
 from streamer.io.reference import Reference
-from streamer.poremodel import (
+from streamer.pore.model import (
     F5C_RELEASES,
     METHYL_CPG,
     R10_KMER_MODEL,

@@ -8,8 +8,8 @@ import pysam
 import pytest
 
 from streamer.io.fast5 import fast5_read_ids, read_fast5
-from streamer.replay import Landing, Replayer, ReplayOptions, load_source, plan
-from streamer.watch import Kind, RunLayout
+from streamer.daemon.replay import Landing, Replayer, ReplayOptions, load_source, plan
+from streamer.daemon.watch import Kind, RunLayout
 
 from daemon_support import no_leaks  # noqa: F401
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from streamer.io.fastx import load_basecalls
-from streamer.poremodel import load_default_models
-from streamer.scaling import estimate_scalings
+from streamer.pore.model import load_default_models
+from streamer.pipeline.scaling import estimate_scalings
 from streamer.skips import Skip
 
 from conftest import ECOLI, READ1

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import ECOLI, REFERENCE
 from streamer.errors import InputError
-from streamer.events import detect_events
+from streamer.pipeline.events import detect_events
 from streamer.io.index import SignalIndex
 from streamer.io.pod5 import write_pod5
 from streamer.io.signal import (

@@ -9,13 +9,13 @@ import pytest
 from streams import local_config, no_leaks, tsv_rows  # noqa: F401 (no_leaks is a fixture)
 
 from streamer import config
-from streamer.client import Calls, Gap, Snapshot, Subscriber
-from streamer.daemon import Daemon
+from streamer.publish.client import Calls, Gap, Snapshot, Subscriber
+from streamer.daemon.shell import Daemon
 from streamer.io.reference import Reference
-from streamer.pipeline import Pipeline, PipelineOptions
+from streamer.pipeline.stages import Pipeline, PipelineOptions
 from streamer_plugins.cpg.caller import CpgCaller
 from streamer.publish import Publisher
-from streamer.replay import Replayer, ReplayOptions, load_source
+from streamer.daemon.replay import Replayer, ReplayOptions, load_source
 
 pytestmark = pytest.mark.filterwarnings("error::ResourceWarning")
 

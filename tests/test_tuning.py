@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from streamer_gpu.host import arena_capacity
-from streamer.gpu_api import AbeaBatchStats, CudaOptions, GpuInfo
+from streamer.pipeline.gpu import AbeaBatchStats, CudaOptions, GpuInfo
 from streamer.tuning import (
     PROFILES,
     Bounds,
@@ -711,7 +711,7 @@ def test_daemon_config_resolves_from_the_profile_except_keys_set(tmp_path, refer
 
 def test_daemon_takes_new_caps_for_the_next_batch(tmp_path, reference_path):
     from streamer import config
-    from streamer.daemon import Daemon
+    from streamer.daemon.shell import Daemon
 
     cfg = config.build({"watch.dir": tmp_path, "reference.genome": reference_path, "output.dir": tmp_path / "out",
                         "batch.max_reads": 64})

@@ -2,7 +2,7 @@
 
 import pysam
 
-from streamer.batching import BatchLimits, UltraLong, plan_batches
+from streamer.pipeline.batching import BatchLimits, UltraLong, plan_batches
 from streamer.io.alignments import AlignmentFilter, iter_alignments, write_records
 from streamer.io.fastx import load_basecalls
 from streamer.io.index import open_index

@@ -16,7 +16,7 @@ import pysam
 from streamer.io.bamreads import BGZF_EOF
 from streamer.io.pod5 import SIGNATURE as POD5_SIGNATURE
 from streamer.io.slow5 import BLOW5_EOF, BLOW5_MAGIC
-from streamer.watch import (
+from streamer.daemon.watch import (
     Kind,
     RunLayout,
     Ready,

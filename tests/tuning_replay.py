@@ -1,7 +1,7 @@
 """A replay of batches through the real GPU ABEA split under a SYNTHETIC COST MODEL (no GPU, no alignment).
 
 Reads are only lengths and event counts. Each batch is cut from the read stream by the caps K
-and B as `streamer.batching` cuts it, split by the real `streamer_gpu.host.assign_reads` against
+and B as `streamer.pipeline.batching` cuts it, split by the real `streamer_gpu.host.assign_reads` against
 the real arena partition (`arena_capacity`), and timed by a model, not measured:
 
 - GPU: a fixed cost per batch, copies per base, and the kernels: band cells over the device's
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from streamer_gpu.host import CPU, GPU, ULTRA, arena_capacity, assign_reads
-from streamer.gpu_api import AbeaBatchStats
+from streamer.pipeline.gpu import AbeaBatchStats
 from streamer.tuning.controller import Controller, Settings
 
 K_MER = 6

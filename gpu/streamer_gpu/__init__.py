@@ -3,7 +3,7 @@
 
 This package builds on the core (`streamer`) and never on the plugins: a plugin with GPU work
 (the CpG HMM) keeps its kernel and compiles it with `streamer_gpu.target`. The core reaches this
-package only through `streamer.gpu_api.gpu_module`, when a GPU stage is asked for. Only
+package only through `streamer.pipeline.gpu.gpu_module`, when a GPU stage is asked for. Only
 `open_gpu` touches CUDA, and only when asked: the base install, and machines without a GPU,
 never need numba-cuda.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from streamer.gpu_api import CudaOptions
+from streamer.pipeline.gpu import CudaOptions
 
 if TYPE_CHECKING:
     from streamer_gpu.abea import CudaAbea

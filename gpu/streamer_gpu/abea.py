@@ -5,7 +5,7 @@
 batch it splits the reads (`streamer_gpu.host.assign_reads`), packs and copies the GPU
 reads, runs the kernels while CPU threads align the reads the split gave the CPU, aligns
 ultra-long reads last, and merges everything back into batch order. Answers are identical
-to `streamer.abea.align_batch`; a CUDA error or device out-of-memory in a batch sends that
+to `streamer.pipeline.abea.align_batch`; a CUDA error or device out-of-memory in a batch sends that
 batch's GPU reads to the CPU and is logged and recorded, never lost.
 """
 
@@ -22,8 +22,8 @@ import numba
 import numpy as np
 from numba import cuda
 
-from streamer.abea import Alignment, abea
-from streamer.gpu_api import AbeaBatchStats, CudaOptions
+from streamer.pipeline.abea import Alignment, abea
+from streamer.pipeline.gpu import AbeaBatchStats, CudaOptions
 from streamer_gpu import kernels
 from streamer_gpu.host import (
     CPU,
@@ -41,8 +41,8 @@ from streamer_gpu.host import (
 from streamer_gpu.faults import from_env as fault_plan
 from streamer_gpu.memory import MODULE_BYTES, plan_memory
 from streamer_gpu.target import CUDA_ERRORS, SIMULATED
-from streamer.poremodel import PoreModel
-from streamer.scaling import F5C_CODES, require_dtype, require_nucleotide
+from streamer.pore.model import PoreModel
+from streamer.pipeline.scaling import F5C_CODES, require_dtype, require_nucleotide
 
 log = logging.getLogger(__name__)
 # small batches (the last of a run, a daemon's trickle) are normal here, not a tuning problem
@@ -217,7 +217,7 @@ class CudaAbea:
     def align(self, seq, seq_off, ev_mean, ev_off, status, shift, scale, model: PoreModel, bandwidth: int = 100,
               trim_prob: float = 0.01, skip_prob: float = 1e-10, max_events_per_base: float = 15.0,
               min_avg_log_emission: float = -5.0, max_skip_run: int = 50) -> tuple[Alignment, AbeaBatchStats]:  # fmt: skip
-        """`streamer.abea.align_batch` on GPU and CPU together, plus the batch's measurements.
+        """`streamer.pipeline.abea.align_batch` on GPU and CPU together, plus the batch's measurements.
 
         Ultra-long reads are set aside to the end of the batch: aligned on the CPU once the GPU
         and the CPU threads are done with the rest, so that they hold neither back.

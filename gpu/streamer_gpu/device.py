@@ -1,4 +1,4 @@
-"""Which GPU is there (`streamer.gpu_api.GpuInfo`): name, memory, integrated or not.
+"""Which GPU is there (`streamer.pipeline.gpu.GpuInfo`): name, memory, integrated or not.
 
 Importable without numba-cuda; `probe_gpu` imports CUDA only when called, and answers None
 where there is no GPU to use.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import math
 
-from streamer.gpu_api import GpuInfo
+from streamer.pipeline.gpu import GpuInfo
 
 log = logging.getLogger(__name__)
 # the simulator reports unbounded memory: describe it as a small discrete device

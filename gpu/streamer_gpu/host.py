@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from streamer.abea import transition_log_probs
+from streamer.pipeline.abea import transition_log_probs
 
 CPU = 0
 GPU = 1

@@ -1,4 +1,4 @@
-"""CUDA kernels of ABEA, cell for cell the arithmetic of `streamer.abea`.
+"""CUDA kernels of ABEA, cell for cell the arithmetic of `streamer.pipeline.abea`.
 
 Four kernels over the packed batch (reads addressed by base, event and band-row offsets):
 `kcache` builds each read's k-mer model cache (scaled level mean, stdv, log stdv per k-mer),
@@ -8,7 +8,7 @@ and `compact` writes the pairs of the reads that passed, ascending and packed as
 their final offsets.
 
 Exactness: the arithmetic of each cell, the band rule, the traceback and the QC are
-`streamer.abea_cells`, the CPU's own source compiled for the device (`streamer_gpu.target`:
+`streamer.pipeline.abea_cells`, the CPU's own source compiled for the device (`streamer_gpu.target`:
 libdevice's unfused round-to-nearest operations, numpy scalars under the simulator); log and exp
 are never evaluated on the device (the host passes ln(trim) and each read's transition log
 probabilities). numba's CUDA simulator has no warp barrier and no shuffles: there every read
@@ -22,7 +22,7 @@ import functools
 import numpy as np
 from numba import cuda
 
-from streamer.abea_cells import FROM_U, abea_cells
+from streamer.pipeline.abea_cells import FROM_U, abea_cells
 from streamer.skips import Skip
 from streamer_gpu.target import DEVICE, SIMULATED
 

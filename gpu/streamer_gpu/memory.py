@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from streamer.gpu_api import CudaOptions
+from streamer.pipeline.gpu import CudaOptions
 from streamer_gpu.host import MIN_MEAN_READ_LEN, SLOT_BYTES, bytes_per_base
 
-# batch caps when the caller gives none (`streamer.batching.BatchLimits`' defaults)
+# batch caps when the caller gives none (`streamer.pipeline.batching.BatchLimits`' defaults)
 DEFAULT_MAX_READS = 512
 DEFAULT_MAX_BASES = 5_000_000
 # the tuner (`streamer.tuning.controller`) grows B by 2x and avg_epk by 1.25x a step; with autotune on

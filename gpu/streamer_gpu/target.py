@@ -1,4 +1,4 @@
-"""CUDA as a compile target of the shared per-cell arithmetic (`streamer.targets`), and its errors.
+"""CUDA as a compile target of the shared per-cell arithmetic (`streamer.pipeline.targets`), and its errors.
 
 On a GPU the rounding operations are libdevice's round-to-nearest intrinsics, which the
 compiler never contracts into fused multiply-adds, so every product and sum is rounded where
@@ -13,7 +13,7 @@ from numba import config, cuda
 from numba.cuda.cudadrv.driver import CudaAPIError, LinkerError
 from numba.cuda.cudadrv.error import CudaSupportError
 
-from streamer.targets import IEEE_OPS, Target
+from streamer.pipeline.targets import IEEE_OPS, Target
 
 SIMULATED = bool(config.ENABLE_CUDASIM)
 # a failed launch, copy, allocation (device out of memory included) or module load: the work goes to the CPU

@@ -10,14 +10,14 @@ import logging
 import os
 from pathlib import Path
 
-from streamer.batching import BatchLimits
+from streamer.pipeline.batching import BatchLimits
 from streamer.commands._checks import check_bam, check_files, check_writable, numeric
 from streamer.errors import ModelError, StreamerError
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.index import SignalIndex, open_index
 from streamer.io.poretype import PORES, pore_of_file
-from streamer.pipeline import PipelineOptions
-from streamer.poremodel import pore_models
+from streamer.pipeline.stages import PipelineOptions
+from streamer.pore.model import pore_models
 
 log = logging.getLogger(__name__)
 

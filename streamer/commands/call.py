@@ -13,10 +13,10 @@ from itertools import islice
 from pathlib import Path
 from typing import TextIO
 
-from streamer.batching import BatchLimits, UltraLong, plan_batches
+from streamer.pipeline.batching import BatchLimits, UltraLong, plan_batches
 from streamer.errors import UsageError
 from streamer.commands._checks import numeric, removed_on_failure
-from streamer.gpu_api import CudaOptions, device_spec
+from streamer.pipeline.gpu import CudaOptions, device_spec
 from streamer.commands._inputs import (
     add_input_arguments,
     alignment_filter,
@@ -27,10 +27,10 @@ from streamer.commands._inputs import (
 from streamer.io.alignments import iter_alignments, write_records
 from streamer.io.bamreads import open_basecalls
 from streamer.io.reference import Reference
-from streamer.batch_runner import RunnerOptions, run_batches
-from streamer.pipeline import BatchResult, Pipeline, PipelineOptions
-from streamer.resume import CallJournal, Resumed, journal_path, run_identity
-from streamer.signal_pool import IO_MODES, reader_pool
+from streamer.pipeline.runner import RunnerOptions, run_batches
+from streamer.pipeline.stages import BatchResult, Pipeline, PipelineOptions
+from streamer.pipeline.resume import CallJournal, Resumed, journal_path, run_identity
+from streamer.pipeline.signal_pool import IO_MODES, reader_pool
 from streamer import registry
 from streamer.sinks import open_sink
 from streamer.skips import Skipped

@@ -8,8 +8,8 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
-from streamer.batching import BatchLimits, batch_inputs, load_signals, plan_batches, signal_requests
-from streamer.batch import pack
+from streamer.pipeline.batching import BatchLimits, batch_inputs, load_signals, plan_batches, signal_requests
+from streamer.pipeline.batch import pack
 from streamer.commands._inputs import (
     add_input_arguments,
     alignment_filter,
@@ -19,11 +19,11 @@ from streamer.commands._inputs import (
 )
 from streamer import registry
 from streamer.commands._checks import removed_on_failure
-from streamer.gpu_api import CudaOptions, device_spec
+from streamer.pipeline.gpu import CudaOptions, device_spec
 from streamer.io.alignments import iter_alignments
 from streamer.io.bamreads import open_basecalls
 from streamer.io.reference import Reference
-from streamer.pipeline import Pipeline, PipelineOptions
+from streamer.pipeline.stages import Pipeline, PipelineOptions
 from streamer.sinks import open_sink
 from streamer.summary import RunSummary
 

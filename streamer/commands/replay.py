@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 from streamer.commands._checks import numeric
-from streamer.replay import COMPRESSION, SIGNAL_FORMATS, Replayer, ReplayOptions, load_source
+from streamer.daemon.replay import COMPRESSION, SIGNAL_FORMATS, Replayer, ReplayOptions, load_source
 
 NAME = "replay"
 HELP = "write a finished run's reads into a folder the way MinKNOW writes a live run"

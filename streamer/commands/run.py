@@ -13,20 +13,20 @@ import yaml
 
 from streamer import config as configuration
 from streamer import registry
-from streamer.read_aligner import ReadAligner
-from streamer.daemon import Daemon, PipelineLike
-from streamer.daemon_runs import RunSet, check_publishing, made_once, several_runs
+from streamer.pipeline.aligner import ReadAligner
+from streamer.daemon.shell import Daemon, PipelineLike
+from streamer.daemon.runs import RunSet, check_publishing, made_once, several_runs
 from streamer.errors import ConfigError, ModelError
-from streamer.gpu_api import CudaOptions
+from streamer.pipeline.gpu import CudaOptions
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
-from streamer.journal import check_output_free
+from streamer.daemon.journal import check_output_free
 from streamer.metrics import serve_metrics
-from streamer.notify import Notifier
+from streamer.daemon.notify import Notifier
 from streamer.io.poretype import pore_of_file
-from streamer.pipeline import Pipeline, PipelineOptions
-from streamer.pore_pipeline import PorePipeline, first_signal_file
-from streamer.poremodel import pore_models
+from streamer.pipeline.stages import Pipeline, PipelineOptions
+from streamer.daemon.pore_pipeline import PorePipeline, first_signal_file
+from streamer.pore.model import pore_models
 from streamer.publish.publisher import Publisher, PublisherConfig
 from streamer.publish.security import CurveServer, load_public_keys, load_secret_keys
 from streamer.sinks import open_sink

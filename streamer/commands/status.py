@@ -47,7 +47,7 @@ def _from_folder(out: Path) -> dict[str, Any]:
 
 
 def _from_stream(endpoint: str, interval: float) -> dict[str, Any]:
-    from streamer.client import Subscriber
+    from streamer.publish.client import Subscriber
     from streamer.publish.messages import Status
     from streamer.publish.protocol import Topic
 

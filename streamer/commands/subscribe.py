@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from streamer.client import Gap, Subscriber
+from streamer.publish.client import Gap, Subscriber
 from streamer.commands._checks import numeric
 from streamer.config import is_endpoint
 from streamer.errors import ConfigError, UsageError

@@ -1,6 +1,6 @@
 """Results out over ZeroMQ: the publisher, its wire protocol and CURVE security.
 
-See docs/protocol.md; subscribers use `streamer.client`.
+See docs/protocol.md; subscribers use `streamer.publish.client`.
 """
 
 from streamer.publish.frequencies import FrequencyTable

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from streamer.gpu_api import AbeaBatchStats
+from streamer.pipeline.gpu import AbeaBatchStats
 from streamer.tuning.monitor import (
     ADVICE,
     BOTH_TREES,

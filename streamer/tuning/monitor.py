@@ -14,7 +14,7 @@ import enum
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from streamer.gpu_api import AbeaBatchStats
+from streamer.pipeline.gpu import AbeaBatchStats
 
 UTIL_REASONABLE = 0.70  # an array class is reasonably used above this fraction of its capacity
 UTIL_GAP = 0.30  # X and Y utilisations further apart than this are out of proportion

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from streamer.gpu_api import CudaOptions, GpuInfo, gpu_module
+from streamer.pipeline.gpu import CudaOptions, GpuInfo, gpu_module
 from streamer.tuning.controller import KNOBS, Bounds, Settings
 
 # host bytes a batch holds per read base while it is assembled, prefetched and computed (signal,

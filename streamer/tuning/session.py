@@ -11,9 +11,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from streamer.batching import BatchLimits
+from streamer.pipeline.batching import BatchLimits
 from streamer.config import Config
-from streamer.gpu_api import AbeaBatchStats, CudaOptions, GpuInfo, gpu_module
+from streamer.pipeline.gpu import AbeaBatchStats, CudaOptions, GpuInfo, gpu_module
 from streamer.paths import user_state_dir
 from streamer.tuning.controller import Action, Controller, Policy, Settings
 from streamer.tuning.monitor import ADVICE, REPEATS

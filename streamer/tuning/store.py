@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from streamer.gpu_api import GpuInfo
+from streamer.pipeline.gpu import GpuInfo
 from streamer.tuning.controller import INTEGER_KNOBS, KNOBS, Closure, Settings
 
 log = logging.getLogger(__name__)

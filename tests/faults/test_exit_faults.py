@@ -12,9 +12,9 @@ import threading
 from pathlib import Path
 
 from streamer import cli
-from streamer.daemon import State
-from streamer.journal import Journal
-from streamer.replay import Replayer, ReplayOptions
+from streamer.daemon.shell import State
+from streamer.daemon.journal import Journal
+from streamer.daemon.replay import Replayer, ReplayOptions
 
 from daemon_support import FakePipeline, no_leaks, rows  # noqa: F401
 from test_daemon import N_READS, N_RECORDS, daemon_for, make_config, reference, source, summary  # noqa: F401

@@ -18,15 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from streamer.daemon import State
+from streamer.daemon.shell import State
 from streamer.io.bamreads import BGZF_EOF
-from streamer.replay import Replayer, ReplayOptions
-from streamer.watch import VANISHED
+from streamer.daemon.replay import Replayer, ReplayOptions
+from streamer.daemon.watch import VANISHED
 
 from daemon_support import FakePipeline, no_leaks, rows  # noqa: F401
 from test_daemon import N_READS, N_RECORDS, daemon_for, make_config, reference, source, summary  # noqa: F401
 
-INTAKE = "streamer.daemon_intake"
+INTAKE = "streamer.daemon.intake"
 
 
 def wait_for(predicate, what: str, timeout: float = 120) -> None:  # a deadline: a cold kernel cache is slow
@@ -202,7 +202,7 @@ def test_damaged_signal_files_of_every_format_are_set_aside(fmt, damage, source,
 def test_a_signal_file_deleted_while_its_reads_are_listed_is_recorded_as_vanished(source, reference,
                                                                                    reference_path, tmp_path,
                                                                                    monkeypatch, start):
-    from streamer import daemon_intake
+    from streamer.daemon import intake as daemon_intake
 
     live = tmp_path / "live"
     run = Replayer(source, live, ReplayOptions(speed=0, batch_reads=3)).run()

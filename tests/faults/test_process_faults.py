@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from streamer.replay import Replayer, ReplayOptions
+from streamer.daemon.replay import Replayer, ReplayOptions
 
 from conftest import REFERENCE, ROOT
 from daemon_support import rows
@@ -23,7 +23,7 @@ import json, signal, sys, time
 sys.path[:0] = sys.argv[2:]
 from daemon_support import FakePipeline
 from streamer import config
-from streamer.daemon import Daemon
+from streamer.daemon.shell import Daemon
 from streamer.io.reference import Reference
 
 class Slow(FakePipeline):

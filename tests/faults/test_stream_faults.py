@@ -10,7 +10,7 @@ import time
 import pytest
 import zmq
 
-from streamer.client import Calls, Gap, SnapshotUnanswered, Status, Subscriber
+from streamer.publish.client import Calls, Gap, SnapshotUnanswered, Status, Subscriber
 from streamer.publish import Publisher
 
 from streams import call_batch, local_config, next_of

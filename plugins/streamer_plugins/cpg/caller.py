@@ -13,9 +13,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from streamer.batch import ReadBatch
-from streamer.pipeline import Pipeline
-from streamer.poremodel import PoreModel, load_default_models
+from streamer.pipeline.batch import ReadBatch
+from streamer.pipeline.stages import Pipeline
+from streamer.pore.model import PoreModel, load_default_models
 from streamer_plugins.cpg.calls import MethCalls, call_methylation
 from streamer_plugins.cpg.hmm_gpu import open_gpu_hmm
 

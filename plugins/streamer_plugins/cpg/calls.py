@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 import numba
 import numpy as np
 
-from streamer.batch import ReadBatch
+from streamer.pipeline.batch import ReadBatch
 from streamer_plugins.cpg import tsv
 from streamer_plugins.cpg.hmm import HmmParams, pack_model, pack_scalings, score_windows
 from streamer_plugins.cpg.logsum import LOGSUM_TABLE
@@ -33,7 +33,7 @@ from streamer_plugins.cpg.sites import (
     cpg_sites,
     read_windows,
 )
-from streamer.poremodel import METHYL_CPG, NUCLEOTIDE, PoreModel
+from streamer.pore.model import METHYL_CPG, NUCLEOTIDE, PoreModel
 from streamer.skips import Skip
 
 CALLS_HEADER = (

@@ -25,7 +25,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from streamer.targets import CPU, Target, log_normal_pdf
+from streamer.pipeline.targets import CPU, Target, log_normal_pdf
 from streamer_plugins.cpg.logsum import flogsum_for
 
 # Offsets of the three states inside a block.

@@ -29,7 +29,7 @@ import time
 import numpy as np
 from numba import cuda
 
-from streamer.gpu_api import HmmBatchStats
+from streamer.pipeline.gpu import HmmBatchStats
 from streamer_gpu.buffers import DeviceBuffers
 from streamer_gpu.faults import from_env as fault_plan
 from streamer_gpu.target import CUDA_ERRORS, DEVICE

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numba
 import numpy as np
 
-from streamer.gpu_api import CudaOptions
+from streamer.pipeline.gpu import CudaOptions
 from streamer_gpu import gpu_absent
 from streamer_plugins.cpg.sites import MAX_SPAN, MIN_SEPARATION
 

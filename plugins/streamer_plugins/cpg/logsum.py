@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from streamer.targets import CPU, Target
+from streamer.pipeline.targets import CPU, Target
 
 LOGSUM_TABLE_SIZE = 16000
 LOGSUM_SCALE = 1000.0

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from streamer.batch import CIGAR_D, CIGAR_EQ, CIGAR_I, CIGAR_M, CIGAR_N, CIGAR_S, CIGAR_X
+from streamer.pipeline.batch import CIGAR_D, CIGAR_EQ, CIGAR_I, CIGAR_M, CIGAR_N, CIGAR_S, CIGAR_X
 
 CLOSEST_EVENT_SEARCH = 1000
 

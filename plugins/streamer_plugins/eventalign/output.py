@@ -10,7 +10,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from streamer.batch import CIGAR_D, CIGAR_I, CIGAR_M, CIGAR_S, ReadBatch
+from streamer.pipeline.batch import CIGAR_D, CIGAR_I, CIGAR_M, CIGAR_S, ReadBatch
 from streamer_plugins.cpg import tsv
 from streamer_plugins.cpg.tsv import _put_byte, _put_bytes, _put_int, _put_uint
 from streamer_plugins.eventalign.viterbi import _ACGT

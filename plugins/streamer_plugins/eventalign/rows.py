@@ -9,12 +9,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from streamer.batch import ReadBatch
+from streamer.pipeline.batch import ReadBatch
 from streamer_plugins.cpg.hmm import HmmParams, pack_model, pack_scalings
 from streamer_plugins.cpg.lookup import CLOSEST_EVENT_SEARCH
 from streamer_plugins.cpg.sites import DISAMBIGUATE
-from streamer.poremodel import NUCLEOTIDE, PoreModel
-from streamer.postalign import recalibrate_batch
+from streamer.pore.model import NUCLEOTIDE, PoreModel
+from streamer.pipeline.postalign import recalibrate_batch
 from streamer.skips import Skip
 from streamer_plugins.eventalign.viterbi import (
     F5C_LOG_INV_SQRT_2PI,

@@ -9,7 +9,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from streamer.batch import CIGAR_N
+from streamer.pipeline.batch import CIGAR_N
 from streamer_plugins.cpg.hmm import (
     S_LOG_VAR,
     S_SCALE,

@@ -3,7 +3,7 @@
 A GPU server beside a GridION or PromethION sees one run folder per flow cell. Each run keeps
 what makes a lone daemon exactly-once: its own output folder (`OUTDIR/<run folder name>`), ledger
 and engine thread; only the pipeline is shared, and its batches are handed out fairly between
-the runs (`streamer.fair`), so that a flow cell that starts late or trickles is not held behind
+the runs (`streamer.daemon.fair`), so that a flow cell that starts late or trickles is not held behind
 another's backlog. Runs are the folders given (`watch.dir` and `watch.also`) or, with
 `watch.each_run`, the folders of `watch.dir`, including those that appear while it runs.
 """
@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from streamer.config import Config
-from streamer.daemon import Daemon, PipelineLike
+from streamer.daemon.shell import Daemon, PipelineLike
 from streamer.errors import ConfigError, StreamerError
-from streamer.fair import SharedPipeline
+from streamer.daemon.fair import SharedPipeline
 from streamer.metrics import combined
-from streamer.notify import Notifier
+from streamer.daemon.notify import Notifier
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

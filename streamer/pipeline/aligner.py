@@ -16,10 +16,10 @@ from pathlib import Path
 import mappy
 import pysam
 
-from streamer.batch import CIGAR_H, CIGAR_S
+from streamer.pipeline.batch import CIGAR_H, CIGAR_S
 from streamer.errors import InputError
 from streamer.io.alignments import AlignmentFilter
-from streamer.basecall_cache import Record, record_of
+from streamer.daemon.basecall_cache import Record, record_of
 from streamer.skips import Skip, Skipped
 
 log = logging.getLogger(__name__)

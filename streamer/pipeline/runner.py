@@ -2,10 +2,10 @@
 
     plan (BAM order) -> reader pool -> pack -> compute threads -> write (batch order)
 
-- The reader pool (`streamer.signal_pool`) loads each planned batch's signal in small tasks,
+- The reader pool (`streamer.pipeline.signal_pool`) loads each planned batch's signal in small tasks,
   `ahead` batches before the stages need them.
-- One packing thread makes each batch's inputs (`streamer.batching.batch_inputs`) and packs
-  them (`streamer.batch.pack`), the samples going from the tasks' arrays to pA straight into
+- One packing thread makes each batch's inputs (`streamer.pipeline.batching.batch_inputs`) and packs
+  them (`streamer.pipeline.batch.pack`), the samples going from the tasks' arrays to pA straight into
   the batch's flat array.
 - Compute threads each run `Pipeline.run_batch` on a batch, so one batch's CPU stages run while
   another's are on the GPU (the pipeline's GPU stages take turns), and let the sinks render it.
@@ -30,15 +30,15 @@ from typing import TYPE_CHECKING, Any
 
 import numba
 
-from streamer.batch import pack
-from streamer.batching import Pending, batch_inputs, chunk_records, load_chunk, signal_requests
+from streamer.pipeline.batch import pack
+from streamer.pipeline.batching import Pending, batch_inputs, chunk_records, load_chunk, signal_requests
 from streamer.io.reference import Reference
-from streamer.signal_pool import READS_PER_TASK, read_tasks
+from streamer.pipeline.signal_pool import READS_PER_TASK, read_tasks
 from streamer.skips import Skipped
 from streamer.summary import RunSummary
 
 if TYPE_CHECKING:
-    from streamer.pipeline import BatchResult, Pipeline
+    from streamer.pipeline.stages import BatchResult, Pipeline
 
 log = logging.getLogger(__name__)
 

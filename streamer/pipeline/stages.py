@@ -25,15 +25,15 @@ from typing import Any, ContextManager, Protocol
 import numba
 import numpy as np
 
-from streamer.abea import align_batch
-from streamer.batch import CIGAR_M, ReadBatch, ReadInput, pack
-from streamer.device_pool import DevicePool
-from streamer.events import detect_events
-from streamer.gpu_api import AbeaBatchStats, CudaOptions, HmmBatchStats, gpu_module
+from streamer.pipeline.abea import align_batch
+from streamer.pipeline.batch import CIGAR_M, ReadBatch, ReadInput, pack
+from streamer.pipeline.devices import DevicePool
+from streamer.pipeline.events import detect_events
+from streamer.pipeline.gpu import AbeaBatchStats, CudaOptions, HmmBatchStats, gpu_module
 from streamer.io.fast5 import SignalRecord
-from streamer.poremodel import PoreModel, load_kmer_model
-from streamer.postalign import recalibrate_batch
-from streamer.scaling import estimate_scalings
+from streamer.pore.model import PoreModel, load_kmer_model
+from streamer.pipeline.postalign import recalibrate_batch
+from streamer.pipeline.scaling import estimate_scalings
 from streamer.skips import Skip, Skipped
 
 log = logging.getLogger(__name__)

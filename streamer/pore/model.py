@@ -6,7 +6,7 @@ alphabet ACGT (4^k rows); methylation models ACGMT, where M is a methylated C
 (5^k rows). Ranks are base-|alphabet| numbers with the first base most significant.
 Text models have k up to 9 (f5c's limit; f5c's R10.4.1 CpG 9-mer model is 1,953,125 rows),
 the alphabet from `#alphabet` or, without it, from the presence of M; large ones are parsed once
-and then read from a binary cache (`streamer.modeltext`). uncalled4's `.npz` level tables (ONT's
+and then read from a binary cache (`streamer.pore.modeltext`). uncalled4's `.npz` level tables (ONT's
 R10.4.1 400bps 9-mer, MIT; 5.6 MB) load into the same `PoreModel`. Neither R10.4.1 model is
 shipped: `pore_models` looks for them in a per-pore folder and says where to get a missing one.
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 import numba
 import numpy as np
 
-from streamer import modeltext
+from streamer.pore import modeltext
 from streamer.errors import ModelError
 from streamer.io.poretype import R10
 from streamer.paths import user_data_dir

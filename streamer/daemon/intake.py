@@ -1,7 +1,7 @@
 """The daemon's file intake: a file the watcher reports complete, registered in the ledger.
 
 Signal files give their read ids (`streamer.io.signal.signal_read_ids`), basecall files their
-reads (`streamer.basecall_cache.read_basecall_file`); the ledger joins the two by read id. Every
+reads (`streamer.daemon.basecall_cache.read_basecall_file`); the ledger joins the two by read id. Every
 file ends in an outcome the ledger records: registered, or set aside with its reason (one that
 vanished before it was read included), once, whatever exception its reader raised: a
 damaged file must never stop the daemon, at this start or the next. STOP and `final_summary`
@@ -18,13 +18,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from streamer.daemon_policy import RECOVERED, EndOfRun
+from streamer.daemon.policy import RECOVERED, EndOfRun
 from streamer.errors import InputError, one_line
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.signal import SIGNAL_SUFFIXES, signal_read_ids
-from streamer.basecall_cache import BasecallCache, read_basecall_file
-from streamer.ledger import Ledger, Registered
-from streamer.watch import VANISHED, Kind, Ready, Rejected, RunFile
+from streamer.daemon.basecall_cache import BasecallCache, read_basecall_file
+from streamer.daemon.ledger import Ledger, Registered
+from streamer.daemon.watch import VANISHED, Kind, Ready, Rejected, RunFile
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from streamer.io.fast5 import SignalRecord
 from streamer.skips import Skip
 
 if TYPE_CHECKING:
-    from streamer.postalign import PostAlign
+    from streamer.pipeline.postalign import PostAlign
 
 # CIGAR operation codes as pysam/htslib number them.
 CIGAR_M, CIGAR_I, CIGAR_D, CIGAR_N, CIGAR_S, CIGAR_H, CIGAR_P, CIGAR_EQ, CIGAR_X = range(9)

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pysam
 
-from streamer.batch import ReadBatch
-from streamer.poremodel import NUCLEOTIDE
+from streamer.pipeline.batch import ReadBatch
+from streamer.pore.model import NUCLEOTIDE
 from streamer.publish.protocol import Categorical
 from streamer.sinks import BaseSink, Result
 from streamer_plugins.eventalign import (

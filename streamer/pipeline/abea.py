@@ -12,7 +12,7 @@ probabilities in double, each cell score formed in double and rounded to float32
 ties going up over diagonal and left over both. Scores live in a ring of three
 bands (all a band needs); the traceback keeps one byte per cell. The per-cell
 arithmetic, the band rule, the traceback and the QC are written once
-(`streamer.abea_cells`) and compiled both here and for CUDA (`streamer_gpu.kernels`),
+(`streamer.pipeline.abea_cells`) and compiled both here and for CUDA (`streamer_gpu.kernels`),
 which therefore agrees to the bit.
 """
 
@@ -24,11 +24,11 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
-from streamer.abea_cells import FROM_U, abea_cells
-from streamer.poremodel import PoreModel
-from streamer.scaling import F5C_CODES, read_kmer_ranks, require_dtype, require_nucleotide
+from streamer.pipeline.abea_cells import FROM_U, abea_cells
+from streamer.pore.model import PoreModel
+from streamer.pipeline.scaling import F5C_CODES, read_kmer_ranks, require_dtype, require_nucleotide
 from streamer.skips import Skip
-from streamer.targets import CPU
+from streamer.pipeline.targets import CPU
 
 scaled_mean, log_emission, cell_score, moves_right, trimmed, with_trimmed, traceback, failed_qc = abea_cells(CPU)
 

@@ -15,12 +15,12 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from streamer.batch import ReadInput
+from streamer.pipeline.batch import ReadInput
 from streamer.errors import StreamerError
-from streamer.gpu_api import CudaOptions
+from streamer.pipeline.gpu import CudaOptions
 from streamer.io.poretype import pore_of_file
 from streamer.io.signal import SIGNAL_SUFFIXES
-from streamer.pipeline import BatchResult, Pipeline
+from streamer.pipeline.stages import BatchResult, Pipeline
 
 log = logging.getLogger(__name__)
 

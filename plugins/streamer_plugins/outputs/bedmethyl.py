@@ -20,7 +20,7 @@ from typing import TextIO
 
 from streamer.errors import InputError
 from streamer_plugins.cpg.calls import MethCalls
-from streamer_plugins.methfreq import CALL_THRESHOLD
+from streamer_plugins.outputs.methfreq import CALL_THRESHOLD
 
 MOD_CODE = "m"
 COLOUR = "255,0,0"

@@ -6,7 +6,7 @@ batches from the BAM in file order without reading signal (`plan_batches`), so t
 workers can load it (`load_chunk`, one task); the daemon's batches come from its ledger.
 All of them hand their `Pending` records and the loaded signal to `batch_inputs`, the one
 function that makes batch inputs (or skips, each with its reason) of them, and its reads to
-`streamer.batch.pack`.
+`streamer.pipeline.batch.pack`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import numpy as np
 
 from typing import NamedTuple
 
-from streamer.batch import ReadInput
+from streamer.pipeline.batch import ReadInput
 from streamer.errors import InputError
 from streamer.io.alignments import AlignmentRecord
 from streamer.io.fast5 import SignalRecord

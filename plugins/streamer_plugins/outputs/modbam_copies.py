@@ -29,7 +29,7 @@ from streamer.errors import InputError
 from streamer.io.alignments import AlignmentFilter
 from streamer.sinks import Result
 from streamer_plugins.cpg.caller import CALLS
-from streamer_plugins.modbam import ModCalls, write_modbam
+from streamer_plugins.outputs.modbam import ModCalls, write_modbam
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ def kernels_cached(env: dict[str, str] | None = None) -> bool:
     return any(next(folder.rglob(INDEX), None) is not None for folder in where if folder.is_dir())
 
 
-INDEX = "abea.abea-*.nbi"  # numba's index file of `streamer.abea.abea`
+INDEX = "abea.abea-*.nbi"  # numba's index file of `streamer.pipeline.abea.abea`
 
 
 def announce_compile(log: logging.Logger) -> bool:

@@ -1,6 +1,6 @@
 """The daemon's decisions, with no files, threads or clocks of their own: what to do next.
 
-`streamer.daemon` is the I/O shell around these: it reads the clock, the watcher and the
+`streamer.daemon.shell` is the I/O shell around these: it reads the clock, the watcher and the
 ledger, asks here whether a batch is due, whether the run is over, whether reads waited too
 long for their partner file, and what a batch's outcome is per read and in counters; then it
 does what the answer says (reads, calls, appends, commits). Times are seconds on whatever

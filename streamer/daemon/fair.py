@@ -80,7 +80,7 @@ class SharedPipeline:
 
 
 class RunPipeline:
-    """A run's view of the shared pipeline (`streamer.daemon.PipelineLike`): a batch waits for its turn."""
+    """A run's view of the shared pipeline (`streamer.daemon.shell.PipelineLike`): a batch waits for its turn."""
 
     def __init__(self, shared: SharedPipeline, run: Hashable):
         self.shared = shared

@@ -1,9 +1,9 @@
 """The daemon's I/O shell: files land, reads are joined, batched, called, written exactly once.
 
 What to do next (a batch due, the end of the run, reads past the join timeout, each read's
-outcome and the counters) is decided in `streamer.daemon_policy`, with no files or threads;
+outcome and the counters) is decided in `streamer.daemon.policy`, with no files or threads;
 this module reads the clock, the watcher and the ledger, asks, and acts. Files the watcher
-reports complete go through `streamer.daemon_intake`. It is over 400 lines because it holds
+reports complete go through `streamer.daemon.intake`. It is over 400 lines because it holds
 the lifecycle (start, supervise, drain, close) and the one batch transaction together, which
 is what makes output exactly-once.
 
@@ -12,7 +12,7 @@ reports complete, register them in the ledger (which joins signal and basecalls 
 run a batch through the same pipeline as `streamer call` when one is due, append its rows,
 commit the ledger, and check whether the run is over. While a batch computes, the signal of
 the next matched reads (one batch at most) is read on the reader pool `streamer call` uses
-(`streamer.signal_pool.SignalReads`); nothing read ahead is committed, so a crash loses nothing.
+(`streamer.pipeline.signal_pool.SignalReads`); nothing read ahead is committed, so a crash loses nothing.
 The main thread only supervises: it feeds systemd's watchdog while the engine makes progress,
 sends status, and on SIGTERM (which only sets an event) waits at most `drain_timeout` for the
 batch in hand.
@@ -44,12 +44,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
-from streamer.read_aligner import ReadAligner
-from streamer.batching import Pending, batch_inputs
-from streamer.batch import ReadInput
+from streamer.pipeline.aligner import ReadAligner
+from streamer.pipeline.batching import Pending, batch_inputs
+from streamer.pipeline.batch import ReadInput
 from streamer.config import Config
-from streamer.daemon_intake import FileIntake
-from streamer.daemon_policy import (
+from streamer.daemon.intake import FileIntake
+from streamer.daemon.policy import (
     PIPELINE_ERROR,
     EndOfRun,
     Ending,
@@ -65,17 +65,17 @@ from streamer.errors import InputError
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
 from streamer.io.signal import SIGNAL_SUFFIXES
-from streamer.basecall_cache import BasecallCache, ReadBasecalls, Record
-from streamer.ledger import BatchRecord, Ledger, Pick, Waiting
+from streamer.daemon.basecall_cache import BasecallCache, ReadBasecalls, Record
+from streamer.daemon.ledger import BatchRecord, Ledger, Pick, Waiting
 from streamer.metrics import status_of
-from streamer.notify import Notifier
-from streamer.journal import SKIPPED_HEADER, Journal
+from streamer.daemon.notify import Notifier
+from streamer.daemon.journal import SKIPPED_HEADER, Journal
 from streamer.publish.sink import PublishSink, PublisherLike
-from streamer.signal_pool import SignalReads, signal_readers
+from streamer.pipeline.signal_pool import SignalReads, signal_readers
 from streamer.sinks import open_sink, write_atomic
 from streamer.skips import Skip, Skipped
 from streamer.tuning.session import AutoTuner
-from streamer.watch import RunLayout, Watcher, WatchTimings
+from streamer.daemon.watch import RunLayout, Watcher, WatchTimings
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ EVENTALIGN = "eventalign"  # the eventalign stage's product
 
 
 class BatchResultLike(Protocol):
-    """What the daemon needs of `streamer.pipeline.BatchResult`."""
+    """What the daemon needs of `streamer.pipeline.stages.BatchResult`."""
 
     batch: Any
     read_ids: Sequence[str]
@@ -105,7 +105,7 @@ class BatchResultLike(Protocol):
 
 
 class PipelineLike(Protocol):
-    """What the daemon needs of `streamer.pipeline.Pipeline` (models loaded, kernels warm)."""
+    """What the daemon needs of `streamer.pipeline.stages.Pipeline` (models loaded, kernels warm)."""
 
     def process(self, reads: list[ReadInput]) -> BatchResultLike: ...
 

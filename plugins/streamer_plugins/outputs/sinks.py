@@ -21,11 +21,11 @@ import numpy as np
 from streamer.errors import InputError
 from streamer.io.alignments import AlignmentFilter
 from streamer.sinks import BaseSink, Result, write_atomic
-from streamer_plugins.bedmethyl import BedMethyl
+from streamer_plugins.outputs.bedmethyl import BedMethyl
 from streamer_plugins.cpg.caller import CALLS
 from streamer_plugins.cpg.calls import CALLS_HEADER, MethCalls, format_calls
-from streamer_plugins.methfreq import CALL_THRESHOLD, MethFreq
-from streamer_plugins.modbam import ModCalls, write_modbam
+from streamer_plugins.outputs.methfreq import CALL_THRESHOLD, MethFreq
+from streamer_plugins.outputs.modbam import ModCalls, write_modbam
 
 _COLUMNS = CALLS_HEADER.rstrip("\n").split("\t")
 

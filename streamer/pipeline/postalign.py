@@ -24,8 +24,8 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
-from streamer.poremodel import PoreModel
-from streamer.scaling import F5C_CODES, read_kmer_ranks, require_dtype, require_nucleotide
+from streamer.pore.model import PoreModel
+from streamer.pipeline.scaling import F5C_CODES, read_kmer_ranks, require_dtype, require_nucleotide
 from streamer.skips import Skip
 
 

@@ -1,7 +1,7 @@
 """Signal readers: a pool of processes or threads that load reads' samples ahead of the stages.
 
 `streamer call` hands each planned batch's reads to the pool in small tasks (`read_tasks`,
-`streamer.batching.load_chunk`) several batches ahead; the daemon reads the next batch's
+`streamer.pipeline.batching.load_chunk`) several batches ahead; the daemon reads the next batch's
 signal while a batch computes (`SignalReads`). FAST5 and POD5 go to processes: h5py
 serialises every thread of a process on one lock, and the POD5 reader holds the GIL for most
 of its work (on 16 cores, threads spent 44 s reading what processes read in 2.5 s).
@@ -23,7 +23,7 @@ from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExec
 from dataclasses import dataclass
 from pathlib import Path
 
-from streamer.batching import chunk_records, load_chunk
+from streamer.pipeline.batching import chunk_records, load_chunk
 from streamer.io.fast5 import SignalRecord
 from streamer.io.index import SignalIndex
 
@@ -114,7 +114,7 @@ def _fork_server() -> multiprocessing.context.ForkServerContext:
     process imported its packages from first (PYTHONPATH).
     """
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["streamer.batching"])
+    ctx.set_forkserver_preload(["streamer.pipeline.batching"])
     roots = []
     for name in _IMPORT_ROOTS:
         spec = importlib.util.find_spec(name)

@@ -1,7 +1,7 @@
-"""ABEA's arithmetic written once for the CPU kernel (`streamer.abea`) and the CUDA kernels
+"""ABEA's arithmetic written once for the CPU kernel (`streamer.pipeline.abea`) and the CUDA kernels
 (`streamer_gpu.kernels`): the cell score, the band rule, trimmed scores, the traceback and the QC.
 
-`abea_cells(target)` compiles them for a target (`streamer.targets`); both kernels call the
+`abea_cells(target)` compiles them for a target (`streamer.pipeline.targets`); both kernels call the
 same source with the same rounding operations in the same order, so they agree to the bit. The
 arithmetic is f5c's (align.c): emissions in float32, transition log probabilities in double,
 each move's score formed in double and rounded once to float32, ties going up over diagonal and
@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from streamer.targets import Target, log_normal_pdf
+from streamer.pipeline.targets import Target, log_normal_pdf
 
 FROM_D = 0  # diagonal: step to the next k-mer with the next event
 FROM_U = 1  # up: the event stays on the same k-mer

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from streamer.poremodel import NUC_CODE, NUCLEOTIDE, PoreModel, kmer_rank
+from streamer.pore.model import NUC_CODE, NUCLEOTIDE, PoreModel, kmer_rank
 from streamer.skips import Skip
 
 # f5c ranks a letter outside ACGT as A (with a warning) instead of refusing the k-mer;

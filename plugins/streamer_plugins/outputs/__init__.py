@@ -1,0 +1,1 @@
+"""Outputs derived from the calls: the sinks, meth-freq, bedMethyl, modBAM."""

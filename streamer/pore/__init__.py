@@ -1,0 +1,1 @@
+"""Pore models: the k-mer level tables and their parsing."""
