@@ -7,6 +7,9 @@ command (a missing reference, a malformed model, a bad config).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 class StreamerError(Exception):
     """Root of every error streamer raises on purpose."""
@@ -29,6 +32,26 @@ class InputError(StreamerError):
         if read_id is not None:
             where += f" (read {read_id})"
         super().__init__(f"{where}: {reason}")
+
+
+def os_failure(exc: OSError, kind: str) -> str:
+    """Why a file of `kind` ("POD5", "signal", ...) could not be read, in the words a user needs."""
+    if isinstance(exc, FileNotFoundError):
+        return "no such file"
+    if isinstance(exc, IsADirectoryError):
+        return f"is a directory, not a {kind} file"
+    if isinstance(exc, PermissionError):
+        return "permission denied"
+    return f"cannot read ({exc.strerror or exc})"
+
+
+@contextmanager
+def reading(path, kind: str) -> Iterator[None]:
+    """Turn an `OSError` met while reading `path` into the `InputError` that names it."""
+    try:
+        yield
+    except OSError as exc:
+        raise InputError(path, os_failure(exc, kind)) from exc
 
 
 class ModelError(InputError):
