@@ -19,7 +19,6 @@
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import shutil
@@ -39,7 +38,7 @@ from streamer.tuning.session import AutoTuner, prepare
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_call import replicate  # noqa: E402
-from common import timed_call  # noqa: E402
+from common import shared_data_parser, timed_call  # noqa: E402
 from bench_gpu_abea import scaled_batch  # noqa: E402
 
 GOOD = Settings(max_reads=4096, max_bases=20_000_000)
@@ -118,10 +117,7 @@ def summarise(rows: list[dict], tail: int) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, required=True, help="the shared ecoli_2kb_region folder")
-    ap.add_argument("--out", type=Path, required=True, help="results folder")
-    ap.add_argument("--work", type=Path, default=Path("bench-work/autotune"), help="scratch folder [%(default)s]")
+    ap = shared_data_parser(__doc__, "bench-work/autotune")
     ap.add_argument("--bad-k", type=int, default=32, help="-K of the bad start [%(default)s]")
     ap.add_argument("--bad-max-lf", type=float, help="max-lf of the bad start [the profile's]")
     ap.add_argument("--bad-batches", type=int, default=30, help="batches of the untuned bad start [%(default)s]")

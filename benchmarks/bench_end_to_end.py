@@ -19,7 +19,6 @@ measured) and OUT/results.md; each run's log to WORK/logs.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import gzip
 import json
@@ -36,7 +35,7 @@ from pathlib import Path
 import numba
 import numpy as np
 
-from common import new_id, replicate_bam
+from common import new_id, replicate_bam, shared_data_parser
 from streamer.io.fastx import load_basecalls
 
 REFERENCE = Path(__file__).resolve().parents[1] / "tests" / "data" / "ecoli_k12_mg1655.fa.gz"
@@ -242,10 +241,7 @@ def signal_stages(data: Path, ref_path: Path, reads: Path, copies: int) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, required=True, help="the shared ecoli_2kb_region folder")
-    ap.add_argument("--out", type=Path, required=True, help="results folder")
-    ap.add_argument("--work", type=Path, default=Path("bench-work/e2e"), help="scratch folder [%(default)s]")
+    ap = shared_data_parser(__doc__, "bench-work/e2e")
     ap.add_argument("--copies", type=int, default=100, help="replicas of the shared reads [%(default)s]")
     ap.add_argument("--reps", type=int, default=1, help="timed repeats of the HMM stage [%(default)s]")
     ap.add_argument("--runs", default="all", help="comma-separated end-to-end runs (names in `runs`) [all]")

@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import gc
 import gzip
@@ -45,7 +44,7 @@ from streamer.pipeline.scaling import estimate_scalings
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_call import replicate  # noqa: E402
-from common import gpu_rows, timed_call  # noqa: E402
+from common import gpu_rows, shared_data_parser, timed_call  # noqa: E402
 
 REFERENCE = Path(__file__).resolve().parents[1] / "tests" / "data" / "ecoli_k12_mg1655.fa.gz"
 LAYOUTS = [Layout(128, 1, 64), Layout(64, 1, 64), Layout(32, 1, 64), Layout(32, 2, 64), Layout(32, 4, 64),
@@ -108,10 +107,7 @@ def run_gpu(aligner: CudaAbea, arrays, model):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, required=True, help="the shared ecoli_2kb_region folder")
-    ap.add_argument("--out", type=Path, required=True, help="results folder")
-    ap.add_argument("--work", type=Path, default=Path("bench-work/gpu"), help="scratch folder [%(default)s]")
+    ap = shared_data_parser(__doc__, "bench-work/gpu")
     ap.add_argument("--mbases", type=float, default=60.0, help="replicate to at least this many Mbases")
     ap.add_argument("--reps", type=int, default=2, help="timed repeats of each ABEA run [%(default)s]")
     ap.add_argument("-K", type=int, default=4096, help="-K of the end-to-end runs [%(default)s]")

@@ -5,6 +5,7 @@ Benchmarks run as scripts (`python benchmarks/bench_x.py`), so this folder is on
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 import time
@@ -56,3 +57,12 @@ def gpu_rows(gpu: dict, cpu_s: float, kernel_key: str, exact: Callable[[dict], s
                     f"{r[kernel_key]:.3f} | {r['t_d2h']:.3f} | {r['cells'] / r[kernel_key] / 1e9:.2f} | "
                     f"{cpu_s / r['wall_s']:.1f}x | {exact(g)} |")  # fmt: skip
     return rows
+
+
+def shared_data_parser(doc: str, work: str) -> argparse.ArgumentParser:
+    """The command line of a benchmark over the shared reads: --data, --out and its scratch folder."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, required=True, help="the shared ecoli_2kb_region folder")
+    ap.add_argument("--out", type=Path, required=True, help="results folder")
+    ap.add_argument("--work", type=Path, default=Path(work), help="scratch folder [%(default)s]")
+    return ap
