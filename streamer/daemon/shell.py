@@ -61,7 +61,7 @@ from streamer.daemon.policy import (
     skip_counters,
     skip_row,
 )
-from streamer.errors import InputError
+from streamer.errors import InputError, one_line
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
 from streamer.io.signal import SIGNAL_SUFFIXES
@@ -397,13 +397,20 @@ class Daemon:
                 self._beat()
                 try:
                     self.modcalls.add_file(path)
-                except (InputError, OSError) as exc:
+                except Exception as exc:  # noqa: BLE001 - one file's fault never stops the daemon
                     self._unreadable(fid, path, size, mtime_ns, exc)
                     break
                 self._modcall_files.add((fid, size, mtime_ns))
             else:
                 return
             checkpoint = False
+
+    def _unreadable(self, fid: int, path: Path, size: int, mtime_ns: int, exc: Exception) -> None:
+        """One line, and the ledger's record of the file as unreadable (as it is now): never counted again."""
+        why = exc.reason if isinstance(exc, InputError) else one_line(exc)
+        log.warning("%s: its modified-base calls are not counted: %s", path, why)
+        log.debug("%s", path, exc_info=True)
+        self.ledger.record_modcalls(fid, size, mtime_ns, 0, UNREADABLE)
 
     def _save_modcalls(self, final: bool) -> None:
         """A checkpoint of the counts, every `MODCALL_CHECKPOINT_S` and at exit, when files were counted
@@ -435,7 +442,7 @@ class Daemon:
                 continue
             try:
                 n_reads, n_calls = self.modcalls.add_file(path)
-            except (InputError, OSError) as exc:
+            except Exception as exc:  # noqa: BLE001 - one file's fault never stops the daemon
                 self._unreadable(fid, path, size, mtime_ns, exc)
                 self._rebuild_modcalls()
                 continue
@@ -453,8 +460,9 @@ class Daemon:
         """The run's pass thresholds from its first BAM with calls, kept in the ledger; False when it has none."""
         try:
             thresholds = self.modcalls.estimate(path)
-        except (InputError, OSError) as exc:
-            log.warning("%s: %s", path, exc)
+        except Exception as exc:  # noqa: BLE001 - one file's fault never stops the daemon
+            log.warning("%s: no pass thresholds from its modified-base calls: %s", path,
+                        exc.reason if isinstance(exc, InputError) else one_line(exc))
             return False
         if not thresholds.per_base:
             return False
