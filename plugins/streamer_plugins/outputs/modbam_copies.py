@@ -54,7 +54,7 @@ class ModBamCopies:
             i = int(calls.read[j])
             if read_ids[i] in wanted:
                 self.calls.add(read_ids[i], ref_names[i], bool(calls.strand[j] < 0), int(calls.start[j]),
-                               float(f"{calls.llr[j]:.2f}"), calls.sequence[j])  # fmt: skip
+                               round(float(calls.llr[j]), 2), calls.sequence[j])  # fmt: skip
 
     def path_of(self, bam: Path) -> Path:
         try:
