@@ -1,7 +1,6 @@
 """Outputs made from batch results, behind one contract, found by name in the registry.
 
-Every host (`streamer call`, `streamer eventalign`, the Dask path, the daemon) opens its sinks
-the same way: `open_sinks(config, context)` asks each `streamer.sinks` entry point of the
+The daemon opens its sinks with `open_sinks(config, context)`, which asks each `streamer.sinks` entry point of the
 standard outputs, then those `output.sinks` lists, for its sink: the class's `open` reads its
 own keys of the configuration and the context, and returns None when it is off there. A new output is a new
 module and its entry point, named in `output.sinks`.
@@ -13,8 +12,8 @@ exactly once. A sink that derives something (meth-freq, bedMethyl, modBAM, the m
 takes each batch's structured results in `on_batch`, a registered input file in `on_file`, and
 writes on `refresh` (replaced whole) and `close`. In the daemon it is rebuilt at start-up by
 `restore`, from the committed rows replayed through `on_batch` when it asks for them
-(`replays`), and from what it committed itself through its `SinkLedger`. No sink reads back
-text the program wrote mid-run.
+(`replays`), and from what it committed itself through its `SinkLedger`. The committed calls
+are read back mid-run only for a basecall BAM a late read reopened (`on_reopened`, the modBAM copies).
 """
 
 from __future__ import annotations
