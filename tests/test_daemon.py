@@ -313,7 +313,7 @@ def test_publisher_hook(source, reference, reference_path, tmp_path, no_leaks):
     cfg = make_config(tmp_path, reference_path)
     pub = RecordingPublisher()
     code, d = run_to_end(cfg, FakePipeline(), reference, publisher=pub)
-    assert pub.got[0][0] == "serve_sites" and pub.got[0][1][0].hmm is d.freq  # snapshots: the daemon's own table
+    assert pub.got[0][0] == "serve_sites" and pub.got[0][1][0].hmm is d.publish.table  # snapshots: the daemon's own table
     del pub.got[0]
     names = [n for n, _ in pub.got]
     assert code == 0 and names[0] == "publish_run" and pub.got[0][1][0] == "start"

@@ -260,6 +260,7 @@ def _here(args, stack, options, index, limits, filt, summary, output, written, t
     if ultra is not None and ultra.skip_to is not None:
         write_records(args.bam, ultra.skip_to, ultra.skipped_ids, filt)
     for table in tables:
+        table.refresh(final=True)
         table.close()
 
 

@@ -61,7 +61,7 @@ from streamer.daemon.policy import (
     skip_counters,
     skip_row,
 )
-from streamer.errors import InputError
+from streamer.errors import InputError, one_line
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
 from streamer.io.signal import SIGNAL_SUFFIXES
@@ -72,7 +72,7 @@ from streamer.daemon.notify import Notifier
 from streamer.daemon.journal import SKIPPED_HEADER, Journal
 from streamer.publish.sink import PublishSink, PublisherLike
 from streamer.pipeline.signal_pool import SignalReads, signal_readers
-from streamer.sinks import open_sink, write_atomic
+from streamer.sinks import Sink, SinkContext, open_sinks, write_atomic
 from streamer.skips import Skip, Skipped
 from streamer.tuning.session import AutoTuner
 from streamer.daemon.watch import RunLayout, Watcher, WatchTimings
@@ -81,13 +81,6 @@ log = logging.getLogger(__name__)
 
 METH_TSV = "meth.tsv"
 SKIPPED_TSV = "skipped.tsv"
-FREQ_TSV = "meth-freq.tsv"
-BEDMETHYL = "meth.bed"
-MODKIT_BED = "modkit.bed"  # dorado's MM/ML calls aggregated as `modkit pileup`
-MODCALL_THRESHOLDS = "modcall_thresholds"  # ledger meta: the pass thresholds estimated for the run
-UNREADABLE = -1  # the ledger's call count of a BAM whose calls could not be read
-MODCALL_CHECKPOINT = "modkit-counts.pickle"  # in the state folder
-MODCALL_CHECKPOINT_S = 300.0  # a checkpoint costs a write of the whole table (GBs for a human genome)
 SUMMARY_JSON = "summary.json"
 EVENTALIGN_TSV = "eventalign.tsv"
 EVENTALIGN = "eventalign"  # the eventalign stage's product
@@ -150,29 +143,9 @@ class Daemon:
         self.watcher: Watcher | None = None
         self.intake: FileIntake | None = None
         self.signal: SignalReads | None = None
-        out, threshold = config.output.dir, config.output.call_threshold
-        self.call_rows = open_sink("calls")
-        self.freq_sink = open_sink("methfreq", path=out / FREQ_TSV, call_threshold=threshold,
-                                   split_groups=config.output.split_groups, track_changes=publisher is not None)
-        self.freq = self.freq_sink.table
-        """The one per-site table: meth-freq.tsv, and the publisher's snapshots (`serve_sites`)."""
-        self.bed = open_sink("bedmethyl", path=out / BEDMETHYL, call_threshold=threshold) if config.output.bedmethyl \
-            else None
-        ea = config.eventalign
-        self.eventalign = open_sink("eventalign", print_read_names=ea.print_read_names, scale_events=ea.scale_events,
-                                    signal_index=ea.signal_index, samples=ea.samples) if ea.enabled else None
-        self.modbams = open_sink("modbam-copies", out_dir=out, watch_dir=config.watch.dir, filt=self._filter) \
-            if config.output.modbam else None
-        mc = config.modcalls
-        self.modcalls = open_sink(
-            "modkit", path=out / MODKIT_BED, reference=config.reference.genome, track_changes=publisher is not None,
-            filter_threshold=mc.filter_threshold, filter_percentile=mc.filter_percentile, no_filtering=mc.no_filtering,
-            cpg=mc.cpg, combine_strands=mc.combine_strands, ignore=mc.ignore, combine_mods=mc.combine_mods,
-        ) if mc.enabled else None
-        self._modcall_checkpoint = config.state_dir() / MODCALL_CHECKPOINT
-        self._modcall_files: set[tuple[int, int, int]] = set()  # (file id, size, mtime) of the BAMs in the table
-        self._modcalls_saved: set[tuple[int, int, int]] = set()  # those the checkpoint holds
-        self._next_modcall_checkpoint = time.monotonic() + MODCALL_CHECKPOINT_S
+        self.sinks: list[Sink] = []  # opened with the ledger (`start`), from the configuration
+        self.call_rows: Sink | None = None  # the sinks of meth.tsv's and eventalign.tsv's rows
+        self.eventalign: Any = None
         self.cache = BasecallCache(config.join.max_pending_bases, self._filter)
         end = config.end
         self.end = EndOfRun(end.final_summary_grace, end.idle_timeout, end.follow, end.stop_file)
@@ -180,8 +153,7 @@ class Daemon:
         self._next_refresh = 0.0
         self._next_status = 0.0
         self._status: dict[str, Any] = {}
-        self.publish = PublishSink(publisher, self.freq, self.freq_sink.changed, self.modcalls) \
-            if publisher is not None else None
+        self.publish = PublishSink(publisher) if publisher is not None else None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -192,23 +164,20 @@ class Daemon:
         cfg = self.config
         try:
             self.ledger = Ledger(cfg.state_dir(), watch_dir=cfg.watch.dir)
-            headers = {METH_TSV: self.call_rows.header, SKIPPED_TSV: SKIPPED_HEADER}
-            if self.eventalign is not None:
-                headers[EVENTALIGN_TSV] = self.eventalign.header
+            self._open_sinks()
+            headers = {s.journal: s.header for s in self.sinks if s.journal} | {SKIPPED_TSV: SKIPPED_HEADER}
             self.outputs = Journal(cfg.output.dir, headers, self.ledger.offsets())
             if self.outputs.fresh:
                 self.ledger.commit((), self.outputs.fresh, {})
             self._load_calls()
-            self._write_modbams()
-            self._load_modcalls()
             if self._make_aligner is not None and cfg.watch.basecalls != "bam":
                 self._aligner = self._make_aligner()
             exclude = [cfg.output.dir, cfg.state_dir(), cfg.reference.genome]
             layout = RunLayout(cfg.watch.dir, stop_file=cfg.end.stop_file, include_fail=cfg.watch.include_fail,
                             basecalls=cfg.watch.basecalls, exclude=tuple(exclude))
             timings = WatchTimings(cfg.watch.poll_interval, cfg.watch.settle, cfg.watch.incomplete_timeout)
-            self.intake = FileIntake(self.ledger, self.cache, self._filter, self.end, self._reload_modbam_calls,
-                                     self._count_modcalls)
+            self.intake = FileIntake(self.ledger, self.cache, self._filter, self.end, self._reopened,
+                                     lambda: self._each_sink("on_file", "basecalls", "bam"))
             self.watcher = Watcher(layout, timings, poll=cfg.watch.poll, known=self.ledger.is_known)
             self.watcher.start()
             workers = cfg.pipeline.threads or os.cpu_count() or 1
@@ -275,6 +244,8 @@ class Daemon:
             self.signal.close()
         if self.outputs is not None:
             self.outputs.close()
+        for sink in self.sinks:
+            sink.close()
         if self.ledger is not None:
             self.ledger.close()
         self.notifier.close()
@@ -352,117 +323,8 @@ class Daemon:
 
     # ------------------------------------------------------------------ files
 
-    def _reload_modbam_calls(self, bams: tuple[int, ...]) -> None:
-        """A reopened BAM is copied again once its late reads are done: its other reads' calls,
-        let go when it was first copied, are read back from the committed `meth.tsv`."""
-        if self.modbams is None:
-            return
-        reads = set().union(*(self.ledger.reads_of_file(fid) for fid in bams))
-        for block in self._committed_calls():
-            self.modbams.add(block, reads)
-
-    # ------------------------------------------------------------------ dorado's modified-base calls
-
-    def _load_modcalls(self) -> None:
-        """The modkit table as the ledger says it was (from its checkpoint and the BAMs counted after
-        it), then any registered BAM not yet counted (a kill came between its registration and its count)."""
-        if self.modcalls is None:
-            return
-        saved = self.ledger.meta(MODCALL_THRESHOLDS)
-        if saved is not None:
-            self.modcalls.restore_thresholds(saved)
-        self._rebuild_modcalls(checkpoint=True)
-        self._count_modcalls()
-        self.modcalls.take_changes()  # the publisher's updates are of sites changed from here on
-
-    def _rebuild_modcalls(self, checkpoint: bool = False) -> None:
-        """The table from the counted BAMs alone: from the checkpoint if it holds only files the ledger
-        still has as counted (as they are now), then the others. One that cannot be read through any
-        more is recorded as unreadable (one line), and the table rebuilt without it: counts cannot be
-        taken back."""
-        while True:
-            recorded = self.ledger.modcall_files()
-            self.modcalls.reset()
-            self._modcall_files = set()
-            held = self.modcalls.load(self._modcall_checkpoint) if checkpoint else None
-            if held is not None and set(held) <= {(f, size, mtime) for f, _, size, mtime in recorded}:
-                self._modcall_files = set(held)
-                self._modcalls_saved = set(held)
-                log.info("%s: the counts of %d BAMs restored from the checkpoint", MODKIT_BED, len(held))
-            elif held is not None:
-                self.modcalls.reset()
-            for fid, path, size, mtime_ns in recorded:
-                if (fid, size, mtime_ns) in self._modcall_files:
-                    continue
-                self._beat()
-                try:
-                    self.modcalls.add_file(path)
-                except (InputError, OSError) as exc:
-                    self._unreadable(fid, path, size, mtime_ns, exc)
-                    break
-                self._modcall_files.add((fid, size, mtime_ns))
-            else:
-                return
-            checkpoint = False
-
-    def _save_modcalls(self, final: bool) -> None:
-        """A checkpoint of the counts, every `MODCALL_CHECKPOINT_S` and at exit, when files were counted
-        since the last: a restart then reads only the BAMs counted after it, not the whole run again."""
-        if self.modcalls is None or self._modcall_files == self._modcalls_saved or self.modcalls.counts is None:
-            return
-        if not final and time.monotonic() < self._next_modcall_checkpoint:
-            return
-        self.modcalls.save(self._modcall_checkpoint, sorted(self._modcall_files))
-        self._modcalls_saved = set(self._modcall_files)
-        self._next_modcall_checkpoint = time.monotonic() + MODCALL_CHECKPOINT_S
-
-    def _count_modcalls(self) -> None:
-        """Count each registered BAM not counted yet, then record it: the table holds each file once.
-
-        A file counted before in another state (rewritten in place), or one that fails part-way,
-        cannot be taken back from the counts: the table is rebuilt from the other counted files.
-        """
-        if self.modcalls is None:
-            return
-        for fid, path, size, mtime_ns, changed in self.ledger.uncounted_bams():
-            self._beat()
-            if changed:
-                log.info("%s changed after its modified-base calls were counted: rebuilding %s", path, MODKIT_BED)
-                self.ledger.forget_modcalls([fid])
-                self._rebuild_modcalls()
-            if self.modcalls.thresholds is None and not self._estimate_thresholds(path):
-                self.ledger.record_modcalls(fid, size, mtime_ns, 0, 0)  # no calls to count in it
-                continue
-            try:
-                n_reads, n_calls = self.modcalls.add_file(path)
-            except (InputError, OSError) as exc:
-                self._unreadable(fid, path, size, mtime_ns, exc)
-                self._rebuild_modcalls()
-                continue
-            self.ledger.record_modcalls(fid, size, mtime_ns, n_reads, n_calls)
-            if n_calls:
-                self._modcall_files.add((fid, size, mtime_ns))
-            if n_calls:
-                log.info("%s: %d modified-base calls of %d reads counted into %s", path, n_calls, n_reads, MODKIT_BED)
-        if self.publish is not None:
-            changes = self.modcalls.take_changes()
-            if changes is not None:
-                self.publish.publish_modcalls(changes)
-
-    def _estimate_thresholds(self, path: Path) -> bool:
-        """The run's pass thresholds from its first BAM with calls, kept in the ledger; False when it has none."""
-        try:
-            thresholds = self.modcalls.estimate(path)
-        except (InputError, OSError) as exc:
-            log.warning("%s: %s", path, exc)
-            return False
-        if not thresholds.per_base:
-            return False
-        self.modcalls.use_thresholds(thresholds)
-        self.ledger.set_meta(MODCALL_THRESHOLDS, self.modcalls.thresholds_text)
-        log.info("modified-base pass thresholds estimated from %s: streamer pileup %s gives %s offline", path,
-                 self.modcalls.describe(), MODKIT_BED)
-        return True
+    def _reopened(self, bams: tuple[int, ...]) -> None:
+        self._each_sink("on_reopened", bams, self._committed_calls)
 
     # ------------------------------------------------------------------ batches
 
@@ -517,9 +379,7 @@ class Daemon:
         latencies = [max(0.0, done - p.matched) for p in picks]
         batch = BatchRecord(len(picks), counters["records_in"], n_calls, counters["bases"],
                             time.monotonic() - t0, sum(latencies), max(latencies))
-        bam_reads = {p.read_id for p in picks if p.basecall_fmt == "bam"} if self.modbams is not None else frozenset()
-        self._commit(outcomes, rows, skip_rows, counters, batch, "".join(text for _, _, _, text in aligned), results,
-                     bam_reads)
+        self._commit(outcomes, rows, skip_rows, counters, batch, "".join(text for _, _, _, text in aligned), results)
         if self.publish is not None:
             self.publish.on_batch(results, (columns for rows_, batch_, labels, text in aligned
                                             for columns in self.eventalign.messages(rows_, batch_, labels, text)))
@@ -606,60 +466,48 @@ class Daemon:
         self.signal.ahead(wanted)
 
     def _commit(self, outcomes: list[tuple[str, str]], rows: str, skip_rows: list[str], counters: Counter,
-                batch: BatchRecord | None, eventalign: str = "", results: Sequence[BatchResultLike] = (),
-                bam_reads: set[str] | frozenset = frozenset()) -> None:
-        """Append, flush, then commit: the order that makes output exactly-once; then the derived tables.
-
-        `bam_reads`: the batch's reads whose basecalls are in a BAM (their calls go to its modBAM).
-        """
+                batch: BatchRecord | None, eventalign: str = "", results: Sequence[BatchResultLike] = ()) -> None:
+        """Append, flush, then commit: the order that makes output exactly-once; then the derived outputs
+        (the frequency table changes before its `meth.freq` update is published, as `serve_sites` requires)."""
         lines = {METH_TSV: [rows] if rows else [], SKIPPED_TSV: skip_rows}
         if self.eventalign is not None:
             lines[EVENTALIGN_TSV] = [eventalign] if eventalign else []
         offsets = self.outputs.append(lines)
         self.ledger.commit(outcomes, offsets, counters, batch)
         for r in results:
-            self._add_calls(r, bam_reads)
-        self._write_modbams()
+            self._each_sink("on_batch", r)
         self._refresh_status()  # heartbeats and the metrics carry the counts as committed
         self._send("status", self._status)
 
+    def _open_sinks(self) -> None:
+        """The sinks the configuration turns on, each given the ledger and the publisher."""
+        cfg = self.config
+        context = SinkContext("run", out_dir=cfg.output.dir, ledger=self.ledger, state_dir=cfg.state_dir(),
+                              publishing=self.publish is not None, beat=self._beat)
+        self.sinks = open_sinks(cfg, context)
+        rows = {s.journal: s for s in self.sinks if s.journal}
+        self.call_rows, self.eventalign = rows[METH_TSV], rows.get(EVENTALIGN_TSV)
+        if self.publish is not None:
+            self._each_sink("attach", self.publish)
+            self.publish.serve_sites()
+
+    def _each_sink(self, what: str, *args: Any) -> None:
+        for sink in self.sinks:
+            getattr(sink, what)(*args)
+
     def _load_calls(self) -> None:
-        """The derived tables' state from the committed `meth.tsv`, replayed once, a block at a time."""
-        awaiting = self.ledger.reads_awaiting_modbam() if self.modbams is not None else frozenset()
-        for block in self._committed_calls():
-            self._add_calls(block, awaiting)
-        if self.freq_sink.changed is not None:
-            self.freq_sink.changed.clear()  # the publisher's updates are of sites changed from here on
+        """The sinks' state: the committed `meth.tsv` replayed once, a block at a time, to those that
+        ask for it, then what each committed itself."""
+        replaying = [s for s in self.sinks if s.replays]
+        if replaying:
+            for block in self._committed_calls():
+                for sink in replaying:
+                    sink.on_batch(block)
+        self._each_sink("restore")
 
     def _committed_calls(self) -> Iterator[Any]:
         """The committed rows of `meth.tsv` as records, a block at a time (the watchdog fed between blocks)."""
-        return self.call_rows.replay(self.outputs.path(METH_TSV), beat=self._beat)
-
-    def _add_calls(self, result: Any, bam_reads: set[str] | frozenset) -> None:
-        """A batch's calls into the frequency and bedMethyl tables, and the modBAM's of `bam_reads`.
-
-        The frequency table changes before its `meth.freq` update is published, as `serve_sites` requires.
-        """
-        self.freq_sink.on_batch(result)
-        if self.bed is not None:
-            self.bed.on_batch(result)
-        if self.modbams is not None and bam_reads:
-            self.modbams.add(result, bam_reads)
-
-    def _write_modbams(self) -> None:
-        """The modBAM copy of every basecall BAM whose reads are now all done."""
-        if self.modbams is None:
-            return
-        for fid, path in self.ledger.finished_bams():
-            self._beat()
-            try:
-                out = self.modbams.write(path, self.ledger.reads_of_file(fid))
-            except InputError as exc:
-                log.warning("%s", exc)
-                self.ledger.record_modbam(fid, None, exc.reason)
-                continue
-            self.ledger.record_modbam(fid, out)
-            log.info("%s: modBAM written to %s", path, out)
+        return iter(self.call_rows.read_back(self.outputs.path(METH_TSV), beat=self._beat))
 
     def _time_out_waiting(self) -> None:
         """Reads that waited `join.timeout` for their partner are recorded as missing it."""
@@ -693,11 +541,7 @@ class Daemon:
     def _refresh(self, final: bool = False) -> None:
         """Rewrite meth-freq.tsv and meth.bed (if changed) and summary.json; publish status."""
         self._next_refresh = time.monotonic() + self.config.output.refresh_interval
-        for table in (self.freq_sink, self.bed, self.modcalls):
-            if table is not None:
-                table.dirty |= final
-                table.refresh()
-        self._save_modcalls(final)
+        self._each_sink("refresh", final)
         self._refresh_status()
         self._send("status", self._status)
 
@@ -745,8 +589,9 @@ class Daemon:
             "calls": counters.get("calls", 0),
             "bases": counters.get("bases", 0),
             "eventalign_rows": counters.get("eventalign_rows", 0) if self.eventalign is not None else None,
-            "modbam": self.ledger.modbam_counts() if self.modbams is not None else None,
-            "modcalls": self._modcalls_summary(),
+            "modbam": None,
+            "modcalls": None,
+            **{k: v for sink in self.sinks for k, v in sink.summary().items()},
             "publish": self.published_on,
             "files": self.ledger.file_counts(),
             "rejected_files": [{"path": p, "kind": k, "reason": r} for p, k, r in self.ledger.rejected_files()],
@@ -765,11 +610,6 @@ class Daemon:
             "config": self.config.as_dict(),
         }
 
-
-    def _modcalls_summary(self) -> dict[str, Any] | None:
-        if self.modcalls is None:
-            return None
-        return self.ledger.modcall_counts() | {"output": MODKIT_BED, "pileup_options": self.modcalls.describe()}
 
 
 def _pending_of(p: Pick, bc: ReadBasecalls) -> tuple[list[Pending], list[Skipped]]:
