@@ -335,6 +335,7 @@ class Daemon:
             self.notifier.stopping(f"run over ({ending.reason}): finishing")
             for rejected in self.watcher.reject_pending("still incomplete when the run ended"):
                 self.intake.take(rejected)
+            self.intake.use_spares("by the end of the run")
             while not self._stop.is_set():
                 self._beat()
                 picks, _ = self.ledger.matched(self.config.batch.max_reads, self.config.batch.max_bases)
