@@ -105,8 +105,14 @@ def run(args: argparse.Namespace) -> int:
     check_inputs(args, *OUTPUTS)
     compiling = getattr(args, "compiling_kernels", False)  # announced by streamer.cli before the imports
     journal = journal_path(args.output) if args.output is not None else None
-    with removed_on_failure(*(getattr(args, name) for name in OUTPUTS), journal):
-        return _run(args, compiling)
+    try:
+        with removed_on_failure(*(getattr(args, name) for name in OUTPUTS), journal):
+            return _run(args, compiling)
+    except KeyboardInterrupt:
+        if journal is None or args.autotune:
+            raise
+        raise KeyboardInterrupt(f"interrupted; the batches written to {args.output} are kept: the same command "
+                                "with --resume goes on from them") from None
 
 
 def _run(args: argparse.Namespace, compiling: bool) -> int:
