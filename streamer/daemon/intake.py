@@ -160,7 +160,7 @@ def _log_fallback(spare: Path, n: int, why: str) -> None:
 
 
 def _log_registered(path: Path, what: str, reg: Registered) -> None:
-    log.info("%s: %d reads (%d now have signal and basecalls)", path, reg.n_reads, reg.newly_matched)
+    log.debug("%s: %d reads (%d now have signal and basecalls)", path, reg.n_reads, reg.newly_matched)
     if reg.duplicates:
         log.warning("%s: %d reads already had %s from another file; these copies are ignored", path,
                     reg.duplicates, what)

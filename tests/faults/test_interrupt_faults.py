@@ -84,6 +84,7 @@ def test_ctrl_c_stops_run_naming_the_signal_without_a_traceback(tmp_path):
     text = log.read_text()
     assert_no_traceback(text)
     assert text.count("stop requested (SIGINT)") == 1 and "SIGTERM" not in text
+    assert "now have signal and basecalls" not in text  # one line per batch, not one per file (-v shows those)
 
 
 _KILLED = """
