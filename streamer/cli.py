@@ -19,7 +19,7 @@ import sys
 import streamer
 import streamer.commands
 from streamer import registry
-from streamer.errors import ConfigError, StreamerError, UsageError
+from streamer.errors import ConfigError, StreamerError, UsageError, interrupted
 
 EXIT_CONFIG = 78  # EX_CONFIG from sysexits.h: systemd units do not restart on it
 
@@ -111,8 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         return _main(argv)
-    except KeyboardInterrupt as exc:  # a command may say how to go on (`call --resume`)
-        return _fail(_command_of(argv), str(exc) or "interrupted", EXIT_INTERRUPTED)
+    except BaseException as exc:  # Ctrl-C; a command may say how to go on (`call --resume`)
+        if not interrupted(exc):
+            raise
+        message = str(exc) if isinstance(exc, KeyboardInterrupt) and str(exc) else "interrupted"
+        return _fail(_command_of(argv), message, EXIT_INTERRUPTED)
 
 
 def _main(argv: list[str]) -> int:

@@ -268,7 +268,8 @@ class Ledger:
         missing = Skip.NO_BASECALL.label
         used: dict[Path, int] = {}
         spares = self._db.execute("SELECT id, path FROM files WHERE state = 'spare' AND (? IS NULL OR path IN "
-                                  "(SELECT value FROM json_each(?)))", (None if paths is None else 1, json.dumps(paths or [])))
+                                  "(SELECT value FROM json_each(?)))",
+                                  (None if paths is None else 1, json.dumps(paths or [])))
         for fid, path in list(spares):
             n = self._db.execute(
                 "UPDATE reads SET basecall_file = spare_file, matched = CASE WHEN signal_file IS NOT NULL THEN ? END "
