@@ -70,3 +70,16 @@ def one_line(exc: BaseException) -> str:
     """An unexpected exception as one line for a log or a table: its type and first message line."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def interrupted(exc: BaseException) -> bool:
+    """Whether `exc` is Ctrl-C, or an error it caused: a KeyboardInterrupt raised inside a compiled
+    kernel comes out as numba's `SystemError` ("returned a result with an exception set")."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False

@@ -87,7 +87,7 @@ def test_a_replayed_run_is_processed_once(source, reference, reference_path, tmp
     s = summary(cfg)
     assert s["state"] == "finished" and s["reads"]["done"] == s["reads"]["called"] == N_READS
     assert s["records"] == {"considered": N_RECORDS, "called": N_RECORDS, "skipped_by_reason": {}}
-    assert s["files"] == {"signal_registered": 3, "basecalls_registered": 3}
+    assert s["files"] == {"signal_registered": 3, "basecalls_registered": 3, "basecalls_spare": 3}
     assert s["latency_s"]["max"] >= 0 and s["throughput"]["batches"] >= 4
     assert (cfg.output.dir / "meth-freq.tsv").read_text().startswith("chromosome\tstart\tend\t")
     assert skipped(cfg) == {}

@@ -78,6 +78,7 @@ def test_live_table_equals_streamer_pileup_with_the_estimated_threshold(modbam, 
     summary = check_table(out, live, tmp_path)
     assert summary["pileup_options"].startswith("--cpg --filter-threshold 0.0 --filter-threshold C:")
     assert len([line for line in proc.stderr.splitlines() if "pass thresholds estimated" in line]) == 1
+    assert "estimated pass threshold" not in proc.stderr  # said once, in the line above
 
 
 def split_bam(modbam: Path, folder: Path, per_file: int = 3) -> list[Path]:

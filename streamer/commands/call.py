@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from itertools import islice
 from pathlib import Path
@@ -105,8 +109,33 @@ def run(args: argparse.Namespace) -> int:
     check_inputs(args, *OUTPUTS)
     compiling = getattr(args, "compiling_kernels", False)  # announced by streamer.cli before the imports
     journal = journal_path(args.output) if args.output is not None else None
-    with removed_on_failure(*(getattr(args, name) for name in OUTPUTS), journal):
-        return _run(args, compiling)
+    with _ends_on_ctrl_c(args, journal is not None and not args.autotune):
+        with removed_on_failure(*(getattr(args, name) for name in OUTPUTS), journal):
+            return _run(args, compiling)
+
+
+@contextmanager
+def _ends_on_ctrl_c(args: argparse.Namespace, resumable: bool) -> Iterator[None]:
+    """Ctrl-C ends the run at once with one line (exit 130), as a kill would: the journal holds the
+    batches written, which `--resume` goes on from. A KeyboardInterrupt raised wherever the main
+    thread happens to be would be swallowed by a compiler callback or turned into another error
+    inside a kernel; STREAMER_DEBUG=1 keeps it, for its traceback."""
+    if os.environ.get("STREAMER_DEBUG") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    line = "streamer call: interrupted"
+    if resumable:
+        line += f"; the batches written to {args.output} are kept: the same command with --resume goes on from them"
+
+    def stop(*_) -> None:
+        print(line, file=sys.stderr, flush=True)
+        os._exit(130)
+
+    old = signal.signal(signal.SIGINT, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def _run(args: argparse.Namespace, compiling: bool) -> int:

@@ -130,6 +130,7 @@ class Daemon:
         self._aligner: ReadAligner | None = None
         self._filter = AlignmentFilter(min_mapq=config.alignment.min_mapq, secondary=config.alignment.secondary)
         self._stop = threading.Event()
+        self._stop_why = "SIGTERM"  # the signal that asked for the stop, for the log
         self._engine: threading.Thread | None = None
         self._heartbeat = time.monotonic()
         self._started_wall = time.time()
@@ -192,8 +193,10 @@ class Daemon:
                  "polling" if cfg.watch.poll else "inotify", cfg.output.dir, cfg.state_dir())
         self._send("run", "start", {"watch_dir": str(cfg.watch.dir), "output_dir": str(cfg.output.dir)})
 
-    def request_stop(self) -> None:
-        """SIGTERM: stop taking files, finish the batch in hand, flush, exit. Safe from a signal handler."""
+    def request_stop(self, why: str = "SIGTERM") -> None:
+        """SIGTERM (or SIGINT, `why`): stop taking files, finish the batch in hand, flush, exit. Safe from a
+        signal handler."""
+        self._stop_why = why
         self._stop.set()
 
     def run(self) -> int:
@@ -281,7 +284,7 @@ class Daemon:
         while True:
             self._beat()
             if self._stop.is_set():
-                return Ending("stop requested (SIGTERM)", run_over=False)
+                return Ending(f"stop requested ({self._stop_why})", run_over=False)
             _, full = self.ledger.matched(self.config.batch.max_reads, self.config.batch.max_bases)
             for outcome in self.watcher.poll(0.0 if full else 0.25):  # a full batch waits for no event
                 self.intake.take(outcome)
@@ -306,6 +309,7 @@ class Daemon:
             self.notifier.stopping(f"run over ({ending.reason}): finishing")
             for rejected in self.watcher.reject_pending("still incomplete when the run ended"):
                 self.intake.take(rejected)
+            self.intake.use_spares("by the end of the run")
             while not self._stop.is_set():
                 self._beat()
                 picks, _ = self.ledger.matched(self.config.batch.max_reads, self.config.batch.max_bases)
