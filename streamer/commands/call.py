@@ -31,8 +31,8 @@ from streamer.commands._inputs import (
 from streamer.io.alignments import iter_alignments, write_records
 from streamer.io.bamreads import open_basecalls
 from streamer.io.reference import Reference
-from streamer.pipeline.runner import RunnerOptions, run_batches
-from streamer.pipeline.stages import BatchResult, Pipeline, PipelineOptions
+from streamer.pipeline.runner import Done, RunnerOptions, Stages, run_batches
+from streamer.pipeline.stages import Pipeline, PipelineOptions
 from streamer.pipeline.resume import CallJournal, Resumed, journal_path, run_identity
 from streamer.pipeline.signal_pool import IO_MODES, reader_pool
 from streamer import registry
@@ -95,10 +95,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                             "and compute only the rest")
 
 
-def _report(skipped: list[Skipped], summary: RunSummary) -> None:
+def _report(skipped: list[Skipped]) -> None:
     for s in skipped:
         log.info("%s", s.message())
-        summary.skip(s.reason)
 
 
 OUTPUTS = ("output", "bedmethyl", "modbam", "stats_json", "skip_ultra")
@@ -265,24 +264,19 @@ def _here(args, stack, options, index, limits, filt, summary, output, written, t
     if args.modbam:
         tables.append(open_sink("modbam", bam=args.bam, path=args.modbam, filt=filt,
                                 command_line=" ".join(["streamer", *sys.argv[1:]])))
-    batch = {"calls": 0, "reads": 0}
 
-    def on_result(result: BatchResult, text: str) -> int:
-        output.write(text)
-        tuning.observe(result.gpu_stats)
-        for table in tables:
-            table.on_batch(result)
-        batch["calls"] = rows.count(result)
-        batch["reads"] = result.n_reads - len(result.skipped)
-        return batch["calls"]
-
-    def done() -> None:
-        written(batch["calls"], batch["reads"])
-        batch.update(calls=0, reads=0)
+    def on_done(done: Done) -> None:
+        _report(done.outcome.skipped)
+        for result, text in zip(done.results, done.rendered):
+            output.write(text)
+            tuning.observe(result.gpu_stats)
+            for table in tables:
+                table.on_batch(result)
+        written(done.outcome.calls, done.outcome.records_called)
 
     before = list(pipeline.pool.batches)  # the start-up's synthetic batch is not the run's
-    run_batches(pipeline, islice(plans, output.resumed, None), ref, pool, summary, on_result, rows.render,
-                lambda skipped: _report(skipped, summary), runner, done)  # fmt: skip
+    run_batches(pipeline, islice(plans, output.resumed, None), ref, pool, summary, on_done,
+                Stages(pipeline, rows.render, rows.count), runner)  # fmt: skip
     for device, n, n0 in zip(pipeline.devices, pipeline.pool.batches, before):
         summary.gpu[f"batches_on_gpu{device.dev_id}"] = n - n0
     tuning.finish()
@@ -308,14 +302,10 @@ def _on_cluster(args, stack, options, index, limits, filt, summary, output, writ
     plans = plan_batches(iter_alignments(args.bam, filt), basecalls, index, limits, str(args.reads))
     numbered = ((seq, pending, skipped) for seq, (pending, skipped) in enumerate(plans) if seq >= output.resumed)
 
-    def on_outcome(seq: int, o: cluster.BatchOutcome) -> None:
-        _report(o.skipped, summary)
-        summary.reads_in += o.n_in
-        summary.reads_called += o.n_called
-        summary.bases += o.n_bases
-        summary.calls += o.calls
-        summary.stage_seconds.update(o.timings)
-        output.write(o.text)
-        written(o.calls, o.n_called)
+    def on_done(done: Done) -> None:
+        _report(done.outcome.skipped)
+        summary.add(done.outcome)
+        output.write("".join(done.rendered))
+        written(done.outcome.calls, done.outcome.records_called)
 
-    cluster.run_on_cluster(client, workers, cluster.ClusterJob(options, str(args.genome)), numbered, on_outcome)
+    cluster.run_on_cluster(client, workers, cluster.ClusterJob(options, str(args.genome)), numbered, on_done)

@@ -7,12 +7,14 @@ reports complete go through `streamer.daemon.intake`. It is over 400 lines becau
 the lifecycle (start, supervise, drain, close) and the one batch transaction together, which
 is what makes output exactly-once.
 
-Two threads. The engine thread does all the work in one loop: take the files the watcher
-reports complete, register them in the ledger (which joins signal and basecalls by read id),
-run a batch through the same pipeline as `streamer call` when one is due, append its rows,
-commit the ledger, and check whether the run is over. While a batch computes, the signal of
-the next matched reads (one batch at most) is read on the reader pool `streamer call` uses
-(`streamer.pipeline.signal_pool.SignalReads`); nothing read ahead is committed, so a crash loses nothing.
+The engine thread does all the work in one loop: take the files the watcher reports complete,
+register them in the ledger (which joins signal and basecalls by read id), hand a batch to the
+batch driver `streamer call` uses (`streamer.pipeline.runner`, jobs from `streamer.daemon.batches`)
+when one is due, append its rows, commit the ledger, and check whether the run is over. One
+batch is in flight, the engine waiting for it on the driver's threads; while it computes, the
+signal of the next matched reads (one batch at most) is read on the reader pool `streamer call`
+uses (`streamer.pipeline.signal_pool.SignalReads`); nothing read ahead is committed, so a crash
+loses nothing.
 The main thread only supervises: it feeds systemd's watchdog while the engine makes progress,
 sends status, and on SIGTERM (which only sets an event) waits at most `drain_timeout` for the
 batch in hand.
@@ -41,13 +43,12 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, Protocol
 
 from streamer.pipeline.aligner import ReadAligner
-from streamer.pipeline.batching import Pending, batch_inputs
 from streamer.pipeline.batch import ReadInput
 from streamer.config import Config
+from streamer.daemon.batches import Aligning, DaemonBatch, eventalign_of, picked, signal_wanted
 from streamer.daemon.intake import FileIntake
 from streamer.daemon.policy import (
     PIPELINE_ERROR,
@@ -61,19 +62,20 @@ from streamer.daemon.policy import (
     skip_counters,
     skip_row,
 )
-from streamer.errors import InputError, one_line
+from streamer.errors import InputError
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
 from streamer.io.signal import SIGNAL_SUFFIXES
-from streamer.daemon.basecall_cache import BasecallCache, ReadBasecalls, Record
+from streamer.daemon.basecall_cache import BasecallCache
 from streamer.daemon.ledger import BatchRecord, Ledger, Pick, Waiting
 from streamer.metrics import status_of
 from streamer.daemon.notify import Notifier
 from streamer.daemon.journal import SKIPPED_HEADER, Journal
 from streamer.publish.sink import PublishSink, PublisherLike
+from streamer.pipeline.runner import BatchDriver, Stages
 from streamer.pipeline.signal_pool import SignalReads, signal_readers
 from streamer.sinks import Sink, SinkContext, open_sinks, write_atomic
-from streamer.skips import Skip, Skipped
+from streamer.skips import Skipped
 from streamer.tuning.session import AutoTuner
 from streamer.daemon.watch import RunLayout, Watcher, WatchTimings
 
@@ -94,6 +96,7 @@ class BatchResultLike(Protocol):
     ref_names: Sequence[str]
     skipped: Sequence[Skipped]
     n_bases: int
+    timings: dict[str, float]
     products: Mapping[str, Any]  # "calls": `MethCalls`; "eventalign": rows, when eventalign is on
 
 
@@ -126,8 +129,7 @@ class Daemon:
         self.publisher = publisher
         self.published_on = published_on  # the publisher's bound addresses, for summary.json
         self.notifier = notifier or Notifier({})
-        self._make_aligner = make_aligner
-        self._aligner: ReadAligner | None = None
+        self.aligning = Aligning(make_aligner)
         self._filter = AlignmentFilter(min_mapq=config.alignment.min_mapq, secondary=config.alignment.secondary)
         self._stop = threading.Event()
         self._stop_why = "SIGTERM"  # the signal that asked for the stop, for the log
@@ -147,6 +149,7 @@ class Daemon:
         self.sinks: list[Sink] = []  # opened with the ledger (`start`), from the configuration
         self.call_rows: Sink | None = None  # the sinks of meth.tsv's and eventalign.tsv's rows
         self.eventalign: Any = None
+        self.driver: BatchDriver | None = None  # one batch in flight, the engine waiting on it
         self.cache = BasecallCache(config.join.max_pending_bases, self._filter)
         end = config.end
         self.end = EndOfRun(end.final_summary_grace, end.idle_timeout, end.follow, end.stop_file)
@@ -171,8 +174,8 @@ class Daemon:
             if self.outputs.fresh:
                 self.ledger.commit((), self.outputs.fresh, {})
             self._load_calls()
-            if self._make_aligner is not None and cfg.watch.basecalls != "bam":
-                self._aligner = self._make_aligner()
+            if cfg.watch.basecalls != "bam":
+                self.aligning.build()
             exclude = [cfg.output.dir, cfg.state_dir(), cfg.reference.genome]
             layout = RunLayout(cfg.watch.dir, stop_file=cfg.end.stop_file, include_fail=cfg.watch.include_fail,
                             basecalls=cfg.watch.basecalls, exclude=tuple(exclude))
@@ -184,6 +187,7 @@ class Daemon:
             workers = cfg.pipeline.threads or os.cpu_count() or 1
             pool = signal_readers(SIGNAL_SUFFIXES, workers, cfg.pipeline.io_mode) if cfg.batch.read_ahead else None
             self.signal = SignalReads(pool)
+            self.driver = BatchDriver(Stages(self.pipeline, self._render, self.call_rows.count, isolate=True))
         except BaseException:
             self.close()
             raise
@@ -243,6 +247,8 @@ class Daemon:
             self._engine.join()
         if self.watcher is not None:
             self.watcher.close()
+        if self.driver is not None:
+            self.driver.close()
         if self.signal is not None:
             self.signal.close()
         if self.outputs is not None:
@@ -337,70 +343,50 @@ class Daemon:
         t0 = time.monotonic()
         found, failed = self.cache.take((p.read_id, p.basecall_path, p.basecall_fmt) for p in picks)
         unaligned = [(rid, bc.seq) for rid, bc in found.items() if bc.records is None]
-        for rid, records in self._align(unaligned).items():
+        for rid, records in self.aligning.align(unaligned).items():
             found[rid] = replace(found[rid], records=records)
-        wanted: dict[Path, list[str]] = {}
-        for p in picks:
-            if p.read_id in found and _needs_signal(found[p.read_id]):
-                wanted.setdefault(p.signal_path, []).append(p.read_id)
-        signal = self.signal.take(wanted)
-        self._read_ahead(len(picks))
-        signals, signal_errors = signal.result()
-        pending: list[Pending] = []
-        skipped: list[Skipped] = []
-        records_of: Counter = Counter()
-        for p in picks:
-            bc = found.get(p.read_id)
-            if bc is None:
-                skipped.append(Skipped(p.read_id, Skip.NO_BASECALL, failed.get(p.read_id, "")))
-                records_of[p.read_id] += 1
-                continue
-            mine, skips = _pending_of(p, bc)
-            pending += mine
-            skipped += skips
-            records_of[p.read_id] += len(mine) + len(skips)
-        inputs, unusable = batch_inputs(pending, signals, signal_errors, self.reference)
-        skipped += unusable
-        results, failed_reads = self._call(inputs)
-        if len(results) == 1 and not failed_reads:
+        signal = self.signal.take(signal_wanted(picks, found))
+        if self.signal.pool is not None:  # the next batch's signal is read while this one computes
+            ahead, _ = self.ledger.matched(self.config.batch.max_reads, self.config.batch.max_bases, offset=len(picks))
+            self.signal.ahead(signal_wanted(ahead))
+        job = DaemonBatch(picks, *picked(picks, found, failed), signal, self.reference)
+        self.driver.submit(job)
+        done = self.driver.take()
+        outcome, results = done.outcome, done.results
+        if len(results) == 1 and not outcome.failed:
             self._tune(results[0])
-        rows = "".join(self.call_rows.render(r) for r in results)
-        n_calls = sum(self.call_rows.count(r) for r in results)
-        aligned = self._eventalign(results)
-        pipeline_skipped = [s for r in results for s in r.skipped]
-        skipped.extend(pipeline_skipped)
+        rows = "".join(calls for calls, _ in done.rendered)
+        aligned = eventalign_of(done.rendered, results, self.eventalign.labels, EVENTALIGN) \
+            if self.eventalign is not None else []
         skip_rows = [recovered_row(p.read_id, p.superseded, p.signal_path, p.basecall_path)
                      for p in picks if p.superseded]
-        skip_rows += [skip_row(s.read_id, s.reason.label, s.detail) for s in skipped]
-        skip_rows += [skip_row(rid, PIPELINE_ERROR, why) for rid, why in failed_reads.items()]
-        for s in skipped:
+        skip_rows += [skip_row(s.read_id, s.reason.label, s.detail) for s in outcome.skipped]
+        skip_rows += [skip_row(rid, PIPELINE_ERROR, why) for rid, why in outcome.failed.items()]
+        for s in outcome.skipped:
             log.debug("%s", s.message())
-        done = time.time()
-        counters = account([p.read_id for p in picks], sum(records_of.values()), [r.read_id for r in inputs], skipped,
-                           pipeline_skipped, failed_reads, sum(r.n_bases for r in results), n_calls)
-        outcomes, counters = counters.outcomes, counters.counters
+        done_at = time.time()
+        read = account([p.read_id for p in picks], [r.read_id for r in job.inputs],
+                       [s for r in results for s in r.skipped], outcome)  # fmt: skip
+        counters = read.counters
         counters["eventalign_rows"] = sum(len(rows) for rows, _, _, _ in aligned)
-        latencies = [max(0.0, done - p.matched) for p in picks]
-        batch = BatchRecord(len(picks), counters["records_in"], n_calls, counters["bases"],
+        latencies = [max(0.0, done_at - p.matched) for p in picks]
+        batch = BatchRecord(len(picks), counters["records_in"], outcome.calls, counters["bases"],
                             time.monotonic() - t0, sum(latencies), max(latencies))
-        self._commit(outcomes, rows, skip_rows, counters, batch, "".join(text for _, _, _, text in aligned), results)
+        self._commit(read.outcomes, rows, skip_rows, counters, batch, "".join(text for _, _, _, text in aligned),
+                     results)
         if self.publish is not None:
             self.publish.on_batch(results, (columns for rows_, batch_, labels, text in aligned
                                             for columns in self.eventalign.messages(rows_, batch_, labels, text)))
-        log.info("batch of %d reads: %d calls, %d records skipped, %.2f s", len(picks), n_calls, len(skipped),
-                 batch.seconds)
+        log.info("batch of %d reads: %d calls, %d records skipped, %.2f s", len(picks), outcome.calls,
+                 len(outcome.skipped), batch.seconds)
 
-    def _eventalign(self, results: list[BatchResultLike]) -> list[tuple[Any, Any, list[str], str]]:
-        """Each result's eventalign rows, batch, read labels and TSV text (none when eventalign is off)."""
+    def _render(self, result: BatchResultLike) -> tuple[str, str]:
+        """A result's rows for meth.tsv and, when eventalign is on, eventalign.tsv (on the driver's compute thread)."""
         if self.eventalign is None:
-            return []
-        out = []
-        for r in results:
-            rows = r.products.get(EVENTALIGN)
-            if rows is None:
-                raise TypeError("eventalign is on but the pipeline has no eventalign stage")
-            out.append((rows, r.batch, self.eventalign.labels(r.batch), self.eventalign.render(r)))
-        return out
+            return self.call_rows.render(result), ""
+        if result.products.get(EVENTALIGN) is None:
+            raise TypeError("eventalign is on but the pipeline has no eventalign stage")
+        return self.call_rows.render(result), self.eventalign.render(result)
 
     def _tune(self, result: BatchResultLike) -> None:
         """The batch's GPU measurements to the tuner (batches of the end-of-run drain count as the last)."""
@@ -411,63 +397,6 @@ class Daemon:
             s = self.tuner.settings
             self.config = replace(self.config, batch=replace(self.config.batch, max_reads=s.max_reads,
                                                              max_bases=s.max_bases))
-
-    def _call(self, inputs: list[ReadInput]) -> tuple[list[BatchResultLike], dict[str, str]]:
-        """The pipeline over a batch: its results, and the reads it failed on with why.
-
-        An exception is not allowed to stop the run on one bad read: the batch is redone read
-        by read, and a read that fails on its own is recorded as a pipeline error. When every
-        read fails the fault is not in the reads, and the exception stops the daemon.
-        """
-        if not inputs:
-            return [], {}
-        try:
-            return [self.pipeline.process(inputs)], {}
-        except Exception as exc:  # noqa: BLE001 - isolated below, re-raised if not a read's fault
-            if len({r.read_id for r in inputs}) == 1:
-                raise
-            log.error("the pipeline failed on a batch of %d records (%s); retrying read by read", len(inputs), exc,
-                      exc_info=True)
-        by_read: dict[str, list[ReadInput]] = {}
-        for r in inputs:
-            by_read.setdefault(r.read_id, []).append(r)
-        results, failed = [], {}
-        first_error: Exception | None = None
-        for rid, reads in by_read.items():
-            try:
-                results.append(self.pipeline.process(reads))
-            except Exception as exc:  # noqa: BLE001 - recorded against the read
-                first_error = first_error or exc
-                failed[rid] = f"{type(exc).__name__}: {exc}"
-                log.error("read %s: the pipeline fails on it: %s", rid, failed[rid])
-        if len(failed) == len(by_read):
-            raise first_error
-        return results, failed
-
-    def _align(self, reads: list[tuple[str, str]]) -> dict[str, tuple[Record, ...]]:
-        """Alignment records for (read id, sequence) that came without (FASTQ, unaligned BAM)."""
-        out = {rid: (Skipped(rid, Skip.NO_BASECALL, "its basecall record has no sequence"),)
-               for rid, seq in reads if not seq}
-        reads = [(rid, seq) for rid, seq in reads if seq]
-        if not reads:
-            return out
-        if self._aligner is None:
-            if self._make_aligner is None:
-                why = "basecalls without alignments, and no reference index to align them"
-                return out | {rid: (Skipped(rid, Skip.UNMAPPED, why),) for rid, _ in reads}
-            log.info("basecalls without alignments: building a minimap2 index")
-            self._aligner = self._make_aligner()
-        return out | dict(zip((rid for rid, _ in reads), self._aligner.align_all(reads)))
-
-    def _read_ahead(self, after: int) -> None:
-        """Start reading the signal of the reads matched after the batch in hand (one batch of them)."""
-        if self.signal.pool is None:
-            return
-        ahead, _ = self.ledger.matched(self.config.batch.max_reads, self.config.batch.max_bases, offset=after)
-        wanted: dict[Path, list[str]] = {}
-        for p in ahead:
-            wanted.setdefault(p.signal_path, []).append(p.read_id)
-        self.signal.ahead(wanted)
 
     def _commit(self, outcomes: list[tuple[str, str]], rows: str, skip_rows: list[str], counters: Counter,
                 batch: BatchRecord | None, eventalign: str = "", results: Sequence[BatchResultLike] = ()) -> None:
@@ -614,21 +543,6 @@ class Daemon:
             "config": self.config.as_dict(),
         }
 
-
-
-def _pending_of(p: Pick, bc: ReadBasecalls) -> tuple[list[Pending], list[Skipped]]:
-    """The read's alignment records that go on to its signal, and those that cannot, with why."""
-    skips = [r for r in bc.records if isinstance(r, Skipped)]
-    alns = [r for r in bc.records if not isinstance(r, Skipped)]
-    if alns and not bc.seq:
-        why = f"{p.basecall_path}: no record with the read's full sequence"
-        return [], skips + [Skipped(p.read_id, Skip.NO_BASECALL, why) for _ in alns]
-    return [Pending(a, bc.seq, p.signal_path, p.number) for a in alns], skips
-
-
-def _needs_signal(bc: ReadBasecalls) -> bool:
-    """Whether a read's basecalls let it reach the pipeline (an alignment and the full sequence)."""
-    return bool(bc.seq) and any(not isinstance(r, Skipped) for r in bc.records)
 
 
 def _iso(t: float) -> str:
