@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from streamer.errors import ConfigError
-from streamer.daemon.ledger import LedgerError
+from streamer.daemon.ledger_schema import LedgerError
 
 log = logging.getLogger(__name__)
 

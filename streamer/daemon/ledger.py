@@ -15,89 +15,24 @@ partner lands after all: in the transaction that registers the late file, the re
 to `superseded`, its counters are taken back, and the read is matched like any other; the
 batch that processes it commits its new outcome. So a read has one outcome at any time, and
 a kill at any point leaves it either reported or open, never both, never called twice.
+
+The tables and the upgrades of an older ledger are in `streamer.daemon.ledger_schema`; what the
+output sinks keep here (modBAM copies, modified-base counts) in `streamer.daemon.ledger_sinks`.
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
-import logging
 import os
-import sqlite3
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from streamer.errors import StreamerError
+from streamer.daemon.ledger_schema import LedgerError, check_meta, connect
+from streamer.daemon.ledger_sinks import SinkRecords
 from streamer.skips import Skip
-
-log = logging.getLogger(__name__)
-
-SCHEMA_VERSION = 4
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS files (
-    id INTEGER PRIMARY KEY,
-    path TEXT NOT NULL UNIQUE,
-    kind TEXT NOT NULL,           -- signal | basecalls
-    fmt TEXT NOT NULL,
-    size INTEGER NOT NULL,
-    mtime_ns INTEGER NOT NULL,
-    state TEXT NOT NULL,          -- registered | rejected | spare (FASTQ kept for reads their BAM lacks)
-    reason TEXT,
-    n_reads INTEGER NOT NULL DEFAULT 0,
-    at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS reads (
-    id INTEGER PRIMARY KEY,
-    read_id TEXT NOT NULL UNIQUE,
-    signal_file INTEGER,
-    basecall_file INTEGER,
-    n_bases INTEGER NOT NULL DEFAULT 0,
-    since REAL NOT NULL,          -- when the first of its files was registered (wall clock)
-    matched REAL,                 -- when the second was
-    outcome TEXT,                 -- NULL while open; 'called' or a skip label
-    batch INTEGER,
-    superseded TEXT,              -- the missing-partner outcome it had before its partner landed late
-    spare_file INTEGER            -- FASTQ of a BAM run holding it: its basecalls if no BAM record of it is read
-);
-CREATE INDEX IF NOT EXISTS reads_matched ON reads(matched) WHERE outcome IS NULL AND matched IS NOT NULL;
-CREATE INDEX IF NOT EXISTS reads_waiting ON reads(since) WHERE outcome IS NULL AND matched IS NULL;
-CREATE INDEX IF NOT EXISTS reads_basecall_file ON reads(basecall_file);
-CREATE TABLE IF NOT EXISTS outputs (name TEXT PRIMARY KEY, offset INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS modbams (  -- basecall BAMs whose modBAM copy is written (or cannot be)
-    file INTEGER PRIMARY KEY,
-    output TEXT,                  -- NULL when none could be written
-    reason TEXT,
-    at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS modcalls (  -- basecall BAMs whose MM/ML calls are in the modkit table
-    file INTEGER PRIMARY KEY,
-    size INTEGER NOT NULL,        -- the file as it was counted
-    mtime_ns INTEGER NOT NULL,
-    n_reads INTEGER NOT NULL,
-    n_calls INTEGER NOT NULL,
-    at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS batches (
-    id INTEGER PRIMARY KEY,
-    n_reads INTEGER NOT NULL,
-    n_records INTEGER NOT NULL,
-    n_calls INTEGER NOT NULL,
-    bases INTEGER NOT NULL,
-    seconds REAL NOT NULL,        -- time spent on the batch
-    latency_sum REAL NOT NULL,    -- over its reads: commit time - time both files were there
-    latency_max REAL NOT NULL,
-    at REAL NOT NULL
-);
-"""
-
-
-class LedgerError(StreamerError):
-    """The state folder is in use, belongs to another run, or disagrees with the outputs."""
 
 
 @dataclass(frozen=True)
@@ -147,7 +82,7 @@ class Registered:
     reopened_bams: tuple[int, ...] = ()  # basecall BAMs (file ids) whose modBAM copy lacks those reads
 
 
-class Ledger:
+class Ledger(SinkRecords):
     """One per state folder (an exclusive lock keeps a second daemon out)."""
 
     def __init__(self, state_dir: Path, *, watch_dir: Path, clock=time.time):
@@ -161,41 +96,8 @@ class Ledger:
             os.close(self._lock_fd)
             raise LedgerError(f"{self.state_dir}: another streamer daemon is using this state folder") from None
         self.path = self.state_dir / "ledger.sqlite"
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
-        self._check_meta(Path(watch_dir))
-
-    def _check_meta(self, watch_dir: Path) -> None:
-        meta = dict(self._db.execute("SELECT key, value FROM meta"))
-        want = str(watch_dir.resolve())
-        if not meta:
-            with self._tx():
-                self._db.executemany("INSERT INTO meta VALUES (?, ?)", [
-                    ("schema_version", str(SCHEMA_VERSION)), ("watch_dir", want), ("created", str(self._clock())),
-                ])
-            return
-        if meta.get("schema_version") == "1":  # version 2 adds reads.superseded
-            with self._tx():
-                self._db.execute("ALTER TABLE reads ADD COLUMN superseded TEXT")
-                self._db.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
-            meta["schema_version"] = "2"
-        if meta.get("schema_version") == "2":  # version 3 only adds the modcalls table (made above)
-            with self._tx():
-                self._db.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
-            meta["schema_version"] = "3"
-        if meta.get("schema_version") == "3":  # version 4 adds reads.spare_file
-            with self._tx():
-                self._db.execute("ALTER TABLE reads ADD COLUMN spare_file INTEGER")
-                self._db.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
-            meta["schema_version"] = "4"
-        if meta.get("schema_version") != str(SCHEMA_VERSION):
-            raise LedgerError(f"{self.path}: ledger schema {meta.get('schema_version')}, this streamer writes "
-                              f"{SCHEMA_VERSION}; use a new state folder")
-        if meta.get("watch_dir") != want:
-            raise LedgerError(f"{self.path}: this state folder belongs to the run in {meta.get('watch_dir')}, "
-                              f"not {want}; give each run its own output or state folder")
+        self._db = connect(self.path)
+        check_meta(self._db, self.path, Path(watch_dir), clock)
 
     def close(self) -> None:
         if self._db is not None:
@@ -208,9 +110,6 @@ class Ledger:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    def _tx(self):
-        return _Transaction(self._db)
 
     # ------------------------------------------------------------------ files
 
@@ -393,80 +292,6 @@ class Ledger:
         row = self._db.execute("SELECT outcome FROM reads WHERE read_id = ?", (read_id,)).fetchone()
         return row[0] if row else None
 
-    # ------------------------------------------------------------------ modBAM
-
-    def finished_bams(self) -> list[tuple[int, Path]]:
-        """(file id, path) of registered basecall BAMs with every read done and no modBAM recorded yet."""
-        rows = self._db.execute(
-            "SELECT f.id, f.path FROM files f WHERE f.kind = 'basecalls' AND f.fmt = 'bam' "
-            "AND f.state = 'registered' AND f.id NOT IN (SELECT file FROM modbams) AND NOT EXISTS "
-            "(SELECT 1 FROM reads r WHERE r.basecall_file = f.id AND r.outcome IS NULL) ORDER BY f.id")
-        return [(fid, Path(p)) for fid, p in rows]
-
-    def reads_of_file(self, file_id: int) -> set[str]:
-        return {r for (r,) in self._db.execute("SELECT read_id FROM reads WHERE basecall_file = ?", (file_id,))}
-
-    def reads_awaiting_modbam(self) -> set[str]:
-        """Reads of basecall BAMs whose modBAM is not written yet (their calls are still needed)."""
-        rows = self._db.execute(
-            "SELECT r.read_id FROM reads r JOIN files f ON f.id = r.basecall_file WHERE f.fmt = 'bam' "
-            "AND f.state = 'registered' AND f.id NOT IN (SELECT file FROM modbams)")
-        return {r for (r,) in rows}
-
-    def record_modbam(self, file_id: int, output: Path | None, reason: str | None = None) -> None:
-        with self._tx():
-            self._db.execute("INSERT OR REPLACE INTO modbams VALUES (?, ?, ?, ?)",
-                             (file_id, None if output is None else str(output), reason, self._clock()))
-
-    def modbam_counts(self) -> dict[str, int]:
-        written, failed = self._db.execute(
-            "SELECT count(output), count(*) - count(output) FROM modbams").fetchone()
-        return {"written": written, "not_written": failed}
-
-    # ------------------------------------------------------------------ modified-base calls
-
-    def meta(self, key: str) -> str | None:
-        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return None if row is None else row[0]
-
-    def set_meta(self, key: str, value: str) -> None:
-        with self._tx():
-            self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
-
-    def modcall_files(self) -> list[tuple[int, Path, int, int]]:
-        """(file id, path, size, mtime_ns) of the BAMs counted into the modkit table, in the order counted
-        (those with calls: not the ones recorded unreadable, with a negative call count)."""
-        rows = self._db.execute("SELECT m.file, f.path, m.size, m.mtime_ns FROM modcalls m JOIN files f ON "
-                                "f.id = m.file WHERE m.size = f.size AND m.mtime_ns = f.mtime_ns AND m.n_calls > 0 "
-                                "ORDER BY m.at, m.file")
-        return [(fid, Path(p), size, mtime) for fid, p, size, mtime in rows]
-
-    def uncounted_bams(self) -> list[tuple[int, Path, int, int, bool]]:
-        """Registered basecall BAMs not (or no longer, as they are now) counted into the modkit table;
-        the last field says whether an earlier state of the file was counted."""
-        rows = self._db.execute(
-            "SELECT f.id, f.path, f.size, f.mtime_ns, m.file IS NOT NULL FROM files f "
-            "LEFT JOIN modcalls m ON m.file = f.id "
-            "WHERE f.kind = 'basecalls' AND f.fmt = 'bam' AND f.state = 'registered' AND (m.file IS NULL OR "
-            "m.size != f.size OR m.mtime_ns != f.mtime_ns) ORDER BY f.id")
-        return [(fid, Path(p), size, mtime, bool(old)) for fid, p, size, mtime, old in rows]
-
-    def record_modcalls(self, file_id: int, size: int, mtime_ns: int, n_reads: int, n_calls: int) -> None:
-        with self._tx():
-            self._db.execute("INSERT OR REPLACE INTO modcalls VALUES (?, ?, ?, ?, ?, ?)",
-                             (file_id, size, mtime_ns, n_reads, n_calls, self._clock()))
-
-    def forget_modcalls(self, file_ids: Iterable[int]) -> None:
-        with self._tx():
-            self._db.executemany("DELETE FROM modcalls WHERE file = ?", ((f,) for f in file_ids))
-
-    def modcall_counts(self) -> dict[str, int]:
-        files, reads, calls, unreadable = self._db.execute(
-            "SELECT count(*) FILTER (WHERE n_calls >= 0), coalesce(sum(n_reads), 0), "
-            "coalesce(sum(n_calls) FILTER (WHERE n_calls >= 0), 0), count(*) FILTER (WHERE n_calls < 0) "
-            "FROM modcalls").fetchone()
-        return {"files": files, "reads": reads, "calls": calls, "unreadable_files": unreadable}
-
     # ------------------------------------------------------------------ batches
 
     def offsets(self) -> dict[str, int]:
@@ -504,15 +329,3 @@ class Ledger:
                 ((k, v) for k, v in counters.items() if v))
         return bid
 
-
-class _Transaction:
-    """`BEGIN IMMEDIATE` … `COMMIT`, or `ROLLBACK` on an exception."""
-
-    def __init__(self, db: sqlite3.Connection):
-        self._db = db
-
-    def __enter__(self) -> None:
-        self._db.execute("BEGIN IMMEDIATE")
-
-    def __exit__(self, exc_type, *exc) -> None:
-        self._db.execute("ROLLBACK" if exc_type else "COMMIT")
