@@ -10,7 +10,7 @@ import pytest
 from streamer.pipeline.aligner import ReadAligner
 from streamer.errors import InputError
 from streamer.io.alignments import AlignmentRecord, AlignmentFilter, iter_alignments
-from streamer.daemon.basecall_cache import BasecallCache, ReadBasecalls, read_basecall_file
+from streamer.daemon.basecall_cache import BasecallCache, ReadBasecalls, Wanted, read_basecall_file
 from streamer.skips import Skip, Skipped
 
 from daemon_support import no_leaks  # noqa: F401
@@ -67,14 +67,37 @@ def test_cache_is_bounded_and_reads_files_again(tmp_path, no_leaks):
     cache = BasecallCache(max_bases=25, filt=AlignmentFilter())
     cache.add(read_basecall_file(fq, "fastq", AlignmentFilter()).values())
     assert len(cache) == 2 and cache.bases == 20  # the oldest three were dropped
-    found, failed = cache.take([("r0", fq, "fastq"), ("r4", fq, "fastq"), ("r9", fq, "fastq")])
-    assert set(found) == {"r0", "r4"} and cache.reloads == 1
-    assert failed == {"r9": f"{fq}: read no longer in the file"}
+    taken = cache.take([Wanted("r0", fq, "fastq"), Wanted("r4", fq, "fastq"), Wanted("r9", fq, "fastq")])
+    assert set(taken.found) == {"r0", "r4"} and cache.reloads == 1
+    assert taken.failed == {"r9": f"{fq}: read no longer in the file"} and taken.passed_over == []
     assert len(cache) == 1
     cache.discard(["r3"])
     assert len(cache) == 0 and cache.bases == 0
-    found, failed = cache.take([("r1", tmp_path / "gone.fastq", "fastq")])
-    assert found == {} and "gone.fastq" in failed["r1"]
+    taken = cache.take([Wanted("r1", tmp_path / "gone.fastq", "fastq")])
+    assert taken.found == {} and "gone.fastq" in taken.failed["r1"]
+
+
+def test_a_read_its_file_no_longer_gives_is_read_from_its_spare(tmp_path, no_leaks):
+    """The file a read was registered from fails when read again: its spare FASTQ gives it, if it can."""
+    spare = tmp_path / "a.fastq"
+    spare.write_text("".join(f"@r{i}\n{'C' * 10}\n+\n{'I' * 10}\n" for i in range(2)))
+    bam, other = tmp_path / "a.bam", tmp_path / "b.fastq"
+    bam.write_bytes(b"\x1f\x8bnot really")
+    other.write_text("@r5\nACGT\n+\nIIII\n")
+    cache = BasecallCache(max_bases=0, filt=AlignmentFilter())
+    taken = cache.take([Wanted("r0", bam, "bam", spare, "fastq"), Wanted("r1", bam, "bam"),
+                        Wanted("r2", bam, "bam", spare, "fastq"), Wanted("r5", other, "fastq", spare, "fastq")])
+    assert taken.found == {"r0": ReadBasecalls("r0", "C" * 10, None), "r5": ReadBasecalls("r5", "ACGT", None)}
+    po, = taken.passed_over
+    assert (po.path, po.whole, po.spared) == (bam, True, {"r0": spare}) and po.why.startswith("cannot open BAM")
+    assert taken.failed["r1"] == f"{bam}: {po.why}"  # no spare
+    assert taken.failed["r2"] == f"{bam}: {po.why}; its FASTQ {spare}: read not in it"
+    other.write_text("@r6\nACGT\n+\nIIII\n")  # replaced: r5 is no longer in it
+    taken = cache.take([Wanted("r5", other, "fastq", spare, "fastq")])
+    assert taken.failed == {"r5": f"{other}: read no longer in the file; its FASTQ {spare}: read not in it"}
+    spare.unlink()
+    taken = cache.take([Wanted("r0", bam, "bam", spare, "fastq")])
+    assert taken.found == {} and f"{spare}` not found" in taken.failed["r0"] and taken.passed_over == []
 
 
 @pytest.fixture(scope="module")

@@ -152,6 +152,20 @@ def test_a_spare_fastq_gives_only_the_reads_no_bam_record_was_read_for(ledger, t
     assert ledger.file_counts()["basecalls_registered"] == 2 and ledger.use_spares() == {}
 
 
+def test_reads_whose_basecall_file_fails_later_take_their_spare(ledger, tmp_path):
+    ledger.register_signal_file(tmp_path / "a.fast5", "fast5", 1, 1, ["r1", "r2", "r3"])
+    ledger.register_basecall_file(tmp_path / "a.bam", "bam", 1, 1, [("r1", 11), ("r2", 12), ("r3", 13)])
+    ledger.register_spare_file(tmp_path / "a.fastq", "fastq", 1, 1, [("r1", 10), ("r2", 20)])
+    assert [(p.spare_path.name, p.spare_fmt) for p in ledger.matched(10, 1000)[0][:2]] == [("a.fastq", "fastq")] * 2
+    assert ledger.matched(10, 1000)[0][2].spare_path is None
+    ledger.commit([("r1", "called")], {}, {})
+    assert ledger.take_spares(["r1", "r2", "r3"]) == {tmp_path / "a.fastq": ["r2"]}  # r1 is done, r3 has none
+    assert [(p.read_id, p.basecall_path.name, p.basecall_fmt, p.spare_path) for p in ledger.matched(10, 1000)[0]] == \
+        [("r2", "a.fastq", "fastq", None), ("r3", "a.bam", "bam", None)]
+    assert ledger.file_counts()["basecalls_registered"] == 2 and ledger.take_spares(["r2"]) == {}
+    assert ledger.use_spares() == {}  # r2 has its basecalls already
+
+
 def test_the_end_of_the_run_uses_spares_even_for_reads_reported_without_basecalls(ledger, tmp_path):
     ledger.register_signal_file(tmp_path / "a.fast5", "fast5", 1, 1, ["r1"])
     ledger.commit([("r1", "no basecall")], {}, {"records_in": 1, "skipped.no basecall": 1})

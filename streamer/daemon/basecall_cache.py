@@ -7,6 +7,9 @@ the basecalls themselves: `BasecallCache` holds those of open reads up to a boun
 drops the oldest past it, and reads a file again for the reads it no longer holds. Reads
 whose partner never arrives are reported by the daemon after `join.timeout`, and reopened
 (the ledger's `superseded`) if it lands after all.
+
+A file read again may fail (truncated, replaced or removed since it was registered); a read it
+no longer gives is then read from its spare FASTQ (`basecalls: auto`), if the run has one.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from streamer.skips import Skip, Skipped
 log = logging.getLogger(__name__)
 
 Record = AlignmentRecord | Skipped  # an alignment record that goes on, or why it does not
+
+SPARE_USED = "%s: %d reads take their basecalls from this FASTQ: %s"  # the spare, how many, the file passed over
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,36 @@ def record_of(rec: pysam.AlignedSegment, filt: AlignmentFilter, source: Path | s
     return Skipped(rec.query_name, verdict, f"{source}: {detail}")
 
 
+@dataclass(frozen=True)
+class Wanted:
+    """A read whose basecalls a batch needs: the file they are in, and the FASTQ that holds them too."""
+
+    read_id: str
+    path: Path
+    fmt: str
+    spare_path: Path | None = None
+    spare_fmt: str = ""
+
+
+@dataclass(frozen=True)
+class PassedOver:
+    """A basecall file that failed when read again, and the reads that took their spare FASTQ's basecalls."""
+
+    path: Path
+    why: str
+    whole: bool  # the file could not be read at all (else these reads were no longer in it)
+    spared: dict[str, Path]  # read id -> the spare FASTQ its basecalls came from
+
+
+@dataclass(frozen=True)
+class Taken:
+    """What `BasecallCache.take` found."""
+
+    found: dict[str, ReadBasecalls]
+    failed: dict[str, str]  # read id -> why it has no basecalls
+    passed_over: list[PassedOver]
+
+
 class BasecallCache:
     """Basecalls of open reads, at most `max_bases` of them; the rest are read again when needed."""
 
@@ -140,27 +175,50 @@ class BasecallCache:
             if bc is not None:
                 self._bases -= bc.n_bases
 
-    def take(self, wanted: Iterable[tuple[str, Path, str]]) -> tuple[dict[str, ReadBasecalls], dict[str, str]]:
-        """Remove and return the basecalls of (read id, file, format); files are read again for
-        reads not held. Also returns, per read that could not be had, why not."""
-        found: dict[str, ReadBasecalls] = {}
-        missing: dict[tuple[Path, str], set[str]] = {}
-        for rid, path, fmt in wanted:
-            bc = self._reads.pop(rid, None)
+    def take(self, wanted: Iterable[Wanted]) -> Taken:
+        """Remove and return the basecalls of the reads wanted; files are read again for reads not
+        held, and a read its file then fails to give is read from its spare FASTQ, if it has one."""
+        taken = Taken({}, {}, [])
+        missing: dict[tuple[Path, str], list[Wanted]] = {}
+        for w in wanted:
+            bc = self._reads.pop(w.read_id, None)
             if bc is None:
-                missing.setdefault((path, fmt), set()).add(rid)
+                missing.setdefault((w.path, w.fmt), []).append(w)
             else:
                 self._bases -= bc.n_bases
-                found[rid] = bc
-        failed: dict[str, str] = {}
-        for (path, fmt), ids in missing.items():
+                taken.found[w.read_id] = bc
+        for (path, fmt), reads in missing.items():
             self.reloads += 1
             try:
-                got = read_basecall_file(path, fmt, self._filt, ids)
+                got = read_basecall_file(path, fmt, self._filt, {w.read_id for w in reads})
+                why, whole = "read no longer in the file", False
             except InputError as exc:
-                log.warning("%s", exc)
-                failed.update(dict.fromkeys(ids, str(exc)))
-                continue
-            found.update(got)
-            failed.update({rid: f"{path}: read no longer in the file" for rid in ids - got.keys()})
-        return found, failed
+                got, why, whole = {}, exc.reason, True
+            taken.found.update(got)
+            lost = [w for w in reads if w.read_id not in got]
+            spared = self._from_spares([w for w in lost if w.spare_path is not None], f"{path}: {why}", taken)
+            if spared:
+                taken.passed_over.append(PassedOver(path, why, whole, spared))
+            if whole and len(spared) < len(lost):
+                log.warning("%s: %s", path, why)
+            taken.failed.update({w.read_id: f"{path}: {why}" for w in lost if w.spare_path is None})
+        return taken
+
+    def _from_spares(self, lost: list[Wanted], why: str, taken: Taken) -> dict[str, Path]:
+        """The `lost` reads (their file failed: `why`) read from their spare FASTQ; read id -> the spare.
+        A read its spare cannot give either goes to `taken.failed` with both reasons."""
+        by_spare: dict[tuple[Path, str], set[str]] = {}
+        for w in lost:
+            by_spare.setdefault((w.spare_path, w.spare_fmt), set()).add(w.read_id)
+        spared: dict[str, Path] = {}
+        for (spare, fmt), ids in by_spare.items():
+            self.reloads += 1
+            try:
+                got = read_basecall_file(spare, fmt, self._filt, ids)
+                also = "read not in it"
+            except InputError as exc:
+                got, also = {}, exc.reason
+            taken.found.update(got)
+            spared.update(dict.fromkeys(got, spare))
+            taken.failed.update(dict.fromkeys(ids - got.keys(), f"{why}; its FASTQ {spare}: {also}"))
+        return spared

@@ -1,7 +1,7 @@
 """The daemon's batches as jobs of the batch driver (`streamer.pipeline.runner`), as `streamer call`'s are.
 
 The engine thread picks the matched reads the ledger says are due, takes their basecalls from
-the cache, aligns those that came without alignments, and starts reading their signal (and
+the cache (a read whose basecall file fails when read again from its spare FASTQ), aligns those that came without alignments, and starts reading their signal (and
 the next batch's, ahead); `DaemonBatch` is then what the driver assembles (the signal in hand,
 the records ready) and runs through the stages, the batch retried read by read if the
 pipeline raises on it (`Stages(isolate=True)`). The ledger, the journal and the sinks stay
@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from streamer.daemon.basecall_cache import ReadBasecalls, Record
-from streamer.daemon.ledger import Pick
+from streamer.daemon.basecall_cache import SPARE_USED, BasecallCache, ReadBasecalls, Record, Wanted
+from streamer.daemon.ledger import Ledger, Pick
 from streamer.io.reference import Reference
 from streamer.pipeline.aligner import ReadAligner
 from streamer.pipeline.batch import ReadInput
@@ -48,6 +49,32 @@ class DaemonBatch:
         signals, errors = self.signal.result()
         self.inputs, unusable = batch_inputs(self.pending, signals, errors, self.reference)
         return Assembled(self.inputs, None, self.skipped + unusable, self.records_in)
+
+
+def basecalls_of(picks: list[Pick], cache: BasecallCache, ledger: Ledger
+                 ) -> tuple[list[Pick], dict[str, ReadBasecalls], dict[str, str]]:  # fmt: skip
+    """The picks' basecalls (as picked: a read taken from its spare FASTQ now names it), and why
+    the others have none.
+
+    A read whose basecall file fails when read again takes its spare FASTQ's basecalls: the
+    ledger records the switch before the batch runs, so a restart reads the FASTQ and calls it
+    once; one line names the file passed over and why. A file that cannot be read at all passes
+    all its open reads that have a spare to it at once (those held here dropped: one source a
+    read), but not this batch's reads already taken from the file as it was.
+    """
+    taken = cache.take(Wanted(p.read_id, p.basecall_path, p.basecall_fmt, p.spare_path, p.spare_fmt)
+                       for p in picks)
+    for po in taken.passed_over:
+        ids = set(po.spared)
+        if po.whole:
+            ids |= ledger.open_reads_of(po.path) - taken.found.keys() - taken.failed.keys()
+        cache.discard(ids - po.spared.keys())
+        for spare, switched in ledger.take_spares(ids).items():
+            log.warning(SPARE_USED, spare, len(switched), f"{po.path} could not be read again ({po.why})")
+    spared = {rid for po in taken.passed_over for rid in po.spared}
+    picks = [replace(p, basecall_path=p.spare_path, basecall_fmt=p.spare_fmt, spare_path=None, spare_fmt="")
+             if p.read_id in spared else p for p in picks]
+    return picks, taken.found, taken.failed
 
 
 def picked(picks: list[Pick], found: dict[str, ReadBasecalls], failed: dict[str, str]

@@ -27,7 +27,7 @@ from streamer.daemon.policy import RECOVERED, EndOfRun
 from streamer.errors import InputError, one_line
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.signal import SIGNAL_SUFFIXES, signal_read_ids
-from streamer.daemon.basecall_cache import BasecallCache, read_basecall_file
+from streamer.daemon.basecall_cache import SPARE_USED, BasecallCache, read_basecall_file
 from streamer.daemon.ledger import Ledger, Registered
 from streamer.daemon.watch import VANISHED, Kind, Ready, Rejected, RunFile
 
@@ -156,7 +156,7 @@ def _stem(path: Path) -> str:
 
 
 def _log_fallback(spare: Path, n: int, why: str) -> None:
-    log.warning("%s: %d reads take their basecalls from this FASTQ: %s", spare, n, why)
+    log.warning(SPARE_USED, spare, n, why)
 
 
 def _log_registered(path: Path, what: str, reg: Registered) -> None:

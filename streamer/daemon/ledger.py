@@ -47,6 +47,8 @@ class Pick:
     matched: float  # wall clock: when its second file was registered
     number: int  # the read's row id: eventalign's read_index when read names are not printed
     superseded: str | None = None  # its earlier "no signal"/"no basecall" report, if its partner came late
+    spare_path: Path | None = None  # the FASTQ that holds it too, if its basecall file fails when read again
+    spare_fmt: str = ""
 
 
 @dataclass(frozen=True)
@@ -180,6 +182,22 @@ class Ledger(SinkRecords):
                 used[Path(path)] = n
         return used
 
+    def take_spares(self, read_ids: Iterable[str]) -> dict[Path, list[str]]:
+        """These open reads take their basecalls from their spare FASTQ from now on (their basecall
+        file failed when read again); those without one are left as they are. The reads switched, by spare."""
+        switched: dict[Path, list[str]] = {}
+        with self._tx():
+            rows = self._db.execute(
+                "SELECT r.read_id, f.id, f.path FROM reads r JOIN files f ON f.id = r.spare_file "
+                "WHERE r.read_id IN (SELECT value FROM json_each(?)) AND r.outcome IS NULL "
+                "AND r.basecall_file != r.spare_file ORDER BY r.id", (json.dumps(list(read_ids)),)).fetchall()
+            self._db.executemany("UPDATE reads SET basecall_file = spare_file WHERE read_id = ?",
+                                 ((rid,) for rid, _, _ in rows))
+            self._db.executemany("UPDATE files SET state = 'registered' WHERE id = ?", {(fid,) for _, fid, _ in rows})
+        for rid, _, path in rows:
+            switched.setdefault(Path(path), []).append(rid)
+        return switched
+
     def register_signal_file(self, path: Path, fmt: str, size: int, mtime_ns: int,
                              read_ids: list[str]) -> Registered:
         return self._register(path, "signal", fmt, size, mtime_ns, [(r, 0) for r in read_ids])
@@ -247,14 +265,16 @@ class Ledger(SinkRecords):
         picks: list[Pick] = []
         bases = 0
         rows = self._db.execute(
-            "SELECT r.read_id, r.n_bases, s.path, b.path, b.fmt, r.matched, r.id, r.superseded FROM reads r "
-            "JOIN files s ON s.id = r.signal_file JOIN files b ON b.id = r.basecall_file "
+            "SELECT r.read_id, r.n_bases, s.path, b.path, b.fmt, r.matched, r.id, r.superseded, x.path, x.fmt "
+            "FROM reads r JOIN files s ON s.id = r.signal_file JOIN files b ON b.id = r.basecall_file "
+            "LEFT JOIN files x ON x.id = r.spare_file AND r.spare_file != r.basecall_file "
             "WHERE r.outcome IS NULL AND r.matched IS NOT NULL ORDER BY r.matched, r.id LIMIT ? OFFSET ?",
             (max_reads, offset))
-        for rid, n, sp, bp, fmt, matched, number, superseded in rows:
+        for rid, n, sp, bp, fmt, matched, number, superseded, xp, xfmt in rows:
             if picks and bases + n > max_bases:
                 return picks, True
-            picks.append(Pick(rid, n, Path(sp), Path(bp), fmt, matched, number, superseded))
+            picks.append(Pick(rid, n, Path(sp), Path(bp), fmt, matched, number, superseded,
+                              None if xp is None else Path(xp), xfmt or ""))
             bases += n
         return picks, len(picks) == max_reads or bases >= max_bases
 

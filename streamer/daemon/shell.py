@@ -48,7 +48,7 @@ from typing import Any, Protocol
 from streamer.pipeline.aligner import ReadAligner
 from streamer.pipeline.batch import ReadInput
 from streamer.config import Config
-from streamer.daemon.batches import Aligning, DaemonBatch, eventalign_of, picked, signal_wanted
+from streamer.daemon.batches import Aligning, DaemonBatch, basecalls_of, eventalign_of, picked, signal_wanted
 from streamer.daemon.intake import FileIntake
 from streamer.daemon.policy import (
     PIPELINE_ERROR,
@@ -341,7 +341,7 @@ class Daemon:
     def _process(self, picks: list[Pick]) -> None:
         """One batch: assemble, call, append, commit; a read ends called or with its reasons."""
         t0 = time.monotonic()
-        found, failed = self.cache.take((p.read_id, p.basecall_path, p.basecall_fmt) for p in picks)
+        picks, found, failed = basecalls_of(picks, self.cache, self.ledger)
         unaligned = [(rid, bc.seq) for rid, bc in found.items() if bc.records is None]
         for rid, records in self.aligning.align(unaligned).items():
             found[rid] = replace(found[rid], records=records)

@@ -228,9 +228,11 @@ def test_a_signal_file_deleted_while_its_reads_are_listed_is_recorded_as_vanishe
 
 def test_a_basecall_file_replaced_after_it_was_registered_fails_only_its_reads(source, reference, reference_path,
                                                                                tmp_path, no_leaks):
-    """The cache reads a BAM again for reads it let go; by then the file is a corrupt one."""
+    """The cache reads a BAM again for reads it let go; by then the file is a corrupt one, and the
+    run wrote no FASTQ to take them from."""
     live = tmp_path / "live"
     run = Replayer(source, live, ReplayOptions(speed=0, batch_reads=3)).run()
+    shutil.rmtree(run / "fastq_pass")
     cfg = make_config(tmp_path, reference_path, **{"join.max_pending_bases": 0})  # nothing held: all read again
     d = daemon_for(cfg, FakePipeline(), reference)
     d.start()
@@ -249,6 +251,53 @@ def test_a_basecall_file_replaced_after_it_was_registered_fails_only_its_reads(s
         d.close()
     s = summary(cfg)
     assert s["state"] == "finished" and s["reads"]["done"] == N_READS and 0 < s["reads"]["called"] < N_READS
+
+
+def test_a_bam_corrupted_after_it_was_registered_passes_its_reads_to_the_fastq_across_a_crash(
+        source, reference, reference_path, tmp_path, caplog, monkeypatch, no_leaks):
+    """Read again later (the cache let its reads go), a BAM is corrupt: its reads take the FASTQ's
+    basecalls, one line says so, and a crash before their batch commits loses and repeats nothing."""
+    caplog.set_level(logging.INFO, logger="streamer")
+    run = Replayer(source, tmp_path / "live", ReplayOptions(speed=0, batch_reads=3)).run()
+    bam = sorted((run / "bam_pass").iterdir())[0]
+    fastq = run / "fastq_pass" / bam.name.replace(".bam", ".fastq.gz")
+    shutil.copy(bam, tmp_path / "bam")
+    cfg = make_config(tmp_path, reference_path, **{"join.max_pending_bases": 0})  # nothing held: all read again
+    d = daemon_for(cfg, FakePipeline(), reference)
+    d.start()
+    real_take, real_commit, spared = d.cache.take, d.ledger.commit, set()
+
+    def corrupted_then_take(wanted):
+        bam.write_bytes(corrupt_bams(tmp_path / "bam")["cut_mid_block.bam"])
+        taken = real_take(wanted)
+        spared.update(rid for po in taken.passed_over for rid in po.spared)
+        return taken
+
+    def dying_commit(outcomes, *args, **kw):
+        outcomes = list(outcomes)
+        if {rid for rid, _ in outcomes} & spared:  # their rows are written, never committed
+            raise OSError("simulated crash")
+        return real_commit(outcomes, *args, **kw)
+
+    monkeypatch.setattr(d.cache, "take", corrupted_then_take)
+    monkeypatch.setattr(d.ledger, "commit", dying_commit)
+    try:
+        assert d.run() == 1
+    finally:
+        d.close()
+    lines = [r.getMessage() for r in caplog.records if "take their basecalls" in r.getMessage()]
+    assert lines == [f"{fastq}: 3 reads take their basecalls from this FASTQ: {bam} could not be read again "
+                     "(truncated or corrupt BAM: " + lines[0].partition("(truncated or corrupt BAM: ")[2]]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "could not be read" not in
+                r.getMessage() and "simulated crash" not in r.getMessage()]
+
+    caplog.clear()
+    assert run_to_end(cfg, FakePipeline(), reference)[0] == 0
+    s = summary(cfg)
+    assert s["state"] == "finished" and s["reads"]["called"] == s["reads"]["done"] == N_READS
+    got = rows(cfg.output.dir / "meth.tsv")
+    assert len(got) == N_RECORDS == len(set(got))
+    assert not [r for r in caplog.records if "take their basecalls" in r.getMessage()]  # said once, before the crash
 
 
 def test_a_run_whose_bams_cannot_be_read_calls_every_read_from_its_fastq(source, reference, reference_path,
