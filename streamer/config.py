@@ -86,8 +86,11 @@ class WatchConfig:
         type=bool, flag="--include-fail")
     basecalls: str = _key(
         "auto", "Where basecalls come from: `bam` (MinKNOW/dorado BAM; its alignments are used when it has "
-        "them), `fastq` (FASTQ or FASTA), or `auto` (BAM for runs that write a `bam_pass` folder or BAM files, "
-        "FASTQ otherwise).", type=str, flag="--basecalls", choices=("auto", "bam", "fastq"))
+        "them), `fastq` (FASTQ or FASTA), or `auto`: chosen read by read. In a run that writes BAM (a "
+        "`bam_pass` folder, or BAM files beside the FASTQ) a read takes its BAM record, and its FASTQ basecall "
+        "only when no BAM record of it can be read (its BAM is unreadable, fails when read again, or never "
+        "lands); one line says so each time. Runs without BAM use FASTQ.",
+        type=str, flag="--basecalls", choices=("auto", "bam", "fastq"))
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,9 @@ the watcher asks.
 Where a run writes both BAM and FASTQ (`basecalls: auto`), the choice is made read by read: the
 FASTQ is registered as a spare, and a read takes its basecalls from it only if no BAM record of
 it can be read: its BAM (the one of the same name) was set aside, or the run ended without one.
-Each time a spare is used, one line says which file was passed over and why.
+Each time a spare is used, one line says which file was passed over and why. (A BAM registered
+fine that fails when its reads are loaded again passes them on in the batch path,
+`streamer.daemon.batches.basecalls_of`, read by read: the ledger knows each read's spare.)
 """
 
 from __future__ import annotations
@@ -131,7 +133,6 @@ class FileIntake:
         _log_registered(f.path, "basecalls", reg)
         if f.fmt == "bam":
             self.on_bam()
-
 
     def _register_spare(self, ready: Ready, reads: list[tuple[str, int]]) -> None:
         f = ready.file
