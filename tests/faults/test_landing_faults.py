@@ -256,13 +256,15 @@ def test_a_basecall_file_replaced_after_it_was_registered_fails_only_its_reads(s
 def test_a_bam_corrupted_after_it_was_registered_passes_its_reads_to_the_fastq_across_a_crash(
         source, reference, reference_path, tmp_path, caplog, monkeypatch, no_leaks):
     """Read again later (the cache let its reads go), a BAM is corrupt: its reads take the FASTQ's
-    basecalls, one line says so, and a crash before their batch commits loses and repeats nothing."""
+    basecalls, all three at the first (batches of one read), one line says so, and a crash before
+    the first one's batch commits loses and repeats nothing."""
     caplog.set_level(logging.INFO, logger="streamer")
     run = Replayer(source, tmp_path / "live", ReplayOptions(speed=0, batch_reads=3)).run()
     bam = sorted((run / "bam_pass").iterdir())[0]
     fastq = run / "fastq_pass" / bam.name.replace(".bam", ".fastq.gz")
     shutil.copy(bam, tmp_path / "bam")
-    cfg = make_config(tmp_path, reference_path, **{"join.max_pending_bases": 0})  # nothing held: all read again
+    cfg = make_config(tmp_path, reference_path, **{"join.max_pending_bases": 0,  # nothing held: all read again
+                                                   "batch.max_reads": 1})
     d = daemon_for(cfg, FakePipeline(), reference)
     d.start()
     real_take, real_commit, spared = d.cache.take, d.ledger.commit, set()
@@ -285,6 +287,7 @@ def test_a_bam_corrupted_after_it_was_registered_passes_its_reads_to_the_fastq_a
         assert d.run() == 1
     finally:
         d.close()
+    assert len(spared) == 1
     lines = [r.getMessage() for r in caplog.records if "take their basecalls" in r.getMessage()]
     assert lines == [f"{fastq}: 3 reads take their basecalls from this FASTQ: {bam} could not be read again "
                      "(truncated or corrupt BAM: " + lines[0].partition("(truncated or corrupt BAM: ")[2]]
