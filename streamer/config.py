@@ -25,16 +25,16 @@ import yaml
 
 from streamer.errors import ConfigError
 from streamer.publish.security import is_loopback
+from streamer.tuning.profiles import PROFILE_NAMES
 
 REQUIRED_FOR_RUN = ("watch.dir", "reference.genome", "output.dir")
 
 
-def _profile_choices() -> tuple[str, ...]:
-    """The device profiles, looked up when the schema is read: `streamer.tuning` reads this
-    module's `Config`, so this module does not import it."""
-    from streamer.tuning.profiles import PROFILE_NAMES
-
-    return ("auto", *PROFILE_NAMES)
+# where each setting the tuner resolves (`streamer.tuning.session.plan_config`) lives in the configuration
+TUNABLE_KEYS = {"max_reads": ("batch", "max_reads"), "max_bases": ("batch", "max_bases"), "max_lf": ("gpu", "max_lf"),
+                "max_epk": ("gpu", "max_epk"), "avg_epk": ("gpu", "avg_epk"),
+                "ultra_thresh": ("gpu", "ultra_thresh"), "threads": ("pipeline", "threads"),
+                "mem_frac": ("gpu", "mem_frac")}  # fmt: skip
 
 
 def _key(default: Any, help: str, *, type: type, flag: str, short: str | None = None,
@@ -192,7 +192,7 @@ class GpuConfig:
     profile: str = _key(
         "auto", "Device profile the batch caps, the GPU keys above and the threads start from (like f5c's -x); "
         "`auto` picks one from the GPU's name and memory and the CPU count. A key set to anything but its default "
-        "overrides the profile.", type=str, flag="--profile", choices=_profile_choices)
+        "overrides the profile.", type=str, flag="--profile", choices=("auto", *PROFILE_NAMES))
     autotune: bool = _key(
         True, "Tune the batch caps and the GPU split (max_lf, max_epk, avg_epk, ultra_thresh) while running, on "
         "the advice of f5c's tuning monitor; what is learned is kept per GPU in the state folder for the next "
@@ -350,6 +350,18 @@ class Config:
             return self.output.state_dir
         assert self.output.dir is not None
         return self.output.dir / ".streamer"
+
+    def tunables(self) -> dict[str, Any]:
+        """The settings the tuner resolves, by its names (`TUNABLE_KEYS`)."""
+        return {k: getattr(getattr(self, sec), key) for k, (sec, key) in TUNABLE_KEYS.items()}
+
+    def with_tunables(self, values: dict[str, Any]) -> Config:
+        """This configuration with the tuner's resolved settings in their sections."""
+        cfg = self
+        for section in ("batch", "gpu", "pipeline"):
+            keys = {key: values[k] for k, (sec, key) in TUNABLE_KEYS.items() if sec == section}
+            cfg = replace(cfg, **{section: replace(getattr(cfg, section), **keys)})
+        return cfg
 
     def as_dict(self) -> dict[str, dict[str, Any]]:
         """Plain values (paths as strings), for the start-up log and summary.json."""

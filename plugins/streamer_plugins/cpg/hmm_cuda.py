@@ -35,7 +35,7 @@ from streamer_gpu.faults import from_env as fault_plan
 from streamer_gpu.target import CUDA_ERRORS, DEVICE
 from streamer_plugins.cpg import hmm as cpu_hmm
 from streamer_plugins.cpg.hmm import SLOTS, flank_table, hmm_cells, read_transitions
-from streamer_plugins.cpg.hmm_gpu import DEFAULT_MAX_KMERS, launch_order, pack_jobs
+from streamer_plugins.cpg.hmm_jobs import DEFAULT_MAX_KMERS, launch_order, pack_jobs
 
 log = logging.getLogger(__name__)
 
