@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from streamer.errors import ConfigError
+from streamer.pore.chemistry import DEFAULT, PORES, folder_models, models_by_pore
 from streamer.publish.security import is_loopback
 from streamer.tuning.profiles import PROFILE_NAMES
 
@@ -151,17 +152,15 @@ class PipelineConfig:
                         short="-t", minimum=0)
     pore: str = _key(
         "auto", "Pore chemistry of the watched runs; it picks the models that `kmer_model` and `meth_model` leave "
-        "unset: r9 the shipped R9.4 6-mer ones, r10 (R10.4.1, 4 or 5 kHz) the 9-mer ones in `model_dir`/r10; "
-        "auto: from the signal files' run metadata (flow cell, kit), r9 when they do not say. Without the R10.4.1 "
-        "CpG model the daemon calls no methylation and writes the rest.", type=str, flag="--pore",
-        choices=("auto", "r9", "r10"))
+        f"unset: {models_by_pore()}; auto: from the signal files' run metadata (flow cell, kit), {DEFAULT.name} when they do not say. Without "
+        "a chemistry's CpG model the daemon calls no methylation and writes the rest.", type=str, flag="--pore",
+        choices=("auto", *PORES))
     kmer_model: Path | None = _key(None, "Nucleotide pore model file, text or uncalled4 .npz (default: by "
                                    "`pore`).", type=Path, flag="--kmer-model", must_exist="file")
     meth_model: Path | None = _key(None, "CpG methylation pore model file, nanopolish/f5c text (default: by "
                                    "`pore`).", type=Path, flag="--meth-model", must_exist="file")
     model_dir: Path | None = _key(
-        None, "Folder of per-pore models: for r10, `r10/dna_r10.4.1_400bps_9mer.npz` (uncalled4) and "
-        "`r10/r10_450bps.cpg.9mer.template.round9.model` (f5c's releases); default `$STREAMER_MODEL_DIR`, else "
+        None, f"Folder of per-pore models ({folder_models()}); default `$STREAMER_MODEL_DIR`, else "
         "`$XDG_DATA_HOME/streamer/models`.", type=Path, flag="--model-dir")
     io_mode: str = _key(
         "auto", "Signal readers of `batch.read_ahead` as `processes` or `threads`; `auto` takes processes, as "

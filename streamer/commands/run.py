@@ -23,10 +23,9 @@ from streamer.io.reference import Reference
 from streamer.daemon.journal import check_output_free
 from streamer.metrics import serve_metrics
 from streamer.daemon.notify import Notifier
-from streamer.io.poretype import pore_of_file
 from streamer.pipeline.stages import Pipeline, PipelineOptions
 from streamer.daemon.pore_pipeline import PorePipeline, first_signal_file
-from streamer.pore.model import pore_models
+from streamer.pore.chemistry import pore_models, pore_of_file
 from streamer.publish.publisher import Publisher, PublisherConfig
 from streamer.publish.security import CurveServer, load_public_keys, load_secret_keys
 from streamer.sinks import open_sink

@@ -19,6 +19,7 @@ which therefore agrees to the bit.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numba
@@ -31,6 +32,18 @@ from streamer.skips import Skip
 from streamer.pipeline.targets import CPU
 
 scaled_mean, log_emission, cell_score, moves_right, trimmed, with_trimmed, traceback, failed_qc = abea_cells(CPU)
+
+
+@dataclass(frozen=True)
+class AbeaParams:
+    """ABEA's band and QC settings (f5c's defaults): a pore chemistry's, the same on CPU and GPU."""
+
+    bandwidth: int = 100
+    trim_prob: float = 0.01
+    skip_prob: float = 1e-10
+    max_events_per_base: float = 15.0
+    min_avg_log_emission: float = -5.0
+    max_skip_run: int = 50
 
 
 @numba.njit(nogil=True, cache=True)

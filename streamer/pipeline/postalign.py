@@ -19,6 +19,7 @@ methylation HMM takes its stay probability from it (1 - 1/events_per_base).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numba
@@ -27,6 +28,15 @@ import numpy as np
 from streamer.pore.model import PoreModel
 from streamer.pipeline.scaling import F5C_CODES, read_kmer_ranks, require_dtype, require_nucleotide
 from streamer.skips import Skip
+
+
+@dataclass(frozen=True)
+class PostalignParams:
+    """The recalibration's QC thresholds (f5c's defaults), a pore chemistry's."""
+
+    min_events: int = 200
+    max_var: float = 2.5
+    max_events_per_base: float = 5.0
 
 
 @numba.njit(nogil=True, cache=True)

@@ -29,7 +29,7 @@ from streamer.pipeline.abea import align_batch
 from streamer.pipeline.batch import CIGAR_M, ReadBatch, ReadInput, pack
 from streamer.pipeline.devices import DevicePool
 from streamer.pipeline.events import detect_events
-from streamer.pipeline.gpu import AbeaBatchStats, CudaOptions, HmmBatchStats, gpu_module
+from streamer.pipeline.gpu import AbeaBatchStats, CudaOptions, GpuAbea, HmmBatchStats, gpu_package
 from streamer.io.fast5 import SignalRecord
 from streamer.pore.model import PoreModel, load_kmer_model
 from streamer.pipeline.postalign import recalibrate_batch
@@ -56,7 +56,7 @@ class GpuDevice:
     """
 
     dev_id: int
-    abea: Any  # streamer_gpu.abea.CudaAbea, or any object with its `align`
+    abea: GpuAbea  # streamer_gpu.abea.CudaAbea, or any object with its `align`
     context: Callable[[], ContextManager] = contextlib.nullcontext
     parts: dict[str, Any] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -287,7 +287,7 @@ class Pipeline:
                 log.warning("GPU %d failed at start-up (%s): %s", dev_id, exc, where)
                 failed = True
         if failed:
-            gpu_module("").release_gpu()
+            gpu_package().release_gpu()
         if not self.devices:
             result = self._run(pack([synthetic_read(self.kmer_model)]), None, recover=False)
         return result
@@ -297,7 +297,7 @@ def open_devices(cuda: CudaOptions) -> list[GpuDevice]:
     """The GPU ABEA stage on each of cuda's devices that has one to give (each failure said in one line)."""
     if cuda.disable:
         return []
-    gpu = gpu_module("")
+    gpu = gpu_package()
     devices = []
     for dev_id in cuda.devices(gpu.count_gpus()):
         abea = gpu.open_gpu(replace(cuda, dev_id=dev_id))
@@ -308,7 +308,7 @@ def open_devices(cuda: CudaOptions) -> list[GpuDevice]:
 
 def is_cuda_error(exc: BaseException) -> bool:
     """A failed launch, copy, allocation or module load on a GPU (asked only where a GPU stage ran)."""
-    return isinstance(exc, gpu_module("target").CUDA_ERRORS)
+    return gpu_package().is_cuda_error(exc)
 
 
 def skipped_of(batch: ReadBatch) -> list[Skipped]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Protocol, Self, TypeVar
 
 from streamer.pipeline.batching import BatchLimits
-from streamer.pipeline.gpu import AbeaBatchStats, CudaOptions, GpuInfo, gpu_module
+from streamer.pipeline.gpu import AbeaBatchStats, CudaOptions, GpuInfo, gpu_package
 from streamer.paths import user_state_dir
 from streamer.tuning.controller import Action, Controller, Policy, Settings
 from streamer.tuning.monitor import ADVICE, REPEATS
@@ -56,7 +56,7 @@ def plan_config(cfg: C) -> tuple[C, Plan]:
 
 def probe_gpu(dev_id: int = 0) -> GpuInfo | None:
     """The GPU the profiles plan for (`streamer_gpu.device.probe_gpu`), None where there is none."""
-    return gpu_module("device").probe_gpu(dev_id)
+    return gpu_package().probe_gpu(dev_id)
 
 
 def prepare(given: Mapping[str, Any], profile: str = "auto", *, dev_id: int = 0, disable_cuda: bool = False,
