@@ -22,7 +22,8 @@ class GpuAbea(Protocol):
 
     options: CudaOptions
 
-    def align(self, *args: Any, **kwargs: Any) -> Any: ...
+    def align(self, reads: Any, model: Any, params: Any = ...) -> tuple[Any, AbeaBatchStats]:
+        """`streamer.pipeline.abea.align_batch` of a batch record (`AbeaReads`' fields), plus its measurements."""
 
     def retune(self, options: CudaOptions) -> None: ...
 

@@ -126,14 +126,12 @@ class AlignEvents(_CoreStage):
     name = "abea"
 
     def __call__(self, batch: ReadBatch, pipeline: Pipeline) -> None:
-        args = (batch.seq, batch.seq_off, batch.ev_mean, batch.ev_off, batch.status, batch.shift, batch.scale,
-                pipeline.kmer_model)  # fmt: skip
         device = pipeline.device
         if device is None:
-            aln = align_batch(*args)
+            aln = align_batch(batch, pipeline.kmer_model)
         else:
             with device.lock:
-                aln, batch.stats[self.name] = device.abea.align(*args)
+                aln, batch.stats[self.name] = device.abea.align(batch, pipeline.kmer_model)
         batch.aln_off, batch.aln_kmer, batch.aln_event = aln.aln_off, aln.aln_kmer, aln.aln_event
 
 
@@ -143,10 +141,7 @@ class Recalibrate(_CoreStage):
     name = "postalign"
 
     def __call__(self, batch: ReadBatch, pipeline: Pipeline) -> None:
-        post = recalibrate_batch(
-            batch.seq, batch.seq_off, batch.ev_mean, batch.ev_off, batch.aln_kmer, batch.aln_event,
-            batch.aln_off, batch.status, batch.shift, batch.scale, batch.var, pipeline.kmer_model,
-        )  # fmt: skip
+        post = recalibrate_batch(batch, pipeline.kmer_model)
         batch.post = post
         batch.mom_scalings = (batch.shift, batch.scale, batch.var)
         batch.shift, batch.scale, batch.var = post.shift, post.scale, post.var
