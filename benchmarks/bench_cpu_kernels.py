@@ -52,9 +52,9 @@ def capture(reads: Path, bam: Path, signal: Path) -> tuple[tuple, tuple]:
         return align_batch(reads, model, *args)
 
     class Recorder:
-        def score(self, *args):
-            seen["hmm"] = args
-            return (*score_windows(*args), None)
+        def score(self, jobs, inputs):
+            seen["hmm"] = (*jobs, *inputs)
+            return (*score_windows(*jobs, *inputs), None)
 
     pipeline_module.align_batch = recording_align
     with tempfile.TemporaryDirectory() as tmp:

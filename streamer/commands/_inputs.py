@@ -15,8 +15,9 @@ from streamer.commands._checks import check_bam, check_files, check_writable, nu
 from streamer.errors import ModelError, StreamerError
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.index import SignalIndex, open_index
+from streamer.pipeline.gpu import CudaOptions
 from streamer.pipeline.stages import PipelineOptions
-from streamer.pore.chemistry import DEFAULT, PORES, folder_models, pore_models, pore_of_file, title
+from streamer.pore.chemistry import DEFAULT, PORES, chemistry, folder_models, pore_models, pore_of_file, title
 
 log = logging.getLogger(__name__)
 
@@ -82,12 +83,14 @@ def pore_of_inputs(args: argparse.Namespace, index: SignalIndex) -> tuple[str | 
     return (pore_of_file(first), f"{first}'s run metadata") if first is not None else (None, "")
 
 
-def model_files(args: argparse.Namespace, index: SignalIndex, *, methylation: bool) -> tuple[Path | None, Path | None]:
-    """The nucleotide and CpG model files for the inputs' pore: those the flags name, else the pore's
-    (those not shipped: from the model folder; a missing one stops the command with one line naming it)."""
+def pipeline_options(args: argparse.Namespace, index: SignalIndex, cuda: CudaOptions, *,
+                     methylation: bool) -> PipelineOptions:  # fmt: skip
+    """The pipeline for the inputs' pore: its chemistry, and its nucleotide and CpG model files (those the
+    flags name, else the chemistry's; one not shipped and missing stops the command with one line naming it)."""
     pore, source = pore_of_inputs(args, index)
     try:
-        return pore_models(pore, args.kmer_model, getattr(args, "meth_model", None), args.model_dir,
-                           methylation=methylation)  # fmt: skip
+        kmer, meth = pore_models(pore, args.kmer_model, getattr(args, "meth_model", None), args.model_dir,
+                                 methylation=methylation)  # fmt: skip
     except ModelError as exc:
         raise StreamerError(f"{title(pore)} reads ({source}): {exc}") from None
+    return PipelineOptions(threads=args.threads, kmer_model=kmer, meth_model=meth, cuda=cuda, chemistry=chemistry(pore))

@@ -21,14 +21,14 @@ from streamer.commands._inputs import (
     add_input_arguments,
     alignment_filter,
     check_inputs,
-    model_files,
+    pipeline_options,
     signal_index,
 )
 from streamer.io.alignments import iter_alignments, write_records
 from streamer.io.bamreads import open_basecalls
 from streamer.io.reference import Reference
 from streamer.pipeline.runner import RunnerOptions, run_batches
-from streamer.pipeline.stages import BatchResult, Pipeline, PipelineOptions
+from streamer.pipeline.stages import BatchResult, Pipeline
 from streamer.pipeline.resume import CallJournal, Resumed, journal_path, run_identity
 from streamer.pipeline.signal_pool import IO_MODES, reader_pool
 from streamer import registry
@@ -122,9 +122,8 @@ def _run(args: argparse.Namespace, compiling: bool) -> int:
     rows = open_sink("calls")
     with ExitStack() as stack:
         index = signal_index(args)
-        kmer_model, meth_model = model_files(args, index, methylation=True)
-        options = PipelineOptions(threads=args.threads, kmer_model=kmer_model, meth_model=meth_model, cuda=cuda)
-        output = _Output.open(args, rows.header, [kmer_model, meth_model])
+        options = pipeline_options(args, index, cuda, methylation=True)
+        output = _Output.open(args, rows.header, [options.kmer_model, options.meth_model])
         stack.callback(output.close)
         summary.batches_resumed = output.resumed
 

@@ -14,6 +14,10 @@ bands (all a band needs); the traceback keeps one byte per cell. The per-cell
 arithmetic, the band rule, the traceback and the QC are written once
 (`streamer.pipeline.abea_cells`) and compiled both here and for CUDA (`streamer_gpu.kernels`),
 which therefore agrees to the bit.
+
+The kernels (`abea`, `align_read`) take a dozen or more flat arrays and scalars: numba compiles
+no Python objects, so `align_batch` takes the batch record, the model and `AbeaParams` and
+unpacks them once (`abea_arrays`, `model_arrays`, which the GPU stage uses too).
 """
 
 from __future__ import annotations

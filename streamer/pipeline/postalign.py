@@ -15,6 +15,9 @@ events per base > `max_events_per_base`.
 Events per base (float64 per read) = (last aligned event - first aligned event)
 / number of k-mers: the span of aligned events, not the event count. The
 methylation HMM takes its stay probability from it (1 - 1/events_per_base).
+
+The kernel `postalign` takes its eighteen flat arrays and scalars because numba compiles no
+Python objects; `recalibrate_batch` takes the batch record and `PostalignParams` and unpacks them once.
 """
 
 from __future__ import annotations

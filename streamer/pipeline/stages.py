@@ -31,6 +31,7 @@ from streamer.pipeline.devices import DevicePool
 from streamer.pipeline.events import detect_events
 from streamer.pipeline.gpu import AbeaBatchStats, CudaOptions, GpuAbea, HmmBatchStats, gpu_package
 from streamer.io.fast5 import SignalRecord
+from streamer.pore.chemistry import DEFAULT, Chemistry
 from streamer.pore.model import PoreModel, load_kmer_model
 from streamer.pipeline.postalign import recalibrate_batch
 from streamer.pipeline.scaling import estimate_scalings
@@ -45,6 +46,7 @@ class PipelineOptions:
     kmer_model: Path | None = None
     meth_model: Path | None = None
     cuda: CudaOptions = CudaOptions()
+    chemistry: Chemistry = DEFAULT  # its event, ABEA and recalibration settings (the models are given above)
 
 
 @dataclass
@@ -107,7 +109,7 @@ class DetectEvents(_CoreStage):
 
     def __call__(self, batch: ReadBatch, pipeline: Pipeline) -> None:
         batch.ev_off, batch.ev_start, batch.ev_length, batch.ev_mean, batch.ev_stdv = detect_events(
-            batch.signal, batch.signal_off
+            batch.signal, batch.signal_off, pipeline.options.chemistry.events
         )
 
 
@@ -126,12 +128,12 @@ class AlignEvents(_CoreStage):
     name = "abea"
 
     def __call__(self, batch: ReadBatch, pipeline: Pipeline) -> None:
-        device = pipeline.device
+        device, params = pipeline.device, pipeline.options.chemistry.abea
         if device is None:
-            aln = align_batch(batch, pipeline.kmer_model)
+            aln = align_batch(batch, pipeline.kmer_model, params)
         else:
             with device.lock:
-                aln, batch.stats[self.name] = device.abea.align(batch, pipeline.kmer_model)
+                aln, batch.stats[self.name] = device.abea.align(batch, pipeline.kmer_model, params)
         batch.aln_off, batch.aln_kmer, batch.aln_event = aln.aln_off, aln.aln_kmer, aln.aln_event
 
 
@@ -141,7 +143,7 @@ class Recalibrate(_CoreStage):
     name = "postalign"
 
     def __call__(self, batch: ReadBatch, pipeline: Pipeline) -> None:
-        post = recalibrate_batch(batch, pipeline.kmer_model)
+        post = recalibrate_batch(batch, pipeline.kmer_model, pipeline.options.chemistry.postalign)
         batch.post = post
         batch.mom_scalings = (batch.shift, batch.scale, batch.var)
         batch.shift, batch.scale, batch.var = post.shift, post.scale, post.var

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol, Self, TypeVar
 

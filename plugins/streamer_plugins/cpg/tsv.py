@@ -9,6 +9,9 @@ integer m < 2^53 times 100 (below 2^60) over a power of two, so integer shifts g
 exactly. A minus sign is printed for every negative value and for -0.0, even when the
 hundredths round to zero ("-0.00"), as Python does; nan and infinities are spelled as
 Python spells them. Callers check the 2^50 bound (`fits`) and format otherwise.
+
+The row kernels take one flat array per column, as numba needs; their caller (`calls.format_calls`)
+unpacks the calls record once.
 """
 
 from __future__ import annotations
