@@ -23,7 +23,7 @@ from streamer.io.poretype import run_metadata
 from streamer.pipeline.abea import AbeaParams
 from streamer.pipeline.events import DNA_PARAMS, EventParams
 from streamer.pipeline.postalign import PostalignParams
-from streamer.pore.model import DEFAULT_KMER_MODEL, DEFAULT_METH_MODEL, model_dir
+from streamer.pore.model import DEFAULT_KMER_MODEL, DEFAULT_METH_MODEL, builtin_model_path, model_dir
 
 UNCALLED4_MODELS = "https://github.com/skovaka/uncalled4"
 F5C_RELEASES = "https://github.com/hasindu2008/f5c/releases"
@@ -66,8 +66,8 @@ class Chemistry:
 
     def models(self, kmer_model: Path | None, meth_model: Path | None, folder: Path, *,
                methylation: bool = True) -> tuple[Path | None, Path | None]:  # fmt: skip
-        """The model files: those given, else this chemistry's in `folder`/name (shipped ones are
-        returned as None: `load_default_models` takes them). A missing one raises ModelError naming the
+        """The model files: those given, else this chemistry's in `folder`/name (the shipped R9.4.1 ones
+        are returned as None: `load_default_models` takes them). A missing one raises ModelError naming the
         file looked for and where it is published; `methylation=False` needs no CpG model."""
         if self.reverse_signal or self.u_to_t:
             raise StreamerError(f"{self.title}: RNA reads (3'->5' signal, U models) are not supported yet")
@@ -76,8 +76,10 @@ class Chemistry:
         return kmer, meth
 
     def _model(self, default: ModelFile, given: Path | None, folder: Path, flag: str) -> Path | None:
-        if given is not None or default.shipped:
+        if given is not None:
             return given
+        if default.shipped:  # the loader's own default is None; another shipped model, its package path
+            return None if default.name in (DEFAULT_KMER_MODEL, DEFAULT_METH_MODEL) else builtin_model_path(default.name)
         path = folder / self.name / default.name
         if not path.is_file():
             raise ModelError(path, f"no {self.title} {default.what} model: {default.published}; put it there or "
