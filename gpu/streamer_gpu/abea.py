@@ -22,7 +22,7 @@ import numba
 import numpy as np
 from numba import cuda
 
-from streamer.pipeline.abea import AbeaParams, Alignment, abea, abea_arrays, model_arrays
+from streamer.pipeline.abea import AbeaParams, AbeaReads, Alignment, abea, abea_arrays, model_arrays
 from streamer.pipeline.gpu import AbeaBatchStats, CudaOptions
 from streamer_gpu import kernels
 from streamer_gpu.host import (
@@ -223,7 +223,8 @@ class CudaAbea:
         t_start = time.perf_counter()
         self._faults.check("abea")
         require_nucleotide(model)
-        seq, seq_off, ev_mean, ev_off, status, shift, scale = abea_arrays(reads)
+        arrays = abea_arrays(reads)
+        seq, seq_off, ev_mean, ev_off, status, shift, scale = arrays
         bandwidth, skip_prob, max_events_per_base = params.bandwidth, params.skip_prob, params.max_events_per_base
         self._take_retune()
         if bandwidth != self.arena.bandwidth:
@@ -248,7 +249,7 @@ class CudaAbea:
 
         gpu_idx = np.flatnonzero(owner == GPU)
         # packed before the CPU reads start: the gather has numba's parallel workers to itself
-        packed = self._pack(gpu_idx, seq, seq_off, ev_mean, ev_off, shift, scale, model.k, skip_prob)
+        packed = self._pack(gpu_idx, arrays, model.k, skip_prob)
         cpu_result: list = []
         worker = threading.Thread(target=lambda: cpu_result.append(on_cpu(owner == CPU)), name="abea-cpu")
         worker.start()
@@ -321,10 +322,11 @@ class CudaAbea:
                      gpu.aln_off, gpu.first_kmer, gpu.first_event, gpu.steps)  # fmt: skip
 
     @staticmethod
-    def _pack(idx, seq, seq_off, ev_mean, ev_off, shift, scale, k, skip_prob) -> _Packed | None:
+    def _pack(idx, reads: AbeaReads, k, skip_prob) -> _Packed | None:
         """The GPU reads' bases, events, offsets and per-read parameters, contiguous on the host."""
         if len(idx) == 0:
             return None
+        seq, seq_off, ev_mean, ev_off, _, shift, scale = reads
         t0 = time.perf_counter()
         base_off, ev_o, row_off, lp = read_params(seq_off, ev_off, idx, k, skip_prob)
         if len(idx) == len(seq_off) - 1:

@@ -306,12 +306,12 @@ class AbeaReads(NamedTuple):
     scale: np.ndarray
 
 
-def abea_arrays(reads) -> tuple[np.ndarray, ...]:
+def abea_arrays(reads) -> AbeaReads:
     """The arrays of `AbeaReads`'s fields from a batch, checked for the dtypes the kernels take."""
     for name in ("ev_mean", "shift", "scale"):
         require_dtype(name, getattr(reads, name), np.float32)
     require_dtype("status", reads.status, np.int8)
-    return tuple(getattr(reads, name) for name in AbeaReads._fields)
+    return AbeaReads(*(getattr(reads, name) for name in AbeaReads._fields))
 
 
 def model_arrays(model: PoreModel, params: AbeaParams) -> tuple:
