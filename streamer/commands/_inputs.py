@@ -17,7 +17,8 @@ from streamer.io.alignments import AlignmentFilter
 from streamer.io.index import SignalIndex, open_index
 from streamer.pipeline.gpu import CudaOptions
 from streamer.pipeline.stages import PipelineOptions
-from streamer.pore.chemistry import DEFAULT, PORES, chemistry, folder_models, pore_models, pore_of_file, title
+from streamer.pore.chemistry import (DEFAULT, PORES, chemistry, default_models, folder_models, pore_models, pore_of_file,
+                                     title)
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +42,7 @@ def add_input_arguments(p: argparse.ArgumentParser, output: str) -> None:
             help="minimum mapping quality [%(default)s]")
     p.add_argument("--secondary", choices=("yes", "no"), default="no", help="use secondary alignments [%(default)s]")
     p.add_argument("--kmer-model", type=Path,
-                   help="nucleotide pore model file, text or uncalled4 .npz (default: the pore's: the shipped "
-                        "r9.4 450bps 6-mer, or the model folder's, see --model-dir)")
+                   help=f"nucleotide pore model file, text or uncalled4 .npz (default: {default_models()})")
     p.add_argument("--model-dir", type=Path,
                    help=f"folder of per-pore models: {folder_models()} from it unless --kmer-model/--meth-model "
                         "name others (default: $STREAMER_MODEL_DIR, else $XDG_DATA_HOME/streamer/models)")

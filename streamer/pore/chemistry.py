@@ -151,3 +151,9 @@ def models_by_pore() -> str:
     9-mer ones in `model_dir`/r10`."""
     return ", ".join(f"{c.name} the shipped {c.k}-mer ones" if c.kmer_model.shipped else
                      f"{c.name} ({c.title}) the {c.k}-mer ones in `model_dir`/{c.name}" for c in CHEMISTRIES.values())
+
+
+def default_models() -> str:
+    """Where the models a flag leaves unset come from, for help texts."""
+    shipped = " and ".join(f"{c.title}'s" for c in CHEMISTRIES.values() if c.kmer_model.shipped)
+    return f"the pore's: {shipped} shipped, the others' in the model folder, see --model-dir"
