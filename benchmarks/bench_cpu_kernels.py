@@ -105,7 +105,7 @@ def main() -> int:
     ll = score_windows(*hmm_args)
     report = {
         "reads": len(status),
-        "bases": int(abea_args[1][-1]),
+        "bases": int(abea_args[0].seq_off[-1]),
         "windows": len(hmm_args[0]),
         "hmm_checksum": float(np.float64(ll[0]).sum() + np.float64(ll[1]).sum()),
         "abea": timed(abea, a.repeat),
