@@ -19,7 +19,6 @@
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import shutil
@@ -40,6 +39,7 @@ from streamer.tuning.session import AutoTuner, prepare
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_call import replicate  # noqa: E402
+from common import shared_data_parser, timed_call  # noqa: E402
 from bench_gpu_abea import scaled_batch  # noqa: E402
 
 GOOD = Settings(max_reads=4096, max_bases=20_000_000)
@@ -117,19 +117,8 @@ def summarise(rows: list[dict], tail: int) -> dict:
             "final": {k: last[-1][k] for k in dataclasses.asdict(GOOD)}}  # fmt: skip
 
 
-def call(args: list[str], log: Path) -> float:
-    t0 = time.perf_counter()
-    with open(log, "w") as err:
-        subprocess.run([sys.executable, "-m", "streamer", "call", *args], check=True, stdout=subprocess.DEVNULL,
-                       stderr=err)  # fmt: skip
-    return time.perf_counter() - t0
-
-
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, required=True, help="the shared ecoli_2kb_region folder")
-    ap.add_argument("--out", type=Path, required=True, help="results folder")
-    ap.add_argument("--work", type=Path, default=Path("bench-work/autotune"), help="scratch folder [%(default)s]")
+    ap = shared_data_parser(__doc__, "bench-work/autotune")
     ap.add_argument("--bad-k", type=int, default=32, help="-K of the bad start [%(default)s]")
     ap.add_argument("--bad-max-lf", type=float, help="max-lf of the bad start [the profile's]")
     ap.add_argument("--bad-batches", type=int, default=30, help="batches of the untuned bad start [%(default)s]")
@@ -181,7 +170,7 @@ def main() -> int:
         common = ["-b", str(rep / "reads.bam"), "-g", str(args.work / "ref.fa"), "-r", str(rep / "reads.fasta"),
                   "-K", str(args.bad_k), "--cuda-max-lf", str(bad.max_lf), "--disable-cuda-hmm"]  # fmt: skip
         # compile (or load) every kernel the runs use before timing any of them
-        call(["-b", str(args.data / "reads.mg1655.sorted.bam"), "-g", str(args.work / "ref.fa"), "-r",
+        timed_call(["-b", str(args.data / "reads.mg1655.sorted.bam"), "-g", str(args.work / "ref.fa"), "-r",
               str(args.data / "reads.fasta"), "--signal", str(args.data / "fast5_files"), "--disable-cuda-hmm",
               "-o", str(args.work / "call_warm-up.tsv")], args.out / "call_warm-up.log")  # fmt: skip
         shutil.rmtree(args.work / "state", ignore_errors=True)  # the tuned run learns from nothing
@@ -194,7 +183,7 @@ def main() -> int:
             if time.perf_counter() - t_start > args.budget:
                 break
             stats = args.work / f"call_{label}.json"
-            wall = call([*common, "-o", str(args.work / f"call_{label}.tsv"), "--stats-json", str(stats), *extra],
+            wall = timed_call([*common, "-o", str(args.work / f"call_{label}.tsv"), "--stats-json", str(stats), *extra],
                         args.out / f"call_{label}.log")  # fmt: skip
             res["call"][label] = {"wall_s": wall, **json.loads(stats.read_text())}
             print(f"call {label}: {wall:.1f} s", flush=True)

@@ -22,7 +22,6 @@ the larger), reversals per knob, and stage throughput (bases over the seconds in
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
@@ -41,6 +40,7 @@ from streamer.tuning.session import AutoTuner, prepare
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_autotune import Stream  # noqa: E402
+from common import shared_data_parser  # noqa: E402
 from bench_gpu_abea import scaled_batch  # noqa: E402
 
 WITHIN = 0.30  # CPU and GPU times "within 30% of each other": |t_cpu - t_gpu| / max(t_cpu, t_gpu)
@@ -153,10 +153,7 @@ def summarise(rows: list[dict], changes: list[dict]) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, required=True, help="the shared ecoli_2kb_region folder")
-    ap.add_argument("--out", type=Path, required=True, help="results folder")
-    ap.add_argument("--work", type=Path, default=Path("bench-work/balance"), help="scratch folder [%(default)s]")
+    ap = shared_data_parser(__doc__, "bench-work/balance")
     ap.add_argument("--inputs", default="long,overseg,smallk", help="which inputs, comma-separated [%(default)s]")
     ap.add_argument("--reads", type=int, default=4000, help="reads of each built input (then repeated) [%(default)s]")
     ap.add_argument("--untuned", type=int, default=8, help="batches of each untuned run [%(default)s]")

@@ -21,34 +21,22 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import h5py
-import pysam
+
+from common import new_id, replicate_bam
+from streamer.io.fastx import load_basecalls
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "ecoli_2kb_region"
 REFERENCE = Path(__file__).resolve().parents[1] / "tests" / "data" / "ecoli_k12_mg1655.fa.gz"
-
-
-def _new_id(read_id: str, copy: int) -> str:
-    return str(uuid.uuid5(uuid.NAMESPACE_OID, f"{read_id}/{copy}"))
 
 
 def replicate(src: Path, out: Path, copies: int) -> dict:
     """Write `copies` copies of every read with fresh read ids: FAST5s, FASTA, sorted BAM."""
     fast5_dir = out / "fast5"
     fast5_dir.mkdir(parents=True)
-    with open(src / "reads.fasta") as fh:
-        seqs = {}
-        name = None
-        for line in fh:
-            if line.startswith(">"):
-                name = line[1:].split()[0]
-                seqs[name] = []
-            else:
-                seqs[name].append(line.strip())
-        seqs = {k: "".join(v) for k, v in seqs.items()}
+    seqs = load_basecalls(src / "reads.fasta")
     files = sorted((src / "fast5_files").glob("*.fast5"))
     with open(out / "reads.fasta", "w") as fa:
         for c in range(copies):
@@ -59,22 +47,11 @@ def replicate(src: Path, out: Path, copies: int) -> dict:
                 with h5py.File(dst, "r+") as h:
                     for grp in h["Raw/Reads"].values():
                         rid = grp.attrs["read_id"].decode()
-                        new = _new_id(rid, c)
+                        new = new_id(rid, c)
                         grp.attrs["read_id"] = new.encode()
                         if rid in seqs:
                             fa.write(f">{new}\n{seqs[rid]}\n")
-    unsorted = out / "unsorted.bam"
-    with pysam.AlignmentFile(src / "reads.mg1655.sorted.bam") as bam_in:
-        records = list(bam_in)
-        with pysam.AlignmentFile(unsorted, "wb", template=bam_in) as bam_out:
-            for c in range(copies):
-                for rec in records:
-                    rec = pysam.AlignedSegment.fromstring(rec.to_string(), bam_in.header)
-                    rec.query_name = _new_id(rec.query_name, c)
-                    bam_out.write(rec)
-    pysam.sort("-o", str(out / "reads.bam"), str(unsorted))
-    pysam.index(str(out / "reads.bam"))
-    unsorted.unlink()
+    records = replicate_bam(src / "reads.mg1655.sorted.bam", out / "reads.bam", copies)
     bases = sum(len(seqs[r.query_name]) for r in records
                 if not r.is_unmapped and r.mapping_quality >= 20 and not r.is_secondary and r.query_name in seqs)
     return {"copies": copies, "records": copies * len(records), "bases": copies * bases}

@@ -19,7 +19,6 @@ measured) and OUT/results.md; each run's log to WORK/logs.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import gzip
 import json
@@ -30,20 +29,17 @@ import subprocess
 import sys
 import time
 import traceback
-import uuid
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numba
 import numpy as np
 
+from common import new_id, replicate_bam, shared_data_parser
+from streamer.io.fastx import load_basecalls
+
 REFERENCE = Path(__file__).resolve().parents[1] / "tests" / "data" / "ecoli_k12_mg1655.fa.gz"
 HMM_LAUNCHES = [(64, True), (128, True), (256, True), (128, False)]  # (block, costliest windows first)
-
-
-def new_id(read_id: str, copy: int) -> str:
-    """The read id of copy `copy` (benchmarks/bench_call.py's scheme)."""
-    return str(uuid.uuid5(uuid.NAMESPACE_OID, f"{read_id}/{copy}"))
 
 
 def _copy_fast5(job: tuple[list[str], Path, int]) -> None:
@@ -75,17 +71,8 @@ def _write_copies(job: tuple[str, Path, list[int]]) -> None:
 
 def replicate(data: Path, work: Path, copies: int, workers: int) -> dict:
     """FASTA, sorted BAM and single-read FAST5 copies in work/fast5; POD5 and BLOW5 copies beside."""
-    import pysam
-
     t0 = time.perf_counter()
-    seqs, name = {}, None
-    for line in (data / "reads.fasta").read_text().splitlines():
-        if line.startswith(">"):
-            name = line[1:].split()[0]
-            seqs[name] = []
-        else:
-            seqs[name].append(line.strip())
-    seqs = {k: "".join(v) for k, v in seqs.items()}
+    seqs = load_basecalls(data / "reads.fasta")
     files = sorted(str(f) for f in (data / "fast5_files").glob("*.fast5"))
     for sub in ("fast5", "pod5", "blow5"):
         (work / sub).mkdir(parents=True, exist_ok=True)
@@ -102,18 +89,7 @@ def replicate(data: Path, work: Path, copies: int, workers: int) -> dict:
     with open(work / "reads.fasta", "w") as fa:
         for c in range(copies):
             fa.writelines(f">{new_id(rid, c)}\n{seqs[rid]}\n" for rid in ids)
-    unsorted = work / "unsorted.bam"
-    with pysam.AlignmentFile(data / "reads.mg1655.sorted.bam") as bam_in:
-        records = list(bam_in)
-        with pysam.AlignmentFile(unsorted, "wb", template=bam_in) as bam_out:
-            for c in range(copies):
-                for rec in records:
-                    rec = pysam.AlignedSegment.fromstring(rec.to_string(), bam_in.header)
-                    rec.query_name = new_id(rec.query_name, c)
-                    bam_out.write(rec)
-    pysam.sort("-@", str(workers), "-o", str(work / "reads.bam"), str(unsorted))
-    pysam.index(str(work / "reads.bam"))
-    unsorted.unlink()
+    replicate_bam(data / "reads.mg1655.sorted.bam", work / "reads.bam", copies, workers)
     for fmt in ("pod5", "blow5"):
         # the index is cached beside the reads file: one reads file per signal format
         (work / fmt / "reads.fasta").symlink_to(work / "reads.fasta")
@@ -265,10 +241,7 @@ def signal_stages(data: Path, ref_path: Path, reads: Path, copies: int) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, required=True, help="the shared ecoli_2kb_region folder")
-    ap.add_argument("--out", type=Path, required=True, help="results folder")
-    ap.add_argument("--work", type=Path, default=Path("bench-work/e2e"), help="scratch folder [%(default)s]")
+    ap = shared_data_parser(__doc__, "bench-work/e2e")
     ap.add_argument("--copies", type=int, default=100, help="replicas of the shared reads [%(default)s]")
     ap.add_argument("--reps", type=int, default=1, help="timed repeats of the HMM stage [%(default)s]")
     ap.add_argument("--runs", default="all", help="comma-separated end-to-end runs (names in `runs`) [all]")
@@ -388,11 +361,7 @@ def report(res: dict) -> str:
                   "| HMM | total s | pack s | H2D s | kernel s | D2H s | Gcells/s | vs CPU | differing |",
                   "|---|---|---|---|---|---|---|---|---|",
                   f"| CPU, {res['threads']} threads | {cpu:.3f} | | | | | | 1.0x | reference |"]  # fmt: skip
-        for name, g in h["gpu"].items():
-            r = min(g["runs"], key=lambda r: r["wall_s"])
-            lines.append(f"| GPU {name} | {r['wall_s']:.3f} | {r['t_pack']:.3f} | {r['t_h2d']:.3f} | "
-                         f"{r['t_kernel']:.3f} | {r['t_d2h']:.3f} | {r['cells'] / r['t_kernel'] / 1e9:.2f} | "
-                         f"{cpu / r['wall_s']:.1f}x | {g['diff']} |")  # fmt: skip
+        lines += gpu_rows(h["gpu"], cpu, "t_kernel", lambda g: str(g["diff"]))
         if "signal_h2d_s" in h:
             lines += ["", f"signal {h['signal_gb']:.2f} GB to the GPU: " + ", ".join(
                 f"{k} {v:.3f} s" for k, v in h["signal_h2d_s"].items())]  # fmt: skip

@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import gc
 import gzip
@@ -45,6 +44,7 @@ from streamer.pipeline.scaling import estimate_scalings
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_call import replicate  # noqa: E402
+from common import gpu_rows, shared_data_parser, timed_call  # noqa: E402
 
 REFERENCE = Path(__file__).resolve().parents[1] / "tests" / "data" / "ecoli_k12_mg1655.fa.gz"
 LAYOUTS = [Layout(128, 1, 64), Layout(64, 1, 64), Layout(32, 1, 64), Layout(32, 2, 64), Layout(32, 4, 64),
@@ -106,19 +106,8 @@ def run_gpu(aligner: CudaAbea, arrays, model):
     return aln, status, time.perf_counter() - t0, stats
 
 
-def call(args: list[str], log: Path) -> float:
-    t0 = time.perf_counter()
-    with open(log, "w") as err:
-        subprocess.run([sys.executable, "-m", "streamer", "call", *args], check=True, stdout=subprocess.DEVNULL,
-                       stderr=err)  # fmt: skip
-    return time.perf_counter() - t0
-
-
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, required=True, help="the shared ecoli_2kb_region folder")
-    ap.add_argument("--out", type=Path, required=True, help="results folder")
-    ap.add_argument("--work", type=Path, default=Path("bench-work/gpu"), help="scratch folder [%(default)s]")
+    ap = shared_data_parser(__doc__, "bench-work/gpu")
     ap.add_argument("--mbases", type=float, default=60.0, help="replicate to at least this many Mbases")
     ap.add_argument("--reps", type=int, default=2, help="timed repeats of each ABEA run [%(default)s]")
     ap.add_argument("-K", type=int, default=4096, help="-K of the end-to-end runs [%(default)s]")
@@ -180,7 +169,7 @@ def main() -> int:
                   "-r", str(args.work / "reads.fasta")]  # fmt: skip
         small = {}
         for label, extra in (("gpu", []), ("cpu", ["--disable-cuda"])):
-            small[label] = call([*common, "-o", str(args.work / f"small_{label}.tsv"), *extra],
+            small[label] = timed_call([*common, "-o", str(args.work / f"small_{label}.tsv"), *extra],
                                 args.work / f"small_{label}.log")  # fmt: skip
         res["call_shared_identical"] = (args.work / "small_gpu.tsv").read_bytes() == (
             args.work / "small_cpu.tsv").read_bytes()  # fmt: skip
@@ -197,7 +186,7 @@ def main() -> int:
         res["call"] = {}
         for label, extra in (("gpu", []), ("cpu", ["--disable-cuda"])):
             stats_json = args.work / f"call_{label}.json"
-            wall = call([*big_common, "-o", str(args.work / f"call_{label}.tsv"), "--stats-json", str(stats_json),
+            wall = timed_call([*big_common, "-o", str(args.work / f"call_{label}.tsv"), "--stats-json", str(stats_json),
                          *extra], args.out / f"call_{label}.log")  # fmt: skip
             res["call"][label] = {"wall_s": wall, **json.loads(stats_json.read_text())}
             print(f"call {label}: {wall:.1f} s", flush=True)
@@ -218,11 +207,7 @@ def report(res: dict) -> str:
              "| ABEA | stage s | pack s | H2D s | kernels s | D2H s | Gcells/s | vs CPU | exact |",
              "|---|---|---|---|---|---|---|---|---|",
              f"| CPU, {res['threads']} threads | {cpu:.3f} | | | | | | 1.0x | reference |"]  # fmt: skip
-    for name, g in res["gpu"].items():
-        r = min(g["runs"], key=lambda r: r["wall_s"])
-        lines.append(f"| GPU {name} | {r['wall_s']:.3f} | {r['t_pack']:.3f} | {r['t_h2d']:.3f} | {r['t_kernels']:.3f} | "
-                     f"{r['t_d2h']:.3f} | {r['cells'] / r['t_kernels'] / 1e9:.1f} | {cpu / r['wall_s']:.1f}x | "
-                     f"{'yes' if not g['exact'] else g['exact']} |")  # fmt: skip
+    lines += gpu_rows(res["gpu"], cpu, "t_kernels", lambda g: "yes" if not g["exact"] else str(g["exact"]))
     lines += ["", f"shared reads exact per layout: {res['exact_shared']}"]
     if "call" in res:
         g, c = res["call"]["gpu"], res["call"]["cpu"]

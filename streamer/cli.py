@@ -19,7 +19,7 @@ import sys
 import streamer
 import streamer.commands
 from streamer import registry
-from streamer.errors import ConfigError, StreamerError, UsageError
+from streamer.errors import ConfigError, StreamerError, UsageError, interrupted
 
 EXIT_CONFIG = 78  # EX_CONFIG from sysexits.h: systemd units do not restart on it
 
@@ -102,12 +102,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 EXIT_USAGE = 2  # the command line is wrong, as argparse exits
 EXIT_FAILED = 1  # the run could not be done: an input missing, unreadable or malformed, an output not writable
+EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports it
 
 
 def main(argv: list[str] | None = None) -> int:
     """Exit status: 0 done, 1 the run failed, 2 a usage error, 78 an invalid daemon configuration,
     130 interrupted. Each failure is one line on stderr (`STREAMER_DEBUG=1` adds the traceback)."""
     argv = sys.argv[1:] if argv is None else argv
+    try:
+        return _main(argv)
+    except BaseException as exc:  # Ctrl-C; a command may say how to go on (`call --resume`)
+        if not interrupted(exc):
+            raise
+        message = str(exc) if isinstance(exc, KeyboardInterrupt) and str(exc) else "interrupted"
+        return _fail(_command_of(argv), message, EXIT_INTERRUPTED)
+
+
+def _main(argv: list[str]) -> int:
     if argv == ["--version"]:  # without importing every command (numba, pod5...): a tenth of the time
         print(f"streamer {streamer.__version__}")
         return 0
@@ -134,8 +145,6 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # a file the checks could not foresee (removed meanwhile, disk full)
         where = f"{exc.filename}: " if exc.filename else ""
         return _fail(args.command, f"{where}{exc.strerror or exc}", EXIT_FAILED)
-    except KeyboardInterrupt:
-        return 130
 
 
 def _first_run_notice(argv: list[str]) -> bool:

@@ -17,16 +17,17 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from streamer.pipeline.batching import Pending, batch_inputs, load_signals, signal_requests
 from streamer.errors import InputError, StreamerError
+from streamer.pipeline.runner import Assembled, BatchDriver, Done, Stages
 from streamer.pipeline.stages import Pipeline, PipelineOptions
 from streamer.skips import Skip, Skipped
+from streamer.summary import BatchOutcome
 
 log = logging.getLogger(__name__)
 
@@ -45,20 +46,6 @@ class ClusterJob:
     sink: str = "calls"
 
 
-@dataclass
-class BatchOutcome:
-    """A batch as a worker hands it back: rendered rows and counts, never signal."""
-
-    text: str
-    calls: int
-    n_in: int
-    n_called: int
-    n_bases: int
-    skipped: list[Skipped]
-    timings: dict[str, float] = field(default_factory=dict)
-    worker: str = ""
-
-
 _OPEN: dict[ClusterJob, tuple[Any, Any, Any]] = {}  # per worker process
 
 
@@ -73,12 +60,12 @@ def _opened(job: ClusterJob) -> tuple[Any, Any, Any]:
     return _OPEN[job]
 
 
-def run_batch(job: ClusterJob, pending: list[Pending], planned: list[Skipped]) -> BatchOutcome:
-    """One planned batch on a worker: its signal read, the stages, the rows rendered."""
+def run_batch(job: ClusterJob, pending: list[Pending], planned: list[Skipped]) -> Done:
+    """One planned batch on a worker: its signal read, the stages, the rows rendered; no arrays go back."""
     pipeline, ref, sink = _opened(job)
     t0 = time.perf_counter()
     signals, errors = load_signals(signal_requests(pending))
-    timings = {"read": time.perf_counter() - t0}
+    read = time.perf_counter() - t0
     marker = os.environ.get(KILL_ONCE_ENV)
     if marker and pending:
         try:
@@ -87,24 +74,10 @@ def run_batch(job: ClusterJob, pending: list[Pending], planned: list[Skipped]) -
         except FileExistsError:
             pass
     reads, failed = batch_inputs(pending, signals, errors, ref)
-    n_in = len(planned) + len(pending)
-    if not reads:
-        return BatchOutcome("", 0, n_in, 0, 0, planned + failed, timings, _worker_name())
-    result = pipeline.process(reads)
-    t1 = time.perf_counter()
-    text = sink.render(result)
-    timings.update(result.timings, format=time.perf_counter() - t1)
-    return BatchOutcome(text, sink.count(result), n_in, result.n_reads - len(result.skipped), result.n_bases,
-                        planned + failed + result.skipped, timings, _worker_name())  # fmt: skip
-
-
-def _worker_name() -> str:
-    try:
-        from distributed import get_worker
-
-        return get_worker().address
-    except (ImportError, ValueError):
-        return ""
+    done = Stages(pipeline, sink.render, sink.count)(Assembled(reads, None, planned + failed,
+                                                               len(planned) + len(pending)))  # fmt: skip
+    done.outcome.timings["read"] = read
+    return Done(done.outcome, rendered=done.rendered)
 
 
 def _missing(paths: list[str]) -> list[str]:
@@ -149,33 +122,39 @@ def check_paths(client: Any, paths: Iterable[Path]) -> None:
 
 def run_on_cluster(client: Any, workers: int, job: ClusterJob,
                    plans: Iterable[tuple[int, list[Pending], list[Skipped]]],
-                   on_outcome: Callable[[int, BatchOutcome], None]) -> None:  # fmt: skip
-    """Every planned (batch number, pending, skipped) through a worker; outcomes in batch order."""
-    from distributed import KilledWorker
+                   on_done: Callable[[Done], None]) -> None:  # fmt: skip
+    """Every planned (batch number, pending, skipped) through a worker; batches handed back in order."""
+    driver = BatchDriver(lambda done: done, limit=max(1, workers * IN_FLIGHT_PER_WORKER))
+    try:
+        for done in driver.run(_Task(client, job, pending, planned) for _, pending, planned in plans):
+            on_done(done)
+    finally:
+        driver.close()
 
-    window: deque = deque()
-    limit = max(1, workers * IN_FLIGHT_PER_WORKER)
 
-    def take() -> None:
-        seq, pending, planned, future = window.popleft()
+class _Task:
+    """A batch as a Dask task: submitted when the driver has room, its outcome waited for in order."""
+
+    def __init__(self, client: Any, job: ClusterJob, pending: list[Pending], planned: list[Skipped]):
+        self.client, self.job, self.pending, self.planned = client, job, pending, planned
+        self.future: Any = None
+
+    def start(self) -> None:
+        self.future = self.client.submit(run_batch, self.job, self.pending, self.planned, retries=1, pure=False)
+
+    def assemble(self) -> Done:
+        from distributed import KilledWorker
+
         try:
-            outcome = future.result()
+            return self.future.result()
         except KilledWorker as exc:
-            outcome = _failed(pending, planned, f"its workers died ({exc})")
-        except Exception as exc:  # the task's own error, after its retry
-            outcome = _failed(pending, planned, f"{type(exc).__name__}: {exc}")
-        on_outcome(seq, outcome)
-
-    for seq, pending, planned in plans:
-        window.append((seq, pending, planned, client.submit(run_batch, job, pending, planned, retries=1, pure=False)))
-        if len(window) >= limit:
-            take()
-    while window:
-        take()
+            return _failed(self.pending, self.planned, f"its workers died ({exc})")
+        except Exception as exc:  # noqa: BLE001 - the task's own error, after its retry
+            return _failed(self.pending, self.planned, f"{type(exc).__name__}: {exc}")
 
 
-def _failed(pending: list[Pending], planned: list[Skipped], why: str) -> BatchOutcome:
+def _failed(pending: list[Pending], planned: list[Skipped], why: str) -> Done:
     log.warning("a batch of %d reads failed twice on the cluster: %s", len(pending), why)
     skipped = [Skipped(p.aln.read_id, Skip.WORKER_FAILED, f"batch failed twice on the cluster: {why}")
                for p in pending]  # fmt: skip
-    return BatchOutcome("", 0, len(planned) + len(pending), 0, 0, planned + skipped)
+    return Done(BatchOutcome(len(planned) + len(pending), skipped=planned + skipped))

@@ -38,6 +38,13 @@ TUNABLE_KEYS = {"max_reads": ("batch", "max_reads"), "max_bases": ("batch", "max
                 "mem_frac": ("gpu", "mem_frac")}  # fmt: skip
 
 
+def _sink_choices() -> tuple[str, ...]:
+    """The outputs installed (`streamer.sinks` entry points)."""
+    from streamer import registry
+
+    return tuple(registry.names(registry.SINKS))
+
+
 def _key(default: Any, help: str, *, type: type, flag: str, short: str | None = None,
          choices: tuple[str, ...] | Callable[[], tuple[str, ...]] | None = None, minimum: float | None = None,
          must_exist: str | None = None):
@@ -225,6 +232,10 @@ class OutputConfig:
         "as MM/ML tags, at `modbam/` plus its path below the watched folder. Off by default: each BAM is read "
         "and written once more (disk and time), and basecalls from FASTQ or unaligned BAM get none (their "
         "alignments are the daemon's own).", type=bool, flag="--modbam")
+    sinks: tuple[str, ...] = _key(
+        (), "More outputs, by the name of their `streamer.sinks` entry point (a plugin package's own), each "
+        "writing its files in the output folder; the standard ones above are set by their own keys.",
+        type=tuple, flag="--sink", choices=_sink_choices)
 
 
 @dataclass(frozen=True)
@@ -528,7 +539,11 @@ def _coerce(key: Key, value: Any, problems: list[str]) -> Any:
         return None
     if t is tuple:
         items = [value] if isinstance(value, str) else value
-        if isinstance(items, list) and all(isinstance(v, str) and v for v in items):
+        if isinstance(items, (list, tuple)) and all(isinstance(v, str) and v for v in items):
+            unknown = [v for v in items if key.choices and v not in key.choices]
+            if unknown:
+                problems.append(f"{key.path}: expected names from {', '.join(key.choices)}, got {', '.join(unknown)}")
+                return None
             return tuple(items)
         problems.append(f"{key.path}: expected a list of strings, got {_describe(value)}")
         return None

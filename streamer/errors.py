@@ -7,6 +7,9 @@ command (a missing reference, a malformed model, a bad config).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 class StreamerError(Exception):
     """Root of every error streamer raises on purpose."""
@@ -31,6 +34,26 @@ class InputError(StreamerError):
         super().__init__(f"{where}: {reason}")
 
 
+def os_failure(exc: OSError, kind: str) -> str:
+    """Why a file of `kind` ("POD5", "signal", ...) could not be read, in the words a user needs."""
+    if isinstance(exc, FileNotFoundError):
+        return "no such file"
+    if isinstance(exc, IsADirectoryError):
+        return f"is a directory, not a {kind} file"
+    if isinstance(exc, PermissionError):
+        return "permission denied"
+    return f"cannot read ({exc.strerror or exc})"
+
+
+@contextmanager
+def reading(path, kind: str) -> Iterator[None]:
+    """Turn an `OSError` met while reading `path` into the `InputError` that names it."""
+    try:
+        yield
+    except OSError as exc:
+        raise InputError(path, os_failure(exc, kind)) from exc
+
+
 class ModelError(InputError):
     """A pore model file is malformed."""
 
@@ -47,3 +70,16 @@ def one_line(exc: BaseException) -> str:
     """An unexpected exception as one line for a log or a table: its type and first message line."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def interrupted(exc: BaseException) -> bool:
+    """Whether `exc` is Ctrl-C, or an error it caused: a KeyboardInterrupt raised inside a compiled
+    kernel comes out as numba's `SystemError` ("returned a result with an exception set")."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False

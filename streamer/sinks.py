@@ -1,24 +1,33 @@
-"""Outputs made from batch results, behind one small interface, found by name in the registry.
+"""Outputs made from batch results, behind one contract, found by name in the registry.
 
-A sink is made by its `streamer.sinks` entry point with keyword settings (`open_sink`) and
-then sees every batch result in batch order. A sink with rows (the calls TSV, eventalign)
-renders them as text and leaves the writing to its host: `streamer call` writes them to its
-output file, the daemon appends them to its journal and commits them with the ledger, so
-that they are written exactly once. A sink that derives a table (meth-freq, bedMethyl,
-modBAM) takes the batch's structured results in `on_batch` and writes the table on
-`refresh` (replaced whole) and `close`. No sink reads back text the program wrote, except
-the daemon's journal replay at start-up (`CallRows.replay`), which rebuilds the tables from
-the rows committed before a restart.
+The daemon opens its sinks with `open_sinks(config, context)`, which asks each `streamer.sinks` entry point of the
+standard outputs, then those `output.sinks` lists, for its sink: the class's `open` reads its
+own keys of the configuration and the context, and returns None when it is off there. A new output is a new
+module and its entry point, named in `output.sinks`.
+
+A sink with rows (the calls TSV, eventalign) renders them as text and leaves the writing to its
+host: `streamer call` writes them to its output file, the daemon appends them to its journal
+(`journal` is the file's name there) and commits them with the ledger, so that they are written
+exactly once. A sink that derives something (meth-freq, bedMethyl, modBAM, the modkit table)
+takes each batch's structured results in `on_batch`, a registered input file in `on_file`, and
+writes on `refresh` (replaced whole) and `close`. In the daemon it is rebuilt at start-up by
+`restore`, from the committed rows replayed through `on_batch` when it asks for them
+(`replays`), and from what it committed itself through its `SinkLedger`. The committed calls
+are read back mid-run only for a basecall BAM a late read reopened (`on_reopened`, the modBAM copies).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from streamer import registry
+
+STANDARD = ("calls", "methfreq", "bedmethyl", "modbam", "modbam-copies", "modkit", "eventalign", "eventalign-sam",
+            "eventalign-summary")  # each decides from the configuration and the context whether it is on
 
 
 class Result(Protocol):
@@ -29,44 +38,181 @@ class Result(Protocol):
     products: Mapping[str, Any]  # each analysis's output, by its name ("calls", "eventalign")
 
 
+class SinkLedger(Protocol):
+    """What a daemon sink may ask of the daemon's ledger (`streamer.daemon.ledger.Ledger`)."""
+
+    def meta(self, key: str) -> str | None: ...
+
+    def set_meta(self, key: str, value: str) -> None: ...
+
+    def modcall_files(self) -> list[tuple[int, Path, int, int]]: ...
+
+    def uncounted_bams(self) -> list[tuple[int, Path, int, int, bool]]: ...
+
+    def record_modcalls(self, file_id: int, size: int, mtime_ns: int, n_reads: int, n_calls: int) -> None: ...
+
+    def forget_modcalls(self, file_ids: Iterable[int]) -> None: ...
+
+    def modcall_counts(self) -> dict[str, int]: ...
+
+    def finished_bams(self) -> list[tuple[int, Path]]: ...
+
+    def reads_of_file(self, file_id: int) -> set[str]: ...
+
+    def reads_awaiting_modbam(self) -> set[str]: ...
+
+    def record_modbam(self, file_id: int, output: Path | None, reason: str | None = None) -> None: ...
+
+    def modbam_counts(self) -> dict[str, int]: ...
+
+
+class SiteChannel(Protocol):
+    """The publisher as a sink reaches it (`streamer.publish.sink.PublishSink`)."""
+
+    def serve(self, source: str, table: Any, changed: set | None = None) -> None:
+        """Snapshots of `source`'s sites from `table`; `changed` collects the sites to publish after a batch."""
+
+    def publish_modcalls(self, columns: Mapping[str, Any]) -> None: ...
+
+
+def _nothing() -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class SinkContext:
+    """Where sinks are opened, beside the configuration.
+
+    `files`: the file each output option of a one-shot command names (`call --bedmethyl FILE`);
+    `out_dir`: the folder of a sink's own files (the daemon's output folder, the folder of
+    `call -o`); `ledger` and `state_dir`: the daemon's, None elsewhere; `beat`: feeds the
+    daemon's watchdog through long work.
+    """
+
+    command: str  # "call", "eventalign", "run"
+    out_dir: Path | None = None
+    files: Mapping[str, Any] = field(default_factory=dict)
+    ledger: SinkLedger | None = None
+    state_dir: Path | None = None
+    publishing: bool = False
+    beat: Callable[[], None] = _nothing
+
+    @property
+    def daemon(self) -> bool:
+        return self.ledger is not None
+
+
 class Sink(Protocol):
     header: str  # the first line of its rows ("" when it has none)
+    journal: str  # the file its rows go to in the daemon's journal ("" when it has none)
+    replays: bool  # the daemon replays the committed calls through `on_batch` at start-up
 
     def render(self, result: Result) -> str:
         """The batch's rows as text ("" when it has none); may run off the writing thread."""
         ...
 
+    def count(self, result: Result) -> int:
+        """The batch's rows (0 when it has none)."""
+        ...
+
+    def restore(self) -> None:
+        """What it committed itself, after the replay (the daemon, at start-up)."""
+        ...
+
     def on_batch(self, result: Result) -> None:
-        """The batch's structured results, in batch order, once its rows are written."""
+        """The batch's structured results, in batch order, once its rows are written (and committed)."""
         ...
 
-    def refresh(self) -> None:
-        """Rewrite what it derives, whole."""
+    def on_file(self, kind: str, fmt: str) -> None:
+        """An input file of `kind` ("signal", "basecalls") and `fmt` was registered in the ledger."""
         ...
 
-    def close(self) -> None: ...
+    def attach(self, channel: SiteChannel) -> None:
+        """The publisher, when there is one."""
+        ...
+
+    def refresh(self, final: bool = False) -> None:
+        """Rewrite what it derives, whole (`final`: at exit, changed or not)."""
+        ...
+
+    def summary(self) -> Mapping[str, Any]:
+        """Its part of summary.json (top-level keys)."""
+        ...
+
+    def on_reopened(self, file_ids: tuple[int, ...], committed: Callable[[], Iterable[Result]]) -> None:
+        """Basecall BAMs (ledger ids) a late signal file reopened; `committed` gives the committed calls."""
+        ...
+
+    def close(self) -> None:
+        """Release what it holds (what it derives was written by the last `refresh`)."""
+        ...
 
 
 class BaseSink:
     """A sink that does nothing; sinks override what they need."""
 
+    @classmethod
+    def open(cls, config: Any, context: SinkContext) -> Sink | None:
+        """The sink `config` turns on in `context`, or None (the daemon's, unless a sink says otherwise)."""
+        return None
+
     header = ""
+    journal = ""
+    replays = False
 
     def render(self, result: Result) -> str:
         return ""
 
+    def count(self, result: Result) -> int:
+        return 0
+
+    def restore(self) -> None:
+        pass
+
     def on_batch(self, result: Result) -> None:
         pass
 
-    def refresh(self) -> None:
+    def on_file(self, kind: str, fmt: str) -> None:
         pass
 
+    def attach(self, channel: SiteChannel) -> None:
+        pass
+
+    def refresh(self, final: bool = False) -> None:
+        pass
+
+    def summary(self) -> Mapping[str, Any]:
+        return {}
+
+    def on_reopened(self, file_ids: tuple[int, ...], committed: Callable[[], Iterable[Result]]) -> None:
+        pass
+
+    def read_back(self, path: Path, beat: Callable[[], None] = _nothing) -> Iterable[Result]:
+        """Its committed rows in `path` as results (the daemon's start-up replay); none by default."""
+        return ()
+
     def close(self) -> None:
-        self.refresh()
+        pass
+
+
+def open_sinks(config: Any, context: SinkContext) -> list[Sink]:
+    """The sinks the configuration turns on here: the standard ones, then those `output.sinks` names."""
+    names = dict.fromkeys([*STANDARD, *config.output.sinks])
+    sinks = []
+    try:
+        for name in names:
+            sink = registry.load(registry.SINKS, name).open(config, context)
+            if sink is not None:
+                sinks.append(sink)
+    except BaseException:
+        for sink in sinks:
+            sink.close()
+        raise
+    return sinks
 
 
 def open_sink(name: str, **settings: Any) -> Any:
-    """The sink the `streamer.sinks` plugin `name` makes with `settings`."""
+    """The sink class of the `streamer.sinks` plugin `name`, made with `settings` (one-shot commands)."""
     return registry.load(registry.SINKS, name)(**settings)
 
 

@@ -6,6 +6,10 @@ against a sequencer's output (one PromethION flow cell peaks near 1 Mbases/s); s
 reported on its own. Stage times are summed over the real batches (the warm-up batch that
 compiles the kernels is start-up); where batches overlap (`streamer call`) they add up to more
 than the wall time, and `waits` says which side waited for the other.
+
+Every driver of batches (`streamer call` here or on Dask, `streamer eventalign`, the daemon)
+hands back a `BatchOutcome` per batch and counts it with `tally`: the counters of a run
+summary and of the daemon's ledger are the same numbers, counted once.
 """
 
 from __future__ import annotations
@@ -14,7 +18,37 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from streamer.skips import Skip
+from streamer.skips import Skip, Skipped
+
+PIPELINE_ERROR = "pipeline error"  # an outcome beyond `Skip`: the pipeline raised on this read alone
+
+
+@dataclass
+class BatchOutcome:
+    """How a batch's alignment records ended: every one either called, skipped (planning, signal,
+    stages) or lost with a read the pipeline failed on alone; and what the batch made."""
+
+    records_in: int
+    records_called: int = 0
+    bases: int = 0  # of the records sent through the stages
+    calls: int = 0  # rows the batch's main sink made of it
+    skipped: list[Skipped] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)  # read id -> why the pipeline failed on it
+    records_lost: int = 0  # the records of `failed` reads
+    timings: dict[str, float] = field(default_factory=dict)  # stage -> seconds
+    gpu: Counter = field(default_factory=Counter)  # GPU stage counts (`RunSummary.gpu`)
+
+
+def tally(outcome: BatchOutcome) -> Counter:
+    """The batch's counters: records in, called, bases, calls, and `skipped.<reason>` per record skipped."""
+    counters = Counter({"records_in": outcome.records_in, "records_called": outcome.records_called,
+                        "bases": outcome.bases, "calls": outcome.calls})  # fmt: skip
+    counters.update(f"skipped.{s.reason.label}" for s in outcome.skipped)
+    counters[f"skipped.{PIPELINE_ERROR}"] += outcome.records_lost
+    return counters
+
+
+_FIELDS = {"records_in": "reads_in", "records_called": "reads_called", "bases": "bases", "calls": "calls"}
 
 
 @dataclass
@@ -34,6 +68,17 @@ class RunSummary:
 
     def skip(self, reason: Skip, n: int = 1) -> None:
         self.skipped[reason.label] += n
+
+    def add(self, outcome: BatchOutcome) -> None:
+        """A batch's outcome into the run's counts (`tally`), stage times and GPU counts."""
+        for key, n in tally(outcome).items():
+            if key.startswith("skipped."):
+                if n:
+                    self.skipped[key[len("skipped."):]] += n
+            else:
+                setattr(self, _FIELDS[key], getattr(self, _FIELDS[key]) + n)
+        self.stage_seconds.update(outcome.timings)
+        self.gpu.update(outcome.gpu)
 
     @property
     def elapsed(self) -> float:

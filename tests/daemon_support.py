@@ -50,6 +50,7 @@ class FakeResult:
         )
         self.products = {"calls": calls}
         self.n_bases = sum(len(r.seq) for r in reads)
+        self.timings: dict[str, float] = {}
 
 
 class FakePipeline:

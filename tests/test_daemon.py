@@ -87,7 +87,7 @@ def test_a_replayed_run_is_processed_once(source, reference, reference_path, tmp
     s = summary(cfg)
     assert s["state"] == "finished" and s["reads"]["done"] == s["reads"]["called"] == N_READS
     assert s["records"] == {"considered": N_RECORDS, "called": N_RECORDS, "skipped_by_reason": {}}
-    assert s["files"] == {"signal_registered": 3, "basecalls_registered": 3}
+    assert s["files"] == {"signal_registered": 3, "basecalls_registered": 3, "basecalls_spare": 3}
     assert s["latency_s"]["max"] >= 0 and s["throughput"]["batches"] >= 4
     assert (cfg.output.dir / "meth-freq.tsv").read_text().startswith("chromosome\tstart\tend\t")
     assert skipped(cfg) == {}
@@ -313,7 +313,7 @@ def test_publisher_hook(source, reference, reference_path, tmp_path, no_leaks):
     cfg = make_config(tmp_path, reference_path)
     pub = RecordingPublisher()
     code, d = run_to_end(cfg, FakePipeline(), reference, publisher=pub)
-    assert pub.got[0][0] == "serve_sites" and pub.got[0][1][0].hmm is d.freq  # snapshots: the daemon's own table
+    assert pub.got[0][0] == "serve_sites" and pub.got[0][1][0].hmm is d.publish.table  # snapshots: the daemon's own table
     del pub.got[0]
     names = [n for n, _ in pub.got]
     assert code == 0 and names[0] == "publish_run" and pub.got[0][1][0] == "start"

@@ -78,6 +78,7 @@ def test_live_table_equals_streamer_pileup_with_the_estimated_threshold(modbam, 
     summary = check_table(out, live, tmp_path)
     assert summary["pileup_options"].startswith("--cpg --filter-threshold 0.0 --filter-threshold C:")
     assert len([line for line in proc.stderr.splitlines() if "pass thresholds estimated" in line]) == 1
+    assert "estimated pass threshold" not in proc.stderr  # said once, in the line above
 
 
 def split_bam(modbam: Path, folder: Path, per_file: int = 3) -> list[Path]:
@@ -268,3 +269,150 @@ def test_each_bam_is_read_once_and_batches_without_tags_skip_the_kernels(modbam,
     table.refresh()
     want = pileup([mixed], table.describe(), tmp_path / "offline.bed")
     assert want.count("\n") > 10 and (tmp_path / "modkit.bed").read_text() == want
+
+
+# ---------------------------------------------------------------- a file whose calls cannot be counted
+
+
+def with_extra_contig(bam: Path, out: Path) -> None:
+    """`bam` (MM/ML tags kept) under an @SQ list with one more contig than the run's first BAM."""
+    with pysam.AlignmentFile(str(bam), "rb") as src:
+        header = src.header.to_dict()
+        header["SQ"] = header["SQ"] + [{"SN": "extra_contig", "LN": 1000}]
+        with pysam.AlignmentFile(str(out), "wb", header=header) as dst:
+            for rec in src.fetch(until_eof=True):
+                dst.write(pysam.AlignedSegment.fromstring(rec.to_string(), dst.header))
+
+
+def called_reads(out: Path) -> set[str]:
+    return {line.split("\t")[4] for line in (out / "meth.tsv").read_text().splitlines()[1:]}
+
+
+def read_ids(bams) -> set[str]:
+    ids = set()
+    for bam in bams:
+        with pysam.AlignmentFile(str(bam), "rb", check_sq=False) as fh:
+            ids |= {rec.query_name for rec in fh.fetch(until_eof=True)}
+    return ids
+
+
+def not_counted(caplog, path: Path) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if "modified-base calls are not counted" in r.getMessage() and path.name in r.getMessage()]
+
+
+def modcall_config(tmp_path: Path, reference_path: Path):
+    from test_daemon import make_config
+
+    return make_config(tmp_path, reference_path, **{"batch.max_reads": 2})
+
+
+def test_a_bam_with_other_contigs_landing_mid_run_is_named_once_and_the_run_goes_on(
+        modbam, reference_path, tmp_path, caplog, no_leaks):  # noqa: F811
+    from daemon_support import FakePipeline
+    from streamer.io.reference import Reference
+    from test_daemon import daemon_for, run_to_end, summary
+
+    cfg = modcall_config(tmp_path, reference_path)
+    live = tmp_path / "live"
+    shutil.copytree(ECOLI / "fast5", live / "fast5_pass")
+    files = split_bam(modbam, live / "bam_pass")
+    odd = live / "bam_pass" / "odd.bam"
+    caplog.set_level("INFO")
+    with Reference(reference_path) as reference:
+        daemon = daemon_for(cfg, FakePipeline(), reference)
+        codes = []
+        runner = threading.Thread(target=lambda: codes.append(daemon.run()), name="daemon")
+        runner.start()
+        try:
+            for f in files[:-1]:
+                f.rename(live / "bam_pass" / f.name.lstrip("."))
+            deadline = time.monotonic() + TIMEOUT
+            while daemon.ledger is None or daemon.ledger.modcall_counts()["files"] < len(files) - 1:
+                assert time.monotonic() < deadline, "the first BAMs counted"
+                time.sleep(0.05)
+            with_extra_contig(files[-1], tmp_path / "odd.bam")
+            files[-1].unlink()
+            (tmp_path / "odd.bam").rename(odd)
+            (live / "final_summary_x.txt").write_text("done\n")
+            runner.join(TIMEOUT)
+        finally:
+            daemon.request_stop()
+            runner.join(TIMEOUT)
+            daemon.close()
+        assert codes == [0]
+        assert len(not_counted(caplog, odd)) == 1 and "contigs differ" in not_counted(caplog, odd)[0]
+        counts = summary(cfg)["modcalls"]
+        assert counts["unreadable_files"] == 1 and counts["files"] == len(files) - 1
+        good = sorted(p for p in (live / "bam_pass").iterdir() if p != odd)
+        assert called_reads(cfg.output.dir) == read_ids(good + [odd])  # every read called, the odd BAM's too
+        table = (cfg.output.dir / "modkit.bed").read_text()
+        assert table.count("\n") > 100 and "extra_contig" not in table
+
+        caplog.clear()
+        code, _ = run_to_end(cfg, FakePipeline(), reference)  # a restart: no crash, nothing said twice
+    assert code == 0 and not_counted(caplog, odd) == []
+    assert summary(cfg)["modcalls"] == counts and (cfg.output.dir / "modkit.bed").read_text() == table
+
+
+KILLABLE_DAEMON = """
+import sys, time
+sys.path[:0] = {paths!r}
+from daemon_support import FakePipeline
+from streamer.io.reference import Reference
+from test_daemon import daemon_for, make_config
+from pathlib import Path
+cfg = make_config(Path({tmp!r}), Path({ref!r}), **{{"batch.max_reads": 2}})
+with Reference(cfg.reference.genome) as reference:
+    daemon_for(cfg, FakePipeline(), reference).run()
+"""
+
+
+def test_a_counted_bam_removed_across_a_kill_9_is_named_once_and_restarts_are_clean(
+        modbam, reference_path, tmp_path, caplog, no_leaks):  # noqa: F811
+    import sqlite3
+    from contextlib import closing
+
+    from daemon_support import FakePipeline
+    from streamer.io.reference import Reference
+    from test_daemon import make_config, run_to_end, summary
+
+    live, out = tmp_path / "live", tmp_path / "out"
+    shutil.copytree(ECOLI / "fast5", live / "fast5_pass")
+    files = [f.rename(live / "bam_pass" / f.name.lstrip(".")) for f in split_bam(modbam, live / "bam_pass")]
+    tests = str(Path(__file__).parent)
+    script = KILLABLE_DAEMON.format(paths=[tests], tmp=str(tmp_path), ref=str(reference_path))
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        counted = 0
+        while counted < len(files):  # every BAM counted (the run goes on: no final_summary yet)
+            assert proc.poll() is None and time.monotonic() < deadline, "the BAMs counted"
+            time.sleep(0.1)
+            try:
+                ledger = f"file:{out / '.streamer' / 'ledger.sqlite'}?mode=ro"
+                with closing(sqlite3.connect(ledger, uri=True)) as db:
+                    counted = db.execute("SELECT count(*) FROM modcalls WHERE n_calls > 0").fetchone()[0]
+            except sqlite3.Error:
+                counted = 0
+        proc.kill()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not (out / ".streamer" / "modkit-counts.pickle").exists()  # a kill -9 leaves no checkpoint
+    gone = files[0]
+    gone.unlink()
+    (live / "final_summary_x.txt").write_text("done\n")
+    cfg = make_config(tmp_path, reference_path, **{"batch.max_reads": 2})
+    caplog.set_level("INFO")
+    with Reference(reference_path) as reference:
+        code, _ = run_to_end(cfg, FakePipeline(), reference)
+        assert code == 0
+        assert len(not_counted(caplog, gone)) == 1
+        counts = summary(cfg)["modcalls"]
+        assert counts["unreadable_files"] == 1 and counts["files"] == len(files) - 1
+        assert called_reads(out) >= read_ids(files[1:])  # every read of the other BAMs called
+        caplog.clear()
+        code, _ = run_to_end(cfg, FakePipeline(), reference)
+    assert code == 0 and not_counted(caplog, gone) == []
+    assert summary(cfg)["modcalls"] == counts

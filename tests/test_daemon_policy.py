@@ -17,6 +17,7 @@ from streamer.daemon.policy import (
     skip_row,
 )
 from streamer.skips import Skip, Skipped
+from streamer.summary import BatchOutcome
 
 RUN_A, RUN_B = Path("/live/a"), Path("/live/b")
 
@@ -75,9 +76,9 @@ def test_a_read_is_called_when_one_record_came_through_else_its_first_reason():
     # raised on it alone; r4: both records skipped by the stages
     stage_skipped = [Skipped("r1", Skip.NO_CPG), Skipped("r4", Skip.QC_FAILED), Skipped("r4", Skip.NO_CPG)]
     skipped = [Skipped("r2", Skip.LOW_MAPQ), *stage_skipped]
-    got = account(["r1", "r2", "r3", "r4"], records_in=6, input_ids=["r1", "r1", "r3", "r4", "r4"],
-                  skipped=skipped, stage_skipped=stage_skipped, failed={"r3": "IndexError: 7"}, bases=900,
-                  calls=12)  # fmt: skip
+    outcome = BatchOutcome(records_in=6, records_called=1, bases=900, calls=12, skipped=skipped,
+                           failed={"r3": "IndexError: 7"}, records_lost=1)  # fmt: skip
+    got = account(["r1", "r2", "r3", "r4"], ["r1", "r1", "r3", "r4", "r4"], stage_skipped, outcome)
     assert got.outcomes == [("r1", CALLED), ("r2", "low mapq"), ("r3", PIPELINE_ERROR), ("r4", "qc failed")]
     assert got.called == {"r1"}
     assert got.counters == {"records_in": 6, "reads_called": 1, "records_called": 1, "bases": 900, "calls": 12,

@@ -89,9 +89,13 @@ def test_batches_spread_over_n_devices_and_results_in_input_order(plans):
 
     def run(pipeline: Pipeline, threads: int) -> list:
         got: list = []
+
+        def got_batch(done) -> None:
+            got.extend(done.results)
+
         with Reference(REFERENCE) as ref, ThreadPoolExecutor(2) as pool:
             batch_runner.run_batches(pipeline, iter(work), ref, pool, RunSummary(),
-                                     lambda result, rendered: got.append(result) or 0,
+                                     got_batch,
                                      options=batch_runner.RunnerOptions(compute_threads=threads, ahead=n))  # fmt: skip
         return got
 

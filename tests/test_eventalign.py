@@ -305,7 +305,7 @@ def test_sam_records_span_the_rows(fixture_sam, fixture_scaled):
 
 
 def test_row_writer_prints_as_printf():
-    from streamer_plugins.eventalign.output import _put_fixed
+    from streamer_plugins.printf import FLOAT32_BITS, put_fixed
 
     rng = np.random.default_rng(3)
     values = np.concatenate([
@@ -315,5 +315,5 @@ def test_row_writer_prints_as_printf():
     buf = np.empty(64, np.uint8)
     for decimals in (2, 3, 5):
         for x in values.tolist():
-            n = _put_fixed(buf, 0, x, decimals, True)
+            n = put_fixed(buf, 0, x, decimals, FLOAT32_BITS, True)
             assert buf[:n].tobytes().decode() == f"{x:.{decimals}f}", x

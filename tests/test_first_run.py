@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -12,9 +13,11 @@ from pathlib import Path
 
 from streamer import config
 from streamer.commands.run import _pore_pipeline
+from streamer.pipeline.warmup import FIRST_COMPILE_S
 from streamer_plugins.outputs.sinks import CallRows
 
 DATA = Path(__file__).parent / "data"
+README = Path(__file__).resolve().parents[1] / "README.md"
 ECOLI = DATA / "ecoli"
 
 
@@ -66,3 +69,9 @@ def test_the_daemons_pipeline_compiles_the_calls_tsv_kernel_before_the_first_bat
     _pore_pipeline(config.Config())
     (text,) = rendered
     assert text.count("\n") > 0 and all(len(row.split("\t")) == 11 for row in text.splitlines())
+
+
+def test_the_compile_time_is_told_as_measured_wherever_it_is_told():
+    readme = " ".join(README.read_text().split())
+    told = re.findall(r"compiles the kernels[^.]*?about ([^;,)]+)", readme)
+    assert len(told) == 4 and set(told) == {f"{FIRST_COMPILE_S} s on 2 cores"}, told

@@ -130,8 +130,34 @@ def test_a_version_1_ledger_is_upgraded_in_place(tmp_path):
     db.close()
     with Ledger(state, watch_dir=tmp_path) as led:
         assert led.outcome("r1") == "called" and led.recovered() == 0
+        assert led.register_spare_file(tmp_path / "a.fastq", "fastq", 1, 1, [("r2", 5)], use=True) == 1
     with Ledger(state, watch_dir=tmp_path) as led:
         assert led.read_counts()["done"] == 1
+
+
+def test_a_spare_fastq_gives_only_the_reads_no_bam_record_was_read_for(ledger, tmp_path):
+    ledger.register_signal_file(tmp_path / "a.fast5", "fast5", 1, 1, ["r1", "r2", "r3"])
+    assert ledger.register_spare_file(tmp_path / "a.fastq", "fastq", 1, 1, [("r1", 10), ("r2", 20), ("r4", 5)]) == 0
+    assert ledger.read_counts()["waiting_for_basecalls"] == 3 and ledger.is_known(tmp_path / "a.fastq", 0, 0)
+    ledger.register_basecall_file(tmp_path / "a.bam", "bam", 1, 1, [("r1", 11)])
+    assert [(p.read_id, p.n_bases, p.basecall_fmt) for p in ledger.matched(10, 1000)[0]] == [("r1", 11, "bam")]
+    ledger.commit([("r1", "called")], {}, {})
+    assert ledger.file_counts() == {"signal_registered": 1, "basecalls_registered": 1, "basecalls_spare": 1}
+    # the other BAM cannot be read: r2 takes the FASTQ, r1 (done) and r3 (not in it) do not
+    assert ledger.reject_file(tmp_path / "b.bam", "basecalls", "bam", 1, 1, "corrupt",
+                              [tmp_path / "a.fastq"]) == {tmp_path / "a.fastq": 2}
+    assert [(p.read_id, p.n_bases, p.basecall_path.name) for p in ledger.matched(10, 1000)[0]] == \
+        [("r2", 20, "a.fastq")]
+    assert ledger.read_counts()["waiting_for_signal"] == 1  # r4: now it is reported if its signal never comes
+    assert ledger.file_counts()["basecalls_registered"] == 2 and ledger.use_spares() == {}
+
+
+def test_the_end_of_the_run_uses_spares_even_for_reads_reported_without_basecalls(ledger, tmp_path):
+    ledger.register_signal_file(tmp_path / "a.fast5", "fast5", 1, 1, ["r1"])
+    ledger.commit([("r1", "no basecall")], {}, {"records_in": 1, "skipped.no basecall": 1})
+    ledger.register_spare_file(tmp_path / "a.fastq", "fastq", 1, 1, [("r1", 10)])
+    assert ledger.use_spares() == {tmp_path / "a.fastq": 1}
+    assert [p.superseded for p in ledger.matched(10, 1000)[0]] == ["no basecall"] and ledger.counters() == {}
 
 
 def test_files_known_and_rejected(ledger, tmp_path):

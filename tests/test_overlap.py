@@ -136,7 +136,7 @@ def test_a_reader_failure_is_raised_in_the_caller(plans, monkeypatch):
     monkeypatch.setattr(batch_runner, "load_chunk", broken)
     pipeline = Pipeline(PipelineOptions(threads=1, cuda=CudaOptions(disable=True)), [CpgCaller()])
     with Reference(REFERENCE) as ref, ThreadPoolExecutor(2) as pool, pytest.raises(RuntimeError, match="on fire"):
-        batch_runner.run_batches(pipeline, iter(plans), ref, pool, RunSummary(), lambda result, rendered: 0)
+        batch_runner.run_batches(pipeline, iter(plans), ref, pool, RunSummary(), lambda done: None)
 
 
 @pytest.mark.parametrize("extra", [["--compute-threads", "1", "--io-workers", "1"], ["--compute-threads", "3"]])

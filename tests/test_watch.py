@@ -49,7 +49,8 @@ def test_minknow_layout(tmp_path):
     assert (f.kind, f.fmt, f.run_root) == (Kind.BASECALLS, "bam", run)
     f = lay.classify(run / "pod5" / "x.pod5")
     assert (f.kind, f.fmt) == (Kind.SIGNAL, "pod5")
-    assert lay.classify(run / "fastq_pass" / "x.fastq.gz") is None  # auto: this run writes BAM
+    assert lay.classify(run / "fastq_pass" / "x.fastq.gz").spare  # auto: this run writes BAM
+    assert not f.spare and not lay.classify(run / "bam_pass" / "x.bam").spare
     assert lay.classify(run / "fast5_fail" / "x.fast5") is None
     assert lay.classify(run / "fast5_skip" / "x.fast5") is None
     assert lay.classify(run / "fast5_pass" / ".x.fast5") is None
@@ -69,11 +70,12 @@ def test_minknow_layout(tmp_path):
 def test_plain_folder_and_basecall_choice(tmp_path):
     lay = RunLayout(tmp_path)
     f = lay.classify(tmp_path / "reads.fastq")
-    assert (f.kind, f.fmt, f.run_root) == (Kind.BASECALLS, "fastq", tmp_path)
+    assert (f.kind, f.fmt, f.run_root, f.spare) == (Kind.BASECALLS, "fastq", tmp_path, False)
     assert lay.classify(tmp_path / "reads.fa.gz").fmt == "fasta"
     assert lay.classify(tmp_path / "sub" / "x.fast5").run_root == tmp_path / "sub"
     lay.note_listing([tmp_path / "reads.bam"])
-    assert lay.classify(tmp_path / "reads.fastq") is None  # a BAM beside it wins in auto mode
+    assert lay.classify(tmp_path / "reads.fastq").spare  # a BAM beside it comes first in auto mode
+    assert not RunLayout(tmp_path, basecalls="fastq").classify(tmp_path / "reads.fastq").spare
     assert RunLayout(tmp_path, basecalls="fastq").classify(tmp_path / "reads.bam") is None
     assert RunLayout(tmp_path, basecalls="bam").classify(tmp_path / "reads.fastq") is None
 

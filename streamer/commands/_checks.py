@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from streamer import config
-from streamer.errors import InputError
+from streamer.errors import InputError, interrupted
 from streamer.flags import bounded
 
 
@@ -101,9 +101,9 @@ def removed_on_failure(*paths: Path | None) -> Iterator[None]:
     existed = {Path(p) for p in paths if p is not None and str(p) != "-" and Path(p).exists()}
     try:
         yield
-    except KeyboardInterrupt:
-        raise
-    except BaseException:
+    except BaseException as exc:
+        if interrupted(exc):
+            raise
         for p in paths:
             if p is not None and str(p) != "-" and Path(p) not in existed:
                 Path(p).unlink(missing_ok=True)

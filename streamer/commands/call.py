@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from itertools import islice
 from pathlib import Path
@@ -27,8 +31,8 @@ from streamer.commands._inputs import (
 from streamer.io.alignments import iter_alignments, write_records
 from streamer.io.bamreads import open_basecalls
 from streamer.io.reference import Reference
-from streamer.pipeline.runner import RunnerOptions, run_batches
-from streamer.pipeline.stages import BatchResult, Pipeline
+from streamer.pipeline.runner import Done, RunnerOptions, Stages, run_batches
+from streamer.pipeline.stages import Pipeline
 from streamer.pore.chemistry import default_models
 from streamer.pipeline.resume import CallJournal, Resumed, journal_path, run_identity
 from streamer.pipeline.signal_pool import IO_MODES, reader_pool
@@ -91,10 +95,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                             "and compute only the rest")
 
 
-def _report(skipped: list[Skipped], summary: RunSummary) -> None:
+def _report(skipped: list[Skipped]) -> None:
     for s in skipped:
         log.info("%s", s.message())
-        summary.skip(s.reason)
 
 
 OUTPUTS = ("output", "bedmethyl", "modbam", "stats_json", "skip_ultra")
@@ -105,8 +108,33 @@ def run(args: argparse.Namespace) -> int:
     check_inputs(args, *OUTPUTS)
     compiling = getattr(args, "compiling_kernels", False)  # announced by streamer.cli before the imports
     journal = journal_path(args.output) if args.output is not None else None
-    with removed_on_failure(*(getattr(args, name) for name in OUTPUTS), journal):
-        return _run(args, compiling)
+    with _ends_on_ctrl_c(args, journal is not None and not args.autotune):
+        with removed_on_failure(*(getattr(args, name) for name in OUTPUTS), journal):
+            return _run(args, compiling)
+
+
+@contextmanager
+def _ends_on_ctrl_c(args: argparse.Namespace, resumable: bool) -> Iterator[None]:
+    """Ctrl-C ends the run at once with one line (exit 130), as a kill would: the journal holds the
+    batches written, which `--resume` goes on from. A KeyboardInterrupt raised wherever the main
+    thread happens to be would be swallowed by a compiler callback or turned into another error
+    inside a kernel; STREAMER_DEBUG=1 keeps it, for its traceback."""
+    if os.environ.get("STREAMER_DEBUG") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    line = "streamer call: interrupted"
+    if resumable:
+        line += f"; the batches written to {args.output} are kept: the same command with --resume goes on from them"
+
+    def stop(*_) -> None:
+        print(line, file=sys.stderr, flush=True)
+        os._exit(130)
+
+    old = signal.signal(signal.SIGINT, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def _run(args: argparse.Namespace, compiling: bool) -> int:
@@ -235,30 +263,26 @@ def _here(args, stack, options, index, limits, filt, summary, output, written, t
     if args.modbam:
         tables.append(open_sink("modbam", bam=args.bam, path=args.modbam, filt=filt,
                                 command_line=" ".join(["streamer", *sys.argv[1:]])))
-    batch = {"calls": 0, "reads": 0}
 
-    def on_result(result: BatchResult, text: str) -> int:
-        output.write(text)
-        tuning.observe(result.gpu_stats)
-        for table in tables:
-            table.on_batch(result)
-        batch["calls"] = rows.count(result)
-        batch["reads"] = result.n_reads - len(result.skipped)
-        return batch["calls"]
-
-    def done() -> None:
-        written(batch["calls"], batch["reads"])
-        batch.update(calls=0, reads=0)
+    def on_done(done: Done) -> None:
+        _report(done.outcome.skipped)
+        for result, text in zip(done.results, done.rendered):
+            output.write(text)
+            tuning.observe(result.gpu_stats)
+            for table in tables:
+                table.on_batch(result)
+        written(done.outcome.calls, done.outcome.records_called)
 
     before = list(pipeline.pool.batches)  # the start-up's synthetic batch is not the run's
-    run_batches(pipeline, islice(plans, output.resumed, None), ref, pool, summary, on_result, rows.render,
-                lambda skipped: _report(skipped, summary), runner, done)  # fmt: skip
+    run_batches(pipeline, islice(plans, output.resumed, None), ref, pool, summary, on_done,
+                Stages(pipeline, rows.render, rows.count), runner)  # fmt: skip
     for device, n, n0 in zip(pipeline.devices, pipeline.pool.batches, before):
         summary.gpu[f"batches_on_gpu{device.dev_id}"] = n - n0
     tuning.finish()
     if ultra is not None and ultra.skip_to is not None:
         write_records(args.bam, ultra.skip_to, ultra.skipped_ids, filt)
     for table in tables:
+        table.refresh(final=True)
         table.close()
 
 
@@ -277,14 +301,10 @@ def _on_cluster(args, stack, options, index, limits, filt, summary, output, writ
     plans = plan_batches(iter_alignments(args.bam, filt), basecalls, index, limits, str(args.reads))
     numbered = ((seq, pending, skipped) for seq, (pending, skipped) in enumerate(plans) if seq >= output.resumed)
 
-    def on_outcome(seq: int, o: cluster.BatchOutcome) -> None:
-        _report(o.skipped, summary)
-        summary.reads_in += o.n_in
-        summary.reads_called += o.n_called
-        summary.bases += o.n_bases
-        summary.calls += o.calls
-        summary.stage_seconds.update(o.timings)
-        output.write(o.text)
-        written(o.calls, o.n_called)
+    def on_done(done: Done) -> None:
+        _report(done.outcome.skipped)
+        summary.add(done.outcome)
+        output.write("".join(done.rendered))
+        written(done.outcome.calls, done.outcome.records_called)
 
-    cluster.run_on_cluster(client, workers, cluster.ClusterJob(options, str(args.genome)), numbered, on_outcome)
+    cluster.run_on_cluster(client, workers, cluster.ClusterJob(options, str(args.genome)), numbered, on_done)

@@ -8,8 +8,7 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
-from streamer.pipeline.batching import BatchLimits, batch_inputs, load_signals, plan_batches, signal_requests
-from streamer.pipeline.batch import pack
+from streamer.pipeline.batching import BatchLimits, plan_batches
 from streamer.commands._inputs import (
     add_input_arguments,
     alignment_filter,
@@ -23,6 +22,8 @@ from streamer.pipeline.gpu import CudaOptions, device_spec
 from streamer.io.alignments import iter_alignments
 from streamer.io.bamreads import open_basecalls
 from streamer.io.reference import Reference
+from streamer.pipeline.runner import Done, RunnerOptions, Stages, run_batches
+from streamer.pipeline.signal_pool import reader_pool
 from streamer.pipeline.stages import Pipeline
 from streamer.sinks import open_sink
 from streamer.summary import RunSummary
@@ -66,6 +67,8 @@ def _run(args: argparse.Namespace, compiling: bool) -> int:
     with ExitStack() as stack:
         index = signal_index(args)
         options = pipeline_options(args, index, cuda, methylation=False)
+        pool = reader_pool(index, RunnerOptions.io_workers)  # readers start while the pipeline loads
+        stack.callback(pool.shutdown, wait=True, cancel_futures=True)
         basecalls = stack.enter_context(open_basecalls(args.reads))
         pipeline = Pipeline(options, [registry.analysis("eventalign", args.scale_events, args.compat)])
         summary.startup_s = summary.elapsed
@@ -84,24 +87,18 @@ def _run(args: argparse.Namespace, compiling: bool) -> int:
             sinks.append(open_sink("eventalign-summary", path=args.summary))
         for sink in sinks:
             stack.callback(sink.close)
-        for pending, skipped in plan_batches(iter_alignments(args.bam, filt), basecalls, index, limits,
-                                             str(args.reads)):  # fmt: skip
-            summary.reads_in += len(pending) + len(skipped)
-            reads, failed = batch_inputs(pending, *load_signals(signal_requests(pending)), ref)
-            skipped += failed
-            if reads:
-                result = pipeline.run_batch(pack(reads))
+
+        def on_done(done: Done) -> None:
+            for result, text in zip(done.results, done.rendered):
                 if out is not None:
-                    out.write(rows.render(result))
+                    out.write(text)
                 for sink in sinks:
                     sink.on_batch(result)
-                skipped += result.skipped
-                summary.reads_called += result.n_reads - len(result.skipped)
-                summary.bases += result.n_bases
-                summary.calls += rows.count(result)
-                summary.stage_seconds.update(result.timings)
-            for s in skipped:
+            for s in done.outcome.skipped:
                 log.info("%s", s.message())
-                summary.skip(s.reason)
+
+        plans = plan_batches(iter_alignments(args.bam, filt), basecalls, index, limits, str(args.reads))
+        render = rows.render if out is not None else (lambda result: None)
+        run_batches(pipeline, plans, ref, pool, summary, on_done, Stages(pipeline, render, rows.count))
     print(summary.report(), file=sys.stderr)
     return 0

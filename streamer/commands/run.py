@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         if cfg.service.metrics is not None:
             stack.callback(serve_metrics(cfg.service.metrics, lambda: daemon.status))
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: daemon.request_stop())
+            signal.signal(sig, lambda signum, _: daemon.request_stop(signal.Signals(signum).name))
         code = daemon.run()
         if daemon.abandoned:  # the batch in hand is still computing; the ledger has not got it
             logging.shutdown()

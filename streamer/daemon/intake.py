@@ -7,6 +7,11 @@ vanished before it was read included), once, whatever exception its reader raise
 damaged file must never stop the daemon, at this start or the next. STOP and `final_summary`
 files go to the end-of-run policy. The completeness checks themselves live with the format readers, which
 the watcher asks.
+
+Where a run writes both BAM and FASTQ (`basecalls: auto`), the choice is made read by read: the
+FASTQ is registered as a spare, and a read takes its basecalls from it only if no BAM record of
+it can be read: its BAM (the one of the same name) was set aside, or the run ended without one.
+Each time a spare is used, one line says which file was passed over and why.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ class FileIntake:
         self.ledger, self.cache, self.filt, self.end = ledger, cache, filt, end
         self.on_reopened_bams = on_reopened_bams
         self.on_bam = on_bam
+        self._spare_runs: set[Path] = set()  # runs whose FASTQ was said to be the spare source
 
     def take(self, outcome: Ready | Rejected) -> None:
         f = outcome.file
@@ -65,7 +71,17 @@ class FileIntake:
 
     def _reject(self, f: RunFile, size: int, mtime_ns: int, reason: str) -> None:
         log.warning("%s: set aside: %s", f.path, reason)
-        self.ledger.reject_file(f.path, f.kind.value, f.fmt, size, mtime_ns, reason)
+        spares = [p for p in self.ledger.spare_files() if _stem(p) == _stem(f.path)] if f.fmt == "bam" else []
+        used = self.ledger.reject_file(f.path, f.kind.value, f.fmt, size, mtime_ns, reason, spares)
+        for spare, n in used.items():
+            _log_fallback(spare, n, f"{f.path} could not be read ({reason})")
+
+    def use_spares(self, why: str) -> None:
+        """Reads no BAM record of which was read take their basecalls from the run's FASTQ (end of the run)."""
+        used = self.ledger.use_spares()
+        if used:
+            log.warning("%d reads take their basecalls from FASTQ (%s): no BAM record of theirs was read %s",
+                        sum(used.values()), ", ".join(str(p) for p in used), why)
 
     def _read(self, ready: Ready, reader: Callable[..., T], *args) -> T | None:
         """What `reader` gives for the file; None once the file is set aside because it failed.
@@ -105,6 +121,9 @@ class FileIntake:
         reads = self._read(ready, read_basecall_file, f.path, f.fmt, self.filt)
         if reads is None:
             return
+        if f.spare:
+            self._register_spare(ready, [(rid, bc.n_bases) for rid, bc in reads.items()])
+            return
         reg = self.ledger.register_basecall_file(f.path, f.fmt, ready.size, ready.mtime_ns,
                                                  [(rid, bc.n_bases) for rid, bc in reads.items()])
         open_ids = self.ledger.open_reads_of(f.path)
@@ -114,8 +133,34 @@ class FileIntake:
             self.on_bam()
 
 
+    def _register_spare(self, ready: Ready, reads: list[tuple[str, int]]) -> None:
+        f = ready.file
+        bad = [(p, why) for p, kind, why in self.ledger.rejected_files()
+               if p.lower().endswith(".bam") and _stem(Path(p)) == _stem(f.path)]
+        n = self.ledger.register_spare_file(f.path, f.fmt, ready.size, ready.mtime_ns, reads, use=bool(bad))
+        log.debug("%s: %d reads (spare basecalls)", f.path, len(reads))
+        if n:
+            _log_fallback(f.path, n, f"{bad[0][0]} could not be read ({bad[0][1]})")
+        elif f.run_root not in self._spare_runs:
+            self._spare_runs.add(f.run_root)
+            log.info("%s: basecalls come from the run's BAM files; its FASTQ is used only for reads whose BAM "
+                     "record cannot be read", f.run_root)
+
+
+def _stem(path: Path) -> str:
+    """A basecall file's name without its format's suffixes: MinKNOW names a batch's FASTQ and BAM alike."""
+    name = path.name.lower()
+    for suffix in (".gz", ".bam", ".fastq", ".fq", ".fasta", ".fa"):
+        name = name.removesuffix(suffix)
+    return name
+
+
+def _log_fallback(spare: Path, n: int, why: str) -> None:
+    log.warning("%s: %d reads take their basecalls from this FASTQ: %s", spare, n, why)
+
+
 def _log_registered(path: Path, what: str, reg: Registered) -> None:
-    log.info("%s: %d reads (%d now have signal and basecalls)", path, reg.n_reads, reg.newly_matched)
+    log.debug("%s: %d reads (%d now have signal and basecalls)", path, reg.n_reads, reg.newly_matched)
     if reg.duplicates:
         log.warning("%s: %d reads already had %s from another file; these copies are ignored", path,
                     reg.duplicates, what)

@@ -20,6 +20,7 @@ a kill at any point leaves it either reported or open, never both, never called 
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import sqlite3
@@ -33,7 +34,7 @@ from streamer.skips import Skip
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -44,7 +45,7 @@ CREATE TABLE IF NOT EXISTS files (
     fmt TEXT NOT NULL,
     size INTEGER NOT NULL,
     mtime_ns INTEGER NOT NULL,
-    state TEXT NOT NULL,          -- registered | rejected
+    state TEXT NOT NULL,          -- registered | rejected | spare (FASTQ kept for reads their BAM lacks)
     reason TEXT,
     n_reads INTEGER NOT NULL DEFAULT 0,
     at REAL NOT NULL
@@ -59,7 +60,8 @@ CREATE TABLE IF NOT EXISTS reads (
     matched REAL,                 -- when the second was
     outcome TEXT,                 -- NULL while open; 'called' or a skip label
     batch INTEGER,
-    superseded TEXT               -- the missing-partner outcome it had before its partner landed late
+    superseded TEXT,              -- the missing-partner outcome it had before its partner landed late
+    spare_file INTEGER            -- FASTQ of a BAM run holding it: its basecalls if no BAM record of it is read
 );
 CREATE INDEX IF NOT EXISTS reads_matched ON reads(matched) WHERE outcome IS NULL AND matched IS NOT NULL;
 CREATE INDEX IF NOT EXISTS reads_waiting ON reads(since) WHERE outcome IS NULL AND matched IS NULL;
@@ -181,8 +183,13 @@ class Ledger:
             meta["schema_version"] = "2"
         if meta.get("schema_version") == "2":  # version 3 only adds the modcalls table (made above)
             with self._tx():
-                self._db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
-            meta["schema_version"] = str(SCHEMA_VERSION)
+                self._db.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+            meta["schema_version"] = "3"
+        if meta.get("schema_version") == "3":  # version 4 adds reads.spare_file
+            with self._tx():
+                self._db.execute("ALTER TABLE reads ADD COLUMN spare_file INTEGER")
+                self._db.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
+            meta["schema_version"] = "4"
         if meta.get("schema_version") != str(SCHEMA_VERSION):
             raise LedgerError(f"{self.path}: ledger schema {meta.get('schema_version')}, this streamer writes "
                               f"{SCHEMA_VERSION}; use a new state folder")
@@ -212,7 +219,7 @@ class Ledger:
         row = self._db.execute("SELECT state, size, mtime_ns FROM files WHERE path = ?", (str(path),)).fetchone()
         if row is None:
             return False
-        return row[0] == "registered" or (row[1], row[2]) == (size, mtime_ns)
+        return row[0] != "rejected" or (row[1], row[2]) == (size, mtime_ns)
 
     def _upsert_file(self, path: Path, kind: str, fmt: str, size: int, mtime_ns: int, state: str,
                      reason: str | None, n_reads: int) -> int:
@@ -224,9 +231,55 @@ class Ledger:
             (str(path), kind, fmt, size, mtime_ns, state, reason, n_reads, self._clock()))
         return self._db.execute("SELECT id FROM files WHERE path = ?", (str(path),)).fetchone()[0]
 
-    def reject_file(self, path: Path, kind: str, fmt: str, size: int, mtime_ns: int, reason: str) -> None:
+    def reject_file(self, path: Path, kind: str, fmt: str, size: int, mtime_ns: int, reason: str,
+                    spares: Iterable[Path] = ()) -> dict[Path, int]:
+        """Set the file aside; in the same transaction, the reads of the `spares` (FASTQ holding
+        its reads) take their basecalls from them. How many reads each spare gave."""
         with self._tx():
             self._upsert_file(path, kind, fmt, size, mtime_ns, "rejected", reason, 0)
+            return self._use_spares([str(p) for p in spares])
+
+    def register_spare_file(self, path: Path, fmt: str, size: int, mtime_ns: int, reads: list[tuple[str, int]],
+                            use: bool = False) -> int:
+        """A FASTQ of a run that writes BAM: its reads' basecalls wait here until a BAM record of
+        theirs is read (then this copy is not used), or none can be (`use`, or `use_spares`).
+        `reads`: (read id, number of bases). How many reads it gave, when `use`."""
+        with self._tx():
+            fid = self._upsert_file(path, "basecalls", fmt, size, mtime_ns, "spare", None, len(reads))
+            self._db.executemany(
+                "INSERT INTO reads (read_id, spare_file, n_bases, since) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT(read_id) DO UPDATE SET spare_file = excluded.spare_file, "
+                "n_bases = CASE WHEN basecall_file IS NULL THEN excluded.n_bases ELSE n_bases END "
+                "WHERE spare_file IS NULL", ((rid, fid, n, self._clock()) for rid, n in reads))
+            return self._use_spares([str(path)]).get(path, 0) if use else 0
+
+    def use_spares(self) -> dict[Path, int]:
+        """Every read with no BAM record read takes its basecalls from its spare FASTQ (end of the run)."""
+        with self._tx():
+            return self._use_spares(None)
+
+    def spare_files(self) -> list[Path]:
+        return [Path(p) for (p,) in self._db.execute("SELECT path FROM files WHERE state = 'spare' ORDER BY id")]
+
+    def _use_spares(self, paths: list[str] | None) -> dict[Path, int]:
+        """Reads of these spare files (all if None) that have no basecalls take theirs from them:
+        open ones, and those already reported without basecalls (reopened, as when a late file
+        lands). A file that gave any becomes a registered source. Inside a transaction."""
+        missing = Skip.NO_BASECALL.label
+        used: dict[Path, int] = {}
+        spares = self._db.execute("SELECT id, path FROM files WHERE state = 'spare' AND (? IS NULL OR path IN "
+                                  "(SELECT value FROM json_each(?)))",
+                                  (None if paths is None else 1, json.dumps(paths or [])))
+        for fid, path in list(spares):
+            n = self._db.execute(
+                "UPDATE reads SET basecall_file = spare_file, matched = CASE WHEN signal_file IS NOT NULL THEN ? END "
+                "WHERE spare_file = ? AND basecall_file IS NULL AND (outcome IS NULL OR outcome = ?)",
+                (self._clock(), fid, missing)).rowcount
+            self._reopen_late("basecall_file", fid, missing)
+            if n:
+                self._db.execute("UPDATE files SET state = 'registered' WHERE id = ?", (fid,))
+                used[Path(path)] = n
+        return used
 
     def register_signal_file(self, path: Path, fmt: str, size: int, mtime_ns: int,
                              read_ids: list[str]) -> Registered:

@@ -10,14 +10,14 @@ clock the caller passes, the same clock throughout.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from streamer.skips import Skip, Skipped
+from streamer.summary import PIPELINE_ERROR, BatchOutcome, tally
 
 CALLED = "called"
-PIPELINE_ERROR = "pipeline error"  # an outcome beyond `Skip`: the pipeline raised on this read alone
 RECOVERED = "recovered"  # a skipped.tsv row, not an outcome: an earlier missing-partner row no longer holds
 
 
@@ -98,38 +98,34 @@ def missing_partner(waiting: Iterable[tuple[str, bool, Path]], when: str) -> lis
 
 
 @dataclass(frozen=True)
-class BatchOutcome:
-    """Each read's outcome ("called", a skip label or "pipeline error") and the batch's counters."""
+class ReadOutcomes:
+    """Each read's outcome ("called", a skip label or "pipeline error"), the reads called, the batch's counters."""
 
     outcomes: list[tuple[str, str]]
     called: set[str]
     counters: Counter
 
 
-def account(read_ids: Sequence[str], records_in: int, input_ids: Sequence[str], skipped: Sequence[Skipped],
-            stage_skipped: Sequence[Skipped], failed: Mapping[str, str], bases: int, calls: int) -> BatchOutcome:
-    """Outcomes and counters of a batch of `read_ids` (each read once), from its `records_in`
-    alignment records: `input_ids` those that reached the stages (one per record), `skipped` every
-    record skipped (before and in the stages), `stage_skipped` those of them the stages skipped,
-    `failed` the reads the pipeline raised on (their records are lost).
+def account(read_ids: Sequence[str], input_ids: Sequence[str], stage_skipped: Sequence[Skipped],
+            outcome: BatchOutcome) -> ReadOutcomes:  # fmt: skip
+    """Each of `read_ids` (a batch's reads, each once) as it ended, from the batch's `outcome`:
+    `input_ids` are its records that reached the stages (one per record), `stage_skipped` those
+    of them the stages skipped.
 
     A read is called when at least one of its records came through; otherwise its outcome is its
-    first record's reason.
+    first record's reason (a read the pipeline failed on alone: "pipeline error"). The counters
+    are the outcome's (`streamer.summary.tally`) and the reads called.
     """
-    going = Counter(rid for rid in input_ids if rid not in failed)
+    going = Counter(rid for rid in input_ids if rid not in outcome.failed)
     going.subtract(s.read_id for s in stage_skipped)
     called = {rid for rid, n in going.items() if n > 0}
-    first_skip: dict[str, str] = dict.fromkeys(failed, PIPELINE_ERROR)
-    for s in skipped:
+    first_skip: dict[str, str] = dict.fromkeys(outcome.failed, PIPELINE_ERROR)
+    for s in outcome.skipped:
         first_skip.setdefault(s.read_id, s.reason.label)
     outcomes = [(rid, CALLED if rid in called else first_skip.get(rid, CALLED)) for rid in read_ids]
-    lost = sum(1 for rid in input_ids if rid in failed)
-    counters = Counter({"records_in": records_in, "reads_called": len(called),
-                        "records_called": len(input_ids) - lost - len(stage_skipped), "bases": bases,
-                        "calls": calls})  # fmt: skip
-    counters.update(f"skipped.{s.reason.label}" for s in skipped)
-    counters[f"skipped.{PIPELINE_ERROR}"] += lost
-    return BatchOutcome(outcomes, called, counters)
+    counters = tally(outcome)
+    counters["reads_called"] = len(called)
+    return ReadOutcomes(outcomes, called, counters)
 
 
 def skip_counters(skipped: Sequence[Skipped]) -> Counter:

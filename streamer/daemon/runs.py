@@ -104,6 +104,7 @@ class RunSet:
         self.codes: dict[Path, int] = {}
         self._threads: dict[Path, threading.Thread] = {}
         self._stop = threading.Event()
+        self._stop_why = "SIGTERM"  # the signal that asked for the stop, for the log
 
     @property
     def status(self) -> dict[str, Any]:
@@ -114,10 +115,11 @@ class RunSet:
     def abandoned(self) -> bool:
         return any(d.abandoned for d in self.daemons.values())
 
-    def request_stop(self) -> None:
+    def request_stop(self, why: str = "SIGTERM") -> None:
+        self._stop_why = why
         self._stop.set()
         for daemon in list(self.daemons.values()):
-            daemon.request_stop()
+            daemon.request_stop(why)
 
     def _add(self, run_dir: Path) -> None:
         name = run_dir.name
@@ -136,7 +138,7 @@ class RunSet:
             return
         self.daemons[run_dir] = daemon
         if self._stop.is_set():
-            daemon.request_stop()
+            daemon.request_stop(self._stop_why)
 
         def main() -> None:
             self.codes[run_dir] = daemon.run()

@@ -7,12 +7,14 @@ reports complete go through `streamer.daemon.intake`. It is over 400 lines becau
 the lifecycle (start, supervise, drain, close) and the one batch transaction together, which
 is what makes output exactly-once.
 
-Two threads. The engine thread does all the work in one loop: take the files the watcher
-reports complete, register them in the ledger (which joins signal and basecalls by read id),
-run a batch through the same pipeline as `streamer call` when one is due, append its rows,
-commit the ledger, and check whether the run is over. While a batch computes, the signal of
-the next matched reads (one batch at most) is read on the reader pool `streamer call` uses
-(`streamer.pipeline.signal_pool.SignalReads`); nothing read ahead is committed, so a crash loses nothing.
+The engine thread does all the work in one loop: take the files the watcher reports complete,
+register them in the ledger (which joins signal and basecalls by read id), hand a batch to the
+batch driver `streamer call` uses (`streamer.pipeline.runner`, jobs from `streamer.daemon.batches`)
+when one is due, append its rows, commit the ledger, and check whether the run is over. One
+batch is in flight, the engine waiting for it on the driver's threads; while it computes, the
+signal of the next matched reads (one batch at most) is read on the reader pool `streamer call`
+uses (`streamer.pipeline.signal_pool.SignalReads`); nothing read ahead is committed, so a crash
+loses nothing.
 The main thread only supervises: it feeds systemd's watchdog while the engine makes progress,
 sends status, and on SIGTERM (which only sets an event) waits at most `drain_timeout` for the
 batch in hand.
@@ -41,13 +43,12 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, Protocol
 
 from streamer.pipeline.aligner import ReadAligner
-from streamer.pipeline.batching import Pending, batch_inputs
 from streamer.pipeline.batch import ReadInput
 from streamer.config import Config
+from streamer.daemon.batches import Aligning, DaemonBatch, eventalign_of, picked, signal_wanted
 from streamer.daemon.intake import FileIntake
 from streamer.daemon.policy import (
     PIPELINE_ERROR,
@@ -65,15 +66,16 @@ from streamer.errors import InputError
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
 from streamer.io.signal import SIGNAL_SUFFIXES
-from streamer.daemon.basecall_cache import BasecallCache, ReadBasecalls, Record
+from streamer.daemon.basecall_cache import BasecallCache
 from streamer.daemon.ledger import BatchRecord, Ledger, Pick, Waiting
 from streamer.metrics import status_of
 from streamer.daemon.notify import Notifier
 from streamer.daemon.journal import SKIPPED_HEADER, Journal
 from streamer.publish.sink import PublishSink, PublisherLike
+from streamer.pipeline.runner import BatchDriver, Stages
 from streamer.pipeline.signal_pool import SignalReads, signal_readers
-from streamer.sinks import open_sink, write_atomic
-from streamer.skips import Skip, Skipped
+from streamer.sinks import Sink, SinkContext, open_sinks, write_atomic
+from streamer.skips import Skipped
 from streamer.tuning.session import AutoTuner
 from streamer.daemon.watch import RunLayout, Watcher, WatchTimings
 
@@ -81,13 +83,6 @@ log = logging.getLogger(__name__)
 
 METH_TSV = "meth.tsv"
 SKIPPED_TSV = "skipped.tsv"
-FREQ_TSV = "meth-freq.tsv"
-BEDMETHYL = "meth.bed"
-MODKIT_BED = "modkit.bed"  # dorado's MM/ML calls aggregated as `modkit pileup`
-MODCALL_THRESHOLDS = "modcall_thresholds"  # ledger meta: the pass thresholds estimated for the run
-UNREADABLE = -1  # the ledger's call count of a BAM whose calls could not be read
-MODCALL_CHECKPOINT = "modkit-counts.pickle"  # in the state folder
-MODCALL_CHECKPOINT_S = 300.0  # a checkpoint costs a write of the whole table (GBs for a human genome)
 SUMMARY_JSON = "summary.json"
 EVENTALIGN_TSV = "eventalign.tsv"
 EVENTALIGN = "eventalign"  # the eventalign stage's product
@@ -101,6 +96,7 @@ class BatchResultLike(Protocol):
     ref_names: Sequence[str]
     skipped: Sequence[Skipped]
     n_bases: int
+    timings: dict[str, float]
     products: Mapping[str, Any]  # "calls": `MethCalls`; "eventalign": rows, when eventalign is on
 
 
@@ -133,10 +129,10 @@ class Daemon:
         self.publisher = publisher
         self.published_on = published_on  # the publisher's bound addresses, for summary.json
         self.notifier = notifier or Notifier({})
-        self._make_aligner = make_aligner
-        self._aligner: ReadAligner | None = None
+        self.aligning = Aligning(make_aligner)
         self._filter = AlignmentFilter(min_mapq=config.alignment.min_mapq, secondary=config.alignment.secondary)
         self._stop = threading.Event()
+        self._stop_why = "SIGTERM"  # the signal that asked for the stop, for the log
         self._engine: threading.Thread | None = None
         self._heartbeat = time.monotonic()
         self._started_wall = time.time()
@@ -150,29 +146,10 @@ class Daemon:
         self.watcher: Watcher | None = None
         self.intake: FileIntake | None = None
         self.signal: SignalReads | None = None
-        out, threshold = config.output.dir, config.output.call_threshold
-        self.call_rows = open_sink("calls")
-        self.freq_sink = open_sink("methfreq", path=out / FREQ_TSV, call_threshold=threshold,
-                                   split_groups=config.output.split_groups, track_changes=publisher is not None)
-        self.freq = self.freq_sink.table
-        """The one per-site table: meth-freq.tsv, and the publisher's snapshots (`serve_sites`)."""
-        self.bed = open_sink("bedmethyl", path=out / BEDMETHYL, call_threshold=threshold) if config.output.bedmethyl \
-            else None
-        ea = config.eventalign
-        self.eventalign = open_sink("eventalign", print_read_names=ea.print_read_names, scale_events=ea.scale_events,
-                                    signal_index=ea.signal_index, samples=ea.samples) if ea.enabled else None
-        self.modbams = open_sink("modbam-copies", out_dir=out, watch_dir=config.watch.dir, filt=self._filter) \
-            if config.output.modbam else None
-        mc = config.modcalls
-        self.modcalls = open_sink(
-            "modkit", path=out / MODKIT_BED, reference=config.reference.genome, track_changes=publisher is not None,
-            filter_threshold=mc.filter_threshold, filter_percentile=mc.filter_percentile, no_filtering=mc.no_filtering,
-            cpg=mc.cpg, combine_strands=mc.combine_strands, ignore=mc.ignore, combine_mods=mc.combine_mods,
-        ) if mc.enabled else None
-        self._modcall_checkpoint = config.state_dir() / MODCALL_CHECKPOINT
-        self._modcall_files: set[tuple[int, int, int]] = set()  # (file id, size, mtime) of the BAMs in the table
-        self._modcalls_saved: set[tuple[int, int, int]] = set()  # those the checkpoint holds
-        self._next_modcall_checkpoint = time.monotonic() + MODCALL_CHECKPOINT_S
+        self.sinks: list[Sink] = []  # opened with the ledger (`start`), from the configuration
+        self.call_rows: Sink | None = None  # the sinks of meth.tsv's and eventalign.tsv's rows
+        self.eventalign: Any = None
+        self.driver: BatchDriver | None = None  # one batch in flight, the engine waiting on it
         self.cache = BasecallCache(config.join.max_pending_bases, self._filter)
         end = config.end
         self.end = EndOfRun(end.final_summary_grace, end.idle_timeout, end.follow, end.stop_file)
@@ -180,8 +157,7 @@ class Daemon:
         self._next_refresh = 0.0
         self._next_status = 0.0
         self._status: dict[str, Any] = {}
-        self.publish = PublishSink(publisher, self.freq, self.freq_sink.changed, self.modcalls) \
-            if publisher is not None else None
+        self.publish = PublishSink(publisher) if publisher is not None else None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -192,28 +168,26 @@ class Daemon:
         cfg = self.config
         try:
             self.ledger = Ledger(cfg.state_dir(), watch_dir=cfg.watch.dir)
-            headers = {METH_TSV: self.call_rows.header, SKIPPED_TSV: SKIPPED_HEADER}
-            if self.eventalign is not None:
-                headers[EVENTALIGN_TSV] = self.eventalign.header
+            self._open_sinks()
+            headers = {s.journal: s.header for s in self.sinks if s.journal} | {SKIPPED_TSV: SKIPPED_HEADER}
             self.outputs = Journal(cfg.output.dir, headers, self.ledger.offsets())
             if self.outputs.fresh:
                 self.ledger.commit((), self.outputs.fresh, {})
             self._load_calls()
-            self._write_modbams()
-            self._load_modcalls()
-            if self._make_aligner is not None and cfg.watch.basecalls != "bam":
-                self._aligner = self._make_aligner()
+            if cfg.watch.basecalls != "bam":
+                self.aligning.build()
             exclude = [cfg.output.dir, cfg.state_dir(), cfg.reference.genome]
             layout = RunLayout(cfg.watch.dir, stop_file=cfg.end.stop_file, include_fail=cfg.watch.include_fail,
                             basecalls=cfg.watch.basecalls, exclude=tuple(exclude))
             timings = WatchTimings(cfg.watch.poll_interval, cfg.watch.settle, cfg.watch.incomplete_timeout)
-            self.intake = FileIntake(self.ledger, self.cache, self._filter, self.end, self._reload_modbam_calls,
-                                     self._count_modcalls)
+            self.intake = FileIntake(self.ledger, self.cache, self._filter, self.end, self._reopened,
+                                     lambda: self._each_sink("on_file", "basecalls", "bam"))
             self.watcher = Watcher(layout, timings, poll=cfg.watch.poll, known=self.ledger.is_known)
             self.watcher.start()
             workers = cfg.pipeline.threads or os.cpu_count() or 1
             pool = signal_readers(SIGNAL_SUFFIXES, workers, cfg.pipeline.io_mode) if cfg.batch.read_ahead else None
             self.signal = SignalReads(pool)
+            self.driver = BatchDriver(Stages(self.pipeline, self._render, self.call_rows.count, isolate=True))
         except BaseException:
             self.close()
             raise
@@ -223,8 +197,10 @@ class Daemon:
                  "polling" if cfg.watch.poll else "inotify", cfg.output.dir, cfg.state_dir())
         self._send("run", "start", {"watch_dir": str(cfg.watch.dir), "output_dir": str(cfg.output.dir)})
 
-    def request_stop(self) -> None:
-        """SIGTERM: stop taking files, finish the batch in hand, flush, exit. Safe from a signal handler."""
+    def request_stop(self, why: str = "SIGTERM") -> None:
+        """SIGTERM (or SIGINT, `why`): stop taking files, finish the batch in hand, flush, exit. Safe from a
+        signal handler."""
+        self._stop_why = why
         self._stop.set()
 
     def run(self) -> int:
@@ -271,10 +247,14 @@ class Daemon:
             self._engine.join()
         if self.watcher is not None:
             self.watcher.close()
+        if self.driver is not None:
+            self.driver.close()
         if self.signal is not None:
             self.signal.close()
         if self.outputs is not None:
             self.outputs.close()
+        for sink in self.sinks:
+            sink.close()
         if self.ledger is not None:
             self.ledger.close()
         self.notifier.close()
@@ -310,7 +290,7 @@ class Daemon:
         while True:
             self._beat()
             if self._stop.is_set():
-                return Ending("stop requested (SIGTERM)", run_over=False)
+                return Ending(f"stop requested ({self._stop_why})", run_over=False)
             _, full = self.ledger.matched(self.config.batch.max_reads, self.config.batch.max_bases)
             for outcome in self.watcher.poll(0.0 if full else 0.25):  # a full batch waits for no event
                 self.intake.take(outcome)
@@ -335,6 +315,7 @@ class Daemon:
             self.notifier.stopping(f"run over ({ending.reason}): finishing")
             for rejected in self.watcher.reject_pending("still incomplete when the run ended"):
                 self.intake.take(rejected)
+            self.intake.use_spares("by the end of the run")
             while not self._stop.is_set():
                 self._beat()
                 picks, _ = self.ledger.matched(self.config.batch.max_reads, self.config.batch.max_bases)
@@ -352,117 +333,8 @@ class Daemon:
 
     # ------------------------------------------------------------------ files
 
-    def _reload_modbam_calls(self, bams: tuple[int, ...]) -> None:
-        """A reopened BAM is copied again once its late reads are done: its other reads' calls,
-        let go when it was first copied, are read back from the committed `meth.tsv`."""
-        if self.modbams is None:
-            return
-        reads = set().union(*(self.ledger.reads_of_file(fid) for fid in bams))
-        for block in self._committed_calls():
-            self.modbams.add(block, reads)
-
-    # ------------------------------------------------------------------ dorado's modified-base calls
-
-    def _load_modcalls(self) -> None:
-        """The modkit table as the ledger says it was (from its checkpoint and the BAMs counted after
-        it), then any registered BAM not yet counted (a kill came between its registration and its count)."""
-        if self.modcalls is None:
-            return
-        saved = self.ledger.meta(MODCALL_THRESHOLDS)
-        if saved is not None:
-            self.modcalls.restore_thresholds(saved)
-        self._rebuild_modcalls(checkpoint=True)
-        self._count_modcalls()
-        self.modcalls.take_changes()  # the publisher's updates are of sites changed from here on
-
-    def _rebuild_modcalls(self, checkpoint: bool = False) -> None:
-        """The table from the counted BAMs alone: from the checkpoint if it holds only files the ledger
-        still has as counted (as they are now), then the others. One that cannot be read through any
-        more is recorded as unreadable (one line), and the table rebuilt without it: counts cannot be
-        taken back."""
-        while True:
-            recorded = self.ledger.modcall_files()
-            self.modcalls.reset()
-            self._modcall_files = set()
-            held = self.modcalls.load(self._modcall_checkpoint) if checkpoint else None
-            if held is not None and set(held) <= {(f, size, mtime) for f, _, size, mtime in recorded}:
-                self._modcall_files = set(held)
-                self._modcalls_saved = set(held)
-                log.info("%s: the counts of %d BAMs restored from the checkpoint", MODKIT_BED, len(held))
-            elif held is not None:
-                self.modcalls.reset()
-            for fid, path, size, mtime_ns in recorded:
-                if (fid, size, mtime_ns) in self._modcall_files:
-                    continue
-                self._beat()
-                try:
-                    self.modcalls.add_file(path)
-                except (InputError, OSError) as exc:
-                    self._unreadable(fid, path, size, mtime_ns, exc)
-                    break
-                self._modcall_files.add((fid, size, mtime_ns))
-            else:
-                return
-            checkpoint = False
-
-    def _save_modcalls(self, final: bool) -> None:
-        """A checkpoint of the counts, every `MODCALL_CHECKPOINT_S` and at exit, when files were counted
-        since the last: a restart then reads only the BAMs counted after it, not the whole run again."""
-        if self.modcalls is None or self._modcall_files == self._modcalls_saved or self.modcalls.counts is None:
-            return
-        if not final and time.monotonic() < self._next_modcall_checkpoint:
-            return
-        self.modcalls.save(self._modcall_checkpoint, sorted(self._modcall_files))
-        self._modcalls_saved = set(self._modcall_files)
-        self._next_modcall_checkpoint = time.monotonic() + MODCALL_CHECKPOINT_S
-
-    def _count_modcalls(self) -> None:
-        """Count each registered BAM not counted yet, then record it: the table holds each file once.
-
-        A file counted before in another state (rewritten in place), or one that fails part-way,
-        cannot be taken back from the counts: the table is rebuilt from the other counted files.
-        """
-        if self.modcalls is None:
-            return
-        for fid, path, size, mtime_ns, changed in self.ledger.uncounted_bams():
-            self._beat()
-            if changed:
-                log.info("%s changed after its modified-base calls were counted: rebuilding %s", path, MODKIT_BED)
-                self.ledger.forget_modcalls([fid])
-                self._rebuild_modcalls()
-            if self.modcalls.thresholds is None and not self._estimate_thresholds(path):
-                self.ledger.record_modcalls(fid, size, mtime_ns, 0, 0)  # no calls to count in it
-                continue
-            try:
-                n_reads, n_calls = self.modcalls.add_file(path)
-            except (InputError, OSError) as exc:
-                self._unreadable(fid, path, size, mtime_ns, exc)
-                self._rebuild_modcalls()
-                continue
-            self.ledger.record_modcalls(fid, size, mtime_ns, n_reads, n_calls)
-            if n_calls:
-                self._modcall_files.add((fid, size, mtime_ns))
-            if n_calls:
-                log.info("%s: %d modified-base calls of %d reads counted into %s", path, n_calls, n_reads, MODKIT_BED)
-        if self.publish is not None:
-            changes = self.modcalls.take_changes()
-            if changes is not None:
-                self.publish.publish_modcalls(changes)
-
-    def _estimate_thresholds(self, path: Path) -> bool:
-        """The run's pass thresholds from its first BAM with calls, kept in the ledger; False when it has none."""
-        try:
-            thresholds = self.modcalls.estimate(path)
-        except (InputError, OSError) as exc:
-            log.warning("%s: %s", path, exc)
-            return False
-        if not thresholds.per_base:
-            return False
-        self.modcalls.use_thresholds(thresholds)
-        self.ledger.set_meta(MODCALL_THRESHOLDS, self.modcalls.thresholds_text)
-        log.info("modified-base pass thresholds estimated from %s: streamer pileup %s gives %s offline", path,
-                 self.modcalls.describe(), MODKIT_BED)
-        return True
+    def _reopened(self, bams: tuple[int, ...]) -> None:
+        self._each_sink("on_reopened", bams, self._committed_calls)
 
     # ------------------------------------------------------------------ batches
 
@@ -471,72 +343,50 @@ class Daemon:
         t0 = time.monotonic()
         found, failed = self.cache.take((p.read_id, p.basecall_path, p.basecall_fmt) for p in picks)
         unaligned = [(rid, bc.seq) for rid, bc in found.items() if bc.records is None]
-        for rid, records in self._align(unaligned).items():
+        for rid, records in self.aligning.align(unaligned).items():
             found[rid] = replace(found[rid], records=records)
-        wanted: dict[Path, list[str]] = {}
-        for p in picks:
-            if p.read_id in found and _needs_signal(found[p.read_id]):
-                wanted.setdefault(p.signal_path, []).append(p.read_id)
-        signal = self.signal.take(wanted)
-        self._read_ahead(len(picks))
-        signals, signal_errors = signal.result()
-        pending: list[Pending] = []
-        skipped: list[Skipped] = []
-        records_of: Counter = Counter()
-        for p in picks:
-            bc = found.get(p.read_id)
-            if bc is None:
-                skipped.append(Skipped(p.read_id, Skip.NO_BASECALL, failed.get(p.read_id, "")))
-                records_of[p.read_id] += 1
-                continue
-            mine, skips = _pending_of(p, bc)
-            pending += mine
-            skipped += skips
-            records_of[p.read_id] += len(mine) + len(skips)
-        inputs, unusable = batch_inputs(pending, signals, signal_errors, self.reference)
-        skipped += unusable
-        results, failed_reads = self._call(inputs)
-        if len(results) == 1 and not failed_reads:
+        signal = self.signal.take(signal_wanted(picks, found))
+        if self.signal.pool is not None:  # the next batch's signal is read while this one computes
+            ahead, _ = self.ledger.matched(self.config.batch.max_reads, self.config.batch.max_bases, offset=len(picks))
+            self.signal.ahead(signal_wanted(ahead))
+        job = DaemonBatch(picks, *picked(picks, found, failed), signal, self.reference)
+        self.driver.submit(job)
+        done = self.driver.take()
+        outcome, results = done.outcome, done.results
+        if len(results) == 1 and not outcome.failed:
             self._tune(results[0])
-        rows = "".join(self.call_rows.render(r) for r in results)
-        n_calls = sum(self.call_rows.count(r) for r in results)
-        aligned = self._eventalign(results)
-        pipeline_skipped = [s for r in results for s in r.skipped]
-        skipped.extend(pipeline_skipped)
+        rows = "".join(calls for calls, _ in done.rendered)
+        aligned = eventalign_of(done.rendered, results, self.eventalign.labels, EVENTALIGN) \
+            if self.eventalign is not None else []
         skip_rows = [recovered_row(p.read_id, p.superseded, p.signal_path, p.basecall_path)
                      for p in picks if p.superseded]
-        skip_rows += [skip_row(s.read_id, s.reason.label, s.detail) for s in skipped]
-        skip_rows += [skip_row(rid, PIPELINE_ERROR, why) for rid, why in failed_reads.items()]
-        for s in skipped:
+        skip_rows += [skip_row(s.read_id, s.reason.label, s.detail) for s in outcome.skipped]
+        skip_rows += [skip_row(rid, PIPELINE_ERROR, why) for rid, why in outcome.failed.items()]
+        for s in outcome.skipped:
             log.debug("%s", s.message())
-        done = time.time()
-        counters = account([p.read_id for p in picks], sum(records_of.values()), [r.read_id for r in inputs], skipped,
-                           pipeline_skipped, failed_reads, sum(r.n_bases for r in results), n_calls)
-        outcomes, counters = counters.outcomes, counters.counters
+        done_at = time.time()
+        read = account([p.read_id for p in picks], [r.read_id for r in job.inputs],
+                       [s for r in results for s in r.skipped], outcome)  # fmt: skip
+        counters = read.counters
         counters["eventalign_rows"] = sum(len(rows) for rows, _, _, _ in aligned)
-        latencies = [max(0.0, done - p.matched) for p in picks]
-        batch = BatchRecord(len(picks), counters["records_in"], n_calls, counters["bases"],
+        latencies = [max(0.0, done_at - p.matched) for p in picks]
+        batch = BatchRecord(len(picks), counters["records_in"], outcome.calls, counters["bases"],
                             time.monotonic() - t0, sum(latencies), max(latencies))
-        bam_reads = {p.read_id for p in picks if p.basecall_fmt == "bam"} if self.modbams is not None else frozenset()
-        self._commit(outcomes, rows, skip_rows, counters, batch, "".join(text for _, _, _, text in aligned), results,
-                     bam_reads)
+        self._commit(read.outcomes, rows, skip_rows, counters, batch, "".join(text for _, _, _, text in aligned),
+                     results)
         if self.publish is not None:
             self.publish.on_batch(results, (columns for rows_, batch_, labels, text in aligned
                                             for columns in self.eventalign.messages(rows_, batch_, labels, text)))
-        log.info("batch of %d reads: %d calls, %d records skipped, %.2f s", len(picks), n_calls, len(skipped),
-                 batch.seconds)
+        log.info("batch of %d reads: %d calls, %d records skipped, %.2f s", len(picks), outcome.calls,
+                 len(outcome.skipped), batch.seconds)
 
-    def _eventalign(self, results: list[BatchResultLike]) -> list[tuple[Any, Any, list[str], str]]:
-        """Each result's eventalign rows, batch, read labels and TSV text (none when eventalign is off)."""
+    def _render(self, result: BatchResultLike) -> tuple[str, str]:
+        """A result's rows for meth.tsv and, when eventalign is on, eventalign.tsv (on the driver's compute thread)."""
         if self.eventalign is None:
-            return []
-        out = []
-        for r in results:
-            rows = r.products.get(EVENTALIGN)
-            if rows is None:
-                raise TypeError("eventalign is on but the pipeline has no eventalign stage")
-            out.append((rows, r.batch, self.eventalign.labels(r.batch), self.eventalign.render(r)))
-        return out
+            return self.call_rows.render(result), ""
+        if result.products.get(EVENTALIGN) is None:
+            raise TypeError("eventalign is on but the pipeline has no eventalign stage")
+        return self.call_rows.render(result), self.eventalign.render(result)
 
     def _tune(self, result: BatchResultLike) -> None:
         """The batch's GPU measurements to the tuner (batches of the end-of-run drain count as the last)."""
@@ -548,118 +398,49 @@ class Daemon:
             self.config = replace(self.config, batch=replace(self.config.batch, max_reads=s.max_reads,
                                                              max_bases=s.max_bases))
 
-    def _call(self, inputs: list[ReadInput]) -> tuple[list[BatchResultLike], dict[str, str]]:
-        """The pipeline over a batch: its results, and the reads it failed on with why.
-
-        An exception is not allowed to stop the run on one bad read: the batch is redone read
-        by read, and a read that fails on its own is recorded as a pipeline error. When every
-        read fails the fault is not in the reads, and the exception stops the daemon.
-        """
-        if not inputs:
-            return [], {}
-        try:
-            return [self.pipeline.process(inputs)], {}
-        except Exception as exc:  # noqa: BLE001 - isolated below, re-raised if not a read's fault
-            if len({r.read_id for r in inputs}) == 1:
-                raise
-            log.error("the pipeline failed on a batch of %d records (%s); retrying read by read", len(inputs), exc,
-                      exc_info=True)
-        by_read: dict[str, list[ReadInput]] = {}
-        for r in inputs:
-            by_read.setdefault(r.read_id, []).append(r)
-        results, failed = [], {}
-        first_error: Exception | None = None
-        for rid, reads in by_read.items():
-            try:
-                results.append(self.pipeline.process(reads))
-            except Exception as exc:  # noqa: BLE001 - recorded against the read
-                first_error = first_error or exc
-                failed[rid] = f"{type(exc).__name__}: {exc}"
-                log.error("read %s: the pipeline fails on it: %s", rid, failed[rid])
-        if len(failed) == len(by_read):
-            raise first_error
-        return results, failed
-
-    def _align(self, reads: list[tuple[str, str]]) -> dict[str, tuple[Record, ...]]:
-        """Alignment records for (read id, sequence) that came without (FASTQ, unaligned BAM)."""
-        out = {rid: (Skipped(rid, Skip.NO_BASECALL, "its basecall record has no sequence"),)
-               for rid, seq in reads if not seq}
-        reads = [(rid, seq) for rid, seq in reads if seq]
-        if not reads:
-            return out
-        if self._aligner is None:
-            if self._make_aligner is None:
-                why = "basecalls without alignments, and no reference index to align them"
-                return out | {rid: (Skipped(rid, Skip.UNMAPPED, why),) for rid, _ in reads}
-            log.info("basecalls without alignments: building a minimap2 index")
-            self._aligner = self._make_aligner()
-        return out | dict(zip((rid for rid, _ in reads), self._aligner.align_all(reads)))
-
-    def _read_ahead(self, after: int) -> None:
-        """Start reading the signal of the reads matched after the batch in hand (one batch of them)."""
-        if self.signal.pool is None:
-            return
-        ahead, _ = self.ledger.matched(self.config.batch.max_reads, self.config.batch.max_bases, offset=after)
-        wanted: dict[Path, list[str]] = {}
-        for p in ahead:
-            wanted.setdefault(p.signal_path, []).append(p.read_id)
-        self.signal.ahead(wanted)
-
     def _commit(self, outcomes: list[tuple[str, str]], rows: str, skip_rows: list[str], counters: Counter,
-                batch: BatchRecord | None, eventalign: str = "", results: Sequence[BatchResultLike] = (),
-                bam_reads: set[str] | frozenset = frozenset()) -> None:
-        """Append, flush, then commit: the order that makes output exactly-once; then the derived tables.
-
-        `bam_reads`: the batch's reads whose basecalls are in a BAM (their calls go to its modBAM).
-        """
+                batch: BatchRecord | None, eventalign: str = "", results: Sequence[BatchResultLike] = ()) -> None:
+        """Append, flush, then commit: the order that makes output exactly-once; then the derived outputs
+        (the frequency table changes before its `meth.freq` update is published, as `serve_sites` requires)."""
         lines = {METH_TSV: [rows] if rows else [], SKIPPED_TSV: skip_rows}
         if self.eventalign is not None:
             lines[EVENTALIGN_TSV] = [eventalign] if eventalign else []
         offsets = self.outputs.append(lines)
         self.ledger.commit(outcomes, offsets, counters, batch)
         for r in results:
-            self._add_calls(r, bam_reads)
-        self._write_modbams()
+            self._each_sink("on_batch", r)
         self._refresh_status()  # heartbeats and the metrics carry the counts as committed
         self._send("status", self._status)
 
+    def _open_sinks(self) -> None:
+        """The sinks the configuration turns on, each given the ledger and the publisher."""
+        cfg = self.config
+        context = SinkContext("run", out_dir=cfg.output.dir, ledger=self.ledger, state_dir=cfg.state_dir(),
+                              publishing=self.publish is not None, beat=self._beat)
+        self.sinks = open_sinks(cfg, context)
+        rows = {s.journal: s for s in self.sinks if s.journal}
+        self.call_rows, self.eventalign = rows[METH_TSV], rows.get(EVENTALIGN_TSV)
+        if self.publish is not None:
+            self._each_sink("attach", self.publish)
+            self.publish.serve_sites()
+
+    def _each_sink(self, what: str, *args: Any) -> None:
+        for sink in self.sinks:
+            getattr(sink, what)(*args)
+
     def _load_calls(self) -> None:
-        """The derived tables' state from the committed `meth.tsv`, replayed once, a block at a time."""
-        awaiting = self.ledger.reads_awaiting_modbam() if self.modbams is not None else frozenset()
-        for block in self._committed_calls():
-            self._add_calls(block, awaiting)
-        if self.freq_sink.changed is not None:
-            self.freq_sink.changed.clear()  # the publisher's updates are of sites changed from here on
+        """The sinks' state: the committed `meth.tsv` replayed once, a block at a time, to those that
+        ask for it, then what each committed itself."""
+        replaying = [s for s in self.sinks if s.replays]
+        if replaying:
+            for block in self._committed_calls():
+                for sink in replaying:
+                    sink.on_batch(block)
+        self._each_sink("restore")
 
     def _committed_calls(self) -> Iterator[Any]:
         """The committed rows of `meth.tsv` as records, a block at a time (the watchdog fed between blocks)."""
-        return self.call_rows.replay(self.outputs.path(METH_TSV), beat=self._beat)
-
-    def _add_calls(self, result: Any, bam_reads: set[str] | frozenset) -> None:
-        """A batch's calls into the frequency and bedMethyl tables, and the modBAM's of `bam_reads`.
-
-        The frequency table changes before its `meth.freq` update is published, as `serve_sites` requires.
-        """
-        self.freq_sink.on_batch(result)
-        if self.bed is not None:
-            self.bed.on_batch(result)
-        if self.modbams is not None and bam_reads:
-            self.modbams.add(result, bam_reads)
-
-    def _write_modbams(self) -> None:
-        """The modBAM copy of every basecall BAM whose reads are now all done."""
-        if self.modbams is None:
-            return
-        for fid, path in self.ledger.finished_bams():
-            self._beat()
-            try:
-                out = self.modbams.write(path, self.ledger.reads_of_file(fid))
-            except InputError as exc:
-                log.warning("%s", exc)
-                self.ledger.record_modbam(fid, None, exc.reason)
-                continue
-            self.ledger.record_modbam(fid, out)
-            log.info("%s: modBAM written to %s", path, out)
+        return iter(self.call_rows.read_back(self.outputs.path(METH_TSV), beat=self._beat))
 
     def _time_out_waiting(self) -> None:
         """Reads that waited `join.timeout` for their partner are recorded as missing it."""
@@ -693,11 +474,7 @@ class Daemon:
     def _refresh(self, final: bool = False) -> None:
         """Rewrite meth-freq.tsv and meth.bed (if changed) and summary.json; publish status."""
         self._next_refresh = time.monotonic() + self.config.output.refresh_interval
-        for table in (self.freq_sink, self.bed, self.modcalls):
-            if table is not None:
-                table.dirty |= final
-                table.refresh()
-        self._save_modcalls(final)
+        self._each_sink("refresh", final)
         self._refresh_status()
         self._send("status", self._status)
 
@@ -745,8 +522,9 @@ class Daemon:
             "calls": counters.get("calls", 0),
             "bases": counters.get("bases", 0),
             "eventalign_rows": counters.get("eventalign_rows", 0) if self.eventalign is not None else None,
-            "modbam": self.ledger.modbam_counts() if self.modbams is not None else None,
-            "modcalls": self._modcalls_summary(),
+            "modbam": None,
+            "modcalls": None,
+            **{k: v for sink in self.sinks for k, v in sink.summary().items()},
             "publish": self.published_on,
             "files": self.ledger.file_counts(),
             "rejected_files": [{"path": p, "kind": k, "reason": r} for p, k, r in self.ledger.rejected_files()],
@@ -765,26 +543,6 @@ class Daemon:
             "config": self.config.as_dict(),
         }
 
-
-    def _modcalls_summary(self) -> dict[str, Any] | None:
-        if self.modcalls is None:
-            return None
-        return self.ledger.modcall_counts() | {"output": MODKIT_BED, "pileup_options": self.modcalls.describe()}
-
-
-def _pending_of(p: Pick, bc: ReadBasecalls) -> tuple[list[Pending], list[Skipped]]:
-    """The read's alignment records that go on to its signal, and those that cannot, with why."""
-    skips = [r for r in bc.records if isinstance(r, Skipped)]
-    alns = [r for r in bc.records if not isinstance(r, Skipped)]
-    if alns and not bc.seq:
-        why = f"{p.basecall_path}: no record with the read's full sequence"
-        return [], skips + [Skipped(p.read_id, Skip.NO_BASECALL, why) for _ in alns]
-    return [Pending(a, bc.seq, p.signal_path, p.number) for a in alns], skips
-
-
-def _needs_signal(bc: ReadBasecalls) -> bool:
-    """Whether a read's basecalls let it reach the pipeline (an alignment and the full sequence)."""
-    return bool(bc.seq) and any(not isinstance(r, Skipped) for r in bc.records)
 
 
 def _iso(t: float) -> str:

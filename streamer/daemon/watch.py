@@ -70,6 +70,7 @@ class RunFile:
     kind: Kind
     fmt: str  # fast5 pod5 blow5 slow5 fastq fasta bam text
     run_root: Path
+    spare: bool = False  # FASTQ/FASTA of a run that writes BAM: used for reads whose BAM record cannot be read
 
 
 def file_format(name: str) -> tuple[Kind, str] | None:
@@ -132,7 +133,8 @@ class RunLayout:
     MinKNOW writes `{run}/fast5_pass/…`, `{run}/fastq_pass/barcode01/…` and so on; the run
     folder is the parent of such a data folder. Elsewhere (a plain folder of files) a file's
     run folder is its own folder. Hidden and temporary files, the daemon's own output folders
-    and, unless asked for, `*_fail` and `*_skip` folders are left alone.
+    and, unless asked for, `*_fail` and `*_skip` folders are left alone. With `basecalls: auto`
+    the FASTQ of a run that writes BAM is marked `spare`: the choice is made read by read.
     """
 
     root: Path
@@ -174,17 +176,20 @@ class RunLayout:
         if kf is None:
             return None
         kind, fmt = kf
-        if kind is Kind.BASECALLS and not self._wanted_basecalls(path, fmt, run_root):
+        if kind is Kind.BASECALLS and not self._wanted_basecalls(path, fmt):
             return None
-        return RunFile(path, kind, fmt, run_root)
+        spare = kind is Kind.BASECALLS and fmt != "bam" and self._writes_bam(path, run_root)
+        return RunFile(path, kind, fmt, run_root, spare)
 
-    def _wanted_basecalls(self, path: Path, fmt: str, run_root: Path) -> bool:
+    def _wanted_basecalls(self, path: Path, fmt: str) -> bool:
         if fmt == "bam":
             self._bam_dirs.add(path.parent)
             return self.basecalls in ("auto", "bam")
-        if self.basecalls != "auto":
-            return self.basecalls == "fastq"
-        return not ((run_root / "bam_pass").is_dir() or path.parent in self._bam_dirs)
+        return self.basecalls in ("auto", "fastq")
+
+    def _writes_bam(self, path: Path, run_root: Path) -> bool:
+        """`basecalls: auto` and the run writes BAM: its FASTQ is the spare source, read by read."""
+        return self.basecalls == "auto" and ((run_root / "bam_pass").is_dir() or path.parent in self._bam_dirs)
 
 
 def _is_data_dir(name: str) -> bool:

@@ -22,7 +22,7 @@ import h5py
 import numpy as np
 import vbz_h5py_plugin  # noqa: F401  (importing registers the VBZ filter with HDF5)
 
-from streamer.errors import InputError
+from streamer.errors import InputError, os_failure
 
 log = logging.getLogger(__name__)
 
@@ -98,12 +98,8 @@ def _open(path: str | Path) -> h5py.File:
 
 def _open_failure(exc: OSError) -> str:
     msg = str(exc)
-    if isinstance(exc, FileNotFoundError):
-        return "no such file"
-    if isinstance(exc, IsADirectoryError):
-        return "is a directory, not a FAST5 file"
-    if isinstance(exc, PermissionError):
-        return "permission denied"
+    if isinstance(exc, (FileNotFoundError, IsADirectoryError, PermissionError)):
+        return os_failure(exc, "FAST5")
     if "truncated file" in msg:
         return "truncated HDF5 file (incomplete copy, or still being written)"
     if "file signature not found" in msg:

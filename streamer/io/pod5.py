@@ -32,7 +32,7 @@ import numpy as np
 import pod5
 import pyarrow as pa
 
-from streamer.errors import InputError
+from streamer.errors import InputError, reading
 from streamer.io.fast5 import SignalRecord
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ def _open(path: str | Path) -> Iterator[pod5.Reader]:
 
 
 def _check_signatures(path: str | Path) -> None:
-    try:
+    with reading(path, "POD5"):
         with open(path, "rb") as fh:
             if fh.read(len(SIGNATURE)) != SIGNATURE:
                 raise InputError(path, "not a POD5 file (no POD5 signature at the start)")
@@ -151,14 +151,6 @@ def _check_signatures(path: str | Path) -> None:
                 fh.seek(-len(SIGNATURE), 2)
             if size < 2 * len(SIGNATURE) or fh.read() != SIGNATURE:
                 raise InputError(path, "truncated POD5 file (no closing signature: incomplete copy, or still being written)")
-    except FileNotFoundError as exc:
-        raise InputError(path, "no such file") from exc
-    except IsADirectoryError as exc:
-        raise InputError(path, "is a directory, not a POD5 file") from exc
-    except PermissionError as exc:
-        raise InputError(path, "permission denied") from exc
-    except OSError as exc:
-        raise InputError(path, f"cannot read ({exc})") from exc
 
 
 def _validate(path: str | Path, reader: pod5.Reader) -> None:

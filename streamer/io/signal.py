@@ -10,12 +10,13 @@ keeps logs, indexes and partial `.tmp` files out.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import h5py
 
-from streamer.errors import InputError
+from streamer.errors import InputError, reading
 from streamer.io import fast5, pod5, slow5
 from streamer.io.fast5 import SignalRecord
 
@@ -34,15 +35,8 @@ _SNIFF = max(len(m) for m, _ in _MAGIC)
 
 def signal_format(path: str | Path) -> str:
     """`fast5`, `pod5`, `blow5` or `slow5`, from the content, else from the extension."""
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(_SNIFF)
-    except FileNotFoundError as exc:
-        raise InputError(path, "no such file") from exc
-    except IsADirectoryError as exc:
-        raise InputError(path, "is a directory, not a signal file") from exc
-    except OSError as exc:
-        raise InputError(path, f"cannot read ({exc.strerror or exc})") from exc
+    with reading(path, "signal"), open(path, "rb") as fh:
+        head = fh.read(_SNIFF)
     for magic, fmt in _MAGIC:
         if head.startswith(magic):
             return fmt
@@ -69,44 +63,43 @@ def find_signal_files(paths: Iterable[str | Path]) -> list[Path]:
     return sorted(set(found))
 
 
+class _Reader(NamedTuple):
+    """One format's reader functions."""
+
+    read_ids: Callable[[Path], list[str]]
+    read: Callable[[Path, str], SignalRecord]
+    read_many: Callable[[Path, Iterable[str]], Iterator[SignalRecord]]
+    iterate: Callable[[Path], Iterator[SignalRecord]]
+
+
+_FAST5 = _Reader(fast5.fast5_read_ids, fast5.read_fast5, fast5.read_fast5_many, fast5.iter_fast5)
+_POD5 = _Reader(pod5.pod5_read_ids, pod5.read_pod5, pod5.read_pod5_many, pod5.iter_pod5)
+_SLOW5 = _Reader(slow5.slow5_read_ids, slow5.read_slow5, slow5.read_slow5_many, slow5.iter_slow5)
+_READERS = {"fast5": _FAST5, "pod5": _POD5, "blow5": _SLOW5, "slow5": _SLOW5}
+
+
+def _reader(path: Path) -> _Reader:
+    return _READERS[signal_format(path)]
+
+
 def signal_read_ids(path: Path) -> list[str]:
     """Read ids stored in a signal file, in file order."""
-    fmt = signal_format(path)
-    if fmt == "fast5":
-        return fast5.fast5_read_ids(path)
-    if fmt == "pod5":
-        return pod5.pod5_read_ids(path)
-    return slow5.slow5_read_ids(path)
+    return _reader(path).read_ids(path)
 
 
 def read_signal(path: Path, read_id: str) -> SignalRecord:
     """One read's raw signal and calibration, by random access."""
-    fmt = signal_format(path)
-    if fmt == "fast5":
-        return fast5.read_fast5(path, read_id)
-    if fmt == "pod5":
-        return pod5.read_pod5(path, read_id)
-    return slow5.read_slow5(path, read_id)
+    return _reader(path).read(path, read_id)
 
 
 def read_signals(path: Path, read_ids: Iterable[str]) -> Iterator[SignalRecord]:
     """The named reads that the file holds, opening it once (the order is the format's)."""
-    fmt = signal_format(path)
-    if fmt == "fast5":
-        return fast5.read_fast5_many(path, read_ids)
-    if fmt == "pod5":
-        return pod5.read_pod5_many(path, read_ids)
-    return slow5.read_slow5_many(path, read_ids)
+    return _reader(path).read_many(path, read_ids)
 
 
 def iter_signal(path: Path) -> Iterator[SignalRecord]:
     """Every read of a signal file, in file order; the file is open only while iterating."""
-    fmt = signal_format(path)
-    if fmt == "fast5":
-        return fast5.iter_fast5(path)
-    if fmt == "pod5":
-        return pod5.iter_pod5(path)
-    return slow5.iter_slow5(path)
+    return _reader(path).iterate(path)
 
 
 def is_complete(path: Path) -> bool:

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pyslow5
 
-from streamer.errors import InputError, StreamerError
+from streamer.errors import InputError, StreamerError, reading
 from streamer.io.fast5 import SignalRecord
 from streamer.paths import user_cache_dir
 
@@ -232,7 +232,7 @@ def _open(path: str | Path) -> Iterator[int]:
 
 def _check_file(path: str | Path) -> int:
     """The slow5lib format for the file's content; `InputError` if it is not SLOW5 or is cut short."""
-    try:
+    with reading(path, "SLOW5"):
         with open(path, "rb") as fh:
             head = fh.read(len(SLOW5_TEXT_MAGIC))
             if head.startswith(BLOW5_MAGIC):
@@ -247,14 +247,6 @@ def _check_file(path: str | Path) -> int:
                     raise InputError(path, "truncated SLOW5 file (last line unterminated: incomplete copy, or still being written)")
                 return _FORMAT_ASCII
             raise InputError(path, "not a SLOW5/BLOW5 file (no SLOW5 header)")
-    except FileNotFoundError as exc:
-        raise InputError(path, "no such file") from exc
-    except IsADirectoryError as exc:
-        raise InputError(path, "is a directory, not a SLOW5 file") from exc
-    except PermissionError as exc:
-        raise InputError(path, "permission denied") from exc
-    except OSError as exc:
-        raise InputError(path, f"cannot read ({exc})") from exc
 
 
 def _check_framing(path: str | Path) -> None:

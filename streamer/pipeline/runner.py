@@ -1,16 +1,21 @@
-"""`streamer call`'s batches run concurrently: signal reading, packing, the stages, writing.
+"""The one batch driver: every command's batches go through it, several in flight, handed back in order.
 
-    plan (BAM order) -> reader pool -> pack -> compute threads -> write (batch order)
+    submit (caller) -> start: reads begun -> assemble: signal in hand, packed -> compute -> take (batch order)
 
-- The reader pool (`streamer.pipeline.signal_pool`) loads each planned batch's signal in small tasks,
-  `ahead` batches before the stages need them.
-- One packing thread makes each batch's inputs (`streamer.pipeline.batching.batch_inputs`) and packs
-  them (`streamer.pipeline.batch.pack`), the samples going from the tasks' arrays to pA straight into
-  the batch's flat array.
-- Compute threads each run `Pipeline.run_batch` on a batch, so one batch's CPU stages run while
-  another's are on the GPU (the pipeline's GPU stages take turns), and let the sinks render it.
-- The calling thread hands results to the sinks in batch order: the output is that of batches
-  run one by one.
+A batch is a `Job`: `start` begins its reads when it is submitted (a reader pool's tasks, a Dask
+task); `assemble` waits for them and makes its inputs, on the one assembler thread, in batch
+order; a compute thread runs the stages on it (`Stages`: the pipeline, each result rendered by
+the sinks, the batch's `BatchOutcome`); `take` hands the batches back in the order submitted.
+At most `limit` batches are in flight (submitted, not yet taken): `submit` waits for room. So
+one batch's signal is read while another is packed and others are in the stages, and the
+output is that of batches run one by one.
+
+`streamer call` and `streamer eventalign` plan from the BAM (`run_batches`: reads on the
+reader pool, `ahead` batches before the stages need them); `streamer call --dask` submits
+each batch to a worker (`streamer.cluster`); the daemon submits the batches the ledger says
+are due (`streamer.daemon.batches`). A batch the pipeline raises on is retried read by read
+where `Stages.isolate` is set (the daemon): a read that fails alone is recorded against it;
+when every read fails, the fault is not in the reads and the exception stops the caller.
 
 A failure in any thread stops the others and is raised in the caller.
 """
@@ -22,23 +27,23 @@ import os
 import queue
 import threading
 import time
-from collections import deque
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numba
 
-from streamer.pipeline.batch import pack
-from streamer.pipeline.batching import Pending, batch_inputs, chunk_records, load_chunk, signal_requests
 from streamer.io.reference import Reference
+from streamer.pipeline.batch import ReadBatch, ReadInput, pack
+from streamer.pipeline.batching import Pending, batch_inputs, chunk_records, load_chunk, signal_requests
 from streamer.pipeline.signal_pool import READS_PER_TASK, read_tasks
 from streamer.skips import Skipped
-from streamer.summary import RunSummary
+from streamer.summary import BatchOutcome, RunSummary
 
 if TYPE_CHECKING:
-    from streamer.pipeline.stages import BatchResult, Pipeline
+    from streamer.pipeline.stages import Pipeline
 
 log = logging.getLogger(__name__)
 
@@ -54,151 +59,320 @@ class RunnerOptions:
     ahead: int = 2
     reads_per_task: int = READS_PER_TASK
 
+    @property
+    def limit(self) -> int:
+        """Batches in flight: `ahead` being read, one packed, one queued and one computing per thread."""
+        return self.ahead + 1 + 2 * self.compute_threads
 
-_DONE = object()
+
+@dataclass
+class Assembled:
+    """A batch ready for the stages: packed (`batch`), or as records the pipeline packs (`reads`,
+    which a read-by-read retry needs); the records that could not go, and how many came in."""
+
+    reads: list[ReadInput]
+    batch: ReadBatch | None
+    skipped: list[Skipped]
+    records_in: int
+
+
+@dataclass
+class Done:
+    """A batch through the stages: its results (one, or one per read after a retry), what the
+    sinks rendered of each, its outcome, and the job it was."""
+
+    outcome: BatchOutcome
+    results: list[Any] = field(default_factory=list)
+    rendered: list[Any] = field(default_factory=list)
+    job: Any = None
+
+
+class Job(Protocol):
+    def start(self) -> None:
+        """On submission, in the submitting thread: begin the batch's reads (quickly)."""
+
+    def assemble(self) -> Any:
+        """On the assembler thread, in batch order: what the driver's compute step takes."""
 
 
 class _Stop(Exception):
     """Another thread failed: this one leaves quietly."""
 
 
-class _Run:
-    """The threads of one overlapped run and what they hand each other."""
+_DONE = object()
 
-    def __init__(self, pipeline: Pipeline, ref: Reference, pool: Executor, options: RunnerOptions,
-                 render: Callable[[BatchResult], Any]):
-        self.pipeline = pipeline
-        self.render = render
-        self.ref = ref
-        self.pool = pool
-        self.options = options
-        self.batches: queue.Queue = queue.Queue(maxsize=max(1, options.compute_threads))
-        self.results: dict[int, tuple] = {}
-        self.ready = threading.Condition()
-        self.error: BaseException | None = None
-        self.stopped = threading.Event()
-        self.waits: dict[str, float] = {"stages_for_batches": 0.0, "assembly_for_signal": 0.0}
-        self.read_seconds = 0.0
-        self.assemble_seconds = 0.0
 
-    def fail(self, exc: BaseException) -> None:
-        with self.ready:
-            if self.error is None:
-                self.error = exc
-            self.stopped.set()
-            self.ready.notify_all()
+class BatchDriver:
+    """Jobs through `compute` on `compute_threads` threads, at most `limit` in flight, taken in order."""
 
-    def put(self, q: queue.Queue, item) -> None:
-        while not self.stopped.is_set():
-            try:
-                q.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                continue
-        raise _Stop
-
-    def get(self, q: queue.Queue):
-        while not self.stopped.is_set():
-            try:
-                return q.get(timeout=0.1)
-            except queue.Empty:
-                continue
-        raise _Stop
-
-    # -- assembler thread
-    def submit(self, pending: list[Pending]) -> list[Future]:
-        chunks = read_tasks(signal_requests(pending), self.options.reads_per_task)
-        return [self.pool.submit(load_chunk, c) for c in chunks]
-
-    def assemble(self, plans: Iterable[tuple[list[Pending], list[Skipped]]]) -> None:
-        try:
-            window: deque = deque()
-            seq = 0
-            for pending, skipped in plans:
-                window.append((seq, pending, skipped, self.submit(pending)))
-                seq += 1
-                if len(window) > self.options.ahead:
-                    self.emit(*window.popleft())
-            while window:
-                self.emit(*window.popleft())
-            for _ in range(self.options.compute_threads):
-                self.put(self.batches, _DONE)
-        except _Stop:
-            pass
-        except BaseException as exc:  # re-raised by the caller
-            self.fail(exc)
-
-    def emit(self, seq: int, pending: list[Pending], skipped: list[Skipped], tasks: list[Future]) -> None:
-        t0 = time.perf_counter()
-        chunks = [task.result() for task in tasks]
-        t1 = time.perf_counter()
-        self.read_seconds += sum(c.seconds for c in chunks)
-        reads, failed = batch_inputs(pending, *chunk_records(chunks), self.ref)
-        batch = pack(reads) if reads else None
-        self.waits["assembly_for_signal"] += t1 - t0
-        self.assemble_seconds += time.perf_counter() - t1
-        self.put(self.batches, (seq, batch, skipped + failed, len(reads) + len(skipped) + len(failed)))
-
-    # -- compute threads
-    def compute(self) -> None:
-        try:
-            numba.set_num_threads(max(1, min(self.pipeline.options.threads, numba.config.NUMBA_NUM_THREADS)))
-            idle = 0.0
-            while True:
-                t0 = time.perf_counter()
-                item = self.get(self.batches)
-                idle += time.perf_counter() - t0
-                if item is _DONE:
-                    break
-                seq, batch, skipped, n_in = item
-                result = rendered = None
-                if batch is not None:
-                    result = self.pipeline.run_batch(batch)
-                    t1 = time.perf_counter()
-                    rendered = self.render(result)
-                    result.timings["format"] = time.perf_counter() - t1
-                with self.ready:
-                    self.results[seq] = (result, skipped, rendered, n_in)
-                    self.waits["stages_for_batches"] += idle
-                    idle = 0.0
-                    self.ready.notify_all()
-        except _Stop:
-            pass
-        except BaseException as exc:  # re-raised by the caller
-            self.fail(exc)
-        finally:
-            with self.ready:
-                self.ready.notify_all()
-
-    # -- calling thread
-    def ordered(self) -> Iterator[tuple]:
-        seq = 0
-        while True:
-            with self.ready:
-                while seq not in self.results and self.error is None and not self._finished():
-                    self.ready.wait(timeout=1.0)
-                if self.error is not None:
-                    raise self.error
-                if seq not in self.results:
-                    return
-                item = self.results.pop(seq)
-            yield item
-            seq += 1
-
-    def _finished(self) -> bool:
-        return not any(t.is_alive() for t in self.threads)
-
-    def start(self, plans) -> None:
-        self.threads = [threading.Thread(target=self.assemble, args=(plans,), name="assembler", daemon=True)]
-        self.threads += [threading.Thread(target=self.compute, name=f"compute-{i}", daemon=True)
-                         for i in range(self.options.compute_threads)]  # fmt: skip
-        for t in self.threads:
+    def __init__(self, compute: Callable[[Any], Done], *, compute_threads: int = 1, limit: int = 1,
+                 numba_threads: int | None = None):  # fmt: skip
+        self.compute = compute
+        self.limit = max(1, limit)
+        self.numba_threads = numba_threads  # set on each compute thread (numba's count is per thread)
+        self.waits: Counter = Counter()  # seconds the compute threads waited for assembled batches
+        self._assembling: queue.Queue = queue.Queue()
+        self._computing: queue.Queue = queue.Queue(maxsize=max(1, compute_threads))
+        self._results: dict[int, Done] = {}
+        self._changed = threading.Condition()
+        self._submitted = self._taken = 0
+        self._error: BaseException | None = None
+        self._stopped = threading.Event()
+        self._threads = [threading.Thread(target=self._assembler, name="assembler", daemon=True)]
+        self._threads += [threading.Thread(target=self._computer, name=f"compute-{i}", daemon=True)
+                          for i in range(max(1, compute_threads))]  # fmt: skip
+        for t in self._threads:
             t.start()
 
-    def stop(self) -> None:
-        self.stopped.set()
-        for t in self.threads:
+    @property
+    def in_flight(self) -> int:
+        """Batches submitted and not yet taken."""
+        return self._submitted - self._taken
+
+    def submit(self, job: Job) -> None:
+        """Start `job` once fewer than `limit` batches are in flight (a thread's failure is raised here)."""
+        with self._changed:
+            while self.in_flight >= self.limit and self._error is None and not self._stopped.is_set():
+                self._changed.wait(timeout=1.0)
+            self._raise()
+            if self._stopped.is_set():
+                raise _Stop
+            seq = self._submitted
+            self._submitted += 1
+            self._changed.notify_all()
+        job.start()
+        self._assembling.put((seq, job))
+
+    def run(self, jobs: Iterable[Job]) -> Iterator[Done]:
+        """Every job, submitted from a thread of its own (planning included), handed back in order."""
+        total: list[int] = []
+
+        def feed() -> None:
+            n = 0
+            try:
+                for job in jobs:
+                    self.submit(job)
+                    n += 1
+            except _Stop:
+                pass
+            except BaseException as exc:  # re-raised in the caller
+                self._fail(exc)
+            finally:
+                with self._changed:
+                    total.append(n)
+                    self._changed.notify_all()
+
+        first = self._taken
+        feeder = threading.Thread(target=feed, name="feeder", daemon=True)
+        feeder.start()
+        try:
+            while True:
+                with self._changed:
+                    while not total and self.in_flight == 0 and self._error is None:
+                        self._changed.wait(timeout=1.0)
+                    self._raise()
+                    if total and self._taken - first >= total[0]:
+                        return
+                yield self.take()
+        finally:
+            with self._changed:
+                self._stopped.set()
+                self._changed.notify_all()
+            feeder.join()
+
+    def take(self) -> Done:
+        """The oldest batch not yet taken, when it is done (a thread's failure is raised here)."""
+        with self._changed:
+            if self._taken >= self._submitted:
+                raise RuntimeError("no batch in flight")
+            while self._taken not in self._results and self._error is None:
+                self._changed.wait(timeout=1.0)
+            self._raise()
+            done = self._results.pop(self._taken)
+            self._taken += 1
+            self._changed.notify_all()
+        return done
+
+    def close(self) -> None:
+        """Stop the threads (batches in flight are dropped)."""
+        self._stopped.set()
+        self._assembling.put(_DONE)
+        for t in self._threads:
             t.join()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._changed:
+            if self._error is None:
+                self._error = exc
+            self._stopped.set()
+            self._changed.notify_all()
+
+    def _assembler(self) -> None:
+        try:
+            while not self._stopped.is_set():
+                item = self._assembling.get()
+                if item is _DONE:
+                    break
+                seq, job = item
+                assembled = job.assemble()
+                while True:
+                    if self._stopped.is_set():
+                        raise _Stop
+                    try:
+                        self._computing.put((seq, job, assembled), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+        except _Stop:
+            pass
+        except BaseException as exc:  # re-raised in the caller
+            self._fail(exc)
+
+    def _computer(self) -> None:
+        try:
+            if self.numba_threads is not None:
+                numba.set_num_threads(max(1, min(self.numba_threads, numba.config.NUMBA_NUM_THREADS)))
+            idle = 0.0
+            while not self._stopped.is_set():
+                t0 = time.perf_counter()
+                try:
+                    seq, job, assembled = self._computing.get(timeout=0.1)
+                except queue.Empty:
+                    idle += time.perf_counter() - t0
+                    continue
+                idle += time.perf_counter() - t0
+                done = self.compute(assembled)
+                done.job = job
+                with self._changed:
+                    self._results[seq] = done
+                    self.waits["stages_for_batches"] += idle
+                    idle = 0.0
+                    self._changed.notify_all()
+        except BaseException as exc:  # re-raised in the caller
+            self._fail(exc)
+
+
+class Stages:
+    """The compute step of local batches: the pipeline, each result rendered, the batch's outcome.
+
+    `render` and `count` are the main sink's (what it makes of a result, how many rows); with
+    `isolate` a batch the pipeline raises on is redone read by read (see the module's docstring).
+    """
+
+    def __init__(self, pipeline: Any, render: Callable[[Any], Any] = lambda result: None,
+                 count: Callable[[Any], int] = lambda result: 0, isolate: bool = False):  # fmt: skip
+        self.pipeline = pipeline
+        self.render = render
+        self.count = count
+        self.isolate = isolate
+
+    def __call__(self, a: Assembled) -> Done:
+        if a.batch is None and not a.reads:
+            return Done(BatchOutcome(a.records_in, skipped=a.skipped))
+        results, failed = self._run(a)
+        rendered = []
+        for r in results:
+            t0 = time.perf_counter()
+            rendered.append(self.render(r))
+            r.timings["format"] = time.perf_counter() - t0
+        return Done(outcome_of(a, results, failed, sum(self.count(r) for r in results)), results, rendered)
+
+    def _run(self, a: Assembled) -> tuple[list[Any], dict[str, str]]:
+        try:
+            return [self.pipeline.run_batch(a.batch) if a.batch is not None else self.pipeline.process(a.reads)], {}
+        except Exception as exc:  # noqa: BLE001 - isolated below, re-raised if not a read's fault
+            if not self.isolate or len({r.read_id for r in a.reads}) <= 1:
+                raise
+            log.error("the pipeline failed on a batch of %d records (%s); retrying read by read", len(a.reads), exc,
+                      exc_info=True)
+        by_read: dict[str, list[ReadInput]] = {}
+        for r in a.reads:
+            by_read.setdefault(r.read_id, []).append(r)
+        results, failed = [], {}
+        first_error: Exception | None = None
+        for rid, reads in by_read.items():
+            try:
+                results.append(self.pipeline.process(reads))
+            except Exception as exc:  # noqa: BLE001 - recorded against the read
+                first_error = first_error or exc
+                failed[rid] = f"{type(exc).__name__}: {exc}"
+                log.error("read %s: the pipeline fails on it: %s", rid, failed[rid])
+        if len(failed) == len(by_read):
+            raise first_error
+        return results, failed
+
+
+def outcome_of(a: Assembled, results: list[Any], failed: dict[str, str], calls: int) -> BatchOutcome:
+    """The outcome of an assembled batch from its results and the reads the pipeline failed on."""
+    timings: Counter = Counter()
+    gpu: Counter = Counter()
+    skipped = list(a.skipped)
+    for r in results:
+        skipped += r.skipped
+        timings.update(r.timings)
+        _count_gpu(gpu, r)
+    return BatchOutcome(a.records_in, sum(len(r.read_ids) - len(r.skipped) for r in results),
+                        sum(r.n_bases for r in results), calls, skipped, failed,
+                        sum(1 for r in a.reads if r.read_id in failed) if failed else 0, dict(timings), gpu)  # fmt: skip
+
+
+def _count_gpu(gpu: Counter, result: Any) -> None:
+    g = getattr(result, "gpu_stats", None)
+    if g is not None:
+        gpu["abea_reads_gpu"] += g.n_gpu
+        gpu["abea_reads_cpu"] += g.n_cpu + g.n_ultra
+        gpu["abea_batches_fallback"] += bool(g.fallback)
+    h = getattr(result, "hmm_stats", None)
+    if h is not None:
+        gpu["hmm_windows_gpu"] += h.n_gpu
+        gpu["hmm_windows_cpu"] += h.n_cpu
+        gpu["hmm_batches_fallback"] += bool(h.fallback)
+
+
+class Reading:
+    """What a run's planned batches share: the reader pool, the reference, the readers' times."""
+
+    def __init__(self, ref: Reference, pool: Executor, reads_per_task: int = READS_PER_TASK):
+        self.ref = ref
+        self.pool = pool
+        self.reads_per_task = reads_per_task
+        self.read_seconds = 0.0
+        self.assemble_seconds = 0.0
+        self.signal_wait = 0.0
+
+    def job(self, pending: list[Pending], skipped: list[Skipped]) -> Planned:
+        return Planned(self, pending, skipped)
+
+
+class Planned:
+    """A batch planned from the BAM: its signal read on the pool, packed on the assembler thread."""
+
+    def __init__(self, reading: Reading, pending: list[Pending], skipped: list[Skipped]):
+        self.reading = reading
+        self.pending = pending
+        self.skipped = skipped
+        self.tasks: list[Future] = []
+
+    def start(self) -> None:
+        r = self.reading
+        self.tasks = [r.pool.submit(load_chunk, c) for c in read_tasks(signal_requests(self.pending), r.reads_per_task)]
+
+    def assemble(self) -> Assembled:
+        r = self.reading
+        t0 = time.perf_counter()
+        chunks = [task.result() for task in self.tasks]
+        t1 = time.perf_counter()
+        self.tasks = []
+        r.read_seconds += sum(c.seconds for c in chunks)
+        reads, failed = batch_inputs(self.pending, *chunk_records(chunks), r.ref)
+        batch = pack(reads) if reads else None
+        r.signal_wait += t1 - t0
+        r.assemble_seconds += time.perf_counter() - t1
+        return Assembled([], batch, self.skipped + failed, len(reads) + len(self.skipped) + len(failed))
 
 
 def run_batches(
@@ -207,53 +381,28 @@ def run_batches(
     ref: Reference,
     pool: Executor,
     summary: RunSummary,
-    on_result: Callable[[BatchResult, Any], int],
-    render: Callable[[BatchResult], Any] = lambda result: None,
-    on_skipped: Callable[[list[Skipped]], None] | None = None,
+    on_done: Callable[[Done], None],
+    stages: Stages | None = None,
     options: RunnerOptions = RunnerOptions(),
-    on_batch_done: Callable[[], None] | None = None,
 ) -> None:
-    """Run every planned batch through the pipeline, counting into `summary`.
+    """Every planned batch through `stages` (default: the pipeline alone), counted into `summary`.
 
-    `render` runs on the compute threads (formatting); `on_result` gets each result with what
-    `render` made of it, in batch order on the calling thread, and returns the rows it wrote;
-    `on_skipped` each batch's skipped records (planning and stages), before its result;
-    `on_batch_done` once per batch, when all of it is handed over.
+    `on_done` gets each batch in order on the calling thread, after it is counted; the time it
+    takes is the "write" stage of batches that reached the stages.
     """
-    run = _Run(pipeline, ref, pool, options, render)
-    run.start(plans)
+    reading = Reading(ref, pool, options.reads_per_task)
+    driver = BatchDriver(stages or Stages(pipeline), compute_threads=options.compute_threads, limit=options.limit,
+                         numba_threads=pipeline.options.threads)  # fmt: skip
     try:
-        for result, skipped, rendered, n_in in run.ordered():
+        for done in driver.run((reading.job(pending, skipped) for pending, skipped in plans)):
             t0 = time.perf_counter()
-            summary.reads_in += n_in
-            if on_skipped is not None:
-                on_skipped(skipped)
-            if result is not None:
-                if on_skipped is not None:
-                    on_skipped(result.skipped)
-                summary.reads_called += result.n_reads - len(result.skipped)
-                summary.bases += result.n_bases
-                summary.stage_seconds.update(result.timings)
-                _count_gpu(summary, result)
-                summary.calls += on_result(result, rendered)
+            summary.add(done.outcome)
+            on_done(done)
+            if done.results:
                 summary.stage_seconds["write"] += time.perf_counter() - t0
-            if on_batch_done is not None:
-                on_batch_done()
     finally:
-        run.stop()
-    summary.stage_seconds["read"] += run.read_seconds
-    summary.stage_seconds["assemble"] += run.assemble_seconds
-    summary.waits.update(run.waits)
-
-
-def _count_gpu(summary: RunSummary, result: BatchResult) -> None:
-    if result.gpu_stats is not None:
-        g = result.gpu_stats
-        summary.gpu["abea_reads_gpu"] += g.n_gpu
-        summary.gpu["abea_reads_cpu"] += g.n_cpu + g.n_ultra
-        summary.gpu["abea_batches_fallback"] += bool(g.fallback)
-    if result.hmm_stats is not None:
-        h = result.hmm_stats
-        summary.gpu["hmm_windows_gpu"] += h.n_gpu
-        summary.gpu["hmm_windows_cpu"] += h.n_cpu
-        summary.gpu["hmm_batches_fallback"] += bool(h.fallback)
+        driver.close()
+    summary.stage_seconds["read"] += reading.read_seconds
+    summary.stage_seconds["assemble"] += reading.assemble_seconds
+    summary.waits.update({"stages_for_batches": driver.waits["stages_for_batches"],
+                          "assembly_for_signal": reading.signal_wait})  # fmt: skip

@@ -16,9 +16,12 @@ import logging
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import signal
+import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,10 +77,14 @@ def read_tasks(wanted: Mapping[Path, list[str]], reads_per_task: int) -> list[di
 
 
 def _end_with(pid: int) -> None:
-    """In a reader process: exit once process `pid` is gone. A pool's workers wait for work on a
-    pipe they hold both ends of, so without this they outlive a `kill -9` of their owner, and
+    """In a reader process: ignore Ctrl-C and exit once process `pid` is gone.
+
+    Ctrl-C reaches the whole process group; the owner stops its readers (a reader interrupted
+    while it waits for work would print its traceback). A pool's workers wait for work on a
+    pipe they hold both ends of, so without the watch they outlive a `kill -9` of their owner, and
     keep its output pipes open: a parent reading those to the end before it reaps the owner
     would wait for ever. So an owner that has died but is not yet reaped counts as gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def watch() -> None:
         while True:
@@ -101,6 +108,7 @@ def _is_zombie(pid: int) -> bool:
 
 
 _FORK_SERVER_START = threading.Lock()
+_QUIET_TRACKER = "ignore::UserWarning:multiprocessing.resource_tracker"
 _IMPORT_ROOTS = ("streamer", "streamer_gpu", "streamer_plugins")
 
 
@@ -111,7 +119,14 @@ def _fork_server() -> multiprocessing.context.ForkServerContext:
     Python 3.11-3.13 ignore the path handed to it: run from a folder holding a `streamer`
     checkout, the readers would import that instead of the package this process runs. So the
     server starts with the current directory left off (PYTHONSAFEPATH) and the folders this
-    process imported its packages from first (PYTHONPATH).
+    process imported its packages from first (PYTHONPATH). It starts with Ctrl-C ignored, which it
+    and the readers it forks keep: Ctrl-C reaches the whole process group, and the server would
+    print the traceback of the import it was in; the owner stops them.
+
+    The pool's queues hold named semaphores, which multiprocessing's resource tracker unlinks if
+    their owner cannot (a `kill -9`). It then warns of "leaked semaphore objects", a page that
+    lands in the restarted daemon's log for a cleanup that went as it should: the tracker is
+    started with that warning off (its command line takes this process's `-W` options).
     """
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["streamer.pipeline.batching"])
@@ -126,8 +141,11 @@ def _fork_server() -> multiprocessing.context.ForkServerContext:
         saved = {key: os.environ.get(key) for key in ("PYTHONPATH", "PYTHONSAFEPATH")}
         os.environ["PYTHONSAFEPATH"] = "1"
         os.environ["PYTHONPATH"] = os.pathsep.join(roots + ([saved["PYTHONPATH"]] if saved["PYTHONPATH"] else []))
+        if _QUIET_TRACKER not in sys.warnoptions:
+            sys.warnoptions.append(_QUIET_TRACKER)
         try:
-            multiprocessing.forkserver.ensure_running()
+            with _sigint_ignored():
+                multiprocessing.forkserver.ensure_running()
         finally:
             for key, value in saved.items():
                 if value is None:
@@ -137,12 +155,25 @@ def _fork_server() -> multiprocessing.context.ForkServerContext:
     return ctx
 
 
+@contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """SIGINT ignored meanwhile, so that a process started now inherits that (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
 def _start_workers(pool: ProcessPoolExecutor, workers: int) -> None:
     try:
         for _ in range(workers):
             pool.submit(os.getpid)
-    except RuntimeError:  # shut down already: the run ended before its readers were needed
-        pass
+    except (RuntimeError, BrokenExecutor, OSError, EOFError) as exc:  # shut down already, or broken: a
+        log.debug("signal readers not started: %s", exc)  # batch that needs them says so, or reads itself
 
 
 class SignalReads:

@@ -88,16 +88,26 @@ class SiteTables:
 
 
 class PublishSink:
-    """Messages for `publisher`; `table` is the per-site frequency table whose sites are published
-    as they change (`changed`, filled by the table's sink); `dorado` the modkit table, if any."""
+    """Messages for `publisher`. The sinks with sites attach to it (`streamer.sinks.SiteChannel`): the
+    per-site frequency table, whose sites are published as they change (`changed`, filled by the
+    table's sink), as "hmm"; the modkit table, if any, as "dorado"."""
 
-    def __init__(self, publisher: PublisherLike, table: Any, changed: set, dorado: Any | None = None):
+    def __init__(self, publisher: PublisherLike):
         self.publisher = publisher
-        self.table = table
-        self.changed = changed
+        self.tables: dict[str, Any] = {}
+        self.table: Any = None
+        self.changed: set = set()
         self._failed: set[str] = set()
+
+    def serve(self, source: str, table: Any, changed: set | None = None) -> None:
+        self.tables[source] = table
+        if changed is not None:
+            self.table, self.changed = table, changed
+
+    def serve_sites(self) -> None:
+        """Snapshots of the attached tables, from the publisher's thread."""
         try:
-            publisher.serve_sites(SiteTables(table, dorado))
+            self.publisher.serve_sites(SiteTables(self.tables["hmm"], self.tables.get("dorado")))
         except Exception as exc:  # noqa: BLE001 - the publisher is an optional consumer
             log.warning("the publisher cannot serve snapshots of the frequency table (%s)", exc)
 
@@ -118,7 +128,7 @@ class PublishSink:
             n += len(calls)
             if len(calls):
                 self.send("calls", call_columns(calls, r.read_ids, r.ref_names))
-        if n:
+        if n and self.table is not None:
             self.publish_sites()
         for columns in eventalign:
             self.send("eventalign", columns)

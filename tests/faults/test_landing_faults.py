@@ -24,7 +24,8 @@ from streamer.daemon.replay import Replayer, ReplayOptions
 from streamer.daemon.watch import VANISHED
 
 from daemon_support import FakePipeline, no_leaks, rows  # noqa: F401
-from test_daemon import N_READS, N_RECORDS, daemon_for, make_config, reference, source, summary  # noqa: F401
+from test_daemon import (N_READS, N_RECORDS, daemon_for, make_config, reference, run_to_end, source,  # noqa: F401
+                         summary)
 
 INTAKE = "streamer.daemon.intake"
 
@@ -248,3 +249,60 @@ def test_a_basecall_file_replaced_after_it_was_registered_fails_only_its_reads(s
         d.close()
     s = summary(cfg)
     assert s["state"] == "finished" and s["reads"]["done"] == N_READS and 0 < s["reads"]["called"] < N_READS
+
+
+def test_a_run_whose_bams_cannot_be_read_calls_every_read_from_its_fastq(source, reference, reference_path,
+                                                                          tmp_path, caplog, no_leaks):
+    """The FASTQ/BAM choice is made read by read: each unreadable BAM's reads take the FASTQ of the
+    same name, one line says so, and a restart calls nothing twice."""
+    caplog.set_level(logging.INFO, logger="streamer")
+    plain = tmp_path / "plain"
+    Replayer(source, plain / "live", ReplayOptions(speed=0, batch_reads=3, bam=False)).run()
+    fastq_only = make_config(plain, reference_path)
+    assert run_to_end(fastq_only, FakePipeline(), reference)[0] == 0
+
+    run = Replayer(source, tmp_path / "live", ReplayOptions(speed=0, batch_reads=3)).run()
+    bams = sorted((run / "bam_pass").iterdir())
+    bad = corrupt_bams(bams[0])["cut_mid_block.bam"]
+    for bam in bams:
+        bam.write_bytes(bad)
+    cfg = make_config(tmp_path, reference_path)
+    code, d = run_to_end(cfg, FakePipeline(), reference)
+    assert code == 0 and d.state is State.FINISHED
+    s = summary(cfg)
+    assert s["reads"]["called"] == s["reads"]["done"] == N_READS
+    assert rows(cfg.output.dir / "meth.tsv") == rows(fastq_only.output.dir / "meth.tsv")
+    lines = [r.getMessage() for r in caplog.records if r.name == INTAKE and "take their basecalls" in r.getMessage()]
+    assert len(lines) == len(bams)
+    for bam in bams:
+        fastq = run / "fastq_pass" / bam.name.replace(".bam", ".fastq.gz")
+        line, = [x for x in lines if f"{bam} could not be read (truncated or corrupt BAM" in x]
+        assert line.startswith(f"{fastq}: 3 reads take their basecalls from this FASTQ: ") or \
+            line.startswith(f"{fastq}: 2 reads take their basecalls from this FASTQ: ")
+
+    caplog.clear()
+    assert run_to_end(cfg, FakePipeline(), reference)[0] == 0
+    assert rows(cfg.output.dir / "meth.tsv") == rows(fastq_only.output.dir / "meth.tsv")
+    assert not [r for r in caplog.records if "take their basecalls" in r.getMessage()]
+
+
+def test_a_bam_set_aside_after_its_fastq_was_kept_as_spare_passes_its_reads_to_it(source, reference,
+                                                                                    reference_path, tmp_path,
+                                                                                    caplog, start):
+    """The FASTQ lands first (kept as the spare), then its BAM lands unreadable mid-run."""
+    caplog.set_level(logging.INFO, logger="streamer")
+    run = Replayer(source, tmp_path / "live", ReplayOptions(speed=0, batch_reads=3)).run()
+    for f in run.glob("final_summary*"):
+        f.unlink()
+    bam = sorted((run / "bam_pass").iterdir())[0]
+    shutil.move(bam, tmp_path / "good.bam")
+    cfg = make_config(tmp_path, reference_path, **{"end.follow": True, "output.refresh_interval": 0.05})
+    d = start(cfg)
+    wait_for(lambda: current(cfg).get("reads", {}).get("done") == N_READS - 3, "the reads with a BAM")
+    land(bam, corrupt_bams(tmp_path / "good.bam")["cut_mid_block.bam"])
+    wait_for(lambda: current(cfg)["reads"]["done"] == N_READS, "the reads of the unreadable BAM")
+    assert d.stop(tmp_path / "live") == 0
+    s = summary(cfg)
+    assert s["reads"]["called"] == N_READS and len(rows(cfg.output.dir / "meth.tsv")) == N_RECORDS
+    lines = [r.getMessage() for r in caplog.records if "take their basecalls" in r.getMessage()]
+    assert len(lines) == 1 and f"{bam} could not be read" in lines[0], lines

@@ -18,6 +18,7 @@ import numba
 import numpy as np
 
 from streamer.pipeline.batch import ReadBatch
+from streamer_plugins import printf
 from streamer_plugins.cpg import tsv
 from streamer_plugins.cpg.hmm import HmmInputs, HmmJobs, HmmParams, pack_model, pack_scalings, score_jobs
 from streamer_plugins.cpg.logsum import LOGSUM_TABLE
@@ -244,14 +245,14 @@ def format_calls(calls: MethCalls, read_ids: Sequence[str], ref_names: Sequence[
     Written by `tsv.format_rows` (the same bytes, in parallel, without the GIL); values beyond
     its exact range, which no log-likelihood reaches, are formatted by Python.
     """
-    if not tsv.fits(calls.llr, calls.ll_meth, calls.ll_unmeth):
+    if not printf.fits(calls.llr, calls.ll_meth, calls.ll_unmeth):
         return _format_calls_python(calls, read_ids, ref_names)
-    refs, ref_off = tsv.blob(ref_names)
-    ids, id_off = tsv.blob(read_ids)
-    seqs, seq_off = tsv.ascii_blob(calls.sequence)
+    refs, ref_off = printf.blob(ref_names)
+    ids, id_off = printf.blob(read_ids)
+    seqs, seq_off = printf.ascii_blob(calls.sequence)
     text = tsv.format_rows(
         calls.read, calls.start, calls.end, calls.strand, calls.llr, calls.ll_meth, calls.ll_unmeth, calls.num_motifs,
-        refs, ref_off, ids, id_off, seqs, seq_off, tsv.NAN, tsv.INF,
+        refs, ref_off, ids, id_off, seqs, seq_off,
     )  # fmt: skip
     return text.tobytes().decode()
 

@@ -3,7 +3,6 @@ the event-space SAM."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numba
@@ -11,8 +10,8 @@ import numpy as np
 from numba import prange
 
 from streamer.pipeline.batch import CIGAR_D, CIGAR_I, CIGAR_M, CIGAR_S, ReadBatch
-from streamer_plugins.cpg import tsv
-from streamer_plugins.cpg.tsv import _put_byte, _put_bytes, _put_int, _put_uint
+from streamer_plugins import printf
+from streamer_plugins.printf import FLOAT32_BITS, put_byte, put_bytes, put_fixed, put_int
 from streamer_plugins.eventalign.viterbi import _ACGT
 from streamer_plugins.eventalign.rows import (
     EventalignOptions,
@@ -41,63 +40,12 @@ def scaled_samples(signal: np.ndarray, shift: float, scale: float) -> str:
     return ",".join("%g" % v for v in s.tolist())
 
 
-FIXED_LIMIT = 2.0**20  # the row writer's exact range for float32 values (see `_scaled_int`)
-
-
-@numba.njit(nogil=True, cache=True)
-def _scaled_int(a, decimals):
-    """round-half-even(a * 10^decimals) for a float32 value 0 <= a < 2^20, exactly (printf's `%.Nf`).
-
-    a = m * 2^(e - 24) with an integer m < 2^24, so m * 10^decimals (below 2^41 for up to 5
-    decimals) shifted right by 24 - e is the exact quotient; the remainder decides the rounding.
-    """
-    if a == 0.0:
-        return np.int64(0)
-    m, e = math.frexp(a)
-    p = np.int64(m * 16777216.0) * np.int64(10) ** decimals
-    sh = 24 - e
-    if sh <= 0:
-        return p << -sh
-    if sh >= 62:
-        return np.int64(0)
-    q = p >> sh
-    rem = p & ((np.int64(1) << sh) - 1)
-    half = np.int64(1) << (sh - 1)
-    if rem > half or (rem == half and q & 1):
-        q += 1
-    return q
-
-
-@numba.njit(nogil=True, cache=True)
-def _put_fixed(buf, pos, x, decimals, write):
-    """x (a float32 value) as C's printf("%.<decimals>f") writes it; inf and nan as glibc spells them."""
-    if x != x:
-        for c in (110, 97, 110):
-            pos = _put_byte(buf, pos, c, write)
-        return pos
-    if x < 0.0 or (x == 0.0 and math.copysign(1.0, x) < 0.0):
-        pos = _put_byte(buf, pos, 45, write)
-        x = -x
-    if x == np.inf:
-        for c in (105, 110, 102):
-            pos = _put_byte(buf, pos, c, write)
-        return pos
-    v = _scaled_int(x, decimals)
-    unit = np.int64(10) ** decimals
-    pos = _put_uint(buf, pos, v // unit, write)
-    pos = _put_byte(buf, pos, 46, write)
-    frac = v % unit
-    for d in range(decimals - 1, -1, -1):
-        pos = _put_byte(buf, pos, 48 + (frac // np.int64(10) ** d) % 10, write)
-    return pos
-
-
 @numba.njit(nogil=True, cache=True)
 def _put_kmer(buf, pos, rank, k, write):
     """The nucleotide k-mer of `rank`, or k N's for -1."""
     for j in range(k - 1, -1, -1):
         c = 78 if rank < 0 else _ACGT[(rank >> (2 * j)) & 3]
-        pos = _put_byte(buf, pos, c, write)
+        pos = put_byte(buf, pos, c, write)
     return pos
 
 
@@ -106,37 +54,37 @@ def _tsv_row(buf, pos, j, read, position, ref, kmer_at, k, event, mean, stdv, le
              end, contig, contig_off, label, label_off, signal_index, write):  # fmt: skip
     r = read[j]
     tab = 9
-    pos = _put_bytes(buf, pos, contig, contig_off[r], contig_off[r + 1], write)
-    pos = _put_byte(buf, pos, tab, write)
-    pos = _put_int(buf, pos, position[j], write)
-    pos = _put_byte(buf, pos, tab, write)
-    pos = _put_bytes(buf, pos, ref, kmer_at[j], kmer_at[j] + k, write)
-    pos = _put_byte(buf, pos, tab, write)
-    pos = _put_bytes(buf, pos, label, label_off[r], label_off[r + 1], write)
-    pos = _put_byte(buf, pos, tab, write)
-    pos = _put_byte(buf, pos, 116, write)  # strand: template
-    pos = _put_byte(buf, pos, tab, write)
-    pos = _put_int(buf, pos, event[j], write)
-    pos = _put_byte(buf, pos, tab, write)
-    pos = _put_fixed(buf, pos, mean[j], 2, write)
-    pos = _put_byte(buf, pos, tab, write)
-    pos = _put_fixed(buf, pos, stdv[j], 3, write)
-    pos = _put_byte(buf, pos, tab, write)
-    pos = _put_fixed(buf, pos, length[j], 5, write)
-    pos = _put_byte(buf, pos, tab, write)
+    pos = put_bytes(buf, pos, contig, contig_off[r], contig_off[r + 1], write)
+    pos = put_byte(buf, pos, tab, write)
+    pos = put_int(buf, pos, position[j], write)
+    pos = put_byte(buf, pos, tab, write)
+    pos = put_bytes(buf, pos, ref, kmer_at[j], kmer_at[j] + k, write)
+    pos = put_byte(buf, pos, tab, write)
+    pos = put_bytes(buf, pos, label, label_off[r], label_off[r + 1], write)
+    pos = put_byte(buf, pos, tab, write)
+    pos = put_byte(buf, pos, 116, write)  # strand: template
+    pos = put_byte(buf, pos, tab, write)
+    pos = put_int(buf, pos, event[j], write)
+    pos = put_byte(buf, pos, tab, write)
+    pos = put_fixed(buf, pos, mean[j], 2, FLOAT32_BITS, write)
+    pos = put_byte(buf, pos, tab, write)
+    pos = put_fixed(buf, pos, stdv[j], 3, FLOAT32_BITS, write)
+    pos = put_byte(buf, pos, tab, write)
+    pos = put_fixed(buf, pos, length[j], 5, FLOAT32_BITS, write)
+    pos = put_byte(buf, pos, tab, write)
     pos = _put_kmer(buf, pos, rank[j], k, write)
-    pos = _put_byte(buf, pos, tab, write)
-    pos = _put_fixed(buf, pos, mmean[j], 2, write)
-    pos = _put_byte(buf, pos, tab, write)
-    pos = _put_fixed(buf, pos, mstdv[j], 2, write)
-    pos = _put_byte(buf, pos, tab, write)
-    pos = _put_fixed(buf, pos, z[j], 2, write)
+    pos = put_byte(buf, pos, tab, write)
+    pos = put_fixed(buf, pos, mmean[j], 2, FLOAT32_BITS, write)
+    pos = put_byte(buf, pos, tab, write)
+    pos = put_fixed(buf, pos, mstdv[j], 2, FLOAT32_BITS, write)
+    pos = put_byte(buf, pos, tab, write)
+    pos = put_fixed(buf, pos, z[j], 2, FLOAT32_BITS, write)
     if signal_index:
-        pos = _put_byte(buf, pos, tab, write)
-        pos = _put_int(buf, pos, start[j], write)
-        pos = _put_byte(buf, pos, tab, write)
-        pos = _put_int(buf, pos, end[j], write)
-    return _put_byte(buf, pos, 10, write)
+        pos = put_byte(buf, pos, tab, write)
+        pos = put_int(buf, pos, start[j], write)
+        pos = put_byte(buf, pos, tab, write)
+        pos = put_int(buf, pos, end[j], write)
+    return put_byte(buf, pos, 10, write)
 
 
 @numba.njit(nogil=True, cache=True, parallel=True)
@@ -169,9 +117,9 @@ def format_tsv(rows: EventalignRows, batch: ReadBatch, read_labels: Sequence[str
         return ""
     values = (rows.event_level_mean, rows.event_stdv, rows.event_length, rows.model_mean, rows.model_stdv,
               rows.standardized_level)  # fmt: skip
-    if all(np.all(~np.isfinite(v) | (np.abs(v) < FIXED_LIMIT)) for v in values):
-        contig, contig_off = tsv.blob(batch.ref_names)
-        label, label_off = tsv.blob(read_labels)
+    if printf.fits(*values, limit=printf.FLOAT32_LIMIT):
+        contig, contig_off = printf.blob(batch.ref_names)
+        label, label_off = printf.blob(read_labels)
         text = write_rows(rows.read, rows.position, rows.ref, rows.kmer_at, rows.k, rows.event_index, *values[:3],
                           rows.model_rank, *values[3:], rows.start_idx, rows.end_idx, contig, contig_off, label,
                           label_off, options.signal_index).tobytes().decode()  # fmt: skip

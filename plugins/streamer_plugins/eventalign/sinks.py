@@ -25,7 +25,7 @@ import pysam
 from streamer.pipeline.batch import ReadBatch
 from streamer.pore.model import NUCLEOTIDE
 from streamer.publish.protocol import Categorical
-from streamer.sinks import BaseSink, Result
+from streamer.sinks import BaseSink, Result, SinkContext
 from streamer_plugins.eventalign import (
     SUMMARY_HEADER,
     EventalignOptions,
@@ -49,6 +49,15 @@ for _i, _b in enumerate(b"ACGT"):
 class EventalignTsv(BaseSink):
     """The eventalign TSV rows, and the same rows as message columns (`messages`)."""
 
+    journal = EVENTALIGN_TSV
+
+    @classmethod
+    def open(cls, config: Any, context: SinkContext) -> EventalignTsv | None:
+        ea = config.eventalign
+        if not (context.daemon and ea.enabled):
+            return None
+        return cls(ea.print_read_names, ea.scale_events, ea.signal_index, ea.samples)
+
     def __init__(self, print_read_names: bool = False, scale_events: bool = False, signal_index: bool = False,
                  samples: bool = False):  # fmt: skip
         self.options = EventalignOptions(print_read_names, scale_events, signal_index, samples)
@@ -59,8 +68,7 @@ class EventalignTsv(BaseSink):
         batch = result.batch
         return self.text(result.products[EVENTALIGN], batch, self.labels(batch))
 
-    @staticmethod
-    def count(result: Result) -> int:
+    def count(self, result: Result) -> int:
         return len(result.products[EVENTALIGN])
 
     def labels(self, batch: ReadBatch) -> list[str]:

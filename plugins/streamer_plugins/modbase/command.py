@@ -127,6 +127,8 @@ def _thresholds(args, inputs: BamInputs, region, ignore: str | None) -> Threshol
                         args.num_reads if args.num_reads is not None else 10_042,
                         args.sampling_frac, args.seed, args.include_unmapped, ignore)
     estimated = estimate_thresholds(inputs, sampling, sample_region)
+    for b, t in sorted(estimated.per_base.items()):
+        log.info("estimated pass threshold %s for %s", t, "ACGT"[b])
     return Thresholds(0.0, estimated.per_base, parse_mod_thresholds(args.mod_thresholds))
 
 

@@ -2,7 +2,8 @@
 into one `PileupCounts` and written as `modkit.bed`, byte for byte what `streamer pileup` writes
 over the same BAMs with the same options.
 
-The daemon decides which files are counted, once each, through its ledger; this table only
+The `modkit` sink (`live_sink`) decides which files are counted, once each, through the
+daemon's ledger; this table only
 counts what it is given (`add_file`), renders the whole table on `refresh`, and hands the
 rows a file changed to the publisher (`take_changes`, absolute counts, as bedMethyl text says
 them). Counts are a pure function of the set of files added, so a restart rebuilds the table
@@ -23,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from streamer.errors import ConfigError, InputError
-from streamer.sinks import BaseSink, write_atomic
+from streamer.sinks import write_atomic
 from streamer_plugins.modbase.bedmethyl import Layout, expand, render
 from streamer_plugins.modbase.caller import BASES, Thresholds, normalise_code, parse_filter_thresholds
 from streamer_plugins.modbase.motifs import contig_sites, load_reference, parse_motifs
@@ -89,8 +90,8 @@ def thresholds_from_text(text: str) -> Thresholds:
     return Thresholds(d["default"], {int(k): v for k, v in d["per_base"].items()}, d["per_mod"])
 
 
-class LiveModTable(BaseSink):
-    """`modkit.bed` of the BAMs added so far. Made by the `streamer.sinks` entry point `modkit`."""
+class LiveModTable:
+    """`modkit.bed` of the BAMs added so far (the `modkit` sink's table, `live_sink.ModkitSink`)."""
 
     def __init__(self, path: Path, reference: Path, track_changes: bool = False, **options):
         self.path = Path(path)

@@ -68,7 +68,7 @@ class BedMethyl:
         """Add a batch's calls; `ref_names` is the batch's contig per record."""
         for read, strand, start, llr, seq in zip(calls.read.tolist(), calls.strand.tolist(), calls.start.tolist(),
                                                  calls.llr.tolist(), calls.sequence):
-            self.add(ref_names[read], _STRAND[strand], start, float(f"{llr:.2f}"), seq)
+            self.add(ref_names[read], _STRAND[strand], start, round(llr, 2), seq)
 
     def add_tsv(self, lines: Iterable[str], source: str | Path = "<calls>") -> None:
         """Add the rows of a call-methylation TSV with a strand column (f5c v2, streamer)."""

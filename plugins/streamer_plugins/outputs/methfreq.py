@@ -99,7 +99,7 @@ class MethFreq:
 
     def add_calls(self, calls: MethCalls, ref_names: Sequence[str], changed: set | None = None) -> None:
         """Add a batch's calls; `ref_names` is the batch's contig per record."""
-        llrs = [float(f"{x:.2f}") for x in calls.llr.tolist()]
+        llrs = [round(x, 2) for x in calls.llr.tolist()]  # as printed: correctly rounded, like the TSV's text
         with self.lock:
             for read, start, end, llr, num, seq in zip(calls.read.tolist(), calls.start.tolist(), calls.end.tolist(),
                                                        llrs, calls.num_motifs.tolist(), calls.sequence):

@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Container
+from collections.abc import Callable, Container, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pysam
 
 from streamer.errors import InputError
 from streamer.io.alignments import AlignmentFilter
-from streamer.sinks import Result
+from streamer.sinks import BaseSink, Result, SinkContext, SinkLedger
 from streamer_plugins.cpg.caller import CALLS
 from streamer_plugins.outputs.modbam import ModCalls, write_modbam
 
@@ -53,7 +54,7 @@ class ModBamCopies:
             i = int(calls.read[j])
             if read_ids[i] in wanted:
                 self.calls.add(read_ids[i], ref_names[i], bool(calls.strand[j] < 0), int(calls.start[j]),
-                               float(f"{calls.llr[j]:.2f}"), calls.sequence[j])  # fmt: skip
+                               round(float(calls.llr[j]), 2), calls.sequence[j])  # fmt: skip
 
     def path_of(self, bam: Path) -> Path:
         try:
@@ -112,3 +113,67 @@ def _sync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class ModBamCopiesSink(BaseSink):
+    """Sink `modbam-copies` (`output.modbam`): the calls of reads of BAMs not copied yet, taken from
+    each committed batch, and the copy of each BAM whose reads are all done."""
+
+    replays = True
+
+    @classmethod
+    def open(cls, config: Any, context: SinkContext) -> ModBamCopiesSink | None:
+        if not (context.daemon and config.output.modbam):
+            return None
+        filt = AlignmentFilter(min_mapq=config.alignment.min_mapq, secondary=config.alignment.secondary)
+        return cls(ModBamCopies(context.out_dir, config.watch.dir, filt), context.ledger, context.beat)
+
+    def __init__(self, copies: ModBamCopies, ledger: SinkLedger, beat: Callable[[], None]):
+        self.copies, self.ledger, self.beat = copies, ledger, beat
+        self.awaiting: set[str] | None = None  # reads of the BAMs not copied yet
+        self.restored = False  # BAMs are copied once the committed calls are all replayed
+
+    def on_batch(self, result: Result) -> None:
+        if self.awaiting is None:
+            self.awaiting = self.ledger.reads_awaiting_modbam()
+        if self.awaiting:
+            self.copies.add(result, self.awaiting)
+        if self.restored:
+            self._write()
+
+    def on_file(self, kind: str, fmt: str) -> None:
+        if kind == "basecalls" and fmt == "bam":
+            self.awaiting = None  # its reads are awaited too
+
+    def restore(self) -> None:
+        self.restored = True
+        self._write()
+
+    def refresh(self, final: bool = False) -> None:
+        if self.restored:
+            self._write()  # BAMs whose last reads were closed without a batch (missing their partner)
+
+    def on_reopened(self, file_ids: tuple[int, ...], committed: Callable[[], Iterator[Result]]) -> None:
+        """A reopened BAM is copied again once its late reads are done: its other reads' calls, let go
+        when it was first copied, are taken from the committed calls."""
+        reads = set().union(*(self.ledger.reads_of_file(fid) for fid in file_ids))
+        self.awaiting = None
+        for block in committed():
+            self.copies.add(block, reads)
+
+    def _write(self) -> None:
+        """The modBAM copy of every basecall BAM whose reads are now all done."""
+        for fid, path in self.ledger.finished_bams():
+            self.beat()
+            try:
+                out = self.copies.write(path, self.ledger.reads_of_file(fid))
+            except InputError as exc:
+                log.warning("%s", exc)
+                self.ledger.record_modbam(fid, None, exc.reason)
+                continue
+            self.ledger.record_modbam(fid, out)
+            log.info("%s: modBAM written to %s", path, out)
+            self.awaiting = None
+
+    def summary(self) -> Mapping[str, Any]:
+        return {"modbam": self.ledger.modbam_counts()}

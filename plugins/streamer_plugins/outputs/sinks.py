@@ -20,7 +20,7 @@ import numpy as np
 
 from streamer.errors import InputError
 from streamer.io.alignments import AlignmentFilter
-from streamer.sinks import BaseSink, Result, write_atomic
+from streamer.sinks import BaseSink, Result, SinkContext, SiteChannel, write_atomic
 from streamer_plugins.outputs.bedmethyl import BedMethyl
 from streamer_plugins.cpg.caller import CALLS
 from streamer_plugins.cpg.calls import CALLS_HEADER, MethCalls, format_calls
@@ -39,20 +39,28 @@ class CallBlock:
     products: dict[str, Any] = field(default_factory=dict)
 
 
+METH_TSV = "meth.tsv"
+FREQ_TSV = "meth-freq.tsv"
+BEDMETHYL = "meth.bed"
+
+
 class CallRows(BaseSink):
-    """The call-methylation TSV (nanopolish/f5c columns with strand)."""
+    """The call-methylation TSV (nanopolish/f5c columns with strand): `meth.tsv` in the daemon."""
 
     header = CALLS_HEADER
+    journal = METH_TSV
+
+    @classmethod
+    def open(cls, config: Any, context: SinkContext) -> CallRows:
+        return cls()
 
     def render(self, result: Result) -> str:
         return format_calls(result.products[CALLS], result.read_ids, result.ref_names)
 
-    @staticmethod
-    def count(result: Result) -> int:
+    def count(self, result: Result) -> int:
         return len(result.products[CALLS])
 
-    @staticmethod
-    def replay(path: Path, block: int = 100_000, beat: Callable[[], None] = lambda: None) -> Iterator[CallBlock]:
+    def read_back(self, path: Path, beat: Callable[[], None] = lambda: None, block: int = 100_000) -> Iterator[CallBlock]:
         """The data rows of a calls TSV this sink's host committed, as records, a block at a time."""
         with open(path) as fh:
             next(fh, None)
@@ -98,6 +106,15 @@ class MethFreqTable(BaseSink):
     `track_changes`, `changed` collects the sites each batch touched.
     """
 
+    replays = True
+
+    @classmethod
+    def open(cls, config: Any, context: SinkContext) -> MethFreqTable | None:
+        if not context.daemon:
+            return None
+        out = config.output
+        return cls(context.out_dir / FREQ_TSV, out.call_threshold, out.split_groups, context.publishing)
+
     def __init__(self, path: Path | None = None, call_threshold: float = CALL_THRESHOLD, split_groups: bool = False,
                  track_changes: bool = False):  # fmt: skip
         self.path = path
@@ -111,14 +128,30 @@ class MethFreqTable(BaseSink):
             self.table.add_calls(calls, result.ref_names, self.changed)
             self.dirty = True
 
-    def refresh(self) -> None:
-        if self.dirty and self.path is not None:
+    def restore(self) -> None:
+        if self.changed is not None:
+            self.changed.clear()  # the publisher's updates are of sites changed from here on
+
+    def attach(self, channel: SiteChannel) -> None:
+        channel.serve("hmm", self.table, self.changed)
+
+    def refresh(self, final: bool = False) -> None:
+        if (self.dirty or final) and self.path is not None:
             write_atomic(self.path, self.table.format())
         self.dirty = False
 
 
 class BedMethylTable(BaseSink):
     """bedMethyl (modkit's 18 columns), rewritten to `path` on refresh."""
+
+    replays = True
+
+    @classmethod
+    def open(cls, config: Any, context: SinkContext) -> BedMethylTable | None:
+        if context.daemon:
+            return cls(context.out_dir / BEDMETHYL, config.output.call_threshold) if config.output.bedmethyl else None
+        path = context.files.get("bedmethyl")
+        return cls(path) if path is not None else None
 
     def __init__(self, path: Path, call_threshold: float = CALL_THRESHOLD):
         self.path = path
@@ -131,8 +164,8 @@ class BedMethylTable(BaseSink):
             self.table.add_calls(calls, result.ref_names)
             self.dirty = True
 
-    def refresh(self) -> None:
-        if self.dirty:
+    def refresh(self, final: bool = False) -> None:
+        if self.dirty or final:
             text = io.StringIO()
             self.table.write(text)
             write_atomic(self.path, text.getvalue())
@@ -142,6 +175,11 @@ class BedMethylTable(BaseSink):
 class ModBamFile(BaseSink):
     """The alignments of `bam` with the calls as MM/ML tags, written to `path` at the end."""
 
+    @classmethod
+    def open(cls, config: Any, context: SinkContext) -> ModBamFile | None:
+        f = context.files
+        return cls(f["bam"], f["modbam"], f["filter"], f["command_line"]) if f.get("modbam") is not None else None
+
     def __init__(self, bam: Path, path: Path, filt: AlignmentFilter, command_line: str = ""):
         self.bam, self.path, self.filt, self.command_line = bam, path, filt, command_line
         self.calls = ModCalls()
@@ -149,5 +187,6 @@ class ModBamFile(BaseSink):
     def on_batch(self, result: Result) -> None:
         self.calls.add_calls(result.products[CALLS], result.read_ids, result.ref_names)
 
-    def close(self) -> None:
-        write_modbam(self.bam, self.path, self.calls, self.filt, self.command_line)
+    def refresh(self, final: bool = False) -> None:
+        if final:
+            write_modbam(self.bam, self.path, self.calls, self.filt, self.command_line)

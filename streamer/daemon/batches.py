@@ -1,0 +1,125 @@
+"""The daemon's batches as jobs of the batch driver (`streamer.pipeline.runner`), as `streamer call`'s are.
+
+The engine thread picks the matched reads the ledger says are due, takes their basecalls from
+the cache, aligns those that came without alignments, and starts reading their signal (and
+the next batch's, ahead); `DaemonBatch` is then what the driver assembles (the signal in hand,
+the records ready) and runs through the stages, the batch retried read by read if the
+pipeline raises on it (`Stages(isolate=True)`). The ledger, the journal and the sinks stay
+with the engine (`streamer.daemon.shell`): a batch is committed on the thread that took it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from streamer.daemon.basecall_cache import ReadBasecalls, Record
+from streamer.daemon.ledger import Pick
+from streamer.io.reference import Reference
+from streamer.pipeline.aligner import ReadAligner
+from streamer.pipeline.batch import ReadInput
+from streamer.pipeline.batching import Pending, batch_inputs
+from streamer.pipeline.runner import Assembled
+from streamer.pipeline.signal_pool import SignalBatch
+from streamer.skips import Skip, Skipped
+
+log = logging.getLogger(__name__)
+
+
+class DaemonBatch:
+    """One batch of picked reads: their records, and their signal as the reader pool delivers it."""
+
+    def __init__(self, picks: list[Pick], pending: list[Pending], skipped: list[Skipped], records_in: int,
+                 signal: SignalBatch, reference: Reference):  # fmt: skip
+        self.picks = picks
+        self.pending = pending
+        self.skipped = skipped
+        self.records_in = records_in
+        self.signal = signal
+        self.reference = reference
+        self.inputs: list[ReadInput] = []  # the records that reached the stages, once assembled
+
+    def start(self) -> None:
+        """Nothing to begin: the engine started the reads when it picked the batch."""
+
+    def assemble(self) -> Assembled:
+        signals, errors = self.signal.result()
+        self.inputs, unusable = batch_inputs(self.pending, signals, errors, self.reference)
+        return Assembled(self.inputs, None, self.skipped + unusable, self.records_in)
+
+
+def picked(picks: list[Pick], found: dict[str, ReadBasecalls], failed: dict[str, str]
+           ) -> tuple[list[Pending], list[Skipped], int]:  # fmt: skip
+    """The picks' records that go on to their signal, those that cannot (with why), and how many records in all."""
+    pending: list[Pending] = []
+    skipped: list[Skipped] = []
+    for p in picks:
+        bc = found.get(p.read_id)
+        if bc is None:
+            skipped.append(Skipped(p.read_id, Skip.NO_BASECALL, failed.get(p.read_id, "")))
+            continue
+        skips = [r for r in bc.records if isinstance(r, Skipped)]
+        alns = [r for r in bc.records if not isinstance(r, Skipped)]
+        if alns and not bc.seq:
+            why = f"{p.basecall_path}: no record with the read's full sequence"
+            skipped += skips + [Skipped(p.read_id, Skip.NO_BASECALL, why) for _ in alns]
+        else:
+            pending += [Pending(a, bc.seq, p.signal_path, p.number) for a in alns]
+            skipped += skips
+    return pending, skipped, len(pending) + len(skipped)
+
+
+def signal_wanted(picks: list[Pick], found: dict[str, ReadBasecalls] | None = None) -> dict[Path, list[str]]:
+    """The reads to load from each signal file: of `found`, those whose basecalls let them reach the
+    pipeline (an alignment and the full sequence); without it, every pick (a later batch's, read ahead)."""
+    wanted: dict[Path, list[str]] = {}
+    for p in picks:
+        if found is None or (p.read_id in found and _needs_signal(found[p.read_id])):
+            wanted.setdefault(p.signal_path, []).append(p.read_id)
+    return wanted
+
+
+def _needs_signal(bc: ReadBasecalls) -> bool:
+    return bool(bc.seq) and any(not isinstance(r, Skipped) for r in bc.records)
+
+
+class Aligning:
+    """Alignment records for basecalls that came without (FASTQ, unaligned BAM): mappy's index
+    built when first needed, or at start-up (`build`) where such basecalls are expected."""
+
+    def __init__(self, make_aligner: Callable[[], ReadAligner] | None):
+        self._make = make_aligner
+        self._aligner: ReadAligner | None = None
+
+    def build(self) -> None:
+        if self._make is not None and self._aligner is None:
+            self._aligner = self._make()
+
+    def align(self, reads: list[tuple[str, str]]) -> dict[str, tuple[Record, ...]]:
+        """(read id, sequence) -> the read's records, or its skip."""
+        out = {rid: (Skipped(rid, Skip.NO_BASECALL, "its basecall record has no sequence"),)
+               for rid, seq in reads if not seq}
+        reads = [(rid, seq) for rid, seq in reads if seq]
+        if not reads:
+            return out
+        if self._aligner is None:
+            if self._make is None:
+                why = "basecalls without alignments, and no reference index to align them"
+                return out | {rid: (Skipped(rid, Skip.UNMAPPED, why),) for rid, _ in reads}
+            log.info("basecalls without alignments: building a minimap2 index")
+            self.build()
+        return out | dict(zip((rid for rid, _ in reads), self._aligner.align_all(reads)))
+
+
+def eventalign_of(rendered: list[tuple[str, Any]], results: list[Any], labels: Callable[[Any], list[str]],
+                  stage: str) -> list[tuple[Any, Any, list[str], str]]:  # fmt: skip
+    """Each result's eventalign rows, batch, read labels and TSV text (`rendered`: (calls, eventalign) text)."""
+    out = []
+    for r, (_, text) in zip(results, rendered):
+        rows = r.products.get(stage)
+        if rows is None:
+            raise TypeError("eventalign is on but the pipeline has no eventalign stage")
+        out.append((rows, r.batch, labels(r.batch), text))
+    return out

@@ -1,0 +1,147 @@
+"""The batch driver on its own: batches handed back in the order submitted whatever the threads,
+never more than its limit in flight, a failing batch retried read by read (`Stages(isolate=True)`),
+a failure anywhere raised in the caller."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+
+from streamer.pipeline.runner import Assembled, BatchDriver, Done, Stages
+from streamer.skips import Skip, Skipped
+from streamer.summary import PIPELINE_ERROR, BatchOutcome, RunSummary, tally
+
+
+class Numbered:
+    """A job that notes when it started and waits a random moment to assemble."""
+
+    def __init__(self, n: int, started: list[int]):
+        self.n, self.started = n, started
+
+    def start(self) -> None:
+        self.started.append(self.n)
+
+    def assemble(self) -> int:
+        time.sleep(random.random() / 200)
+        return self.n
+
+
+def slow_compute(n: int) -> Done:
+    time.sleep(random.random() / 50)  # later batches often finish first
+    return Done(BatchOutcome(records_in=n))
+
+
+def test_batches_come_back_in_the_order_submitted():
+    driver = BatchDriver(slow_compute, compute_threads=4, limit=6)
+    try:
+        got = [d.outcome.records_in for d in driver.run(Numbered(n, []) for n in range(40))]
+    finally:
+        driver.close()
+    assert got == list(range(40))
+
+
+def test_no_more_than_the_limit_in_flight():
+    started: list[int] = []
+    gate = threading.Event()
+
+    def held(n: int) -> Done:
+        gate.wait(30)
+        return Done(BatchOutcome(records_in=n))
+
+    driver = BatchDriver(held, compute_threads=2, limit=3)
+    try:
+        feeder = threading.Thread(target=lambda: [driver.submit(Numbered(n, started)) for n in range(5)])
+        feeder.start()
+        deadline = time.monotonic() + 30
+        while len(started) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        assert started == [0, 1, 2] and driver.in_flight == 3  # the fourth waits for room
+        gate.set()
+        assert [driver.take().outcome.records_in for _ in range(3)] == [0, 1, 2]
+        feeder.join(30)  # room made: the last two are submitted
+        assert started == [0, 1, 2, 3, 4]
+        assert [driver.take().outcome.records_in for _ in range(2)] == [3, 4] and driver.in_flight == 0
+    finally:
+        gate.set()
+        driver.close()
+
+
+class Result:
+    """What the driver reads of a pipeline's result."""
+
+    def __init__(self, reads: list[Read]):
+        self.read_ids = [r.read_id for r in reads]
+        self.skipped = [Skipped(r.read_id, Skip.NO_CPG, "none") for r in reads if r.read_id.startswith("nocpg")]
+        self.n_bases = 10 * len(reads)
+        self.timings = {"align": 0.5}
+
+
+class Read:
+    def __init__(self, read_id: str):
+        self.read_id = read_id
+
+
+class Poisoned:
+    """A pipeline that raises on any batch holding a poisoned read, as a bug on one read would."""
+
+    def __init__(self, poison: set[str]):
+        self.poison = poison
+        self.batches: list[list[str]] = []
+
+    def process(self, reads: list[Read]) -> Result:
+        self.batches.append([r.read_id for r in reads])
+        if "*" in self.poison or self.poison & {r.read_id for r in reads}:
+            raise IndexError("index 7 is out of bounds")
+        return Result(reads)
+
+
+def assembled(*ids: str) -> Assembled:
+    planned = [Skipped("lowq", Skip.LOW_MAPQ, "mapq 3")]
+    return Assembled([Read(i) for i in ids], None, planned, len(ids) + len(planned))
+
+
+def test_a_failing_batch_is_retried_read_by_read_and_the_failing_read_recorded():
+    pipeline = Poisoned({"bad"})
+    done = Stages(pipeline, render=lambda r: ",".join(r.read_ids), count=lambda r: len(r.read_ids),
+                  isolate=True)(assembled("a", "bad", "bad", "nocpg", "b"))  # fmt: skip
+    assert pipeline.batches == [["a", "bad", "bad", "nocpg", "b"], ["a"], ["bad", "bad"], ["nocpg"], ["b"]]
+    assert done.rendered == ["a", "nocpg", "b"]
+    o = done.outcome
+    assert o.failed == {"bad": "IndexError: index 7 is out of bounds"} and o.records_lost == 2
+    assert tally(o) == {"records_in": 6, "records_called": 2, "bases": 30, "calls": 3, "skipped.low mapq": 1,
+                        "skipped.no cpg": 1, f"skipped.{PIPELINE_ERROR}": 2}  # fmt: skip
+    summary = RunSummary()
+    summary.add(o)
+    assert (summary.reads_in, summary.reads_called, summary.bases, summary.calls) == (6, 2, 30, 3)
+    assert summary.skipped == {"low mapq": 1, "no cpg": 1, PIPELINE_ERROR: 2}
+    assert summary.stage_seconds["align"] == 1.5 and "format" in summary.stage_seconds
+
+
+def test_a_batch_where_every_read_fails_raises_and_without_isolation_the_first_failure_does():
+    with pytest.raises(IndexError):
+        Stages(Poisoned({"*"}), isolate=True)(assembled("a", "b"))
+    pipeline = Poisoned({"bad"})
+    with pytest.raises(IndexError):
+        Stages(pipeline)(assembled("a", "bad"))
+    assert pipeline.batches == [["a", "bad"]]  # not retried
+
+
+def test_a_failure_in_a_thread_is_raised_in_the_caller():
+    def compute(n: int) -> Done:
+        if n == 3:
+            raise RuntimeError("disk on fire")
+        return Done(BatchOutcome(records_in=n))
+
+    driver = BatchDriver(compute, compute_threads=2, limit=4)
+    got = []
+    try:
+        with pytest.raises(RuntimeError, match="on fire"):
+            for done in driver.run(Numbered(n, []) for n in range(10)):
+                got.append(done.outcome.records_in)
+    finally:
+        driver.close()
+    assert got == [0, 1, 2]
