@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from streamer_gpu.abea import CudaAbea
+from streamer.pipeline.abea import AbeaReads
 from streamer.pipeline.gpu import CudaOptions
 from streamer.pore.model import load_default_models
 from streamer.tuning import Controller, Policy, Settings
@@ -95,7 +96,7 @@ def run_stream(aligner: CudaAbea, model, base, start: Settings, batches: int, tu
         s = tuner.settings if tuner is not None else start
         arrays = stream.next(s)
         t0 = time.perf_counter()
-        _, stats = aligner.align(*arrays, model)
+        _, stats = aligner.align(AbeaReads(*arrays), model)
         wall = time.perf_counter() - t0
         rows.append({"batch": b + 1, "wall_s": wall, **dataclasses.asdict(s), **dataclasses.asdict(stats)})
         if tuner is not None:

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from streamer_gpu.abea import CudaAbea
+from streamer.pipeline.abea import AbeaReads
 from streamer.pipeline.gpu import CudaOptions
 from streamer.pore.model import load_default_models
 from streamer.tuning import Controller, Policy, Settings
@@ -107,7 +108,7 @@ def run(aligner: CudaAbea, model, reads, start: Settings, bounds, batches: int, 
         s = tuner.settings
         arrays = stream.next(s)
         t0 = time.perf_counter()
-        _, stats = aligner.align(*arrays, model)
+        _, stats = aligner.align(AbeaReads(*arrays), model)
         wall = time.perf_counter() - t0
         actions = tuner.observe(stats)
         d = tuner.controller.decision
@@ -170,7 +171,7 @@ def main() -> int:
                 "smallk": lambda: base}  # fmt: skip
     res: dict = {"device": aligner.device_name, "profile": plan.profile.name, "bounds": dataclasses.asdict(plan.bounds),
                  "arena": {"bytes": aligner.arena.n_bytes, "bases": aligner.arena.bases}, "inputs": {}}  # fmt: skip
-    aligner.align(*Stream(base).next(Settings(max_reads=64)), model)  # compiles the kernels
+    aligner.align(AbeaReads(*Stream(base).next(Settings(max_reads=64))), model)  # compiles the kernels
     for name in args.inputs.split(","):
         reads = builders[name]()
         lengths = np.diff(reads[1])

@@ -26,7 +26,8 @@ for _root in (ROOT / "plugins", ROOT / "gpu", ROOT):
 
 import numpy as np  # noqa: E402
 
-from streamer import pipeline as pipeline_module  # noqa: E402
+from streamer.pipeline import stages as pipeline_module  # noqa: E402
+from streamer.pipeline.abea import AbeaReads  # noqa: E402
 from streamer.pipeline.batching import BatchLimits, offline_batches  # noqa: E402
 from streamer.pipeline.batch import pack  # noqa: E402
 from streamer.io.alignments import AlignmentRecord, AlignmentFilter, iter_alignments  # noqa: E402
@@ -46,14 +47,14 @@ def capture(reads: Path, bam: Path, signal: Path) -> tuple[tuple, tuple]:
     seen: dict[str, tuple] = {}
     align_batch = pipeline_module.align_batch
 
-    def recording_align(*args, **kw):
-        seen["abea"] = tuple(a.copy() if isinstance(a, np.ndarray) else a for a in args)
-        return align_batch(*args, **kw)
+    def recording_align(reads, model, *args):
+        seen["abea"] = (AbeaReads(*(getattr(reads, name).copy() for name in AbeaReads._fields)), model, *args)
+        return align_batch(reads, model, *args)
 
     class Recorder:
-        def score(self, *args):
-            seen["hmm"] = args
-            return (*score_windows(*args), None)
+        def score(self, jobs, inputs):
+            seen["hmm"] = (*jobs, *inputs)
+            return (*score_windows(*jobs, *inputs), None)
 
     pipeline_module.align_batch = recording_align
     with tempfile.TemporaryDirectory() as tmp:
@@ -96,15 +97,15 @@ def main() -> int:
     else:
         src = (FIXTURE / "reads.fasta", FIXTURE / "reads.bam", FIXTURE / "fast5")
     abea_args, hmm_args = capture(*src)
-    status = abea_args[4]
+    status = abea_args[0].status
 
     def abea():
-        pipeline_module.align_batch(*abea_args[:4], status.copy(), *abea_args[5:])
+        pipeline_module.align_batch(abea_args[0]._replace(status=status.copy()), *abea_args[1:])
 
     ll = score_windows(*hmm_args)
     report = {
         "reads": len(status),
-        "bases": int(abea_args[1][-1]),
+        "bases": int(abea_args[0].seq_off[-1]),
         "windows": len(hmm_args[0]),
         "hmm_checksum": float(np.float64(ll[0]).sum() + np.float64(ll[1]).sum()),
         "abea": timed(abea, a.repeat),

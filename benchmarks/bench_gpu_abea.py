@@ -29,7 +29,7 @@ import numba
 import numpy as np
 from numba import cuda
 
-from streamer.pipeline.abea import align_batch
+from streamer.pipeline.abea import AbeaReads, align_batch
 from streamer.pipeline.batching import BatchLimits, offline_batches
 from streamer.pipeline.batch import pack
 from streamer.pipeline.events import detect_events
@@ -95,14 +95,14 @@ def differences(a, a_status, b, b_status) -> list[str]:
 def run_cpu(arrays, model):
     status = arrays[4].copy()
     t0 = time.perf_counter()
-    aln = align_batch(*arrays[:4], status, *arrays[5:], model)
+    aln = align_batch(AbeaReads(*arrays[:4], status, *arrays[5:]), model)
     return aln, status, time.perf_counter() - t0
 
 
 def run_gpu(aligner: CudaAbea, arrays, model):
     status = arrays[4].copy()
     t0 = time.perf_counter()
-    aln, stats = aligner.align(*arrays[:4], status, *arrays[5:], model)
+    aln, stats = aligner.align(AbeaReads(*arrays[:4], status, *arrays[5:]), model)
     return aln, status, time.perf_counter() - t0, stats
 
 

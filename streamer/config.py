@@ -24,9 +24,18 @@ from typing import Any
 import yaml
 
 from streamer.errors import ConfigError
+from streamer.pore.chemistry import DEFAULT, PORES, folder_models, models_by_pore
 from streamer.publish.security import is_loopback
+from streamer.tuning.profiles import PROFILE_NAMES
 
 REQUIRED_FOR_RUN = ("watch.dir", "reference.genome", "output.dir")
+
+
+# where each setting the tuner resolves (`streamer.tuning.session.plan_config`) lives in the configuration
+TUNABLE_KEYS = {"max_reads": ("batch", "max_reads"), "max_bases": ("batch", "max_bases"), "max_lf": ("gpu", "max_lf"),
+                "max_epk": ("gpu", "max_epk"), "avg_epk": ("gpu", "avg_epk"),
+                "ultra_thresh": ("gpu", "ultra_thresh"), "threads": ("pipeline", "threads"),
+                "mem_frac": ("gpu", "mem_frac")}  # fmt: skip
 
 
 def _sink_choices() -> tuple[str, ...]:
@@ -34,14 +43,6 @@ def _sink_choices() -> tuple[str, ...]:
     from streamer import registry
 
     return tuple(registry.names(registry.SINKS))
-
-
-def _profile_choices() -> tuple[str, ...]:
-    """The device profiles, looked up when the schema is read: `streamer.tuning` reads this
-    module's `Config`, so this module does not import it."""
-    from streamer.tuning.profiles import PROFILE_NAMES
-
-    return ("auto", *PROFILE_NAMES)
 
 
 def _key(default: Any, help: str, *, type: type, flag: str, short: str | None = None,
@@ -161,17 +162,15 @@ class PipelineConfig:
                         short="-t", minimum=0)
     pore: str = _key(
         "auto", "Pore chemistry of the watched runs; it picks the models that `kmer_model` and `meth_model` leave "
-        "unset: r9 the shipped R9.4 6-mer ones, r10 (R10.4.1, 4 or 5 kHz) the 9-mer ones in `model_dir`/r10; "
-        "auto: from the signal files' run metadata (flow cell, kit), r9 when they do not say. Without the R10.4.1 "
-        "CpG model the daemon calls no methylation and writes the rest.", type=str, flag="--pore",
-        choices=("auto", "r9", "r10"))
+        f"unset: {models_by_pore()}; auto: from the signal files' run metadata (flow cell, kit), {DEFAULT.name} when they do not say. Without "
+        "a chemistry's CpG model the daemon calls no methylation and writes the rest.", type=str, flag="--pore",
+        choices=("auto", *PORES))
     kmer_model: Path | None = _key(None, "Nucleotide pore model file, text or uncalled4 .npz (default: by "
                                    "`pore`).", type=Path, flag="--kmer-model", must_exist="file")
     meth_model: Path | None = _key(None, "CpG methylation pore model file, nanopolish/f5c text (default: by "
                                    "`pore`).", type=Path, flag="--meth-model", must_exist="file")
     model_dir: Path | None = _key(
-        None, "Folder of per-pore models: for r10, `r10/dna_r10.4.1_400bps_9mer.npz` (uncalled4) and "
-        "`r10/r10_450bps.cpg.9mer.template.round9.model` (f5c's releases); default `$STREAMER_MODEL_DIR`, else "
+        None, f"Folder of per-pore models ({folder_models()}); default `$STREAMER_MODEL_DIR`, else "
         "`$XDG_DATA_HOME/streamer/models`.", type=Path, flag="--model-dir")
     io_mode: str = _key(
         "auto", "Signal readers of `batch.read_ahead` as `processes` or `threads`; `auto` takes processes, as "
@@ -202,7 +201,7 @@ class GpuConfig:
     profile: str = _key(
         "auto", "Device profile the batch caps, the GPU keys above and the threads start from (like f5c's -x); "
         "`auto` picks one from the GPU's name and memory and the CPU count. A key set to anything but its default "
-        "overrides the profile.", type=str, flag="--profile", choices=_profile_choices)
+        "overrides the profile.", type=str, flag="--profile", choices=("auto", *PROFILE_NAMES))
     autotune: bool = _key(
         True, "Tune the batch caps and the GPU split (max_lf, max_epk, avg_epk, ultra_thresh) while running, on "
         "the advice of f5c's tuning monitor; what is learned is kept per GPU in the state folder for the next "
@@ -364,6 +363,18 @@ class Config:
             return self.output.state_dir
         assert self.output.dir is not None
         return self.output.dir / ".streamer"
+
+    def tunables(self) -> dict[str, Any]:
+        """The settings the tuner resolves, by its names (`TUNABLE_KEYS`)."""
+        return {k: getattr(getattr(self, sec), key) for k, (sec, key) in TUNABLE_KEYS.items()}
+
+    def with_tunables(self, values: dict[str, Any]) -> Config:
+        """This configuration with the tuner's resolved settings in their sections."""
+        cfg = self
+        for section in ("batch", "gpu", "pipeline"):
+            keys = {key: values[k] for k, (sec, key) in TUNABLE_KEYS.items() if sec == section}
+            cfg = replace(cfg, **{section: replace(getattr(cfg, section), **keys)})
+        return cfg
 
     def as_dict(self) -> dict[str, dict[str, Any]]:
         """Plain values (paths as strings), for the start-up log and summary.json."""

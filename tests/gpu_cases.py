@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 
-from streamer.pipeline.abea import align_batch
+from streamer.pipeline.abea import AbeaReads, align_batch
 from streamer.pipeline.gpu import CudaOptions
 from streamer_gpu.abea import CudaAbea, Layout
 from streamer_gpu.host import CPU, GPU, ULTRA, assign_reads, bytes_per_base
@@ -56,7 +56,7 @@ def fixture_windows(model) -> Batch:
     seqs, means, shift, scale = fixture_reads(model)
     batch = Batch(seqs, means, list(shift), list(scale), [0] * len(seqs))
     seq, seq_off, ev_mean, ev_off, status, shift, scale = batch.arrays()
-    aln = align_batch(seq, seq_off, ev_mean, ev_off, status, shift, scale, model)
+    aln = align_batch(AbeaReads(seq, seq_off, ev_mean, ev_off, status, shift, scale), model)
     out = Batch([], [], [], [], [])
     for i, s in enumerate(seqs):
         kmer = aln.aln_kmer[aln.aln_off[i] : aln.aln_off[i + 1]]
@@ -95,8 +95,8 @@ def differs_from_reference(model, batch: Batch, aln, status) -> list[int]:
 def run_case(model, batch: Batch, aligner: CudaAbea, reference: bool = False) -> dict:
     arrays = batch.arrays()
     cpu_status, gpu_status = arrays[4].copy(), arrays[4].copy()
-    cpu = align_batch(*arrays[:4], cpu_status, *arrays[5:], model)
-    gpu, stats = aligner.align(*arrays[:4], gpu_status, *arrays[5:], model)
+    cpu = align_batch(AbeaReads(*arrays[:4], cpu_status, *arrays[5:]), model)
+    gpu, stats = aligner.align(AbeaReads(*arrays[:4], gpu_status, *arrays[5:]), model)
     out = {"diff": compare(cpu, cpu_status, gpu, gpu_status), "status": cpu_status.tolist(),
            "stats": dataclasses.asdict(stats)}  # fmt: skip
     if reference:  # the GPU against the slow reference itself, not only against the CPU

@@ -32,7 +32,7 @@ from streamer.io.index import open_index
 from streamer.io.reference import Reference
 from streamer.pipeline.stages import Pipeline, PipelineOptions
 from streamer_plugins.cpg.caller import CpgCaller
-from streamer_plugins.cpg.hmm import score_windows
+from streamer_plugins.cpg.hmm import HmmInputs, HmmJobs, score_windows
 from streamer_plugins.cpg.hmm_cuda import CudaHmm
 
 from cpg_model9 import cpg_model, synthetic_jobs
@@ -47,9 +47,9 @@ class Recorder:
     def __init__(self) -> None:
         self.args: tuple | None = None
 
-    def score(self, *args):
-        self.args = args
-        ll_u, ll_m = score_windows(*args)
+    def score(self, jobs: HmmJobs, inputs: HmmInputs):
+        self.args = (*jobs, *inputs)
+        ll_u, ll_m = score_windows(*self.args)
         return ll_u, ll_m, None
 
 
@@ -92,7 +92,7 @@ def subset(args: tuple, idx: np.ndarray) -> tuple:
 
 def compare(args: tuple, hmm: CudaHmm) -> dict:
     cpu_u, cpu_m = score_windows(*args)
-    gpu_u, gpu_m, stats = hmm.score(*args)
+    gpu_u, gpu_m, stats = hmm.score(HmmJobs(*args[:5]), HmmInputs(*args[5:]))
     diff = int(np.count_nonzero(cpu_u.view(np.uint32) != gpu_u.view(np.uint32)))
     diff += int(np.count_nonzero(cpu_m.view(np.uint32) != gpu_m.view(np.uint32)))
     return {"diff": diff, "n": len(cpu_u), "finite": bool(np.isfinite(cpu_u).all() and np.isfinite(cpu_m).all()),

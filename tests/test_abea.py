@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from streamer.pipeline.abea import align_batch, cell_score
+from streamer.pipeline.abea import AbeaParams, AbeaReads, align_batch, cell_score
 from streamer.pipeline.abea_cells import FROM_D, FROM_L, FROM_U
 from streamer.pipeline.scaling import estimate_scalings
 from streamer.skips import Skip
@@ -23,7 +23,7 @@ RNG_SEED = 7
 
 def run(batch, model, **kw):
     shift, scale, _ = estimate_scalings(*batch, model)
-    return align_batch(*batch, shift, scale, model, **kw), batch[-1]
+    return align_batch(AbeaReads(*batch, shift, scale), model, AbeaParams(**kw)), batch[-1]
 
 
 def synthetic(model, n_bases, events_per_kmer=1, seed=RNG_SEED):
@@ -50,7 +50,7 @@ def test_read1_emission_statistic_matches_f5c(nuc_model):
 def assert_equals_reference(seqs, means, shift, scale, model, **kw):
     batch = pack(seqs, means)
     status = batch[-1]
-    aln = align_batch(*batch, shift, scale, model, **kw)
+    aln = align_batch(AbeaReads(*batch, shift, scale), model, AbeaParams(**kw))
     for i in range(len(seqs)):
         ref = reference_abea.align(seqs[i], means[i], shift[i], scale[i], model, **kw)
         a0, a1 = aln.aln_off[i], aln.aln_off[i + 1]
@@ -139,7 +139,7 @@ def test_poor_emissions_fail_the_read_but_keep_the_statistic(nuc_model):
     batch = pack([seq], [means])
     shift = np.array([40.0], np.float32)
     scale = np.ones(1, np.float32)
-    aln = align_batch(*batch, shift, scale, nuc_model)
+    aln = align_batch(AbeaReads(*batch, shift, scale), nuc_model)
     assert batch[-1][0] == Skip.ALIGNMENT_FAILED
     assert aln.aln_off[-1] == 0
     assert aln.avg_log_emission[0] < -5.0

@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamer.pipeline.abea import align_batch
+from streamer.pipeline.abea import AbeaReads, align_batch
 from streamer.pipeline.events import detect_events
 from streamer.io.fast5 import iter_fast5
 from streamer.io.fastx import load_basecalls
-from streamer.pipeline.postalign import recalibrate_batch
+from streamer.pipeline.postalign import PostalignParams, PostalignReads, recalibrate_batch
 from streamer.pipeline.scaling import estimate_scalings
 from streamer.skips import Skip
 
@@ -37,15 +37,17 @@ def recalibrate(batch, pairs, model, shift=0.0, scale=1.0, **kw):
     n = len(batch[1]) - 1
     s = np.full(n, shift, np.float32)
     c = np.full(n, scale, np.float32)
-    return recalibrate_batch(*batch[:4], *pairs, batch[4], s, c, np.ones(n, np.float32), model, **kw)
+    return recalibrate_batch(PostalignReads(*batch[:4], *pairs, batch[4], s, c, np.ones(n, np.float32)), model,
+                             PostalignParams(**kw))
 
 
 def test_read1_matches_f5c(nuc_model):
     seq, means = read1()
     batch = pack([seq], [means])
     shift, scale, var = estimate_scalings(*batch, nuc_model)
-    aln = align_batch(*batch, shift, scale, nuc_model)
-    out = recalibrate_batch(*batch[:4], aln.aln_kmer, aln.aln_event, aln.aln_off, batch[4], shift, scale, var, nuc_model)
+    aln = align_batch(AbeaReads(*batch, shift, scale), nuc_model)
+    out = recalibrate_batch(PostalignReads(*batch[:4], aln.aln_kmer, aln.aln_event, aln.aln_off, batch[4], shift, scale, var),
+                            nuc_model)
     assert batch[4][0] == Skip.OK
     expected = expected_scalings(ECOLI / "recalibrated_scalings.tsv")[READ1]
     got = (out.shift[0], out.scale[0], out.var[0])
@@ -142,8 +144,9 @@ def run_signal_pipeline(fast5_dir: Path, reads_fasta: Path, model):
     seq, seq_off, _, _, status = pack(seqs, [])
     batch = (seq, seq_off, ev_mean, ev_off, status)
     shift, scale, var = estimate_scalings(*batch, model)
-    aln = align_batch(*batch, shift, scale, model)
-    out = recalibrate_batch(*batch[:4], aln.aln_kmer, aln.aln_event, aln.aln_off, status, shift, scale, var, model)
+    aln = align_batch(AbeaReads(*batch, shift, scale), model)
+    out = recalibrate_batch(PostalignReads(*batch[:4], aln.aln_kmer, aln.aln_event, aln.aln_off, status, shift, scale, var),
+                            model)
     return [r.read_id for r in records], status, out
 
 

@@ -17,17 +17,13 @@ from r10_sim import R10_RUN, reverse_complement, simulate
 
 from streamer.errors import ModelError
 from streamer.io.pod5 import write_pod5
-from streamer.io.poretype import pore_from_metadata, pore_of_file
 from streamer.io.reference import Reference
 from streamer.io.slow5 import write_blow5
-from streamer.pore.model import (
-    F5C_RELEASES,
-    NUCLEOTIDE,
-    R10_KMER_MODEL,
-    R10_METH_MODEL,
-    _kmer_at_rank,
-    load_model,
-)
+from streamer.pore.chemistry import F5C_RELEASES, pore_from_metadata, pore_of_file
+from streamer.pore.chemistry import R10 as R10_CHEMISTRY
+from streamer.pore.model import NUCLEOTIDE, _kmer_at_rank, load_model
+
+R10_KMER_MODEL, R10_METH_MODEL = R10_CHEMISTRY.kmer_model.name, R10_CHEMISTRY.meth_model.name
 
 R10_MODEL = Path(__file__).resolve().parents[2] / "shared" / "models" / "r10" / "dna_r10.4.1_400bps_9mer.npz"
 FORMATS = Path(__file__).resolve().parents[2] / "shared" / "data" / "formats"

@@ -21,12 +21,13 @@ from r10_sim import R10_RUN, Placed, simulate_methylated, synthetic_cpg_model, w
 from streamer.pipeline.batch import ReadInput
 from streamer.errors import InputError, StreamerError
 from streamer.io.fast5 import SignalRecord
-from streamer.io.poretype import R9, R10, pore_of_file
 from streamer.io.reference import Reference
 from streamer.io.signal import iter_signal
 from streamer.io.slow5 import write_blow5
 from streamer.daemon.pore_pipeline import PorePipeline, first_signal_file
-from streamer.pore.model import F5C_RELEASES, R10_KMER_MODEL, R10_METH_MODEL, load_model
+from streamer.pore import chemistry
+from streamer.pore.chemistry import F5C_RELEASES, pore_of_file
+from streamer.pore.model import load_model
 from streamer.daemon.replay import Replayer, ReplayOptions, load_source
 
 CONTIG = "NC_000913.3"
@@ -34,6 +35,9 @@ R10_MODEL = Path(__file__).resolve().parents[2] / "shared" / "models" / "r10" / 
 READS = ((150_000, False), (420_000, True), (1_700_000, False), (3_100_000, True), (2_200_000, True))
 READ_LEN = 2500
 TIMEOUT = 600  # the first start on a machine compiles the 9-mer kernels
+
+R9, R10 = chemistry.R9.name, chemistry.R10.name
+R10_KMER_MODEL, R10_METH_MODEL = chemistry.R10.kmer_model.name, chemistry.R10.meth_model.name
 
 
 @pytest.fixture(scope="module")

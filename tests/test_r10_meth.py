@@ -25,14 +25,11 @@ from streamer import config
 from streamer.commands.run import model_files
 from streamer.errors import ConfigError
 from streamer.io.reference import Reference
-from streamer.pore.model import (
-    F5C_RELEASES,
-    METHYL_CPG,
-    R10_KMER_MODEL,
-    R10_METH_MODEL,
-    load_default_models,
-    load_model,
-)
+from streamer.pore.chemistry import F5C_RELEASES
+from streamer.pore.chemistry import R10 as R10_CHEMISTRY
+from streamer.pore.model import METHYL_CPG, load_default_models, load_model
+
+R10_KMER_MODEL, R10_METH_MODEL = R10_CHEMISTRY.kmer_model.name, R10_CHEMISTRY.meth_model.name
 
 CONTIG = "NC_000913.3"
 R10_MODEL = Path(__file__).resolve().parents[2] / "shared" / "models" / "r10" / "dna_r10.4.1_400bps_9mer.npz"

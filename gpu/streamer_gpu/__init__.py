@@ -3,7 +3,8 @@
 
 This package builds on the core (`streamer`) and never on the plugins: a plugin with GPU work
 (the CpG HMM) keeps its kernel and compiles it with `streamer_gpu.target`. The core reaches this
-package only through `streamer.pipeline.gpu.gpu_module`, when a GPU stage is asked for. Only
+package only through `streamer.pipeline.gpu.gpu_package`, typed by its `GpuPackage`, when a GPU stage
+is asked for. Only
 `open_gpu` touches CUDA, and only when asked: the base install, and machines without a GPU,
 never need numba-cuda.
 """
@@ -14,11 +15,13 @@ import logging
 from typing import TYPE_CHECKING
 
 from streamer.pipeline.gpu import CudaOptions
+from streamer_gpu.device import probe_gpu
 
 if TYPE_CHECKING:
     from streamer_gpu.abea import CudaAbea
 
-__all__ = ["count_gpus", "device_context", "gpu_absent", "open_gpu", "release_gpu"]
+__all__ = ["arena_bases", "count_gpus", "device_context", "gpu_absent", "is_cuda_error", "open_gpu", "probe_gpu",
+           "release_gpu"]
 
 log = logging.getLogger(__name__)
 _said: set[tuple[str, str]] = set()
@@ -88,3 +91,17 @@ def release_gpu() -> None:
             pending.clear()
     except CUDA_ERRORS as exc:
         log.debug("GPU memory not given back (%s)", exc)
+
+
+def is_cuda_error(exc: BaseException) -> bool:
+    """A failed launch, copy, allocation or module load on a GPU (asked only where a GPU stage ran)."""
+    from streamer_gpu.target import CUDA_ERRORS
+
+    return isinstance(exc, CUDA_ERRORS)
+
+
+def arena_bases(n_bytes: int, avg_epk: float, bandwidth: int) -> int:
+    """Read bases an ABEA arena of n_bytes holds (`streamer_gpu.host.arena_capacity`)."""
+    from streamer_gpu.host import arena_capacity
+
+    return arena_capacity(n_bytes, avg_epk, bandwidth).bases

@@ -22,7 +22,7 @@ import numba
 import numpy as np
 from numba import cuda
 
-from streamer.pipeline.abea import Alignment, abea
+from streamer.pipeline.abea import AbeaParams, AbeaReads, Alignment, abea, abea_arrays, model_arrays
 from streamer.pipeline.gpu import AbeaBatchStats, CudaOptions
 from streamer_gpu import kernels
 from streamer_gpu.host import (
@@ -42,7 +42,7 @@ from streamer_gpu.faults import from_env as fault_plan
 from streamer_gpu.memory import MODULE_BYTES, plan_memory
 from streamer_gpu.target import CUDA_ERRORS, SIMULATED
 from streamer.pore.model import PoreModel
-from streamer.pipeline.scaling import F5C_CODES, require_dtype, require_nucleotide
+from streamer.pipeline.scaling import F5C_CODES, require_nucleotide
 
 log = logging.getLogger(__name__)
 # small batches (the last of a run, a daemon's trickle) are normal here, not a tuning problem
@@ -214,9 +214,7 @@ class CudaAbea:
             self._model_of = model
         return self._model
 
-    def align(self, seq, seq_off, ev_mean, ev_off, status, shift, scale, model: PoreModel, bandwidth: int = 100,
-              trim_prob: float = 0.01, skip_prob: float = 1e-10, max_events_per_base: float = 15.0,
-              min_avg_log_emission: float = -5.0, max_skip_run: int = 50) -> tuple[Alignment, AbeaBatchStats]:  # fmt: skip
+    def align(self, reads, model: PoreModel, params: AbeaParams = AbeaParams()) -> tuple[Alignment, AbeaBatchStats]:
         """`streamer.pipeline.abea.align_batch` on GPU and CPU together, plus the batch's measurements.
 
         Ultra-long reads are set aside to the end of the batch: aligned on the CPU once the GPU
@@ -225,9 +223,9 @@ class CudaAbea:
         t_start = time.perf_counter()
         self._faults.check("abea")
         require_nucleotide(model)
-        for name, array in (("ev_mean", ev_mean), ("shift", shift), ("scale", scale)):
-            require_dtype(name, array, np.float32)
-        require_dtype("status", status, np.int8)
+        arrays = abea_arrays(reads)
+        seq, seq_off, ev_mean, ev_off, status, shift, scale = arrays
+        bandwidth, skip_prob, max_events_per_base = params.bandwidth, params.skip_prob, params.max_events_per_base
         self._take_retune()
         if bandwidth != self.arena.bandwidth:
             log.info("GPU ABEA: band width %d, re-partitioning the arena", bandwidth)
@@ -239,8 +237,7 @@ class CudaAbea:
             a.bases, a.events, a.rows, a.reads,
         )  # fmt: skip
         n_ultra = int(np.count_nonzero(owner == ULTRA))
-        cpu_args = (model.level_mean, model.level_stdv, model.level_log_stdv, model.k, F5C_CODES, bandwidth,
-                    trim_prob, skip_prob, max_events_per_base, min_avg_log_emission, max_skip_run)  # fmt: skip
+        cpu_args = model_arrays(model, params)
 
         def on_cpu(mine):
             st = np.where(mine, status, np.int8(NOT_MINE))
@@ -252,7 +249,7 @@ class CudaAbea:
 
         gpu_idx = np.flatnonzero(owner == GPU)
         # packed before the CPU reads start: the gather has numba's parallel workers to itself
-        packed = self._pack(gpu_idx, seq, seq_off, ev_mean, ev_off, shift, scale, model.k, skip_prob)
+        packed = self._pack(gpu_idx, arrays, model.k, skip_prob)
         cpu_result: list = []
         worker = threading.Thread(target=lambda: cpu_result.append(on_cpu(owner == CPU)), name="abea-cpu")
         worker.start()
@@ -260,7 +257,7 @@ class CudaAbea:
         gpu = None
         t0 = time.perf_counter()
         try:
-            gpu = self._run_gpu(packed, model, trim_prob, min_avg_log_emission, max_skip_run)
+            gpu = self._run_gpu(packed, model, params)
         except CUDA_ERRORS as exc:
             fallback = f"{type(exc).__name__}: {exc}"
             log.warning("GPU ABEA failed on a batch of %d reads (%s); its %d GPU reads are aligned on the CPU",
@@ -325,10 +322,11 @@ class CudaAbea:
                      gpu.aln_off, gpu.first_kmer, gpu.first_event, gpu.steps)  # fmt: skip
 
     @staticmethod
-    def _pack(idx, seq, seq_off, ev_mean, ev_off, shift, scale, k, skip_prob) -> _Packed | None:
+    def _pack(idx, reads: AbeaReads, k, skip_prob) -> _Packed | None:
         """The GPU reads' bases, events, offsets and per-read parameters, contiguous on the host."""
         if len(idx) == 0:
             return None
+        seq, seq_off, ev_mean, ev_off, _, shift, scale = reads
         t0 = time.perf_counter()
         base_off, ev_o, row_off, lp = read_params(seq_off, ev_off, idx, k, skip_prob)
         if len(idx) == len(seq_off) - 1:
@@ -343,7 +341,7 @@ class CudaAbea:
         scale_p = np.ascontiguousarray(scale[idx])
         return _Packed(seq_p, ev_p, base_off, ev_o, row_off, lp, shift_p, scale_p, time.perf_counter() - t0)
 
-    def _run_gpu(self, p: _Packed | None, model, trim_prob, min_avg_log_emission, max_skip_run) -> _GpuOutput | None:
+    def _run_gpu(self, p: _Packed | None, model, params: AbeaParams) -> _GpuOutput | None:
         if p is None:
             return None
         n = len(p.shift)
@@ -361,12 +359,12 @@ class CudaAbea:
                                      level_log_stdv, n, a.gp_mean, a.stdv, a.log_stdv)  # fmt: skip
         per_block = lay.reads_per_block
         self._fill[(n + per_block - 1) // per_block, lay.threads_per_read * per_block](
-            a.ev_mean, a.gp_mean, a.stdv, a.log_stdv, a.base_off, a.ev_off, a.row_off, a.lp, log_trim(trim_prob), k, n,
+            a.ev_mean, a.gp_mean, a.stdv, a.log_stdv, a.base_off, a.ev_off, a.row_off, a.lp, log_trim(params.trim_prob), k, n,
             a.trace, a.ll_e, a.end_event,
         )  # fmt: skip
         kernels.backtrack_kernel()[(n + lay.block - 1) // lay.block, lay.block](
             a.ev_mean, a.gp_mean, a.stdv, a.log_stdv, a.base_off, a.ev_off, a.row_off, k, w, n, a.trace, a.ll_e,
-            a.end_event, min_avg_log_emission, max_skip_run, a.cap_kmer, a.cap_event, a.n_aligned, a.sum_emission,
+            a.end_event, params.min_avg_log_emission, params.max_skip_run, a.cap_kmer, a.cap_event, a.n_aligned, a.sum_emission,
             a.status,
         )  # fmt: skip
         cuda.synchronize()

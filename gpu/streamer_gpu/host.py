@@ -6,6 +6,9 @@ rest of the batch), longer than max_lf x the batch's mean read length, has more 
 base than max_epk, or no longer fits the arena (bases, events, band rows or read slots).
 Reads the CPU kernel settles at once (already failed, no events, too short, over-segmented)
 stay with the CPU so that their statuses come from the one place that sets them.
+
+`assign_reads` and `merge` are numba kernels over flat arrays, hence their long argument lists;
+`CudaAbea.align` unpacks the batch record for them once.
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ libdevice's unfused round-to-nearest operations, numpy scalars under the simulat
 are never evaluated on the device (the host passes ln(trim) and each read's transition log
 probabilities). numba's CUDA simulator has no warp barrier and no shuffles: there every read
 barrier is a block barrier, so simulated launches put one read in a block.
+
+The kernels and their device functions take the arena's flat arrays, a dozen or more: CUDA kernels
+take no Python objects, so `CudaAbea.align` takes the batch record and unpacks it once.
 """
 
 from __future__ import annotations

@@ -15,9 +15,10 @@ from streamer.commands._checks import check_bam, check_files, check_writable, nu
 from streamer.errors import ModelError, StreamerError
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.index import SignalIndex, open_index
-from streamer.io.poretype import PORES, pore_of_file
+from streamer.pipeline.gpu import CudaOptions
 from streamer.pipeline.stages import PipelineOptions
-from streamer.pore.model import pore_models
+from streamer.pore.chemistry import (DEFAULT, PORES, chemistry, default_models, folder_models, pore_models, pore_of_file,
+                                     title)
 
 log = logging.getLogger(__name__)
 
@@ -41,15 +42,13 @@ def add_input_arguments(p: argparse.ArgumentParser, output: str) -> None:
             help="minimum mapping quality [%(default)s]")
     p.add_argument("--secondary", choices=("yes", "no"), default="no", help="use secondary alignments [%(default)s]")
     p.add_argument("--kmer-model", type=Path,
-                   help="nucleotide pore model file, text or uncalled4 .npz (default: r9.4 450bps 6-mer; for "
-                        "R10.4.1 data the 9-mer table in the model folder, see --model-dir)")
+                   help=f"nucleotide pore model file, text or uncalled4 .npz (default: {default_models()})")
     p.add_argument("--model-dir", type=Path,
-                   help="folder of per-pore models: R10.4.1 reads take r10/dna_r10.4.1_400bps_9mer.npz and "
-                        "r10/r10_450bps.cpg.9mer.template.round9.model from it unless --kmer-model/--meth-model "
+                   help=f"folder of per-pore models: {folder_models()} from it unless --kmer-model/--meth-model "
                         "name others (default: $STREAMER_MODEL_DIR, else $XDG_DATA_HOME/streamer/models)")
     p.add_argument("--pore", choices=("auto", *PORES), default="auto",
-                   help="pore chemistry; auto: from the signal files' run metadata, r9 when they do not say "
-                        "[%(default)s]")
+                   help=f"pore chemistry; auto: from the signal files' run metadata, {DEFAULT.name} when they do "
+                        "not say [%(default)s]")
 
 
 def check_inputs(args: argparse.Namespace, *outputs: str) -> None:
@@ -84,12 +83,14 @@ def pore_of_inputs(args: argparse.Namespace, index: SignalIndex) -> tuple[str | 
     return (pore_of_file(first), f"{first}'s run metadata") if first is not None else (None, "")
 
 
-def model_files(args: argparse.Namespace, index: SignalIndex, *, methylation: bool) -> tuple[Path | None, Path | None]:
-    """The nucleotide and CpG model files for the inputs' pore: those the flags name, else the pore's
-    (R10.4.1: from the model folder; a missing one stops the command with one line naming it)."""
+def pipeline_options(args: argparse.Namespace, index: SignalIndex, cuda: CudaOptions, *,
+                     methylation: bool) -> PipelineOptions:  # fmt: skip
+    """The pipeline for the inputs' pore: its chemistry, and its nucleotide and CpG model files (those the
+    flags name, else the chemistry's; one not shipped and missing stops the command with one line naming it)."""
     pore, source = pore_of_inputs(args, index)
     try:
-        return pore_models(pore, args.kmer_model, getattr(args, "meth_model", None), args.model_dir,
-                           methylation=methylation)  # fmt: skip
+        kmer, meth = pore_models(pore, args.kmer_model, getattr(args, "meth_model", None), args.model_dir,
+                                 methylation=methylation)  # fmt: skip
     except ModelError as exc:
-        raise StreamerError(f"R10.4.1 reads ({source}): {exc}") from None
+        raise StreamerError(f"{title(pore)} reads ({source}): {exc}") from None
+    return PipelineOptions(threads=args.threads, kmer_model=kmer, meth_model=meth, cuda=cuda, chemistry=chemistry(pore))

@@ -25,14 +25,15 @@ from streamer.commands._inputs import (
     add_input_arguments,
     alignment_filter,
     check_inputs,
-    model_files,
+    pipeline_options,
     signal_index,
 )
 from streamer.io.alignments import iter_alignments, write_records
 from streamer.io.bamreads import open_basecalls
 from streamer.io.reference import Reference
 from streamer.pipeline.runner import Done, RunnerOptions, Stages, run_batches
-from streamer.pipeline.stages import Pipeline, PipelineOptions
+from streamer.pipeline.stages import Pipeline
+from streamer.pore.chemistry import default_models
 from streamer.pipeline.resume import CallJournal, Resumed, journal_path, run_identity
 from streamer.pipeline.signal_pool import IO_MODES, reader_pool
 from streamer import registry
@@ -55,8 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also write the --bam alignments with the calls as MM/ML tags (modBAM)")
     p.add_argument("--stats-json", type=Path, help="also write the run summary as JSON to this file")
     p.add_argument("--meth-model", type=Path,
-                   help="CpG methylation pore model file, nanopolish/f5c text, k up to 9 (default: r9.4 450bps 6-mer; "
-                        "for R10.4.1 data f5c's CpG 9-mer model in the model folder, see --model-dir)")
+                   help=f"CpG methylation pore model file, nanopolish/f5c text, k up to 9 (default: {default_models()})")
     numeric(p, "--io-workers", type=int, minimum=1, default=RunnerOptions.io_workers,
             help="signal readers working ahead of the stages [%(default)s]")
     p.add_argument("--io-mode", choices=IO_MODES, default=RunnerOptions.io_mode,
@@ -150,9 +150,8 @@ def _run(args: argparse.Namespace, compiling: bool) -> int:
     rows = open_sink("calls")
     with ExitStack() as stack:
         index = signal_index(args)
-        kmer_model, meth_model = model_files(args, index, methylation=True)
-        options = PipelineOptions(threads=args.threads, kmer_model=kmer_model, meth_model=meth_model, cuda=cuda)
-        output = _Output.open(args, rows.header, [kmer_model, meth_model])
+        options = pipeline_options(args, index, cuda, methylation=True)
+        output = _Output.open(args, rows.header, [options.kmer_model, options.meth_model])
         stack.callback(output.close)
         summary.batches_resumed = output.resumed
 

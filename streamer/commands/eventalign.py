@@ -13,7 +13,7 @@ from streamer.commands._inputs import (
     add_input_arguments,
     alignment_filter,
     check_inputs,
-    model_files,
+    pipeline_options,
     signal_index,
 )
 from streamer import registry
@@ -24,7 +24,7 @@ from streamer.io.bamreads import open_basecalls
 from streamer.io.reference import Reference
 from streamer.pipeline.runner import Done, RunnerOptions, Stages, run_batches
 from streamer.pipeline.signal_pool import reader_pool
-from streamer.pipeline.stages import Pipeline, PipelineOptions
+from streamer.pipeline.stages import Pipeline
 from streamer.sinks import open_sink
 from streamer.summary import RunSummary
 
@@ -66,12 +66,11 @@ def _run(args: argparse.Namespace, compiling: bool) -> int:
     summary = RunSummary(compiled=compiling)
     with ExitStack() as stack:
         index = signal_index(args)
-        kmer_model, _ = model_files(args, index, methylation=False)
+        options = pipeline_options(args, index, cuda, methylation=False)
         pool = reader_pool(index, RunnerOptions.io_workers)  # readers start while the pipeline loads
         stack.callback(pool.shutdown, wait=True, cancel_futures=True)
         basecalls = stack.enter_context(open_basecalls(args.reads))
-        pipeline = Pipeline(PipelineOptions(threads=args.threads, kmer_model=kmer_model, cuda=cuda),
-                            [registry.analysis("eventalign", args.scale_events, args.compat)])  # fmt: skip
+        pipeline = Pipeline(options, [registry.analysis("eventalign", args.scale_events, args.compat)])
         summary.startup_s = summary.elapsed
         ref = stack.enter_context(Reference(args.genome))
         # the TSV's read_index is the record's place in the BAM, every record counted, as the tools number it

@@ -23,10 +23,9 @@ from streamer.io.reference import Reference
 from streamer.daemon.journal import check_output_free
 from streamer.metrics import serve_metrics
 from streamer.daemon.notify import Notifier
-from streamer.io.poretype import pore_of_file
 from streamer.pipeline.stages import Pipeline, PipelineOptions
 from streamer.daemon.pore_pipeline import PorePipeline, first_signal_file
-from streamer.pore.model import pore_models
+from streamer.pore.chemistry import chemistry, pore_models, pore_of_file
 from streamer.publish.publisher import Publisher, PublisherConfig
 from streamer.publish.security import CurveServer, load_public_keys, load_secret_keys
 from streamer.sinks import open_sink
@@ -109,7 +108,7 @@ def _pore_pipeline(cfg: configuration.Config) -> PorePipeline:
         # eventalign before the CpG caller, which fails the reads it finds no CpG in
         analyses = [registry.analysis("eventalign", cfg.eventalign.scale_events)] if cfg.eventalign.enabled else []
         options = PipelineOptions(threads=cfg.pipeline.threads, kmer_model=kmer_model, meth_model=meth_model,
-                                  cuda=cuda or cuda_options(cfg))  # fmt: skip
+                                  cuda=cuda or cuda_options(cfg), chemistry=chemistry(pore))  # fmt: skip
         pipeline = Pipeline(options, [*analyses, registry.analysis("cpg", calls=calls)])
         open_sink("calls").render(pipeline.warm_up_result)  # the TSV kernel too, before the run's first batch
         return pipeline

@@ -1,11 +1,11 @@
 """The daemon's pipeline for the pore of the reads it is given, told from their signal files.
 
-A daemon may start before its run has written a signal file, so the pore (R9.4.1 or R10.4.1,
-which pick the models) is not always known when the kernels are warmed: `PorePipeline` builds
-the pipeline for the pore the watched folder already shows (or the default one), and when a
+A daemon may start before its run has written a signal file, so the pore (a chemistry of
+`streamer.pore.chemistry`, which picks the models) is not always known when the kernels are
+warmed: `PorePipeline` builds the pipeline for the pore the watched folder already shows (or the default one), and when a
 batch's signal files name another pore it builds that pore's pipeline in place of the first,
 once, with one log line. The sample rate (4 or 5 kHz R10.4.1) is each read's own, from its file.
-With a fixed pore (`pipeline.pore: r9|r10`) it never changes.
+With a fixed pore (`pipeline.pore` other than auto) it never changes.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from pathlib import Path
 from streamer.pipeline.batch import ReadInput
 from streamer.errors import StreamerError
 from streamer.pipeline.gpu import CudaOptions
-from streamer.io.poretype import pore_of_file
 from streamer.io.signal import SIGNAL_SUFFIXES
 from streamer.pipeline.stages import BatchResult, Pipeline
+from streamer.pore.chemistry import pore_of_file, title
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class PorePipeline:
         if not pores or (pores == {self.pore} and self.current is not None):
             return
         pore, path = min(told)
-        log.info("%s: the run is %s: loading its models", path, "R10.4.1" if pore == "r10" else "R9.4.1")
+        log.info("%s: the run is %s: loading its models", path, title(pore))
         self.current = None  # its GPU memory goes before the next pipeline takes its share
         self.pore = pore
         self.current = self._make(pore, f"{path}'s run metadata", self._cuda)

@@ -1,9 +1,8 @@
-"""Which pore chemistry a signal file comes from, told from the run metadata it carries.
+"""The run metadata a signal file carries, which tells its pore chemistry.
 
 MinKNOW records the flow cell product code and the sequencing kit (FAST5 `tracking_id` /
-`context_tags`, POD5 run info, SLOW5/BLOW5 header); R10.4.1 flow cells and kits carry "114"
-(FLO-MIN114, FLO-PRO114M, SQK-LSK114, ...), R9.4.1 ones are FLO-MIN106, FLO-PRO002, FLO-FLG001
-and the 108/109/110 kits. Files without such metadata give None, and the caller keeps its default.
+`context_tags`, POD5 run info, SLOW5/BLOW5 header); which chemistry those strings name is
+each chemistry's own description (`streamer.pore.chemistry`).
 """
 
 from __future__ import annotations
@@ -16,24 +15,9 @@ import pod5
 
 from streamer.io.signal import signal_format
 
-R9, R10 = "r9", "r10"
-PORES = (R9, R10)
-
-_R10 = re.compile(r"(?:FLO|SQK)-[A-Z]*114", re.IGNORECASE)
-_R9 = re.compile(r"FLO-(?:MIN106|PRO002|FLG001)|SQK-[A-Z]*(?:108|109|110)\b", re.IGNORECASE)
 _KEYS = ("flow_cell_product_code", "sequencing_kit", "exp_script_name", "experiment_kit")
 _SLOW5_HEADER = re.compile(rb"@(" + "|".join(_KEYS).encode() + rb")\t([^\n]*)")
 _SLOW5_HEADER_BYTES = 1 << 20
-
-
-def pore_from_metadata(values: list[str]) -> str | None:
-    """`r10`, `r9` or None from flow cell / kit strings."""
-    text = " ".join(values)
-    if _R10.search(text):
-        return R10
-    if _R9.search(text):
-        return R9
-    return None
 
 
 def _attrs(group) -> dict[str, str]:
@@ -77,8 +61,3 @@ def run_metadata(path: str | Path) -> dict[str, str]:
     except Exception:  # noqa: BLE001 - h5py, pod5 and OS errors alike mean "not known"
         return {}
 
-
-def pore_of_file(path: str | Path) -> str | None:
-    """The pore of a signal file's run; None if its metadata does not say or cannot be read
-    (the signal readers report a bad file when its reads are read)."""
-    return pore_from_metadata(list(run_metadata(path).values()))

@@ -14,11 +14,16 @@ bands (all a band needs); the traceback keeps one byte per cell. The per-cell
 arithmetic, the band rule, the traceback and the QC are written once
 (`streamer.pipeline.abea_cells`) and compiled both here and for CUDA (`streamer_gpu.kernels`),
 which therefore agrees to the bit.
+
+The kernels (`abea`, `align_read`) take a dozen or more flat arrays and scalars: numba compiles
+no Python objects, so `align_batch` takes the batch record, the model and `AbeaParams` and
+unpacks them once (`abea_arrays`, `model_arrays`, which the GPU stage uses too).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numba
@@ -31,6 +36,18 @@ from streamer.skips import Skip
 from streamer.pipeline.targets import CPU
 
 scaled_mean, log_emission, cell_score, moves_right, trimmed, with_trimmed, traceback, failed_qc = abea_cells(CPU)
+
+
+@dataclass(frozen=True)
+class AbeaParams:
+    """ABEA's band and QC settings (f5c's defaults): a pore chemistry's, the same on CPU and GPU."""
+
+    bandwidth: int = 100
+    trim_prob: float = 0.01
+    skip_prob: float = 1e-10
+    max_events_per_base: float = 15.0
+    min_avg_log_emission: float = -5.0
+    max_skip_run: int = 50
 
 
 @numba.njit(nogil=True, cache=True)
@@ -276,46 +293,35 @@ class Alignment(NamedTuple):
             return self.sum_emission / self.n_aligned
 
 
-def align_batch(
-    seq,
-    seq_off,
-    ev_mean,
-    ev_off,
-    status,
-    shift,
-    scale,
-    model: PoreModel,
-    bandwidth: int = 100,
-    trim_prob: float = 0.01,
-    skip_prob: float = 1e-10,
-    max_events_per_base: float = 15.0,
-    min_avg_log_emission: float = -5.0,
-    max_skip_run: int = 50,
-) -> Alignment:
-    """ABEA over a batch with the nucleotide model (status updated in place)."""
+class AbeaReads(NamedTuple):
+    """What ABEA reads of a batch, by `ReadBatch`'s field names (a `ReadBatch` is passed as it is; this
+    record is for callers holding the arrays alone)."""
+
+    seq: np.ndarray
+    seq_off: np.ndarray
+    ev_mean: np.ndarray
+    ev_off: np.ndarray
+    status: np.ndarray
+    shift: np.ndarray
+    scale: np.ndarray
+
+
+def abea_arrays(reads) -> AbeaReads:
+    """The arrays of `AbeaReads`'s fields from a batch, checked for the dtypes the kernels take."""
+    for name in ("ev_mean", "shift", "scale"):
+        require_dtype(name, getattr(reads, name), np.float32)
+    require_dtype("status", reads.status, np.int8)
+    return AbeaReads(*(getattr(reads, name) for name in AbeaReads._fields))
+
+
+def model_arrays(model: PoreModel, params: AbeaParams) -> tuple:
+    """The kernels' arguments after the reads' arrays: the model's levels, k, the codes, the settings."""
+    return (model.level_mean, model.level_stdv, model.level_log_stdv, model.k, F5C_CODES, params.bandwidth,
+            params.trim_prob, params.skip_prob, params.max_events_per_base, params.min_avg_log_emission,
+            params.max_skip_run)  # fmt: skip
+
+
+def align_batch(reads, model: PoreModel, params: AbeaParams = AbeaParams()) -> Alignment:
+    """ABEA over a batch (a `ReadBatch` or `AbeaReads`) with the nucleotide model (status updated in place)."""
     require_nucleotide(model)
-    for name, array in (("ev_mean", ev_mean), ("shift", shift), ("scale", scale)):
-        require_dtype(name, array, np.float32)
-    require_dtype("status", status, np.int8)
-    return Alignment(
-        *abea(
-            seq,
-            seq_off,
-            ev_mean,
-            ev_off,
-            status,
-            shift,
-            scale,
-            model.level_mean,
-            model.level_stdv,
-            model.level_log_stdv,
-            model.k,
-            F5C_CODES,
-            bandwidth,
-            trim_prob,
-            skip_prob,
-            max_events_per_base,
-            min_avg_log_emission,
-            max_skip_run,
-        )
-    )
+    return Alignment(*abea(*abea_arrays(reads), *model_arrays(model, params)))

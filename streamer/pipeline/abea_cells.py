@@ -6,6 +6,9 @@ same source with the same rounding operations in the same order, so they agree t
 arithmetic is f5c's (align.c): emissions in float32, transition log probabilities in double,
 each move's score formed in double and rounded once to float32, ties going up over diagonal and
 left over both.
+
+The cells take flat arrays and scalars, many of them, as device functions must: the batch record
+is unpacked once by the Python-side callers (`align_batch`, `CudaAbea.align`).
 """
 
 from __future__ import annotations

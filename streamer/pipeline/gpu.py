@@ -2,21 +2,60 @@
 
 Plain frozen dataclasses importable without numba-cuda or a GPU, so the pipeline, the command
 line and the tuning monitor can name them anywhere. The core never imports the GPU package
-(`streamer_gpu`) at module level: `gpu_module` is its one way there, taken only when a GPU
-stage is asked for, and that package depends on the core, never the reverse.
+(`streamer_gpu`) at module level: `gpu_package` is its one way there, taken only when a GPU
+stage is asked for, and typed by `GpuPackage`, what that package offers; it depends on the core,
+never the reverse.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
-from types import ModuleType
+from typing import Any, Protocol, cast
 
 
-def gpu_module(name: str) -> ModuleType:
-    """streamer_gpu.<name>, imported on first use (`open_gpu` in "", `probe_gpu` in "device", ...)."""
-    return importlib.import_module(f"streamer_gpu.{name}" if name else "streamer_gpu")
+class GpuAbea(Protocol):
+    """The GPU ABEA stage of one device (`streamer_gpu.abea.CudaAbea`) as the pipeline and the tuner use it."""
+
+    options: CudaOptions
+
+    def align(self, reads: Any, model: Any, params: Any = ...) -> tuple[Any, AbeaBatchStats]:
+        """`streamer.pipeline.abea.align_batch` of a batch record (`AbeaReads`' fields), plus its measurements."""
+
+    def retune(self, options: CudaOptions) -> None: ...
+
+
+class GpuPackage(Protocol):
+    """What the GPU package (`streamer_gpu`, an install extra) offers the core."""
+
+    def open_gpu(self, options: CudaOptions, bandwidth: int = 100) -> GpuAbea | None:
+        """The ABEA stage on options.dev_id, or None (said in one line) where there is none to use."""
+
+    def count_gpus(self) -> int:
+        """GPUs on this host (0 without numba-cuda or a GPU)."""
+
+    def device_context(self, dev_id: int) -> Callable[[], AbstractContextManager]:
+        """What makes GPU dev_id current on a thread for one batch."""
+
+    def release_gpu(self) -> None:
+        """Give the memory of dropped GPU stages back to the driver now."""
+
+    def is_cuda_error(self, exc: BaseException) -> bool:
+        """A failed launch, copy, allocation or module load on a GPU."""
+
+    def probe_gpu(self, dev_id: int = 0) -> GpuInfo | None:
+        """GPU dev_id as the device profiles need it, before the arena is taken; None where there is none."""
+
+    def arena_bases(self, n_bytes: int, avg_epk: float, bandwidth: int) -> int:
+        """Read bases an ABEA arena of n_bytes holds (f5c's partition)."""
+
+
+def gpu_package() -> GpuPackage:
+    """The GPU package, imported on first use."""
+    return cast(GpuPackage, importlib.import_module("streamer_gpu"))
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,14 @@ events per base > `max_events_per_base`.
 Events per base (float64 per read) = (last aligned event - first aligned event)
 / number of k-mers: the span of aligned events, not the event count. The
 methylation HMM takes its stay probability from it (1 - 1/events_per_base).
+
+The kernel `postalign` takes its eighteen flat arrays and scalars because numba compiles no
+Python objects; `recalibrate_batch` takes the batch record and `PostalignParams` and unpacks them once.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numba
@@ -27,6 +31,15 @@ import numpy as np
 from streamer.pore.model import PoreModel
 from streamer.pipeline.scaling import F5C_CODES, read_kmer_ranks, require_dtype, require_nucleotide
 from streamer.skips import Skip
+
+
+@dataclass(frozen=True)
+class PostalignParams:
+    """The recalibration's QC thresholds (f5c's defaults), a pore chemistry's."""
+
+    min_events: int = 200
+    max_var: float = 2.5
+    max_events_per_base: float = 5.0
 
 
 @numba.njit(nogil=True, cache=True)
@@ -204,46 +217,29 @@ class PostAlign(NamedTuple):
     kmer_off: np.ndarray  # int64[n + 1]: read i owns b2e_*[kmer_off[i]:kmer_off[i + 1]]
 
 
-def recalibrate_batch(
-    seq,
-    seq_off,
-    ev_mean,
-    ev_off,
-    aln_kmer,
-    aln_event,
-    aln_off,
-    status,
-    shift,
-    scale,
-    var,
-    model: PoreModel,
-    min_events: int = 200,
-    max_var: float = 2.5,
-    max_events_per_base: float = 5.0,
-) -> PostAlign:
-    """Post-alignment stage over a batch with the nucleotide model (status updated in place)."""
+class PostalignReads(NamedTuple):
+    """What the recalibration reads of a batch, by `ReadBatch`'s field names (a `ReadBatch` is passed as it
+    is; this record is for callers holding the arrays alone)."""
+
+    seq: np.ndarray
+    seq_off: np.ndarray
+    ev_mean: np.ndarray
+    ev_off: np.ndarray
+    aln_kmer: np.ndarray
+    aln_event: np.ndarray
+    aln_off: np.ndarray
+    status: np.ndarray
+    shift: np.ndarray
+    scale: np.ndarray
+    var: np.ndarray
+
+
+def recalibrate_batch(reads, model: PoreModel, params: PostalignParams = PostalignParams()) -> PostAlign:
+    """Post-alignment stage over a batch (a `ReadBatch` or `PostalignReads`) with the nucleotide model
+    (status updated in place)."""
     require_nucleotide(model)
-    require_dtype("ev_mean", ev_mean, np.float32)
-    require_dtype("status", status, np.int8)
-    return PostAlign(
-        *postalign(
-            seq,
-            seq_off,
-            ev_mean,
-            ev_off,
-            aln_kmer,
-            aln_event,
-            aln_off,
-            status,
-            shift,
-            scale,
-            var,
-            model.level_mean,
-            model.level_stdv,
-            model.k,
-            F5C_CODES,
-            min_events,
-            max_var,
-            max_events_per_base,
-        )
-    )
+    require_dtype("ev_mean", reads.ev_mean, np.float32)
+    require_dtype("status", reads.status, np.int8)
+    arrays = (getattr(reads, name) for name in PostalignReads._fields)
+    return PostAlign(*postalign(*arrays, model.level_mean, model.level_stdv, model.k, F5C_CODES, params.min_events,
+                                params.max_var, params.max_events_per_base))  # fmt: skip

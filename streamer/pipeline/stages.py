@@ -29,8 +29,9 @@ from streamer.pipeline.abea import align_batch
 from streamer.pipeline.batch import CIGAR_M, ReadBatch, ReadInput, pack
 from streamer.pipeline.devices import DevicePool
 from streamer.pipeline.events import detect_events
-from streamer.pipeline.gpu import AbeaBatchStats, CudaOptions, HmmBatchStats, gpu_module
+from streamer.pipeline.gpu import AbeaBatchStats, CudaOptions, GpuAbea, HmmBatchStats, gpu_package
 from streamer.io.fast5 import SignalRecord
+from streamer.pore.chemistry import DEFAULT, Chemistry
 from streamer.pore.model import PoreModel, load_kmer_model
 from streamer.pipeline.postalign import recalibrate_batch
 from streamer.pipeline.scaling import estimate_scalings
@@ -45,6 +46,7 @@ class PipelineOptions:
     kmer_model: Path | None = None
     meth_model: Path | None = None
     cuda: CudaOptions = CudaOptions()
+    chemistry: Chemistry = DEFAULT  # its event, ABEA and recalibration settings (the models are given above)
 
 
 @dataclass
@@ -56,7 +58,7 @@ class GpuDevice:
     """
 
     dev_id: int
-    abea: Any  # streamer_gpu.abea.CudaAbea, or any object with its `align`
+    abea: GpuAbea  # streamer_gpu.abea.CudaAbea, or any object with its `align`
     context: Callable[[], ContextManager] = contextlib.nullcontext
     parts: dict[str, Any] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -107,7 +109,7 @@ class DetectEvents(_CoreStage):
 
     def __call__(self, batch: ReadBatch, pipeline: Pipeline) -> None:
         batch.ev_off, batch.ev_start, batch.ev_length, batch.ev_mean, batch.ev_stdv = detect_events(
-            batch.signal, batch.signal_off
+            batch.signal, batch.signal_off, pipeline.options.chemistry.events
         )
 
 
@@ -126,14 +128,12 @@ class AlignEvents(_CoreStage):
     name = "abea"
 
     def __call__(self, batch: ReadBatch, pipeline: Pipeline) -> None:
-        args = (batch.seq, batch.seq_off, batch.ev_mean, batch.ev_off, batch.status, batch.shift, batch.scale,
-                pipeline.kmer_model)  # fmt: skip
-        device = pipeline.device
+        device, params = pipeline.device, pipeline.options.chemistry.abea
         if device is None:
-            aln = align_batch(*args)
+            aln = align_batch(batch, pipeline.kmer_model, params)
         else:
             with device.lock:
-                aln, batch.stats[self.name] = device.abea.align(*args)
+                aln, batch.stats[self.name] = device.abea.align(batch, pipeline.kmer_model, params)
         batch.aln_off, batch.aln_kmer, batch.aln_event = aln.aln_off, aln.aln_kmer, aln.aln_event
 
 
@@ -143,10 +143,7 @@ class Recalibrate(_CoreStage):
     name = "postalign"
 
     def __call__(self, batch: ReadBatch, pipeline: Pipeline) -> None:
-        post = recalibrate_batch(
-            batch.seq, batch.seq_off, batch.ev_mean, batch.ev_off, batch.aln_kmer, batch.aln_event,
-            batch.aln_off, batch.status, batch.shift, batch.scale, batch.var, pipeline.kmer_model,
-        )  # fmt: skip
+        post = recalibrate_batch(batch, pipeline.kmer_model, pipeline.options.chemistry.postalign)
         batch.post = post
         batch.mom_scalings = (batch.shift, batch.scale, batch.var)
         batch.shift, batch.scale, batch.var = post.shift, post.scale, post.var
@@ -287,7 +284,7 @@ class Pipeline:
                 log.warning("GPU %d failed at start-up (%s): %s", dev_id, exc, where)
                 failed = True
         if failed:
-            gpu_module("").release_gpu()
+            gpu_package().release_gpu()
         if not self.devices:
             result = self._run(pack([synthetic_read(self.kmer_model)]), None, recover=False)
         return result
@@ -297,7 +294,7 @@ def open_devices(cuda: CudaOptions) -> list[GpuDevice]:
     """The GPU ABEA stage on each of cuda's devices that has one to give (each failure said in one line)."""
     if cuda.disable:
         return []
-    gpu = gpu_module("")
+    gpu = gpu_package()
     devices = []
     for dev_id in cuda.devices(gpu.count_gpus()):
         abea = gpu.open_gpu(replace(cuda, dev_id=dev_id))
@@ -308,7 +305,7 @@ def open_devices(cuda: CudaOptions) -> list[GpuDevice]:
 
 def is_cuda_error(exc: BaseException) -> bool:
     """A failed launch, copy, allocation or module load on a GPU (asked only where a GPU stage ran)."""
-    return isinstance(exc, gpu_module("target").CUDA_ERRORS)
+    return gpu_package().is_cuda_error(exc)
 
 
 def skipped_of(batch: ReadBatch) -> list[Skipped]:

@@ -8,7 +8,7 @@ Text models have k up to 9 (f5c's limit; f5c's R10.4.1 CpG 9-mer model is 1,953,
 the alphabet from `#alphabet` or, without it, from the presence of M; large ones are parsed once
 and then read from a binary cache (`streamer.pore.modeltext`). uncalled4's `.npz` level tables (ONT's
 R10.4.1 400bps 9-mer, MIT; 5.6 MB) load into the same `PoreModel`. Neither R10.4.1 model is
-shipped: `pore_models` looks for them in a per-pore folder and says where to get a missing one.
+shipped: `streamer.pore.chemistry` looks for them in a per-pore folder and says where to get a missing one.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import numpy as np
 
 from streamer.pore import modeltext
 from streamer.errors import ModelError
-from streamer.io.poretype import R10
 from streamer.paths import user_data_dir
 
 NUCLEOTIDE = "ACGT"
@@ -34,11 +33,6 @@ METHYL_CPG = "ACGMT"
 
 DEFAULT_KMER_MODEL = "r9.4_450bps.nucleotide.6mer.template.model"
 DEFAULT_METH_MODEL = "r9.4_450bps.cpg.6mer.template.model"
-# R10.4.1 models are not shipped (sizes); these names are looked for in model_dir()/r10
-R10_KMER_MODEL = "dna_r10.4.1_400bps_9mer.npz"
-R10_METH_MODEL = "r10_450bps.cpg.9mer.template.round9.model"
-UNCALLED4_MODELS = "https://github.com/skovaka/uncalled4"
-F5C_RELEASES = "https://github.com/hasindu2008/f5c/releases"
 MAX_TEXT_K = 9  # as f5c (MAX_KMER_SIZE): 5^9 CpG rows
 _ALPHABETS = {"nucleotide": NUCLEOTIDE, "u_to_t_rna": NUCLEOTIDE, "cpg": METHYL_CPG}
 _NPZ_KEYS = ("_k", "kmer", "current.mean", "current.stdv", "_pa_mean", "_pa_stdv")
@@ -267,25 +261,6 @@ def model_dir() -> Path:
     if env := os.environ.get("STREAMER_MODEL_DIR"):
         return Path(env)
     return user_data_dir() / "models"
-
-
-def pore_models(pore: str | None, kmer_model: Path | None = None, meth_model: Path | None = None,
-                folder: Path | None = None, *, methylation: bool = True) -> tuple[Path | None, Path | None]:
-    """The model files for a pore: those given, else the pore's default location (r9: the shipped
-    ones, returned as None). R10.4.1 models are not shipped: a missing one raises ModelError naming
-    the file looked for and where it is published. `methylation=False` needs no CpG model."""
-    if pore != R10:
-        return kmer_model, meth_model
-    folder = (folder or model_dir()) / R10
-    kmer = kmer_model or folder / R10_KMER_MODEL
-    if kmer_model is None and not kmer.is_file():
-        raise ModelError(kmer, f"no R10.4.1 9-mer nucleotide model: uncalled4 publishes {R10_KMER_MODEL} "
-                         f"({UNCALLED4_MODELS}); put it there or pass --kmer-model FILE")  # fmt: skip
-    meth = meth_model or folder / R10_METH_MODEL
-    if methylation and meth_model is None and not meth.is_file():
-        raise ModelError(meth, f"no R10.4.1 CpG methylation model: f5c publishes its CpG 9-mer model "
-                         f"{R10_METH_MODEL} with its releases ({F5C_RELEASES}); put it there or pass --meth-model FILE")
-    return kmer, meth if methylation else meth_model
 
 
 @numba.njit(nogil=True, cache=True)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from streamer.pipeline.gpu import CudaOptions, GpuInfo, gpu_module
+from streamer.pipeline.gpu import CudaOptions, GpuInfo, gpu_package
 from streamer.tuning.controller import KNOBS, Bounds, Settings
 
 # host bytes a batch holds per read base while it is assembled, prefetched and computed (signal,
@@ -107,9 +107,8 @@ def bounds_for(machine: Machine, mem_frac: float | None) -> Bounds:
     most_bases = int(machine.host_bytes * HOST_SHARE / HOST_BYTES_PER_BASE)
     if machine.gpu is not None:
         frac = mem_frac if mem_frac is not None else (0.7 if machine.gpu.integrated else 0.9)
-        arena_capacity = gpu_module("host").arena_capacity
-        arena = arena_capacity(int(machine.gpu.free_bytes * frac), Settings().avg_epk, BANDWIDTH)
-        most_bases = min(most_bases, 2 * arena.bases)
+        arena_bases = gpu_package().arena_bases(int(machine.gpu.free_bytes * frac), Settings().avg_epk, BANDWIDTH)
+        most_bases = min(most_bases, 2 * arena_bases)
     b = Bounds()
     return replace(b, max_bases=(b.max_bases[0], max(b.max_bases[0], min(b.max_bases[1], most_bases))))
 

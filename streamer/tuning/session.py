@@ -7,13 +7,11 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, Self, TypeVar
 
 from streamer.pipeline.batching import BatchLimits
-from streamer.config import Config
-from streamer.pipeline.gpu import AbeaBatchStats, CudaOptions, GpuInfo, gpu_module
+from streamer.pipeline.gpu import AbeaBatchStats, CudaOptions, GpuInfo, gpu_package
 from streamer.paths import user_state_dir
 from streamer.tuning.controller import Action, Controller, Policy, Settings
 from streamer.tuning.monitor import ADVICE, REPEATS
@@ -21,6 +19,7 @@ from streamer.tuning.profiles import PROFILE_NAMES, Machine, Plan, plan, user_se
 from streamer.tuning.store import TuningStore
 
 log = logging.getLogger(__name__)
+C = TypeVar("C", bound="TunableConfig")
 
 
 class GpuStage(Protocol):
@@ -31,31 +30,32 @@ class GpuStage(Protocol):
     def retune(self, options: CudaOptions) -> None: ...
 
 
-# where each tunable setting lives in the daemon's configuration
-CONFIG_KEYS = {"max_reads": ("batch", "max_reads"), "max_bases": ("batch", "max_bases"), "max_lf": ("gpu", "max_lf"),
-               "max_epk": ("gpu", "max_epk"), "avg_epk": ("gpu", "avg_epk"), "ultra_thresh": ("gpu", "ultra_thresh"),
-               "threads": ("pipeline", "threads"), "mem_frac": ("gpu", "mem_frac")}  # fmt: skip
+class TunableConfig(Protocol):
+    """What `plan_config` needs of the daemon's configuration (`streamer.config.Config`), named here so
+    that the configuration, which lists this package's profiles, is not imported back."""
+
+    gpu: Any  # streamer.config.GpuConfig: device, profile, disable, autotune
+
+    def state_dir(self) -> Path: ...
+
+    def tunables(self) -> dict[str, Any]: ...
+
+    def with_tunables(self, values: dict[str, Any]) -> Self: ...
 
 
-def plan_config(cfg: Config) -> tuple[Config, Plan]:
+def plan_config(cfg: C) -> tuple[C, Plan]:
     """The daemon's configuration with every tunable setting resolved: keys left at their defaults take
     the learned value (autotune) or the profile's."""
-    defaults = Config()
-    values = {k: getattr(getattr(cfg, sec), key) for k, (sec, key) in CONFIG_KEYS.items()}
-    given = user_set(values, {k: getattr(getattr(defaults, sec), key) for k, (sec, key) in CONFIG_KEYS.items()})
+    given = user_set(cfg.tunables(), type(cfg)().tunables())
     dev_id = CudaOptions().with_devices(cfg.gpu.device).dev_id  # the profiles plan for the first GPU
     p = prepare(given, cfg.gpu.profile, dev_id=dev_id, disable_cuda=cfg.gpu.disable,
                 state_dir=cfg.state_dir() if cfg.gpu.autotune else None)  # fmt: skip
-    resolved = {**p.settings.as_dict(), "threads": p.threads, "mem_frac": p.mem_frac}
-    for section in ("batch", "gpu", "pipeline"):
-        keys = {key: resolved[k] for k, (sec, key) in CONFIG_KEYS.items() if sec == section}
-        cfg = replace(cfg, **{section: replace(getattr(cfg, section), **keys)})
-    return cfg, p
+    return cfg.with_tunables({**p.settings.as_dict(), "threads": p.threads, "mem_frac": p.mem_frac}), p
 
 
 def probe_gpu(dev_id: int = 0) -> GpuInfo | None:
     """The GPU the profiles plan for (`streamer_gpu.device.probe_gpu`), None where there is none."""
-    return gpu_module("device").probe_gpu(dev_id)
+    return gpu_package().probe_gpu(dev_id)
 
 
 def prepare(given: Mapping[str, Any], profile: str = "auto", *, dev_id: int = 0, disable_cuda: bool = False,

@@ -17,6 +17,7 @@ from streamer.pipeline.batch import ReadBatch
 from streamer.pipeline.stages import Pipeline
 from streamer.pore.model import PoreModel, load_default_models
 from streamer_plugins.cpg.calls import MethCalls, call_methylation
+from streamer_plugins.cpg.hmm import HmmInputs, HmmJobs
 from streamer_plugins.cpg.hmm_gpu import open_gpu_hmm
 
 CALLS = "calls"  # its key in `batch.products`
@@ -53,9 +54,9 @@ class CpgCaller:
             batch.products[CALLS] = call_methylation(*args, log_var=log_var)
             return
 
-        def score_on_gpu(*jobs):
+        def score_on_gpu(jobs: HmmJobs, inputs: HmmInputs):
             with device.lock if device is not None else pipeline.gpu_lock:
-                ll_u, ll_m, stats = gpu.score(*jobs)
+                ll_u, ll_m, stats = gpu.score(jobs, inputs)
             batch.stats.setdefault(self.name, stats)
             return ll_u, ll_m
 

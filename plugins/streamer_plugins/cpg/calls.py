@@ -4,6 +4,9 @@
 fields are filled. It plans the scored windows of every read in parallel (event-to-reference
 map, CpG groups, bounding events), then scores all (read, window) jobs of the batch in one
 parallel pass, so long and short reads share the cores evenly.
+
+`_plan_windows` is a numba kernel over the batch's flat arrays, hence its long argument list;
+`_plan_jobs` unpacks the batch record for it once.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import numpy as np
 from streamer.pipeline.batch import ReadBatch
 from streamer_plugins import printf
 from streamer_plugins.cpg import tsv
-from streamer_plugins.cpg.hmm import HmmParams, pack_model, pack_scalings, score_windows
+from streamer_plugins.cpg.hmm import HmmInputs, HmmJobs, HmmParams, pack_model, pack_scalings, score_jobs
 from streamer_plugins.cpg.logsum import LOGSUM_TABLE
 from streamer_plugins.cpg.lookup import (
     CLOSEST_EVENT_SEARCH,
@@ -62,6 +65,16 @@ class MethCalls:
 
     def __len__(self) -> int:
         return len(self.read)
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """How CpG sites are grouped into scored windows, and how far events are looked for (f5c's values)."""
+
+    min_separation: int = MIN_SEPARATION  # bases between groups; the flank either side of a window
+    max_span: int = MAX_SPAN  # most bases between a group's first and last C
+    min_event_span: int = MIN_EVENT_SPAN  # a window's bounding events must be further apart than this
+    event_search: int = CLOSEST_EVENT_SEARCH
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
@@ -133,15 +146,14 @@ class _Jobs:
     spliced: np.ndarray  # per read: alignment skips reference
 
 
-def _plan_jobs(batch: ReadBatch, ref: np.ndarray, status: np.ndarray, k: int, event_search: int,
-               min_separation: int, max_span: int, min_event_span: int) -> _Jobs:  # fmt: skip
+def _plan_jobs(batch: ReadBatch, ref: np.ndarray, status: np.ndarray, k: int, groups: Grouping) -> _Jobs:
     n_slots = _count_sites(ref, batch.ref_seq_off, status)
     slot_off = np.zeros(batch.n + 1, np.int64)
     np.cumsum(n_slots, out=slot_off[1:])
     first, last, n_sites, e1, e2, kept, outcome = _plan_windows(
         ref, batch.ref_seq_off, batch.ref_start, batch.rc, batch.cigar, batch.cigar_off, batch.seq_off,
         batch.aln_kmer, batch.aln_event, batch.aln_off, status, slot_off,
-        k, event_search, min_separation, max_span, min_event_span,
+        k, groups.event_search, groups.min_separation, groups.max_span, groups.min_event_span,
     )  # fmt: skip
     take = np.arange(slot_off[-1]) - np.repeat(slot_off[:-1], n_slots) < np.repeat(kept, n_slots)
     return _Jobs(
@@ -164,11 +176,8 @@ def call_methylation(
     *,
     log_var: np.ndarray | None = None,
     params: HmmParams = HmmParams(),
-    min_separation: int = MIN_SEPARATION,
-    max_span: int = MAX_SPAN,
-    min_event_span: int = MIN_EVENT_SPAN,
-    event_search: int = CLOSEST_EVENT_SEARCH,
-    scorer: Callable[..., tuple[np.ndarray, np.ndarray]] = score_windows,
+    groups: Grouping = Grouping(),
+    scorer: Callable[[HmmJobs, HmmInputs], tuple[np.ndarray, np.ndarray]] = score_jobs,
 ) -> MethCalls:
     """Score every CpG group of every read with status 0, as f5c call-methylation does.
 
@@ -178,7 +187,7 @@ def call_methylation(
     ABEA pairs. `log_var` (float[n]) is log of recalibration's double-precision var, which f5c
     uses; without it the log is taken of the float32 `batch.var` (differs by at most an ulp).
     Reads left with no call get status NO_CPG (SPLICED for N in the CIGAR). `scorer` scores the
-    (read, window) jobs: `score_windows` or a function with its signature and answers (the GPU's).
+    (read, window) jobs: `score_jobs` or a function with its signature and answers (the GPU's).
     """
     if kmer_model.alphabet != NUCLEOTIDE or meth_model.alphabet != METHYL_CPG or kmer_model.k != meth_model.k:
         raise ValueError("call_methylation needs a nucleotide model and a CpG (ACGMT) model of the same k")
@@ -193,13 +202,14 @@ def call_methylation(
     status[(status == Skip.OK) & ~(events_per_base > 0)] = Skip.QC_FAILED
     ref = DISAMBIGUATE[batch.ref_seq]
 
-    jobs = _plan_jobs(batch, ref, status, k, event_search, min_separation, max_span, min_event_span)
+    jobs = _plan_jobs(batch, ref, status, k, groups)
     span_len = np.diff(batch.ref_seq_off)[jobs.read]
+    sep = groups.min_separation
     ll_u, ll_m = scorer(
-        jobs.read, jobs.first - min_separation, np.minimum(jobs.last + min_separation + 1, span_len),
-        jobs.e1, jobs.e2, ref, batch.ref_seq_off, batch.rc, batch.ev_mean, batch.ev_off,
-        pack_scalings(batch.scale, batch.shift, batch.var, log_var), events_per_base, k,
-        pack_model(meth_model.level_mean, meth_model.level_stdv), params.as_array(), LOGSUM_TABLE,
+        HmmJobs(jobs.read, jobs.first - sep, np.minimum(jobs.last + sep + 1, span_len), jobs.e1, jobs.e2),
+        HmmInputs(ref, batch.ref_seq_off, batch.rc, batch.ev_mean, batch.ev_off,
+                  pack_scalings(batch.scale, batch.shift, batch.var, log_var), events_per_base, k,
+                  pack_model(meth_model.level_mean, meth_model.level_stdv), params.as_array(), LOGSUM_TABLE),
     )  # fmt: skip
 
     for i in np.flatnonzero((batch.status == Skip.OK) & (jobs.kept == 0)):

@@ -11,6 +11,10 @@ probabilities in double stored as float32, HMMER's table log-sum, and the same o
 summation. The forward pass of one window is written once (`hmm_cells`) and compiled both
 here and for CUDA (`streamer_plugins.cpg.hmm_cuda`), so CPU and GPU agree to the bit; a job is
 one window of one read, and `score_windows` runs all jobs of a batch on CPU threads.
+
+The kernels (`forward`, `profile_forward`, `score_windows`) take flat arrays and scalars, many of
+them, as numba needs; the Python side passes the jobs and what they are scored against as two
+records (`HmmJobs`, `HmmInputs`) to `score_jobs` or the GPU's `CudaHmm.score`.
 """
 
 from __future__ import annotations
@@ -345,6 +349,40 @@ def profile_forward(
     flank = flank_table(abs(e_stop - e_start) + 1, params)
     return forward(seq, w0, length, rc, methylated, ev_mean, e_start, e_stop, k, model, scalings.reshape((1, 4)),
                    trans.reshape((1, 10)), 0, flank, table, cell)  # fmt: skip
+
+
+class HmmJobs(NamedTuple):
+    """The (read, window) jobs of a batch: window ref_seq[ref_seq_off[read] + w0 : ... + w1] against the
+    read's events e1..e2 (indices within the read)."""
+
+    read: np.ndarray
+    w0: np.ndarray
+    w1: np.ndarray
+    e1: np.ndarray
+    e2: np.ndarray
+
+
+class HmmInputs(NamedTuple):
+    """What every job of a batch is scored against: the reads' reference spans and events, their
+    scalings and event rates, and the model, parameters and log-sum table."""
+
+    ref_seq: np.ndarray
+    ref_seq_off: np.ndarray
+    rc: np.ndarray
+    ev_mean: np.ndarray
+    ev_off: np.ndarray
+    scalings: np.ndarray
+    events_per_base: np.ndarray
+    k: int
+    model: np.ndarray
+    params: np.ndarray
+    table: np.ndarray
+
+
+def score_jobs(jobs: HmmJobs, inputs: HmmInputs) -> tuple[np.ndarray, np.ndarray]:
+    """`score_windows` of the jobs: (ll_unmethylated, ll_methylated), float32. The GPU's `CudaHmm.score`
+    takes the same two records."""
+    return score_windows(*jobs, *inputs)
 
 
 JOBS_PER_CHUNK = 32

@@ -17,6 +17,9 @@ Per batch it packs the jobs, sends the windows too large for the kernel's local 
 threads while the kernel runs, copies the batch's reference spans and events in, launches one
 thread per (job, hypothesis), and copies the two log-likelihoods per job back. A CUDA error or
 device out-of-memory in a batch scores that batch on the CPU and is logged and recorded, never lost.
+
+The kernel's eighteen arguments are device arrays and scalars, as CUDA kernels need; `score` takes
+the two records (`HmmJobs`, `HmmInputs`) and unpacks them once.
 """
 
 from __future__ import annotations
@@ -34,8 +37,8 @@ from streamer_gpu.buffers import DeviceBuffers
 from streamer_gpu.faults import from_env as fault_plan
 from streamer_gpu.target import CUDA_ERRORS, DEVICE
 from streamer_plugins.cpg import hmm as cpu_hmm
-from streamer_plugins.cpg.hmm import SLOTS, flank_table, hmm_cells, read_transitions
-from streamer_plugins.cpg.hmm_gpu import DEFAULT_MAX_KMERS, launch_order, pack_jobs
+from streamer_plugins.cpg.hmm import SLOTS, HmmInputs, HmmJobs, flank_table, hmm_cells, read_transitions
+from streamer_plugins.cpg.hmm_jobs import DEFAULT_MAX_KMERS, launch_order, pack_jobs
 
 log = logging.getLogger(__name__)
 
@@ -94,27 +97,23 @@ class CudaHmm:
             self._constants[name] = held
         return held[1]
 
-    def score(self, job_read, job_w0, job_w1, job_e1, job_e2, ref_seq, ref_seq_off, rc, ev_mean, ev_off, scalings,
-              events_per_base, k, model, params, table) -> tuple[np.ndarray, np.ndarray, HmmBatchStats]:  # fmt: skip
-        """`score_windows` on the GPU (and CPU threads for windows over max_kmers), plus the batch's measurements."""
+    def score(self, jobs: HmmJobs, inputs: HmmInputs) -> tuple[np.ndarray, np.ndarray, HmmBatchStats]:
+        """`score_jobs` on the GPU (and CPU threads for windows over max_kmers), plus the batch's measurements."""
         self._faults.check("hmm")
         t0 = time.perf_counter()
-        read, w0, length, e1, e2, cells, fits = pack_jobs(
-            job_read, job_w0, job_w1, job_e1, job_e2, ref_seq_off, ev_off, k, self.max_kmers
-        )
+        read, w0, length, e1, e2, cells, fits = pack_jobs(*jobs, inputs.ref_seq_off, inputs.ev_off, inputs.k,
+                                                          self.max_kmers)  # fmt: skip
         n = len(read)
         ll_u = np.empty(n, np.float32)
         ll_m = np.empty(n, np.float32)
         on_cpu = np.flatnonzero(~fits)
         order = launch_order(np.flatnonzero(fits), cells, self.by_cost)
         t_pack = time.perf_counter() - t0
-        cpu_args = (ref_seq, ref_seq_off, rc, ev_mean, ev_off, scalings, events_per_base, k, model, params, table)
 
         def score_on_cpu(idx: np.ndarray) -> float:
             t = time.perf_counter()
             if len(idx):
-                sel = (job_read[idx], job_w0[idx], job_w1[idx], job_e1[idx], job_e2[idx])
-                ll_u[idx], ll_m[idx] = cpu_hmm.score_windows(*sel, *cpu_args)
+                ll_u[idx], ll_m[idx] = cpu_hmm.score_jobs(HmmJobs(*(a[idx] for a in jobs)), inputs)
             return time.perf_counter() - t
 
         t_cpu: list[float] = []
@@ -124,8 +123,7 @@ class CudaHmm:
         fallback = ""
         got = None
         try:
-            got, times = self._run_gpu(order, read, w0, length, e1, e2, ref_seq, rc, ev_mean, scalings,
-                                       events_per_base, k, model, params, table)  # fmt: skip
+            got, times = self._run_gpu(order, (read, w0, length, e1, e2), inputs)
         except CUDA_ERRORS as exc:
             fallback = f"{type(exc).__name__}: {exc}"
             log.warning("GPU HMM failed on a batch of %d windows (%s); its %d GPU windows are scored on the CPU",
@@ -151,12 +149,15 @@ class CudaHmm:
         )
         return ll_u, ll_m, stats
 
-    def _run_gpu(self, order, read, w0, length, e1, e2, ref_seq, rc, ev_mean, scalings, events_per_base, k, model,
-                 params, table) -> tuple[tuple[np.ndarray, np.ndarray] | None, list[float]]:  # fmt: skip
-        """Both log-likelihoods of every job (valid at the jobs in `order`) and the h2d, kernel, d2h seconds."""
+    def _run_gpu(self, order: np.ndarray, placed: tuple[np.ndarray, ...],
+                 inputs: HmmInputs) -> tuple[tuple[np.ndarray, np.ndarray] | None, list[float]]:  # fmt: skip
+        """Both log-likelihoods of every job (valid at the jobs in `order`) and the h2d, kernel, d2h seconds;
+        `placed` is `pack_jobs`' (read, w0, length, e1, e2), in batch coordinates."""
         n_gpu = len(order)
         if n_gpu == 0:
             return None, [0.0, 0.0, 0.0]
+        read, w0, length, e1, e2 = placed
+        ref_seq, _, rc, ev_mean, _, scalings, events_per_base, k, model, params, table = inputs
         s, b = self._stream, self._buffers
         t0 = time.perf_counter()
         trans = read_transitions(read[order], events_per_base, params)

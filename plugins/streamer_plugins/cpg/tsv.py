@@ -1,6 +1,8 @@
 """call-methylation TSV rows written by a numba kernel, byte for byte what Python's formatting gives
 (`streamer_plugins.printf`: Python's `%.2f` of a double is printf's).
 
+The row kernels take one flat array per column, as numba needs; their caller (`calls.format_calls`)
+unpacks the calls record once.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from streamer_plugins.cpg.hmm import HmmParams, pack_model, pack_scalings
 from streamer_plugins.cpg.lookup import CLOSEST_EVENT_SEARCH
 from streamer_plugins.cpg.sites import DISAMBIGUATE
 from streamer.pore.model import NUCLEOTIDE, PoreModel
-from streamer.pipeline.postalign import recalibrate_batch
+from streamer.pipeline.postalign import PostalignReads, recalibrate_batch
 from streamer.skips import Skip
 from streamer_plugins.eventalign.viterbi import (
     F5C_LOG_INV_SQRT_2PI,
@@ -247,9 +247,9 @@ class EventalignStage:
         if self.compat == "nanopolish":  # recalibrated again from the method-of-moments scalings
             np_model = nanopolish_model(kmer)
             shift, scale, var = batch.mom_scalings
-            again = recalibrate_batch(batch.seq, batch.seq_off, batch.ev_mean, batch.ev_off, batch.aln_kmer,
-                                      batch.aln_event, batch.aln_off, batch.status.copy(), shift, scale, var,
-                                      np_model)  # fmt: skip
+            reads = PostalignReads(batch.seq, batch.seq_off, batch.ev_mean, batch.ev_off, batch.aln_kmer,
+                                   batch.aln_event, batch.aln_off, batch.status.copy(), shift, scale, var)  # fmt: skip
+            again = recalibrate_batch(reads, np_model)
             nanopolish = NanopolishScaling.from_recalibration(np_model, again.exact)
         with np.errstate(divide="ignore", invalid="ignore"):
             log_var = np.log(post.exact[:, 2])  # NaN for the reads not recalibrated, which give no rows

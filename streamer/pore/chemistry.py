@@ -1,0 +1,159 @@
+"""Pore chemistries: each one description, all in one registry that every command consults.
+
+A chemistry says what the pipeline needs to know of a kind of read: its k and nominal sample
+rate, the event detector's and ABEA's and the recalibration's settings, its default models and
+where they are published, and how its run metadata names it (flow cell and kit). `streamer call`,
+`streamer eventalign`, the daemon, the configuration's choices and the help texts all read
+`CHEMISTRIES`, so adding a chemistry is one entry here plus its model files.
+
+An RNA chemistry differs in more than its numbers: its signal runs 3'->5' (`reverse_signal`) and
+its models are written over U (`u_to_t`: read as T). Those fields are here so that such an entry
+can say so; the pipeline takes DNA's orientation, and a chemistry that sets either is refused
+where its models are looked for (`Chemistry.models`) until the stages honour them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from streamer.errors import ModelError, StreamerError
+from streamer.io.poretype import run_metadata
+from streamer.pipeline.abea import AbeaParams
+from streamer.pipeline.events import DNA_PARAMS, EventParams
+from streamer.pipeline.postalign import PostalignParams
+from streamer.pore.model import DEFAULT_KMER_MODEL, DEFAULT_METH_MODEL, builtin_model_path, model_dir
+
+UNCALLED4_MODELS = "https://github.com/skovaka/uncalled4"
+F5C_RELEASES = "https://github.com/hasindu2008/f5c/releases"
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """A default model: its file name, whether it ships with streamer, and who publishes it."""
+
+    name: str
+    what: str  # for messages: "9-mer nucleotide", "CpG methylation"
+    shipped: bool = False
+    published: str = ""  # where to get one that is not shipped, said when it is missing
+
+
+@dataclass(frozen=True)
+class Chemistry:
+    """One pore chemistry (see the module's docstring)."""
+
+    name: str  # the `--pore` / `pipeline.pore` value, and the model folder's sub-folder
+    title: str  # as said to the user: "R10.4.1"
+    k: int
+    sample_rate: float  # nominal Hz; each read's own rate comes from its signal file
+    kmer_model: ModelFile
+    meth_model: ModelFile
+    recognise: str  # regular expression over the run's flow cell and kit strings
+    events: EventParams = DNA_PARAMS
+    abea: AbeaParams = AbeaParams()
+    postalign: PostalignParams = PostalignParams()
+    reverse_signal: bool = False  # RNA: the signal runs 3'->5'
+    u_to_t: bool = False  # RNA: the models' U read as T
+    _pattern: re.Pattern = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_pattern", re.compile(self.recognise, re.IGNORECASE))
+
+    def names_run(self, text: str) -> bool:
+        """Whether flow cell / kit strings name this chemistry."""
+        return self._pattern.search(text) is not None
+
+    def models(self, kmer_model: Path | None, meth_model: Path | None, folder: Path, *,
+               methylation: bool = True) -> tuple[Path | None, Path | None]:  # fmt: skip
+        """The model files: those given, else this chemistry's in `folder`/name (the shipped R9.4.1 ones
+        are returned as None: `load_default_models` takes them). A missing one raises ModelError naming the
+        file looked for and where it is published; `methylation=False` needs no CpG model."""
+        if self.reverse_signal or self.u_to_t:
+            raise StreamerError(f"{self.title}: RNA reads (3'->5' signal, U models) are not supported yet")
+        kmer = self._model(self.kmer_model, kmer_model, folder, "--kmer-model")
+        meth = self._model(self.meth_model, meth_model, folder, "--meth-model") if methylation else meth_model
+        return kmer, meth
+
+    def _model(self, default: ModelFile, given: Path | None, folder: Path, flag: str) -> Path | None:
+        if given is not None:
+            return given
+        if default.shipped:  # the loader's own default is None; another shipped model, its package path
+            return None if default.name in (DEFAULT_KMER_MODEL, DEFAULT_METH_MODEL) else builtin_model_path(default.name)
+        path = folder / self.name / default.name
+        if not path.is_file():
+            raise ModelError(path, f"no {self.title} {default.what} model: {default.published}; put it there or "
+                             f"pass {flag} FILE")  # fmt: skip
+        return path
+
+
+R9 = Chemistry(
+    name="r9", title="R9.4.1", k=6, sample_rate=4000.0,
+    kmer_model=ModelFile(DEFAULT_KMER_MODEL, "6-mer nucleotide", shipped=True),
+    meth_model=ModelFile(DEFAULT_METH_MODEL, "CpG methylation", shipped=True),
+    recognise=r"FLO-(?:MIN106|PRO002|FLG001)|SQK-[A-Z]*(?:108|109|110)\b",
+)  # fmt: skip
+R10 = Chemistry(
+    name="r10", title="R10.4.1", k=9, sample_rate=5000.0,  # 4 kHz runs too: each read keeps its own rate
+    kmer_model=ModelFile("dna_r10.4.1_400bps_9mer.npz", "9-mer nucleotide",
+                         published=f"uncalled4 publishes dna_r10.4.1_400bps_9mer.npz ({UNCALLED4_MODELS})"),
+    meth_model=ModelFile("r10_450bps.cpg.9mer.template.round9.model", "CpG methylation",
+                         published="f5c publishes its CpG 9-mer model r10_450bps.cpg.9mer.template.round9.model "
+                                   f"with its releases ({F5C_RELEASES})"),
+    recognise=r"(?:FLO|SQK)-[A-Z]*114",
+)  # fmt: skip
+
+CHEMISTRIES: dict[str, Chemistry] = {c.name: c for c in (R9, R10)}
+"""Every chemistry by name; run metadata is matched against the last first (a newer kit's name may hold
+an older one's number)."""
+PORES = tuple(CHEMISTRIES)  # the `--pore` / `pipeline.pore` choices besides auto
+DEFAULT = R9
+"""The chemistry of reads whose run metadata names none."""
+
+
+def chemistry(name: str | None) -> Chemistry:
+    """The chemistry of that name; None (not told) is the default one."""
+    return CHEMISTRIES[name] if name is not None else DEFAULT
+
+
+def pore_from_metadata(values: list[str]) -> str | None:
+    """The name of the chemistry flow cell / kit strings name, or None."""
+    text = " ".join(values)
+    return next((c.name for c in reversed(CHEMISTRIES.values()) if c.names_run(text)), None)
+
+
+def pore_of_file(path: str | Path) -> str | None:
+    """The chemistry of a signal file's run; None if its metadata does not say or cannot be read
+    (the signal readers report a bad file when its reads are read)."""
+    return pore_from_metadata(list(run_metadata(path).values()))
+
+
+def pore_models(pore: str | None, kmer_model: Path | None = None, meth_model: Path | None = None,
+                folder: Path | None = None, *, methylation: bool = True) -> tuple[Path | None, Path | None]:
+    """The model files for a pore (`Chemistry.models`), in `folder` or else `model_dir()`."""
+    return chemistry(pore).models(kmer_model, meth_model, folder or model_dir(), methylation=methylation)
+
+
+def title(pore: str | None) -> str:
+    """How a chemistry is named to the user: `R10.4.1`."""
+    return chemistry(pore).title
+
+
+def folder_models() -> str:
+    """The models each chemistry takes from the model folder, for help texts: `R10.4.1 reads take
+    r10/dna_r10.4.1_400bps_9mer.npz and r10/r10_450bps.cpg.9mer.template.round9.model`."""
+    return "; ".join(f"{c.title} reads take " + " and ".join(f"{c.name}/{m.name}" for m in (c.kmer_model, c.meth_model))
+                     for c in CHEMISTRIES.values() if not c.kmer_model.shipped)  # fmt: skip
+
+
+def models_by_pore() -> str:
+    """Which models each chemistry picks, for help texts: `r9 the shipped 6-mer ones, r10 (R10.4.1) the
+    9-mer ones in `model_dir`/r10`."""
+    return ", ".join(f"{c.name} the shipped {c.k}-mer ones" if c.kmer_model.shipped else
+                     f"{c.name} ({c.title}) the {c.k}-mer ones in `model_dir`/{c.name}" for c in CHEMISTRIES.values())
+
+
+def default_models() -> str:
+    """Where the models a flag leaves unset come from, for help texts."""
+    shipped = " and ".join(f"{c.title}'s" for c in CHEMISTRIES.values() if c.kmer_model.shipped)
+    return f"the pore's: {shipped} shipped, the others' in the model folder, see --model-dir"
