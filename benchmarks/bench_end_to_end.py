@@ -35,7 +35,7 @@ from pathlib import Path
 import numba
 import numpy as np
 
-from common import new_id, replicate_bam, shared_data_parser
+from common import gpu_rows, new_id, replicate_bam, shared_data_parser
 from streamer.io.fastx import load_basecalls
 
 REFERENCE = Path(__file__).resolve().parents[1] / "tests" / "data" / "ecoli_k12_mg1655.fa.gz"
@@ -89,7 +89,7 @@ def replicate(data: Path, work: Path, copies: int, workers: int) -> dict:
     with open(work / "reads.fasta", "w") as fa:
         for c in range(copies):
             fa.writelines(f">{new_id(rid, c)}\n{seqs[rid]}\n" for rid in ids)
-    replicate_bam(data / "reads.mg1655.sorted.bam", work / "reads.bam", copies, workers)
+    records = replicate_bam(data / "reads.mg1655.sorted.bam", work / "reads.bam", copies, workers)
     for fmt in ("pod5", "blow5"):
         # the index is cached beside the reads file: one reads file per signal format
         (work / fmt / "reads.fasta").symlink_to(work / "reads.fasta")
