@@ -318,4 +318,5 @@ def _on_cluster(args, stack, options, index, limits, filt, summary, output, writ
         output.write("".join(done.rendered))
         written(done.outcome.calls, done.outcome.records_called)
 
-    cluster.run_on_cluster(client, workers, cluster.ClusterJob(options, str(args.genome), Config(), SinkContext(NAME)), numbered, on_done)
+    job = cluster.ClusterJob(options, str(args.genome), Config(), SinkContext(NAME))
+    cluster.run_on_cluster(client, workers, job, numbered, on_done)

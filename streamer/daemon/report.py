@@ -44,7 +44,8 @@ def summary(d: Reported) -> dict[str, Any]:
         "watch_dir": str(d.config.watch.dir),
         "started": _iso(d.started_at),
         "updated": _iso(time.time()),
-        "reads": d.ledger.read_counts() | {"called": counters.get("reads_called", 0), "recovered": d.ledger.recovered()},
+        "reads": d.ledger.read_counts() | {"called": counters.get("reads_called", 0),
+                                           "recovered": d.ledger.recovered()},
         "records": {
             "considered": counters.get("records_in", 0),
             "called": counters.get("records_called", 0),

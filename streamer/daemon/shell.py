@@ -3,9 +3,7 @@
 What to do next (a batch due, the end of the run, reads past the join timeout, each read's
 outcome and the counters) is decided in `streamer.daemon.policy`, with no files or threads;
 this module reads the clock, the watcher and the ledger, asks, and acts. Files the watcher
-reports complete go through `streamer.daemon.intake`. It is over 400 lines because it holds
-the lifecycle (start, supervise, drain, close) and the one batch transaction together, which
-is what makes output exactly-once.
+reports complete go through `streamer.daemon.intake`.
 
 The engine thread does all the work in one loop: take the files the watcher reports complete,
 register them in the ledger (which joins signal and basecalls by read id), hand a batch to the
@@ -15,22 +13,18 @@ batch is in flight, the engine waiting for it on the driver's threads; while it 
 signal of the next matched reads (one batch at most) is read on the reader pool `streamer call`
 uses (`streamer.pipeline.signal_pool.SignalReads`); nothing read ahead is committed, so a crash
 loses nothing.
-The main thread only supervises: it feeds systemd's watchdog while the engine makes progress,
-sends status, and on SIGTERM (which only sets an event) waits at most `drain_timeout` for the
-batch in hand.
+The main thread only supervises (`streamer.daemon.supervise`): it feeds systemd's watchdog while
+the engine makes progress, sends status, and on SIGTERM (which only sets an event) waits at most
+`drain_timeout` for the batch in hand.
 
 A run ends on a `final_summary*.txt` in every run folder plus a grace period, on an idle
 timeout, or on a STOP file; then every matched read is processed, every read still missing
 its partner is recorded as such, and the derived outputs are written. SIGTERM does not end
 the run: reads not done stay open in the ledger for the next start.
 
-Outputs are sinks (`streamer.sinks`), opened from the configuration (`open_sinks`), none named
-here: the row sinks (`meth.tsv` and, when enabled, `eventalign.tsv`) render each batch on the
-driver's thread, and their rows are appended to the journal file each names with the commit;
-the others (`meth-freq.tsv`, `meth.bed`, the modBAM copies, `modkit.bed`, a plugin's own) take
-each committed batch as records and are rebuilt at start from the committed rows; the
-publisher (`streamer.publish.sink`) sends the same records. summary.json and the status line
-are made in `streamer.daemon.report`.
+Outputs are sinks opened from the configuration (`streamer.daemon.sink_set`): the rows of the
+row sinks (`meth.tsv`, `eventalign.tsv`) are appended to the journal with the commit; the others
+take each committed batch as records after it. summary.json is made in `streamer.daemon.report`.
 """
 
 from __future__ import annotations
@@ -50,18 +44,8 @@ from streamer.pipeline.batch import ReadInput
 from streamer.config import Config
 from streamer.daemon.batches import Aligning, DaemonBatch, eventalign_of, picked, signal_wanted
 from streamer.daemon.intake import FileIntake
-from streamer.daemon.policy import (
-    PIPELINE_ERROR,
-    EndOfRun,
-    Ending,
-    JoinTimeout,
-    account,
-    batch_due,
-    missing_partner,
-    recovered_row,
-    skip_counters,
-    skip_row,
-)
+from streamer.daemon.policy import (PIPELINE_ERROR, EndOfRun, Ending, JoinTimeout, account, batch_due,
+                                    missing_partner, recovered_row, skip_counters, skip_row)  # fmt: skip
 from streamer.errors import InputError
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
@@ -75,7 +59,7 @@ from streamer.publish.sink import PublishSink, PublisherLike
 from streamer.pipeline.runner import BatchDriver, Stages
 from streamer.pipeline.signal_pool import SignalReads, signal_readers
 from streamer.daemon.sink_set import EVENTALIGN, SinkSet
-from streamer.sinks import SinkContext
+from streamer.daemon.supervise import supervise
 from streamer.skips import Skipped
 from streamer.tuning.session import AutoTuner
 from streamer.daemon.watch import RunLayout, Watcher, WatchTimings
@@ -163,9 +147,7 @@ class Daemon:
         cfg = self.config
         try:
             self.ledger = Ledger(cfg.state_dir(), watch_dir=cfg.watch.dir)
-            context = SinkContext("run", out_dir=cfg.output.dir, ledger=self.ledger, state_dir=cfg.state_dir(),
-                                  publishing=self.publish is not None, beat=self._beat)
-            self.sinks = SinkSet.open(cfg, context, self.publish)
+            self.sinks = SinkSet.open(cfg, self.ledger, self.publish, self._beat)
             headers = self.sinks.headers() | {SKIPPED_TSV: SKIPPED_HEADER}
             self.outputs = Journal(cfg.output.dir, headers, self.ledger.offsets())
             if self.outputs.fresh:
@@ -177,7 +159,8 @@ class Daemon:
             layout = RunLayout(cfg.watch.dir, stop_file=cfg.end.stop_file, include_fail=cfg.watch.include_fail,
                             basecalls=cfg.watch.basecalls, exclude=tuple(exclude))
             timings = WatchTimings(cfg.watch.poll_interval, cfg.watch.settle, cfg.watch.incomplete_timeout)
-            self.intake = FileIntake(self.ledger, self.cache, self._filter, self.end, self._reopened,
+            self.intake = FileIntake(self.ledger, self.cache, self._filter, self.end,
+                                     lambda bams: self.sinks.each("on_reopened", bams),
                                      lambda: self.sinks.each("on_file", "basecalls", "bam"))
             self.watcher = Watcher(layout, timings, poll=cfg.watch.poll, known=self.ledger.is_known)
             self.watcher.start()
@@ -206,32 +189,12 @@ class Daemon:
         self.notifier.ready(self.status_line())
         self._engine = threading.Thread(target=self._engine_main, name="streamer-engine", daemon=True)
         self._engine.start()
-        svc = self.config.service
-        ping = self.notifier.watchdog_interval
-        tick = min(x for x in (ping, svc.status_interval, 0.5) if x)
-        next_ping = next_status = time.monotonic()
-        drain_deadline = None
-        while self._engine.is_alive():
-            self._engine.join(tick)
-            now = time.monotonic()
-            if self._stop.is_set() and drain_deadline is None:
-                drain_deadline = now + svc.drain_timeout
-                self.notifier.stopping("stopping: finishing the batch in hand")
-            if drain_deadline is not None and now >= drain_deadline and self._engine.is_alive():
-                log.warning("the batch in hand did not finish within %g s; exiting without it (it is redone at "
-                            "the next start)", svc.drain_timeout)
-                self.abandoned = True
-                return 0
-            if ping and now >= next_ping and not self.stalled(svc.stall_timeout):
-                self.notifier.watchdog()
-                next_ping = now + ping
-            if now >= next_status:
-                self.notifier.status(self.status_line())
-                next_status = now + svc.status_interval
+        self.abandoned = supervise(self._engine, self._stop, self.notifier, self.config.service, self.stalled,
+                                   self.status_line)
+        if self.abandoned:
+            return 0
         self.notifier.stopping(self.status_line())
-        if self.failure is not None:
-            return 1
-        return 0
+        return 1 if self.failure is not None else 0
 
     def stalled(self, timeout: float) -> bool:
         """The engine has made no progress for `timeout` seconds (systemd's watchdog is then left to fire)."""
@@ -242,18 +205,9 @@ class Daemon:
         if self._engine is not None:
             self._stop.set()
             self._engine.join()
-        if self.watcher is not None:
-            self.watcher.close()
-        if self.driver is not None:
-            self.driver.close()
-        if self.signal is not None:
-            self.signal.close()
-        if self.outputs is not None:
-            self.outputs.close()
-        self.sinks.close()
-        if self.ledger is not None:
-            self.ledger.close()
-        self.notifier.close()
+        for part in (self.watcher, self.driver, self.signal, self.outputs, self.sinks, self.ledger, self.notifier):
+            if part is not None:
+                part.close()
 
     # ------------------------------------------------------------------ the engine
 
@@ -327,11 +281,6 @@ class Daemon:
         self._send("run", "end", {"state": self.state.value, "reason": ending.reason, **self._status})
         log.info("%s", self.status_line())
 
-    # ------------------------------------------------------------------ files
-
-    def _reopened(self, bams: tuple[int, ...]) -> None:
-        self.sinks.each("on_reopened", bams)
-
     # ------------------------------------------------------------------ batches
 
     def _process(self, picks: list[Pick]) -> None:
@@ -382,8 +331,8 @@ class Daemon:
             return
         if self.tuner.observe(stats, last=self.state is State.FINISHING):
             s = self.tuner.settings
-            self.config = replace(self.config, batch=replace(self.config.batch, max_reads=s.max_reads,
-                                                             max_bases=s.max_bases))
+            batch = replace(self.config.batch, max_reads=s.max_reads, max_bases=s.max_bases)
+            self.config = replace(self.config, batch=batch)
 
     def _commit(self, outcomes: list[tuple[str, str]], texts: Mapping[str, str], skip_rows: list[str],
                 counters: Counter, batch: BatchRecord | None, results: Sequence[BatchResultLike] = ()) -> None:

@@ -24,8 +24,11 @@ class SinkSet:
         self.eventalign: Any = next((s for s in self.rows if s.journal == EVENTALIGN_TSV), None)
 
     @classmethod
-    def open(cls, config: Any, context: SinkContext, publish: Any = None) -> SinkSet:
-        """Opened in `context`, each attached to the publisher (`streamer.publish.sink.PublishSink`) if any."""
+    def open(cls, config: Any, ledger: Any, publish: Any, beat: Callable[[], None]) -> SinkSet:
+        """Opened with the daemon's ledger, each attached to the publisher (`streamer.publish.sink.PublishSink`)
+        if any; `beat` feeds the watchdog through their long work."""
+        context = SinkContext("run", out_dir=config.output.dir, ledger=ledger, state_dir=config.state_dir(),
+                              publishing=publish is not None, beat=beat)
         opened = cls(open_sinks(config, context))
         if publish is not None:
             opened.each("attach", publish)

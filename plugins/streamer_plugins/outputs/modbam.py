@@ -159,8 +159,8 @@ def write_modbam(bam: str | Path, out: str | Path, calls: ModCalls, filt: Alignm
                     continue
                 sites = None
                 if filt.verdict(rec)[0] == Skip.OK:
-                    end = rec.reference_end
-                    sites = [s for s in calls.by_record.get(key) or () if rec.reference_start <= s[0] and s[0] + 1 < end]
+                    start, end = rec.reference_start, rec.reference_end
+                    sites = [s for s in calls.by_record.get(key) or () if start <= s[0] and s[0] + 1 < end]
                 _retag(rec, sites)
                 dst.write(rec)
         if header.get("HD", {}).get("SO") == "coordinate":
