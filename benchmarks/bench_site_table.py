@@ -18,11 +18,11 @@ import random
 import time
 import tracemalloc
 
-from pathlib import Path
-
 from streamer.publish import Publisher, PublisherConfig
 from streamer.publish.sink import PublishSink
-from streamer_plugins.outputs.sinks import MethFreqTable, parse_rows
+from streamer_plugins.cpg.calls import CALLS_HEADER
+from streamer_plugins.outputs.calls_tsv import read_calls
+from streamer_plugins.outputs.sinks import MethFreqTable
 
 
 def call_rows(n_sites: int, depth: int, seed: int = 1) -> list[str]:
@@ -67,7 +67,7 @@ def main() -> None:
         for i in range(0, len(rows), args.batch):
             block = rows[i:i + args.batch]
             t0 = time.perf_counter()
-            stub.table.on_batch(parse_rows(block, Path("<rows>"), 2))
+            stub.table.on_batch(next(read_calls([CALLS_HEADER, *block], block=len(block))))
             t1 = time.perf_counter()
             stub.publish.publish_sites()
             t_pub += time.perf_counter() - t1

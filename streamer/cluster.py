@@ -3,7 +3,9 @@
 The client plans batches from the BAM (no signal is read here) and submits each as a task that
 names its reads, their signal files and alignments. A worker reads the signal from the shared
 filesystem, runs the stages on its own pipeline (on its GPU where it has one), renders the rows
-and sends back text and counts only: no signal travels through the scheduler. Results are
+with its own sinks, opened from the job's configuration as every host opens them
+(`streamer.sinks.open_sinks`), and sends back text and counts only: no signal travels through
+the scheduler. Results are
 written in batch order, so the output is byte-identical to a local run.
 
 A task whose worker dies is run again on another (Dask reschedules it); a task that raises is
@@ -18,14 +20,16 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from streamer.pipeline.batching import Pending, batch_inputs, load_signals, signal_requests
 from streamer.errors import InputError, StreamerError
 from streamer.pipeline.runner import Assembled, BatchDriver, Done, Stages
+from streamer.config import Config
 from streamer.pipeline.stages import Pipeline, PipelineOptions
+from streamer.sinks import SinkContext, open_sinks, row_sinks
 from streamer.skips import Skip, Skipped
 from streamer.summary import BatchOutcome
 
@@ -42,8 +46,9 @@ class ClusterJob:
 
     options: PipelineOptions
     genome: str
+    config: Config = field(default=Config(), hash=False)  # the workers' sinks, as the client's are opened
+    context: SinkContext = field(default=SinkContext("call"), hash=False)
     analysis: str = "cpg"
-    sink: str = "calls"
 
 
 _OPEN: dict[ClusterJob, tuple[Any, Any, Any]] = {}  # per worker process
@@ -53,10 +58,10 @@ def _opened(job: ClusterJob) -> tuple[Any, Any, Any]:
     if job not in _OPEN:
         from streamer import registry
         from streamer.io.reference import Reference
-        from streamer.sinks import open_sink
 
         pipeline = Pipeline(job.options, [registry.analysis(job.analysis)])
-        _OPEN[job] = (pipeline, Reference(job.genome).__enter__(), open_sink(job.sink))
+        rows = row_sinks(open_sinks(job.config, job.context))[0]  # the calls TSV
+        _OPEN[job] = (pipeline, Reference(job.genome).__enter__(), rows)
     return _OPEN[job]
 
 

@@ -1,19 +1,22 @@
 """Outputs made from batch results, behind one contract, found by name in the registry.
 
-The daemon opens its sinks with `open_sinks(config, context)`, which asks each `streamer.sinks` entry point of the
-standard outputs, then those `output.sinks` lists, for its sink: the class's `open` reads its
-own keys of the configuration and the context, and returns None when it is off there. A new output is a new
-module and its entry point, named in `output.sinks`.
+Every host opens its sinks the same way, `open_sinks(config, context)`: the daemon, `streamer
+call` (its flags as configuration keys and `SinkContext.files`), its Dask workers, `streamer
+eventalign` and `streamer meth-freq`. It asks each `streamer.sinks` entry point of the standard
+outputs, then those `output.sinks` lists, for its sink: the class's `open` reads its own keys
+of the configuration and the context, and returns None when it is off there. A new output is
+a new module and its entry point, named in `output.sinks` (`streamer call --sink NAME`).
 
-A sink with rows (the calls TSV, eventalign) renders them as text and leaves the writing to its
-host: `streamer call` writes them to its output file, the daemon appends them to its journal
-(`journal` is the file's name there) and commits them with the ledger, so that they are written
-exactly once. A sink that derives something (meth-freq, bedMethyl, modBAM, the modkit table)
-takes each batch's structured results in `on_batch`, a registered input file in `on_file`, and
-writes on `refresh` (replaced whole) and `close`. In the daemon it is rebuilt at start-up by
-`restore`, from the committed rows replayed through `on_batch` when it asks for them
-(`replays`), and from what it committed itself through its `SinkLedger`. The committed calls
-are read back mid-run only for a basecall BAM a late read reopened (`on_reopened`, the modBAM copies).
+A sink with rows (`header`: the calls TSV, eventalign) renders them as text and leaves the
+writing to its host: `streamer call` writes them to its output file, the daemon appends them
+to its journal (`journal` is the file's name there) and commits them with the ledger, so that
+they are written exactly once. A sink that derives something (meth-freq, bedMethyl, modBAM,
+the modkit table, a plugin's own file) takes each batch's structured results in `on_batch`, a
+registered input file in `on_file`, and writes on `refresh` (replaced whole) and `close`. In
+the daemon it is rebuilt at start-up by `restore`, from the committed rows replayed through
+`on_batch` when it asks for them (`replays`; `replay` reads them back through their row
+sink's `read_back`, as `streamer meth-freq` reads its input), and from what it committed
+itself through its `SinkLedger`. Nothing committed is read back mid-run.
 """
 
 from __future__ import annotations
@@ -89,7 +92,7 @@ class SinkContext:
     daemon's watchdog through long work.
     """
 
-    command: str  # "call", "eventalign", "run"
+    command: str  # "call", "eventalign", "meth-freq", "run"; "warm-up": what row sinks compile with
     out_dir: Path | None = None
     files: Mapping[str, Any] = field(default_factory=dict)
     ledger: SinkLedger | None = None
@@ -139,8 +142,12 @@ class Sink(Protocol):
         """Its part of summary.json (top-level keys)."""
         ...
 
-    def on_reopened(self, file_ids: tuple[int, ...], committed: Callable[[], Iterable[Result]]) -> None:
-        """Basecall BAMs (ledger ids) a late signal file reopened; `committed` gives the committed calls."""
+    def on_reopened(self, file_ids: tuple[int, ...]) -> None:
+        """Basecall BAMs (ledger ids) whose late reads a signal file brought: their reads are not all done again."""
+        ...
+
+    def read_back(self, path: Path, beat: Callable[[], None] = ...) -> Iterable[Result]:
+        """Rows of its kind in `path` as results, a block at a time (`beat` between blocks)."""
         ...
 
     def close(self) -> None:
@@ -184,11 +191,10 @@ class BaseSink:
     def summary(self) -> Mapping[str, Any]:
         return {}
 
-    def on_reopened(self, file_ids: tuple[int, ...], committed: Callable[[], Iterable[Result]]) -> None:
+    def on_reopened(self, file_ids: tuple[int, ...]) -> None:
         pass
 
     def read_back(self, path: Path, beat: Callable[[], None] = _nothing) -> Iterable[Result]:
-        """Its committed rows in `path` as results (the daemon's start-up replay); none by default."""
         return ()
 
     def close(self) -> None:
@@ -211,9 +217,30 @@ def open_sinks(config: Any, context: SinkContext) -> list[Sink]:
     return sinks
 
 
-def open_sink(name: str, **settings: Any) -> Any:
-    """The sink class of the `streamer.sinks` plugin `name`, made with `settings` (one-shot commands)."""
-    return registry.load(registry.SINKS, name)(**settings)
+def row_sinks(sinks: Sequence[Sink]) -> list[Sink]:
+    """The sinks with rows, in the order opened (the calls first when they are on)."""
+    return [s for s in sinks if s.header]
+
+
+def replay(sinks: Sequence[Sink], path_of: Callable[[Sink], Path], beat: Callable[[], None] = _nothing) -> None:
+    """Rows written before (each row sink's in `path_of(sink)`), read back a block at a time, through
+    `on_batch` of the sinks that replay them: the daemon's start-up, `streamer meth-freq`."""
+    replaying = [s for s in sinks if s.replays]
+    if not replaying:
+        return
+    for rows in row_sinks(sinks):
+        for block in rows.read_back(path_of(rows), beat):
+            for sink in replaying:
+                sink.on_batch(block)
+
+
+def warm_up(config: Any, result: Result) -> None:
+    """The row sinks' formatting compiled on the pipeline's synthetic result, before the first batch."""
+    for sink in open_sinks(config, SinkContext("warm-up")):
+        try:
+            sink.render(result)
+        finally:
+            sink.close()
 
 
 def write_atomic(path: Path, text: str) -> None:

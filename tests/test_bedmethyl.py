@@ -11,10 +11,20 @@ import pytest
 from conftest import ECOLI, REFERENCE, SHARED
 
 from streamer_plugins.outputs.bedmethyl import BedMethyl
-from streamer_plugins.cpg.calls import MethCalls
-from streamer_plugins.outputs.methfreq import MethFreq
+from streamer_plugins.cpg.caller import CALLS
+from streamer_plugins.cpg.calls import CALLS_HEADER, MethCalls
+from streamer_plugins.outputs.calls_tsv import read_calls
+from streamer_plugins.outputs.sinks import MethFreqTable
 
 CALL_FILES = [ECOLI / "meth.f5c-1.1.tsv", SHARED / "expected" / "f5c-1.1" / "meth.tsv"]
+
+
+def bed_of(lines, source="<calls>") -> BedMethyl:
+    """bedMethyl of the rows of a calls TSV, read back as records."""
+    bed = BedMethyl()
+    for block in read_calls(lines, source):
+        bed.add_calls(block.products[CALLS], block.ref_names)
+    return bed
 
 
 def bed_rows(bed: BedMethyl) -> list[list[str]]:
@@ -27,9 +37,8 @@ def bed_rows(bed: BedMethyl) -> list[list[str]]:
 def test_counts_agree_with_meth_freq(path):
     if not path.is_file():
         pytest.skip(f"{path} not present")
-    bed = BedMethyl()
     with open(path) as fh:
-        bed.add_tsv(fh, path)
+        bed = bed_of(fh, path)
     rows = bed_rows(bed)
     assert rows and all(len(r) == 18 for r in rows)
     valid, mod = Counter(), Counter()
@@ -44,7 +53,11 @@ def test_counts_agree_with_meth_freq(path):
         site = int(start) - (strand == "-")  # the CpG's C on the forward strand
         valid[chrom, site] += int(n_valid)
         mod[chrom, site] += int(n_mod)
-    freq = MethFreq.from_tsv(path, split_groups=True)
+    freq = MethFreqTable(split_groups=True)
+    with open(path) as fh:
+        for block in read_calls(fh, path):
+            freq.on_batch(block)
+    freq = freq.table
     want = {(c, s): (st.called_sites, st.called_sites_methylated) for c, s, e, st in freq.rows()}
     assert {k: (valid[k], mod[k]) for k in valid} == want
 
@@ -72,9 +85,8 @@ def test_calls_records_match_their_tsv():
     )  # fmt: skip
     from_calls = BedMethyl()
     from_calls.add_calls(calls, ["c1", "c2"])
-    from_tsv = BedMethyl()
-    from_tsv.add_tsv(["chromosome\tstrand\tstart\tend\tread_name\tlog_lik_ratio\tsequence\n",
-                      "c1\t+\t10\t10\tr\t2.50\tAAAAACGAAAAA\n", "c2\t-\t20\t20\tr\t-7.00\tAAAAACGAAAAA\n"])  # fmt: skip
+    from_tsv = bed_of([CALLS_HEADER, "c1\t+\t10\t10\tr\t2.50\t0\t0\t1\t1\tAAAAACGAAAAA\n",
+                       "c2\t-\t20\t20\tr\t-7.00\t0\t0\t1\t1\tAAAAACGAAAAA\n"])  # fmt: skip
     assert bed_rows(from_calls) == bed_rows(from_tsv) == [
         ["c1", "10", "11", "m", "1", "+", "10", "11", "255,0,0", "1", "100.00", "1", "0", "0", "0", "0", "0", "0"],
         ["c2", "21", "22", "m", "1", "-", "21", "22", "255,0,0", "1", "0.00", "0", "1", "0", "0", "0", "0", "0"],
@@ -88,7 +100,6 @@ def test_streamer_call_writes_bedmethyl_of_its_calls(tmp_path):
                            "-o", str(tmp_path / "meth.tsv"), "--bedmethyl", str(tmp_path / "meth.bed"), "-t", "2"],
                           capture_output=True, text=True)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    want = BedMethyl()
     with open(tmp_path / "meth.tsv") as fh:
-        want.add_tsv(fh)
+        want = bed_of(fh)
     assert (tmp_path / "meth.bed").read_text().splitlines() == ["\t".join(r) for r in bed_rows(want)]

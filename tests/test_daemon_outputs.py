@@ -32,6 +32,7 @@ from streamer.pipeline.stages import Pipeline, PipelineOptions
 from streamer_plugins.cpg.caller import CpgCaller
 from streamer_plugins.eventalign import EventalignStage
 from streamer_plugins.outputs.bedmethyl import BedMethyl
+from streamer_plugins.outputs.calls_tsv import read_calls_file
 from streamer_plugins.outputs.modbam import probability_code
 from streamer.publish.client import EventAlign
 from streamer.publish.messages import decode_message
@@ -214,8 +215,8 @@ def test_daemon_outputs_equal_the_offline_commands(eventalign_pipeline, eventali
     assert rows(out / "meth.tsv") == rows(call_outputs / "meth.tsv")
     assert (out / "meth.bed").read_text() == (call_outputs / "meth.bed").read_text()
     bed = BedMethyl()
-    with open(out / "meth.tsv") as fh:
-        bed.add_tsv(fh)
+    for block in read_calls_file(out / "meth.tsv"):
+        bed.add_calls(block.products["calls"], block.ref_names)
     assert [r[:3] for r in bed.rows()] == [tuple(x.split("\t")[i] if i != 1 else int(x.split("\t")[1])
                                                   for i in (0, 1, 5)) for x in (out / "meth.bed").read_text().splitlines()]
     check_modbams(out, tmp_path / "live", call_outputs)

@@ -6,7 +6,9 @@ from conftest import ECOLI, SHARED, needs_shared
 
 from streamer.errors import InputError
 from streamer_plugins.cpg.calls import CALLS_HEADER, MethCalls
+from streamer_plugins.outputs.calls_tsv import read_calls, read_calls_file
 from streamer_plugins.outputs.methfreq import MethFreq
+from streamer_plugins.outputs.sinks import MethFreqTable
 
 EXPECTED = SHARED / "expected" / "f5c-1.1"
 
@@ -16,6 +18,14 @@ def table(freq: MethFreq) -> dict[tuple[str, str, str], list[str]]:
     return {tuple(f[:3]): f[3:] for f in (line.split("\t") for line in lines[1:])}
 
 
+def freq_of(calls, split_groups=False) -> MethFreq:
+    """meth-freq of a calls TSV (a path, or its lines), as the sink counts rows read back."""
+    sink = MethFreqTable(split_groups=split_groups)
+    for block in read_calls_file(calls) if hasattr(calls, "open") else read_calls(calls, "calls.tsv"):
+        sink.on_batch(block)
+    return sink.table
+
+
 def call_row(chrom, start, end, llr, n, seq, strand="+", read="r1"):
     return f"{chrom}\t{strand}\t{start}\t{end}\t{read}\t{llr}\t-100.00\t-100.00\t1\t{n}\t{seq}\n"
 
@@ -23,7 +33,7 @@ def call_row(chrom, start, end, llr, n, seq, strand="+", read="r1"):
 @needs_shared
 @pytest.mark.parametrize("split, expected", [(False, "freq.tsv"), (True, "freq-split.tsv")])
 def test_matches_f5c_on_the_2kb_region(split, expected):
-    got = MethFreq.from_tsv(EXPECTED / "meth.tsv", split_groups=split).format().splitlines()
+    got = freq_of(EXPECTED / "meth.tsv", split_groups=split).format().splitlines()
     want = (EXPECTED / expected).read_text().splitlines()
     assert len(got) == len(want)
     for g, w in zip(got, want):
@@ -35,7 +45,7 @@ def test_fixture_sites_worked_by_hand():
     # one of them methylated: 9 called sites, 3 methylated.
     # 522527-522533 (2 CpGs): -3.25, +2.23, -4.58, -4.40 -> 6 called, none methylated.
     # 522958 (1 CpG): +2.67, -0.63, -6.94, -0.82 -> 2 called, 1 methylated.
-    t = table(MethFreq.from_tsv(ECOLI / "meth.f5c-1.1.tsv"))
+    t = table(freq_of(ECOLI / "meth.f5c-1.1.tsv"))
     chrom = "NC_000913.3"
     assert t[(chrom, "522759", "522769")] == ["3", "9", "3", "0.333", "GCTGTCGCTTTTCGGCGGCTG"]
     assert t[(chrom, "522527", "522533")] == ["2", "6", "0", "0.000", "GAATGCGTCAGCGTCAT"]
@@ -45,7 +55,7 @@ def test_fixture_sites_worked_by_hand():
 def test_fixture_split_groups_by_hand():
     # GCTGTCGCTTTTCGGCGGCTG has CG at offsets 5, 12 and 15: the group's CpGs are at
     # 522759, 522766 and 522769, each credited with the group's three counted calls.
-    t = table(MethFreq.from_tsv(ECOLI / "meth.f5c-1.1.tsv", split_groups=True))
+    t = table(freq_of(ECOLI / "meth.f5c-1.1.tsv", split_groups=True))
     for pos in ("522759", "522766", "522769"):
         assert t[("NC_000913.3", pos, pos)] == ["1", "3", "1", "0.333", "split-group"]
     assert t[("NC_000913.3", "522958", "522958")] == ["1", "2", "1", "0.500", "TGAATCGGTGG"]
@@ -55,14 +65,13 @@ def test_fixture_totals_follow_the_threshold():
     rows = [line.split("\t") for line in (ECOLI / "meth.f5c-1.1.tsv").read_text().splitlines()[1:]]
     counted = [r for r in rows if abs(float(r[5])) >= 2.5]
     for split in (False, True):
-        sites = MethFreq.from_tsv(ECOLI / "meth.f5c-1.1.tsv", split_groups=split).sites.values()
+        sites = freq_of(ECOLI / "meth.f5c-1.1.tsv", split_groups=split).sites.values()
         assert sum(s.called_sites for s in sites) == sum(int(r[9]) for r in counted)
         assert sum(s.called_sites_methylated for s in sites) == sum(int(r[9]) for r in counted if float(r[5]) > 0)
 
 
 def test_threshold_is_inclusive_and_ordering_is_bytewise():
-    freq = MethFreq()
-    freq.add_tsv(
+    freq = freq_of(
         [
             CALLS_HEADER,
             call_row("chr2", 100, 100, "2.50", 1, "AAAACGAAAAA"),
@@ -116,8 +125,7 @@ def test_old_header_names_the_group_column_after_it():
         "chromosome\tstart\tend\tread_name\tlog_lik_ratio\tlog_lik_methylated\tlog_lik_unmethylated"
         "\tnum_calling_strands\tnum_cpgs\tsequence\n"
     )
-    freq = MethFreq()
-    freq.add_tsv([header, "c\t5\t5\tr\t-3.00\t-1\t-1\t1\t1\tACGT\n"])
+    freq = freq_of([header, "c\t5\t5\tr\t-3.00\t-1\t-1\t1\t1\tACGT\n"])
     assert freq.format() == (
         "chromosome\tstart\tend\tnum_cpgs_in_group\tcalled_sites\tcalled_sites_methylated"
         "\tmethylated_frequency\tgroup_sequence\nc\t5\t5\t1\t1\t0\t0.000\tACGT\n"
@@ -135,5 +143,5 @@ def test_old_header_names_the_group_column_after_it():
 )
 def test_malformed_input_names_the_line(lines, line_no):
     with pytest.raises(InputError) as err:
-        MethFreq().add_tsv(lines, "calls.tsv")
+        freq_of(lines)
     assert err.value.line == line_no

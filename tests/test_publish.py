@@ -15,6 +15,7 @@ from streams import (  # noqa: F401 (no_leaks is a fixture)
 from streamer.publish.client import Calls, Gap, Status, Subscriber
 from streamer.errors import ConfigError
 from streamer_plugins.cpg.calls import CALLS_HEADER, MethCalls, format_calls
+from streamer_plugins.outputs.calls_tsv import read_calls
 from streamer_plugins.outputs.methfreq import MethFreq
 from streamer.publish import CALL_COLUMNS, FREQ_COLUMNS, Categorical, ProtocolError, Publisher
 from streamer.publish.messages import CallBatch, SiteFrequencies, decode_message
@@ -151,6 +152,12 @@ def _ask_snapshot(pub, ctx) -> tuple[int, dict]:
     return msgpack.unpackb(header)["seq"], decode_columns(unpack(payload)["sites"], FREQ_COLUMNS)
 
 
+def add_rows(freq: MethFreq, rows: list[str], changed: set | None = None) -> None:
+    """Calls TSV rows into the table, as the daemon's sink adds a block read back."""
+    for block in read_calls([CALLS_HEADER, *rows]):
+        freq.add_calls(block.products["calls"], block.ref_names, changed)
+
+
 def test_snapshots_come_from_the_table_the_owner_keeps():
     """With `serve_sites` there is one table: the owner's changes show in the next snapshot, and
     `publish_freq` sends without keeping a copy."""
@@ -159,13 +166,12 @@ def test_snapshots_come_from_the_table_the_owner_keeps():
     with Publisher(local_config()) as pub, zmq.Context() as ctx:
         pub.serve_sites(SiteTables(freq))
         changed = set()
-        freq.add_tsv([CALLS_HEADER, row.format(10, "3.0"), row.format(20, "-3.0"), row.format(30, "1.0")],
-                     changed=changed)
+        add_rows(freq, [row.format(10, "3.0"), row.format(20, "-3.0"), row.format(30, "1.0")], changed)
         assert changed == {("chr1", 10, 10), ("chr1", 20, 20)}  # 30 is below the threshold: not a site
         seq, sites = _ask_snapshot(pub, ctx)
         assert seq == 0 and sites["start"].tolist() == [10, 20]  # changed, not yet announced: already served
         pub.publish_freq(freq_batch([10, 40], called=99, methylated=0))  # sent, but the table is the owner's
-        freq.add_tsv([CALLS_HEADER, row.format(10, "4.0")])
+        add_rows(freq, [row.format(10, "4.0")])
         seq, sites = _ask_snapshot(pub, ctx)
         assert seq == 1 and sites["start"].tolist() == [10, 20]
         assert sites["called_sites"].tolist() == [2, 1] and sites["called_sites_methylated"].tolist() == [2, 0]

@@ -28,7 +28,7 @@ from streamer.commands._inputs import (
     pipeline_options,
     signal_index,
 )
-from streamer.io.alignments import iter_alignments, write_records
+from streamer.io.alignments import AlignmentFilter, iter_alignments, write_records
 from streamer.io.bamreads import open_basecalls
 from streamer.io.reference import Reference
 from streamer.pipeline.runner import Done, RunnerOptions, Stages, run_batches
@@ -37,7 +37,8 @@ from streamer.pore.chemistry import default_models
 from streamer.pipeline.resume import CallJournal, Resumed, journal_path, run_identity
 from streamer.pipeline.signal_pool import IO_MODES, reader_pool
 from streamer import registry
-from streamer.sinks import open_sink
+from streamer.config import Config, OutputConfig
+from streamer.sinks import Sink, SinkContext, open_sinks, row_sinks
 from streamer.skips import Skipped
 from streamer.summary import RunSummary
 from streamer.tuning.session import CallTuning, add_call_arguments
@@ -54,6 +55,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also write per-CpG, per-strand counts as bedMethyl (modkit)")
     p.add_argument("--modbam", type=Path, metavar="FILE",
                    help="also write the --bam alignments with the calls as MM/ML tags (modBAM)")
+    p.add_argument("--sink", action="append", default=[], metavar="NAME",
+                   help="also write the output of the installed `streamer.sinks` plugin NAME (repeatable; the "
+                        "daemon's output.sinks), in the folder of -o (or the working directory)")
     p.add_argument("--stats-json", type=Path, help="also write the run summary as JSON to this file")
     p.add_argument("--meth-model", type=Path,
                    help=f"CpG methylation pore model file, nanopolish/f5c text, k up to 9 (default: {default_models()})")
@@ -147,11 +151,13 @@ def _run(args: argparse.Namespace, compiling: bool) -> int:
     filt = alignment_filter(args)
     summary = RunSummary(compiled=compiling)
     progress = sys.stderr.isatty()
-    rows = open_sink("calls")
     with ExitStack() as stack:
+        sinks = _open_sinks(args, filt)
+        for sink in sinks:
+            stack.callback(sink.close)
         index = signal_index(args)
         options = pipeline_options(args, index, cuda, methylation=True)
-        output = _Output.open(args, rows.header, [options.kmer_model, options.meth_model])
+        output = _Output.open(args, row_sinks(sinks)[0].header, [options.kmer_model, options.meth_model])
         stack.callback(output.close)
         summary.batches_resumed = output.resumed
 
@@ -163,7 +169,7 @@ def _run(args: argparse.Namespace, compiling: bool) -> int:
         if args.dask:
             _on_cluster(args, stack, options, index, limits, filt, summary, output, written)
         else:
-            _here(args, stack, options, index, limits, filt, summary, output, written, tuning, rows)
+            _here(args, stack, options, index, limits, filt, summary, output, written, tuning, sinks)
         output.finish()
     if progress:
         print(file=sys.stderr)
@@ -174,8 +180,9 @@ def _run(args: argparse.Namespace, compiling: bool) -> int:
 
 
 def _check_combinations(args: argparse.Namespace) -> None:
-    if args.dask and (args.autotune or args.bedmethyl or args.modbam or args.skip_ultra):
-        raise UsageError("--dask writes the call TSV: leave out --autotune, --bedmethyl, --modbam and --skip-ultra")
+    if args.dask and (args.autotune or args.bedmethyl or args.modbam or args.skip_ultra or args.sink):
+        raise UsageError("--dask writes the call TSV: leave out --autotune, --bedmethyl, --modbam, --sink and "
+                         "--skip-ultra")
     if args.resume and (args.output is None or args.autotune):
         raise UsageError("--resume needs -o FILE and fixed batch sizes (no --autotune): the plan must be the same")
 
@@ -238,8 +245,19 @@ OUTPUT_OPTIONS = ("reads", "bam", "genome", "signal", "batchsize", "max_bases", 
                   "model_dir", "pore", "meth_model", "disable_cuda", "ultra_thresh")  # fmt: skip
 
 
-def _here(args, stack, options, index, limits, filt, summary, output, written, tuning, rows) -> None:
+def _open_sinks(args: argparse.Namespace, filt: AlignmentFilter) -> list[Sink]:
+    """The sinks of the flags, opened as the daemon opens its own: `--sink` is the key `output.sinks`,
+    each output file a name in the context."""
+    files = {"bedmethyl": args.bedmethyl, "modbam": args.modbam, "bam": args.bam, "filter": filt,
+             "command_line": " ".join(["streamer", *sys.argv[1:]])}  # fmt: skip
+    out_dir = args.output.parent if args.output is not None else Path.cwd()
+    config = Config(output=OutputConfig(sinks=tuple(args.sink)))
+    return open_sinks(config, SinkContext(NAME, out_dir=out_dir, files=files))
+
+
+def _here(args, stack, options, index, limits, filt, summary, output, written, tuning, sinks) -> None:
     """This host: reader pool, the pipeline (GPU if any), overlapped batches."""
+    rows = row_sinks(sinks)[0]  # the calls TSV
     runner = RunnerOptions(io_workers=max(1, args.io_workers), io_mode=args.io_mode,
                            compute_threads=max(1, args.compute_threads))
     # readers start while the pipeline loads its models and kernels
@@ -257,20 +275,13 @@ def _here(args, stack, options, index, limits, filt, summary, output, written, t
     ultra = UltraLong(args.ultra_thresh, args.skip_ultra) if pipeline.gpu is not None else None
     plans = plan_batches(iter_alignments(args.bam, filt), basecalls, index, limits, str(args.reads), ultra)
 
-    tables = []
-    if args.bedmethyl:
-        tables.append(open_sink("bedmethyl", path=args.bedmethyl))
-    if args.modbam:
-        tables.append(open_sink("modbam", bam=args.bam, path=args.modbam, filt=filt,
-                                command_line=" ".join(["streamer", *sys.argv[1:]])))
-
     def on_done(done: Done) -> None:
         _report(done.outcome.skipped)
         for result, text in zip(done.results, done.rendered):
             output.write(text)
             tuning.observe(result.gpu_stats)
-            for table in tables:
-                table.on_batch(result)
+            for sink in sinks:
+                sink.on_batch(result)
         written(done.outcome.calls, done.outcome.records_called)
 
     before = list(pipeline.pool.batches)  # the start-up's synthetic batch is not the run's
@@ -281,9 +292,8 @@ def _here(args, stack, options, index, limits, filt, summary, output, written, t
     tuning.finish()
     if ultra is not None and ultra.skip_to is not None:
         write_records(args.bam, ultra.skip_to, ultra.skipped_ids, filt)
-    for table in tables:
-        table.refresh(final=True)
-        table.close()
+    for sink in sinks:
+        sink.refresh(final=True)
 
 
 def _on_cluster(args, stack, options, index, limits, filt, summary, output, written) -> None:
@@ -307,4 +317,5 @@ def _on_cluster(args, stack, options, index, limits, filt, summary, output, writ
         output.write("".join(done.rendered))
         written(done.outcome.calls, done.outcome.records_called)
 
-    cluster.run_on_cluster(client, workers, cluster.ClusterJob(options, str(args.genome)), numbered, on_done)
+    job = cluster.ClusterJob(options, str(args.genome), Config(), SinkContext(NAME))
+    cluster.run_on_cluster(client, workers, job, numbered, on_done)

@@ -25,7 +25,8 @@ from streamer.io.reference import Reference
 from streamer.pipeline.runner import Done, RunnerOptions, Stages, run_batches
 from streamer.pipeline.signal_pool import reader_pool
 from streamer.pipeline.stages import Pipeline
-from streamer.sinks import open_sink
+from streamer.config import Config, EventalignConfig
+from streamer.sinks import SinkContext, open_sinks, row_sinks
 from streamer.summary import RunSummary
 
 NAME = "eventalign"
@@ -74,19 +75,16 @@ def _run(args: argparse.Namespace, compiling: bool) -> int:
         summary.startup_s = summary.elapsed
         ref = stack.enter_context(Reference(args.genome))
         # the TSV's read_index is the record's place in the BAM, every record counted, as the tools number it
-        rows = open_sink("eventalign", print_read_names=args.print_read_names, scale_events=args.scale_events,
-                         signal_index=args.signal_index, samples=args.samples)
-        sinks = []
-        if args.sam:
-            sinks.append(open_sink("eventalign-sam", path=args.output or "-", template_bam=args.bam))
-            out = None
-        else:
-            out = stack.enter_context(open(args.output, "w")) if args.output else sys.stdout
-            out.write(rows.header)
-        if args.summary:
-            sinks.append(open_sink("eventalign-summary", path=args.summary))
+        sinks = open_sinks(_config(args), SinkContext(NAME, files={
+            "eventalign-sam": (args.output or "-") if args.sam else None, "template_bam": args.bam,
+            "eventalign-summary": args.summary}))  # fmt: skip
         for sink in sinks:
             stack.callback(sink.close)
+        rows = row_sinks(sinks)[0]  # the TSV
+        out = None
+        if not args.sam:
+            out = stack.enter_context(open(args.output, "w")) if args.output else sys.stdout
+            out.write(rows.header)
 
         def on_done(done: Done) -> None:
             for result, text in zip(done.results, done.rendered):
@@ -102,3 +100,10 @@ def _run(args: argparse.Namespace, compiling: bool) -> int:
         run_batches(pipeline, plans, ref, pool, summary, on_done, Stages(pipeline, render, rows.count))
     print(summary.report(), file=sys.stderr)
     return 0
+
+
+def _config(args: argparse.Namespace) -> Config:
+    """The flags as the daemon's `eventalign.*` keys, so the sinks open here as they do there."""
+    return Config(eventalign=EventalignConfig(enabled=True, print_read_names=args.print_read_names,
+                                              scale_events=args.scale_events, signal_index=args.signal_index,
+                                              samples=args.samples))  # fmt: skip

@@ -28,7 +28,7 @@ from streamer.daemon.pore_pipeline import PorePipeline, first_signal_file
 from streamer.pore.chemistry import chemistry, pore_models, pore_of_file
 from streamer.publish.publisher import Publisher, PublisherConfig
 from streamer.publish.security import CurveServer, load_public_keys, load_secret_keys
-from streamer.sinks import open_sink
+from streamer.sinks import warm_up
 from streamer.tuning.session import AutoTuner, plan_config
 
 NAME = "run"
@@ -110,7 +110,7 @@ def _pore_pipeline(cfg: configuration.Config) -> PorePipeline:
         options = PipelineOptions(threads=cfg.pipeline.threads, kmer_model=kmer_model, meth_model=meth_model,
                                   cuda=cuda or cuda_options(cfg), chemistry=chemistry(pore))  # fmt: skip
         pipeline = Pipeline(options, [*analyses, registry.analysis("cpg", calls=calls)])
-        open_sink("calls").render(pipeline.warm_up_result)  # the TSV kernel too, before the run's first batch
+        warm_up(cfg, pipeline.warm_up_result)  # the TSV kernel too, before the run's first batch
         return pipeline
 
     return PorePipeline(make, pore, source, follow=cfg.pipeline.pore == "auto")

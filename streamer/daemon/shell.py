@@ -3,9 +3,7 @@
 What to do next (a batch due, the end of the run, reads past the join timeout, each read's
 outcome and the counters) is decided in `streamer.daemon.policy`, with no files or threads;
 this module reads the clock, the watcher and the ledger, asks, and acts. Files the watcher
-reports complete go through `streamer.daemon.intake`. It is over 400 lines because it holds
-the lifecycle (start, supervise, drain, close) and the one batch transaction together, which
-is what makes output exactly-once.
+reports complete go through `streamer.daemon.intake`.
 
 The engine thread does all the work in one loop: take the files the watcher reports complete,
 register them in the ledger (which joins signal and basecalls by read id), hand a batch to the
@@ -15,34 +13,30 @@ batch is in flight, the engine waiting for it on the driver's threads; while it 
 signal of the next matched reads (one batch at most) is read on the reader pool `streamer call`
 uses (`streamer.pipeline.signal_pool.SignalReads`); nothing read ahead is committed, so a crash
 loses nothing.
-The main thread only supervises: it feeds systemd's watchdog while the engine makes progress,
-sends status, and on SIGTERM (which only sets an event) waits at most `drain_timeout` for the
-batch in hand.
+The main thread only supervises (`streamer.daemon.supervise`): it feeds systemd's watchdog while
+the engine makes progress, sends status, and on SIGTERM (which only sets an event) waits at most
+`drain_timeout` for the batch in hand.
 
 A run ends on a `final_summary*.txt` in every run folder plus a grace period, on an idle
 timeout, or on a STOP file; then every matched read is processed, every read still missing
 its partner is recorded as such, and the derived outputs are written. SIGTERM does not end
 the run: reads not done stay open in the ledger for the next start.
 
-Outputs are sinks (`streamer.sinks`), found by name: the rows of `meth.tsv` and, when
-enabled, `eventalign.tsv` are rendered by their sinks and appended to the journal with the
-commit; the tables (`meth-freq.tsv`, `meth.bed`, the modBAM copies) take each committed
-batch's calls as records, and are rebuilt at start from the committed rows; the publisher
-(`streamer.publish.sink`) sends the same records.
+Outputs are sinks opened from the configuration (`streamer.daemon.sink_set`): the rows of the
+row sinks (`meth.tsv`, `eventalign.tsv`) are appended to the journal with the commit; the others
+take each committed batch as records after it. summary.json is made in `streamer.daemon.report`.
 """
 
 from __future__ import annotations
 
 import enum
-import json
 import logging
 import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from datetime import datetime, timezone
 from typing import Any, Protocol
 
 from streamer.pipeline.aligner import ReadAligner
@@ -50,42 +44,29 @@ from streamer.pipeline.batch import ReadInput
 from streamer.config import Config
 from streamer.daemon.batches import Aligning, DaemonBatch, basecalls_of, eventalign_of, picked, signal_wanted
 from streamer.daemon.intake import FileIntake
-from streamer.daemon.policy import (
-    PIPELINE_ERROR,
-    EndOfRun,
-    Ending,
-    JoinTimeout,
-    account,
-    batch_due,
-    missing_partner,
-    recovered_row,
-    skip_counters,
-    skip_row,
-)
+from streamer.daemon.policy import (PIPELINE_ERROR, EndOfRun, Ending, JoinTimeout, account, batch_due,
+                                    missing_partner, recovered_row, skip_counters, skip_row)  # fmt: skip
 from streamer.errors import InputError
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
 from streamer.io.signal import SIGNAL_SUFFIXES
 from streamer.daemon.basecall_cache import BasecallCache
 from streamer.daemon.ledger import BatchRecord, Ledger, Pick, Waiting
-from streamer.metrics import status_of
+from streamer.daemon import report
 from streamer.daemon.notify import Notifier
 from streamer.daemon.journal import SKIPPED_HEADER, Journal
 from streamer.publish.sink import PublishSink, PublisherLike
 from streamer.pipeline.runner import BatchDriver, Stages
 from streamer.pipeline.signal_pool import SignalReads, signal_readers
-from streamer.sinks import Sink, SinkContext, open_sinks, write_atomic
+from streamer.daemon.sink_set import EVENTALIGN, SinkSet
+from streamer.daemon.supervise import supervise
 from streamer.skips import Skipped
 from streamer.tuning.session import AutoTuner
 from streamer.daemon.watch import RunLayout, Watcher, WatchTimings
 
 log = logging.getLogger(__name__)
 
-METH_TSV = "meth.tsv"
 SKIPPED_TSV = "skipped.tsv"
-SUMMARY_JSON = "summary.json"
-EVENTALIGN_TSV = "eventalign.tsv"
-EVENTALIGN = "eventalign"  # the eventalign stage's product
 
 
 class BatchResultLike(Protocol):
@@ -135,8 +116,8 @@ class Daemon:
         self._stop_why = "SIGTERM"  # the signal that asked for the stop, for the log
         self._engine: threading.Thread | None = None
         self._heartbeat = time.monotonic()
-        self._started_wall = time.time()
-        self._started = time.monotonic()
+        self.started_at = time.time()
+        self.started = time.monotonic()
         self.state = State.NEW
         self.ending: Ending | None = None
         self.failure: BaseException | None = None
@@ -146,14 +127,12 @@ class Daemon:
         self.watcher: Watcher | None = None
         self.intake: FileIntake | None = None
         self.signal: SignalReads | None = None
-        self.sinks: list[Sink] = []  # opened with the ledger (`start`), from the configuration
-        self.call_rows: Sink | None = None  # the sinks of meth.tsv's and eventalign.tsv's rows
-        self.eventalign: Any = None
+        self.sinks = SinkSet([])  # opened with the ledger (`start`), from the configuration
         self.driver: BatchDriver | None = None  # one batch in flight, the engine waiting on it
         self.cache = BasecallCache(config.join.max_pending_bases, self._filter)
         end = config.end
         self.end = EndOfRun(end.final_summary_grace, end.idle_timeout, end.follow, end.stop_file)
-        self.join_timeout = JoinTimeout(config.join.timeout, self._started)
+        self.join_timeout = JoinTimeout(config.join.timeout, self.started)
         self._next_refresh = 0.0
         self._next_status = 0.0
         self._status: dict[str, Any] = {}
@@ -168,26 +147,27 @@ class Daemon:
         cfg = self.config
         try:
             self.ledger = Ledger(cfg.state_dir(), watch_dir=cfg.watch.dir)
-            self._open_sinks()
-            headers = {s.journal: s.header for s in self.sinks if s.journal} | {SKIPPED_TSV: SKIPPED_HEADER}
+            self.sinks = SinkSet.open(cfg, self.ledger, self.publish, self._beat)
+            headers = self.sinks.headers() | {SKIPPED_TSV: SKIPPED_HEADER}
             self.outputs = Journal(cfg.output.dir, headers, self.ledger.offsets())
             if self.outputs.fresh:
                 self.ledger.commit((), self.outputs.fresh, {})
-            self._load_calls()
+            self.sinks.load(self.outputs.path, self._beat)
             if cfg.watch.basecalls != "bam":
                 self.aligning.build()
             exclude = [cfg.output.dir, cfg.state_dir(), cfg.reference.genome]
             layout = RunLayout(cfg.watch.dir, stop_file=cfg.end.stop_file, include_fail=cfg.watch.include_fail,
                             basecalls=cfg.watch.basecalls, exclude=tuple(exclude))
             timings = WatchTimings(cfg.watch.poll_interval, cfg.watch.settle, cfg.watch.incomplete_timeout)
-            self.intake = FileIntake(self.ledger, self.cache, self._filter, self.end, self._reopened,
-                                     lambda: self._each_sink("on_file", "basecalls", "bam"))
+            self.intake = FileIntake(self.ledger, self.cache, self._filter, self.end,
+                                     lambda bams: self.sinks.each("on_reopened", bams),
+                                     lambda: self.sinks.each("on_file", "basecalls", "bam"))
             self.watcher = Watcher(layout, timings, poll=cfg.watch.poll, known=self.ledger.is_known)
             self.watcher.start()
             workers = cfg.pipeline.threads or os.cpu_count() or 1
             pool = signal_readers(SIGNAL_SUFFIXES, workers, cfg.pipeline.io_mode) if cfg.batch.read_ahead else None
             self.signal = SignalReads(pool)
-            self.driver = BatchDriver(Stages(self.pipeline, self._render, self.call_rows.count, isolate=True))
+            self.driver = BatchDriver(Stages(self.pipeline, self.sinks.render, self.sinks.count, isolate=True))
         except BaseException:
             self.close()
             raise
@@ -209,32 +189,12 @@ class Daemon:
         self.notifier.ready(self.status_line())
         self._engine = threading.Thread(target=self._engine_main, name="streamer-engine", daemon=True)
         self._engine.start()
-        svc = self.config.service
-        ping = self.notifier.watchdog_interval
-        tick = min(x for x in (ping, svc.status_interval, 0.5) if x)
-        next_ping = next_status = time.monotonic()
-        drain_deadline = None
-        while self._engine.is_alive():
-            self._engine.join(tick)
-            now = time.monotonic()
-            if self._stop.is_set() and drain_deadline is None:
-                drain_deadline = now + svc.drain_timeout
-                self.notifier.stopping("stopping: finishing the batch in hand")
-            if drain_deadline is not None and now >= drain_deadline and self._engine.is_alive():
-                log.warning("the batch in hand did not finish within %g s; exiting without it (it is redone at "
-                            "the next start)", svc.drain_timeout)
-                self.abandoned = True
-                return 0
-            if ping and now >= next_ping and not self.stalled(svc.stall_timeout):
-                self.notifier.watchdog()
-                next_ping = now + ping
-            if now >= next_status:
-                self.notifier.status(self.status_line())
-                next_status = now + svc.status_interval
+        self.abandoned = supervise(self._engine, self._stop, self.notifier, self.config.service, self.stalled,
+                                   self.status_line)
+        if self.abandoned:
+            return 0
         self.notifier.stopping(self.status_line())
-        if self.failure is not None:
-            return 1
-        return 0
+        return 1 if self.failure is not None else 0
 
     def stalled(self, timeout: float) -> bool:
         """The engine has made no progress for `timeout` seconds (systemd's watchdog is then left to fire)."""
@@ -245,19 +205,9 @@ class Daemon:
         if self._engine is not None:
             self._stop.set()
             self._engine.join()
-        if self.watcher is not None:
-            self.watcher.close()
-        if self.driver is not None:
-            self.driver.close()
-        if self.signal is not None:
-            self.signal.close()
-        if self.outputs is not None:
-            self.outputs.close()
-        for sink in self.sinks:
-            sink.close()
-        if self.ledger is not None:
-            self.ledger.close()
-        self.notifier.close()
+        for part in (self.watcher, self.driver, self.signal, self.outputs, self.sinks, self.ledger, self.notifier):
+            if part is not None:
+                part.close()
 
     # ------------------------------------------------------------------ the engine
 
@@ -278,7 +228,7 @@ class Daemon:
         try:
             if self.outputs is not None:
                 self.outputs.release_reserve()
-            write_atomic(self.config.output.dir / SUMMARY_JSON, json.dumps(self.summary(), indent=2) + "\n")
+            report.write_summary(self.config.output.dir, report.summary(self))
             self._refresh(final=True)
         except Exception as again:  # noqa: BLE001 - the state itself may be what failed
             log.error("cannot write the outputs after the failure: %s", again)
@@ -331,11 +281,6 @@ class Daemon:
         self._send("run", "end", {"state": self.state.value, "reason": ending.reason, **self._status})
         log.info("%s", self.status_line())
 
-    # ------------------------------------------------------------------ files
-
-    def _reopened(self, bams: tuple[int, ...]) -> None:
-        self._each_sink("on_reopened", bams, self._committed_calls)
-
     # ------------------------------------------------------------------ batches
 
     def _process(self, picks: list[Pick]) -> None:
@@ -355,9 +300,9 @@ class Daemon:
         outcome, results = done.outcome, done.results
         if len(results) == 1 and not outcome.failed:
             self._tune(results[0])
-        rows = "".join(calls for calls, _ in done.rendered)
-        aligned = eventalign_of(done.rendered, results, self.eventalign.labels, EVENTALIGN) \
-            if self.eventalign is not None else []
+        eventalign = self.sinks.eventalign
+        aligned = eventalign_of(self.sinks.eventalign_texts(done.rendered), results, eventalign.labels, EVENTALIGN) \
+            if eventalign is not None else []
         skip_rows = [recovered_row(p.read_id, p.superseded, p.signal_path, p.basecall_path)
                      for p in picks if p.superseded]
         skip_rows += [skip_row(s.read_id, s.reason.label, s.detail) for s in outcome.skipped]
@@ -372,21 +317,12 @@ class Daemon:
         latencies = [max(0.0, done_at - p.matched) for p in picks]
         batch = BatchRecord(len(picks), counters["records_in"], outcome.calls, counters["bases"],
                             time.monotonic() - t0, sum(latencies), max(latencies))
-        self._commit(read.outcomes, rows, skip_rows, counters, batch, "".join(text for _, _, _, text in aligned),
-                     results)
+        self._commit(read.outcomes, self.sinks.texts(done.rendered), skip_rows, counters, batch, results)
         if self.publish is not None:
             self.publish.on_batch(results, (columns for rows_, batch_, labels, text in aligned
-                                            for columns in self.eventalign.messages(rows_, batch_, labels, text)))
+                                            for columns in eventalign.messages(rows_, batch_, labels, text)))
         log.info("batch of %d reads: %d calls, %d records skipped, %.2f s", len(picks), outcome.calls,
                  len(outcome.skipped), batch.seconds)
-
-    def _render(self, result: BatchResultLike) -> tuple[str, str]:
-        """A result's rows for meth.tsv and, when eventalign is on, eventalign.tsv (on the driver's compute thread)."""
-        if self.eventalign is None:
-            return self.call_rows.render(result), ""
-        if result.products.get(EVENTALIGN) is None:
-            raise TypeError("eventalign is on but the pipeline has no eventalign stage")
-        return self.call_rows.render(result), self.eventalign.render(result)
 
     def _tune(self, result: BatchResultLike) -> None:
         """The batch's GPU measurements to the tuner (batches of the end-of-run drain count as the last)."""
@@ -395,52 +331,21 @@ class Daemon:
             return
         if self.tuner.observe(stats, last=self.state is State.FINISHING):
             s = self.tuner.settings
-            self.config = replace(self.config, batch=replace(self.config.batch, max_reads=s.max_reads,
-                                                             max_bases=s.max_bases))
+            batch = replace(self.config.batch, max_reads=s.max_reads, max_bases=s.max_bases)
+            self.config = replace(self.config, batch=batch)
 
-    def _commit(self, outcomes: list[tuple[str, str]], rows: str, skip_rows: list[str], counters: Counter,
-                batch: BatchRecord | None, eventalign: str = "", results: Sequence[BatchResultLike] = ()) -> None:
+    def _commit(self, outcomes: list[tuple[str, str]], texts: Mapping[str, str], skip_rows: list[str],
+                counters: Counter, batch: BatchRecord | None, results: Sequence[BatchResultLike] = ()) -> None:
         """Append, flush, then commit: the order that makes output exactly-once; then the derived outputs
-        (the frequency table changes before its `meth.freq` update is published, as `serve_sites` requires)."""
-        lines = {METH_TSV: [rows] if rows else [], SKIPPED_TSV: skip_rows}
-        if self.eventalign is not None:
-            lines[EVENTALIGN_TSV] = [eventalign] if eventalign else []
+        (the frequency table changes before its `meth.freq` update is published, as `serve_sites` requires).
+        `texts`: each row sink's rows, by its journal file."""
+        lines = {name: [text] if text else [] for name, text in texts.items()} | {SKIPPED_TSV: skip_rows}
         offsets = self.outputs.append(lines)
         self.ledger.commit(outcomes, offsets, counters, batch)
         for r in results:
-            self._each_sink("on_batch", r)
+            self.sinks.each("on_batch", r)
         self._refresh_status()  # heartbeats and the metrics carry the counts as committed
         self._send("status", self._status)
-
-    def _open_sinks(self) -> None:
-        """The sinks the configuration turns on, each given the ledger and the publisher."""
-        cfg = self.config
-        context = SinkContext("run", out_dir=cfg.output.dir, ledger=self.ledger, state_dir=cfg.state_dir(),
-                              publishing=self.publish is not None, beat=self._beat)
-        self.sinks = open_sinks(cfg, context)
-        rows = {s.journal: s for s in self.sinks if s.journal}
-        self.call_rows, self.eventalign = rows[METH_TSV], rows.get(EVENTALIGN_TSV)
-        if self.publish is not None:
-            self._each_sink("attach", self.publish)
-            self.publish.serve_sites()
-
-    def _each_sink(self, what: str, *args: Any) -> None:
-        for sink in self.sinks:
-            getattr(sink, what)(*args)
-
-    def _load_calls(self) -> None:
-        """The sinks' state: the committed `meth.tsv` replayed once, a block at a time, to those that
-        ask for it, then what each committed itself."""
-        replaying = [s for s in self.sinks if s.replays]
-        if replaying:
-            for block in self._committed_calls():
-                for sink in replaying:
-                    sink.on_batch(block)
-        self._each_sink("restore")
-
-    def _committed_calls(self) -> Iterator[Any]:
-        """The committed rows of `meth.tsv` as records, a block at a time (the watchdog fed between blocks)."""
-        return iter(self.call_rows.read_back(self.outputs.path(METH_TSV), beat=self._beat))
 
     def _time_out_waiting(self) -> None:
         """Reads that waited `join.timeout` for their partner are recorded as missing it."""
@@ -457,7 +362,7 @@ class Daemon:
             return
         skipped = missing_partner(((w.read_id, w.has_signal, w.path) for w in waiting), when)
         self.cache.discard(w.read_id for w in waiting)
-        self._commit([(s.read_id, s.reason.label) for s in skipped], "",
+        self._commit([(s.read_id, s.reason.label) for s in skipped], {},
                      [skip_row(s.read_id, s.reason.label, s.detail) for s in skipped], skip_counters(skipped), None)
         log.warning("%d reads recorded as missing their partner file (%s)", len(skipped), when)
 
@@ -474,7 +379,7 @@ class Daemon:
     def _refresh(self, final: bool = False) -> None:
         """Rewrite meth-freq.tsv and meth.bed (if changed) and summary.json; publish status."""
         self._next_refresh = time.monotonic() + self.config.output.refresh_interval
-        self._each_sink("refresh", final)
+        self.sinks.each("refresh", final)
         self._refresh_status()
         self._send("status", self._status)
 
@@ -482,9 +387,9 @@ class Daemon:
         """The counts behind the STATUS line, the publisher's status and summary.json (which `streamer status
         OUTDIR` reads), as of the last commit: a small file, unlike the tables `_refresh` rewrites."""
         self._next_status = time.monotonic() + self.config.service.status_interval
-        summary = self.summary()
-        self._status = {**status_of(summary), "files_pending": len(self.watcher.pending) if self.watcher else 0}
-        write_atomic(self.config.output.dir / SUMMARY_JSON, json.dumps(summary, indent=2) + "\n")
+        summary = report.summary(self)
+        self._status = report.status(summary, len(self.watcher.pending) if self.watcher else 0)
+        report.write_summary(self.config.output.dir, summary)
 
     @property
     def status(self) -> dict[str, Any]:
@@ -492,58 +397,4 @@ class Daemon:
         return self._status
 
     def status_line(self) -> str:
-        s = self._status
-        if not s:
-            return f"{self.state.value}"
-        return (f"{s['state']}: {s['done']} reads done ({s['reads_called']} called), {s['matched']} queued, "
-                f"{s['waiting_for_signal'] + s['waiting_for_basecalls']} waiting for a partner file, "
-                f"{s['calls']} calls, {s['files_rejected']} files set aside")
-
-    def summary(self) -> dict[str, Any]:
-        """What summary.json holds: counts, skipped reads by reason, rejected files, throughput, latency."""
-        counters = self.ledger.counters()
-        totals = self.ledger.batch_totals()
-        busy = totals["seconds"]
-        wall = time.monotonic() - self._started
-        return {
-            "state": self.state.value,
-            "ending": self.ending.reason if self.ending else None,
-            "error": f"{type(self.failure).__name__}: {self.failure}" if self.failure else None,
-            "watch_dir": str(self.config.watch.dir),
-            "started": _iso(self._started_wall),
-            "updated": _iso(time.time()),
-            "reads": self.ledger.read_counts() | {"called": counters.get("reads_called", 0),
-                                                  "recovered": self.ledger.recovered()},
-            "records": {
-                "considered": counters.get("records_in", 0),
-                "called": counters.get("records_called", 0),
-                "skipped_by_reason": {k.split(".", 1)[1]: v for k, v in counters.items() if k.startswith("skipped.")},
-            },
-            "calls": counters.get("calls", 0),
-            "bases": counters.get("bases", 0),
-            "eventalign_rows": counters.get("eventalign_rows", 0) if self.eventalign is not None else None,
-            "modbam": None,
-            "modcalls": None,
-            **{k: v for sink in self.sinks for k, v in sink.summary().items()},
-            "publish": self.published_on,
-            "files": self.ledger.file_counts(),
-            "rejected_files": [{"path": p, "kind": k, "reason": r} for p, k, r in self.ledger.rejected_files()],
-            "throughput": {
-                "batches": totals["batches"],
-                "busy_s": round(busy, 3),
-                "bases_per_busy_s": round(totals["bases"] / busy, 1) if busy else 0.0,
-                "uptime_s": round(wall, 3),
-            },
-            "latency_s": {
-                "mean": round(totals["latency_sum"] / totals["reads"], 3) if totals["reads"] else None,
-                "max": round(totals["latency_max"], 3),
-            },
-            "basecall_reloads": self.cache.reloads,
-            "tuning": self.tuner.summary() if self.tuner is not None else None,
-            "config": self.config.as_dict(),
-        }
-
-
-
-def _iso(t: float) -> str:
-    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="seconds")
+        return report.status_line(self.state.value, self._status)

@@ -54,7 +54,7 @@ class EventalignTsv(BaseSink):
     @classmethod
     def open(cls, config: Any, context: SinkContext) -> EventalignTsv | None:
         ea = config.eventalign
-        if not (context.daemon and ea.enabled):
+        if not ea.enabled:
             return None
         return cls(ea.print_read_names, ea.scale_events, ea.signal_index, ea.samples)
 
@@ -143,6 +143,11 @@ def _chunks(row_off: np.ndarray, size: int) -> Iterator[tuple[int, int]]:
 class EventalignSam(BaseSink):
     """Event-space SAM (nanopolish's `--sam`), the header taken from `template_bam`; "-" is stdout."""
 
+    @classmethod
+    def open(cls, config: Any, context: SinkContext) -> EventalignSam | None:
+        path = context.files.get("eventalign-sam")
+        return cls(path, context.files["template_bam"]) if path is not None else None
+
     def __init__(self, path: Path | str, template_bam: Path):
         with pysam.AlignmentFile(str(template_bam), "rb", check_sq=False) as bam:
             self.sam = pysam.AlignmentFile(str(path), "w", template=bam)
@@ -158,6 +163,11 @@ class EventalignSam(BaseSink):
 
 class EventalignSummary(BaseSink):
     """One line per read (`--summary`), signal files named relative to the working directory."""
+
+    @classmethod
+    def open(cls, config: Any, context: SinkContext) -> EventalignSummary | None:
+        path = context.files.get("eventalign-summary")
+        return cls(path) if path is not None else None
 
     def __init__(self, path: Path):
         self.fh = open(path, "w")

@@ -13,12 +13,10 @@ and strand.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TextIO
 
-from streamer.errors import InputError
 from streamer_plugins.cpg.calls import MethCalls
 from streamer_plugins.outputs.methfreq import CALL_THRESHOLD
 
@@ -69,22 +67,6 @@ class BedMethyl:
         for read, strand, start, llr, seq in zip(calls.read.tolist(), calls.strand.tolist(), calls.start.tolist(),
                                                  calls.llr.tolist(), calls.sequence):
             self.add(ref_names[read], _STRAND[strand], start, round(llr, 2), seq)
-
-    def add_tsv(self, lines: Iterable[str], source: str | Path = "<calls>") -> None:
-        """Add the rows of a call-methylation TSV with a strand column (f5c v2, streamer)."""
-        it = iter(lines)
-        header = next(it, "").rstrip("\n").split("\t")
-        try:
-            cols = [header.index(c) for c in ("chromosome", "strand", "start", "log_lik_ratio", "sequence")]
-        except ValueError:
-            raise InputError(source, "not a call-methylation header with a strand column", line=1) from None
-        for line_no, line in enumerate(it, start=2):
-            fields = line.rstrip("\n").split("\t")
-            try:
-                chrom, strand, start, llr, seq = (fields[c] for c in cols)
-                self.add(chrom, strand, int(start), float(llr), seq)
-            except (IndexError, ValueError) as exc:
-                raise InputError(source, f"malformed row: {exc}", line=line_no) from None
 
     def rows(self) -> list[tuple[str, int, str, SiteCounts]]:
         """Sites with valid coverage, in output order."""

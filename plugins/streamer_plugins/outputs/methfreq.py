@@ -7,7 +7,8 @@ the sequence reported as "split-group"). Sites are printed sorted by chromosome 
 start, end; the first call seen for a site fixes its group size and sequence.
 
 The ratio that f5c compares is the one printed in the calls TSV (two decimals), so calls added
-from records are rounded the same way before the threshold applies.
+from records are rounded the same way before the threshold applies; a calls TSV is read into
+records by `streamer_plugins.outputs.calls_tsv`.
 
 The daemon's table is also the one the publisher serves snapshots from (one table for a
 genome's ~28 M sites, not two), so it is thread-safe: one writer adds whole batches under
@@ -18,26 +19,14 @@ dict copy under the lock and a reader never sees half a batch.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import NamedTuple, TextIO
 
-from streamer.errors import InputError
 from streamer_plugins.cpg.calls import MethCalls
 
 CALL_THRESHOLD = 2.5
 SPLIT_SEQUENCE = "split-group"
 
-_CALLS_COLUMNS = (
-    "chromosome\t{strand}start\tend\tread_name\tlog_lik_ratio\tlog_lik_methylated\tlog_lik_unmethylated"
-    "\tnum_calling_strands\t{count}\tsequence"
-)
-# Accepted call-TSV headers -> (has strand column, name of the count column).
-_CALL_HEADERS = {
-    _CALLS_COLUMNS.format(strand=strand, count=count): (bool(strand), count)
-    for strand in ("", "strand\t")
-    for count in ("num_cpgs", "num_motifs")
-}
 _FREQ_HEADER = (
     "chromosome\tstart\tend\t{group}\tcalled_sites\tcalled_sites_methylated\tmethylated_frequency\tgroup_sequence\n"
 )
@@ -104,56 +93,6 @@ class MethFreq:
             for read, start, end, llr, num, seq in zip(calls.read.tolist(), calls.start.tolist(), calls.end.tolist(),
                                                        llrs, calls.num_motifs.tolist(), calls.sequence):
                 self._add(ref_names[read], start, end, llr, num, seq, changed)
-
-    def add_tsv(self, lines: Iterable[str], source: str | Path = "<calls>", changed: set | None = None) -> None:
-        """Add the rows of a call-methylation TSV (nanopolish or f5c, with or without strand).
-
-        The rows go in as one batch: a concurrent `snapshot()` sees all of them or none.
-        `changed`, when given, collects the keys of the sites they credited.
-        """
-        with self.lock:
-            self._add_tsv(lines, source, changed)
-
-    def _add_tsv(self, lines: Iterable[str], source: str | Path, changed: set | None) -> None:
-        it = iter(lines)
-        header = next(it, None)
-        if header is None:
-            raise InputError(source, "empty file, expected a call-methylation header", line=1)
-        fmt = _CALL_HEADERS.get(header.rstrip("\n"))
-        if fmt is None:
-            raise InputError(source, f"not a call-methylation header: {header.strip()!r}", line=1)
-        has_strand, count = fmt
-        if count == "num_cpgs":
-            self.group_column = "num_cpgs_in_group"
-        n_fields = 11 if has_strand else 10
-        for line_no, line in enumerate(it, start=2):
-            fields = line.rstrip("\n").split("\t")
-            if len(fields) != n_fields:
-                raise InputError(source, f"expected {n_fields} columns, found {len(fields)}", line=line_no)
-            if has_strand:
-                del fields[1]
-            try:
-                start, end, llr, num = int(fields[1]), int(fields[2]), float(fields[4]), int(fields[8])
-            except ValueError as exc:
-                raise InputError(source, f"malformed number: {exc}", line=line_no) from None
-            if start < 0 or end < 0 or num < 0:
-                raise InputError(source, "coordinates and motif counts cannot be negative", line=line_no)
-            self._add(fields[0], start, end, llr, num, fields[9], changed)
-
-    def read(self, path: str | Path) -> None:
-        """Add the calls of a call-methylation TSV file."""
-        try:
-            with open(path) as fh:
-                self.add_tsv(fh, path)
-        except OSError as exc:
-            raise InputError(path, f"cannot read calls: {exc.strerror}") from exc
-
-    @classmethod
-    def from_tsv(cls, path: str | Path, call_threshold: float = CALL_THRESHOLD, split_groups: bool = False):
-        """meth-freq of a calls file."""
-        freq = cls(call_threshold, split_groups)
-        freq.read(path)
-        return freq
 
     def snapshot(self) -> dict[SiteKey, SiteStats]:
         """The sites with at least one called CpG, consistent between batches; safe from any thread."""

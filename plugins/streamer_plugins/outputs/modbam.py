@@ -132,27 +132,35 @@ def _retag(rec: pysam.AlignedSegment, sites: list[tuple[int, float]] | None) -> 
 
 
 def write_modbam(bam: str | Path, out: str | Path, calls: ModCalls, filt: AlignmentFilter,
-                 command_line: str = "") -> None:  # fmt: skip
-    """Copy `bam` to `out` with each record's calls as MM/ML tags; index `out` if it is sorted."""
+                 command_line: str = "", again: bool = False) -> None:  # fmt: skip
+    """Copy `bam` to `out` with each record's calls as MM/ML tags; index `out` if it is sorted.
+
+    `again`: `bam` is an earlier copy of ours, made before late reads were called: its header is
+    kept, and only the records of reads in `calls` are tagged (the others carry their tags, and
+    the same bytes as a copy of the input with every call)."""
     try:
         src = pysam.AlignmentFile(str(bam), "rb", check_sq=False)
     except (OSError, ValueError) as exc:
         raise InputError(bam, f"cannot open alignments: {exc}") from exc
     with src:
         header = src.header.to_dict()
-        ids = {pg.get("ID") for pg in header.get("PG", [])}
-        pg_id, n = "streamer", 0
-        while pg_id in ids:
-            n += 1
-            pg_id = f"streamer.{n}"
-        header.setdefault("PG", []).append({"ID": pg_id, "PN": "streamer", "CL": command_line or "streamer call"})
+        if not again:
+            ids = {pg.get("ID") for pg in header.get("PG", [])}
+            pg_id, n = "streamer", 0
+            while pg_id in ids:
+                n += 1
+                pg_id = f"streamer.{n}"
+            header.setdefault("PG", []).append({"ID": pg_id, "PN": "streamer", "CL": command_line or "streamer call"})
         with pysam.AlignmentFile(str(out), "wb", header=header) as dst:
             for rec in src.fetch(until_eof=True):
+                key = (rec.query_name, rec.reference_name, rec.is_reverse)
+                if again and key not in calls.by_record:
+                    dst.write(rec)
+                    continue
                 sites = None
                 if filt.verdict(rec)[0] == Skip.OK:
-                    sites = calls.by_record.get((rec.query_name, rec.reference_name, rec.is_reverse))
-                    end = rec.reference_end
-                    sites = [s for s in sites or () if rec.reference_start <= s[0] and s[0] + 1 < end]
+                    start, end = rec.reference_start, rec.reference_end
+                    sites = [s for s in calls.by_record.get(key) or () if start <= s[0] and s[0] + 1 < end]
                 _retag(rec, sites)
                 dst.write(rec)
         if header.get("HD", {}).get("SO") == "coordinate":

@@ -13,14 +13,19 @@ The calls are taken with the log-likelihood ratio as `meth.tsv` prints it (two d
 whether they come from a batch or from the rows replayed at start, so a copy is the same
 whether or not the daemon restarted on the way; an ML value may differ by one from the
 full-precision ratio's, within the 1/256 that a value stands for. They are held only for
-reads of BAMs not copied yet.
+reads of BAMs not copied yet, so memory is bounded by the BAMs in progress. A BAM that late
+reads reopen (their signal came after they were reported missing it) is copied again once
+they are done, from its earlier copy: its other reads carry their tags there, and only the
+late reads' records are tagged, so `meth.tsv` is never read back mid-run. After a restart
+the replay of the committed calls gives every read of a reopened BAM its calls again, and the
+copy is made from the input.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Container, Iterator, Mapping
+from collections.abc import Callable, Container, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -63,20 +68,22 @@ class ModBamCopies:
             rel = Path(Path(bam).name)
         return self.dir / rel
 
-    def write(self, bam: Path, read_ids: set[str]) -> Path:
+    def write(self, bam: Path, read_ids: set[str], again: bool = False) -> Path:
         """Copy `bam` with its reads' calls, atomically; forget those calls, copied or not.
+        `again`: from its earlier copy, where there is one (see the module's docstring).
 
         InputError if it cannot be read, or has no alignments to carry the calls (unaligned
         BAM: the daemon aligned its reads itself and keeps no records of that).
         """
         try:
-            return self._write(bam)
+            return self._write(bam, again)
         finally:
             for key in [k for k in self.calls.by_record if k[0] in read_ids]:
                 del self.calls.by_record[key]
 
-    def _write(self, bam: Path) -> Path:
+    def _write(self, bam: Path, again: bool) -> Path:
         out = self.path_of(bam)
+        again = again and out.is_file()
         try:
             with pysam.AlignmentFile(str(bam), "rb", check_sq=False) as fh:
                 aligned = fh.nreferences > 0
@@ -87,7 +94,7 @@ class ModBamCopies:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(f".{out.name}.tmp")
         try:
-            write_modbam(bam, tmp, self.calls, self.filt, f"streamer run (modBAM of {bam})")
+            write_modbam(out if again else bam, tmp, self.calls, self.filt, f"streamer run (modBAM of {bam})", again)
         except pysam.utils.SamtoolsError as exc:  # only the index: the copy is whole
             log.warning("%s: its modBAM copy is not indexed (its header says sorted, its records are not): %s",
                         bam, str(exc).strip())
@@ -131,6 +138,7 @@ class ModBamCopiesSink(BaseSink):
     def __init__(self, copies: ModBamCopies, ledger: SinkLedger, beat: Callable[[], None]):
         self.copies, self.ledger, self.beat = copies, ledger, beat
         self.awaiting: set[str] | None = None  # reads of the BAMs not copied yet
+        self.reopened: set[int] = set()  # BAMs copied before and reopened since this start
         self.restored = False  # BAMs are copied once the committed calls are all replayed
 
     def on_batch(self, result: Result) -> None:
@@ -153,25 +161,23 @@ class ModBamCopiesSink(BaseSink):
         if self.restored:
             self._write()  # BAMs whose last reads were closed without a batch (missing their partner)
 
-    def on_reopened(self, file_ids: tuple[int, ...], committed: Callable[[], Iterator[Result]]) -> None:
-        """A reopened BAM is copied again once its late reads are done: its other reads' calls, let go
-        when it was first copied, are taken from the committed calls."""
-        reads = set().union(*(self.ledger.reads_of_file(fid) for fid in file_ids))
+    def on_reopened(self, file_ids: tuple[int, ...]) -> None:
+        """A reopened BAM is copied again, from its earlier copy, once its late reads are done."""
+        self.reopened.update(file_ids)
         self.awaiting = None
-        for block in committed():
-            self.copies.add(block, reads)
 
     def _write(self) -> None:
         """The modBAM copy of every basecall BAM whose reads are now all done."""
         for fid, path in self.ledger.finished_bams():
             self.beat()
             try:
-                out = self.copies.write(path, self.ledger.reads_of_file(fid))
+                out = self.copies.write(path, self.ledger.reads_of_file(fid), again=fid in self.reopened)
             except InputError as exc:
                 log.warning("%s", exc)
                 self.ledger.record_modbam(fid, None, exc.reason)
                 continue
             self.ledger.record_modbam(fid, out)
+            self.reopened.discard(fid)
             log.info("%s: modBAM written to %s", path, out)
             self.awaiting = None
 

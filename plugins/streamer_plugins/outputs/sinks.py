@@ -3,41 +3,25 @@
 
 All of them take a batch's calls as records (`MethCalls`, in `products["calls"]`). The
 tables count the log-likelihood ratio as the TSV prints it (two decimals), as f5c's
-meth-freq does on the TSV, so they come out the same from live calls and from the rows the
-daemon replays after a restart (`CallRows.replay`).
+meth-freq does on the TSV, so they come out the same from live calls and from rows read back
+(`CallRows.read_back`: the daemon's start-up replay, `streamer meth-freq`).
 """
 
 from __future__ import annotations
 
 import io
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
-import numpy as np
-
-from streamer.errors import InputError
 from streamer.io.alignments import AlignmentFilter
 from streamer.sinks import BaseSink, Result, SinkContext, SiteChannel, write_atomic
-from streamer_plugins.outputs.bedmethyl import BedMethyl
 from streamer_plugins.cpg.caller import CALLS
-from streamer_plugins.cpg.calls import CALLS_HEADER, MethCalls, format_calls
+from streamer_plugins.cpg.calls import CALLS_HEADER, format_calls
+from streamer_plugins.outputs.bedmethyl import BedMethyl
+from streamer_plugins.outputs.calls_tsv import CallBlock, read_calls_file
 from streamer_plugins.outputs.methfreq import CALL_THRESHOLD, MethFreq
 from streamer_plugins.outputs.modbam import ModCalls, write_modbam
-
-_COLUMNS = CALLS_HEADER.rstrip("\n").split("\t")
-
-
-@dataclass
-class CallBlock:
-    """Rows of a calls TSV read back as records, one record per row (a `Result`)."""
-
-    read_ids: list[str]
-    ref_names: list[str]
-    products: dict[str, Any] = field(default_factory=dict)
-
 
 METH_TSV = "meth.tsv"
 FREQ_TSV = "meth-freq.tsv"
@@ -51,8 +35,8 @@ class CallRows(BaseSink):
     journal = METH_TSV
 
     @classmethod
-    def open(cls, config: Any, context: SinkContext) -> CallRows:
-        return cls()
+    def open(cls, config: Any, context: SinkContext) -> CallRows | None:
+        return None if context.command == "eventalign" else cls()
 
     def render(self, result: Result) -> str:
         return format_calls(result.products[CALLS], result.read_ids, result.ref_names)
@@ -60,47 +44,14 @@ class CallRows(BaseSink):
     def count(self, result: Result) -> int:
         return len(result.products[CALLS])
 
-    def read_back(self, path: Path, beat: Callable[[], None] = lambda: None, block: int = 100_000) -> Iterator[CallBlock]:
-        """The data rows of a calls TSV this sink's host committed, as records, a block at a time."""
-        with open(path) as fh:
-            next(fh, None)
-            line_no = 1
-            while rows := list(islice(fh, block)):
-                beat()
-                yield parse_rows(rows, path, line_no + 1)
-                line_no += len(rows)
-
-
-def parse_rows(rows: list[str], path: Path, first_line: int) -> CallBlock:
-    """Data rows of a calls TSV (the first at `first_line` of `path`) as records."""
-    n = len(rows)
-    cols: list[list[str]] = [[] for _ in _COLUMNS]
-    for line_no, line in enumerate(rows, start=first_line):
-        fields = line.rstrip("\n").split("\t")
-        if len(fields) != len(_COLUMNS):
-            raise InputError(path, f"expected {len(_COLUMNS)} columns, found {len(fields)}", line=line_no)
-        for c, f in zip(cols, fields):
-            c.append(f)
-    get = dict(zip(_COLUMNS, cols))
-    try:
-        calls = MethCalls(
-            read=np.arange(n, dtype=np.int64),
-            start=np.array(get["start"], dtype=np.int64),
-            end=np.array(get["end"], dtype=np.int64),
-            strand=np.array([-1 if s == "-" else 1 for s in get["strand"]], dtype=np.int8),
-            llr=np.array(get["log_lik_ratio"], dtype=np.float64),
-            ll_meth=np.array(get["log_lik_methylated"], dtype=np.float64),
-            ll_unmeth=np.array(get["log_lik_unmethylated"], dtype=np.float64),
-            num_motifs=np.array(get["num_motifs"], dtype=np.int32),
-            sequence=get["sequence"],
-        )
-    except ValueError as exc:
-        raise InputError(path, f"malformed number in rows {first_line}-{first_line + n - 1}: {exc}") from None
-    return CallBlock(get["read_name"], get["chromosome"], {CALLS: calls})
+    def read_back(self, path: Path, beat: Callable[[], None] = lambda: None) -> Iterator[CallBlock]:
+        """The data rows of a calls TSV, as records, a block at a time."""
+        return read_calls_file(path, beat)
 
 
 class MethFreqTable(BaseSink):
-    """Per-site methylation frequency (f5c meth-freq), rewritten to `path` on refresh.
+    """Per-site methylation frequency (f5c meth-freq), rewritten to `path` (a file, or a stream such as
+    stdout, written once at the end) on refresh: `meth-freq.tsv` in the daemon, `streamer meth-freq`'s output.
 
     `table` is the one per-site table (the daemon's publisher serves its snapshots); with
     `track_changes`, `changed` collects the sites each batch touched.
@@ -110,13 +61,14 @@ class MethFreqTable(BaseSink):
 
     @classmethod
     def open(cls, config: Any, context: SinkContext) -> MethFreqTable | None:
-        if not context.daemon:
+        path = context.out_dir / FREQ_TSV if context.daemon else context.files.get("methfreq")
+        if path is None:
             return None
         out = config.output
-        return cls(context.out_dir / FREQ_TSV, out.call_threshold, out.split_groups, context.publishing)
+        return cls(path, out.call_threshold, out.split_groups, context.publishing)
 
-    def __init__(self, path: Path | None = None, call_threshold: float = CALL_THRESHOLD, split_groups: bool = False,
-                 track_changes: bool = False):  # fmt: skip
+    def __init__(self, path: Path | TextIO | None = None, call_threshold: float = CALL_THRESHOLD,
+                 split_groups: bool = False, track_changes: bool = False):  # fmt: skip
         self.path = path
         self.table = MethFreq(call_threshold, split_groups)
         self.changed: set | None = set() if track_changes else None
@@ -124,6 +76,8 @@ class MethFreqTable(BaseSink):
 
     def on_batch(self, result: Result) -> None:
         calls = result.products.get(CALLS)
+        if isinstance(result, CallBlock):  # rows read back: the group column is named after theirs
+            self.table.group_column = result.group_column
         if calls is not None and len(calls):
             self.table.add_calls(calls, result.ref_names, self.changed)
             self.dirty = True
@@ -136,8 +90,10 @@ class MethFreqTable(BaseSink):
         channel.serve("hmm", self.table, self.changed)
 
     def refresh(self, final: bool = False) -> None:
-        if (self.dirty or final) and self.path is not None:
+        if isinstance(self.path, Path) and (self.dirty or final):
             write_atomic(self.path, self.table.format())
+        elif self.path is not None and final:
+            self.path.write(self.table.format())
         self.dirty = False
 
 
@@ -149,9 +105,10 @@ class BedMethylTable(BaseSink):
     @classmethod
     def open(cls, config: Any, context: SinkContext) -> BedMethylTable | None:
         if context.daemon:
-            return cls(context.out_dir / BEDMETHYL, config.output.call_threshold) if config.output.bedmethyl else None
-        path = context.files.get("bedmethyl")
-        return cls(path) if path is not None else None
+            path = context.out_dir / BEDMETHYL if config.output.bedmethyl else None
+        else:
+            path = context.files.get("bedmethyl")
+        return cls(path, config.output.call_threshold) if path is not None else None
 
     def __init__(self, path: Path, call_threshold: float = CALL_THRESHOLD):
         self.path = path
