@@ -9,10 +9,10 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from itertools import islice
 from pathlib import Path
 from typing import TextIO
@@ -30,9 +30,10 @@ from streamer.commands._inputs import (
 )
 from streamer.io.alignments import AlignmentFilter, iter_alignments, write_records
 from streamer.io.bamreads import open_basecalls
+from streamer.io.index import SignalIndex
 from streamer.io.reference import Reference
 from streamer.pipeline.runner import Done, RunnerOptions, Stages, run_batches
-from streamer.pipeline.stages import Pipeline
+from streamer.pipeline.stages import Pipeline, PipelineOptions
 from streamer.pore.chemistry import default_models
 from streamer.pipeline.resume import CallJournal, Resumed, journal_path, run_identity
 from streamer.pipeline.signal_pool import IO_MODES, reader_pool
@@ -166,10 +167,11 @@ def _run(args: argparse.Namespace, compiling: bool) -> int:
             if progress:
                 print(f"\r{summary.progress_line()}", end="", file=sys.stderr, flush=True)
 
+        run = _CallRun(args, stack, options, index, limits, filt, summary, output, written)
         if args.dask:
-            _on_cluster(args, stack, options, index, limits, filt, summary, output, written)
+            _on_cluster(run)
         else:
-            _here(args, stack, options, index, limits, filt, summary, output, written, tuning, sinks)
+            _here(run, tuning, sinks)
         output.finish()
     if progress:
         print(file=sys.stderr)
@@ -255,67 +257,86 @@ def _open_sinks(args: argparse.Namespace, filt: AlignmentFilter) -> list[Sink]:
     return open_sinks(config, SinkContext(NAME, out_dir=out_dir, files=files))
 
 
-def _here(args, stack, options, index, limits, filt, summary, output, written, tuning, sinks) -> None:
+@dataclass(frozen=True)
+class _CallRun:
+    """What either host of a run needs: the command line, what closes at its end, the pipeline's
+    options, the signal index, batch caps, the alignment filter, the counts and the call TSV."""
+
+    args: argparse.Namespace
+    stack: ExitStack
+    options: PipelineOptions
+    index: SignalIndex
+    limits: BatchLimits
+    filt: AlignmentFilter
+    summary: RunSummary
+    output: _Output
+    written: Callable[[int, int], None]
+
+
+def _here(run: _CallRun, tuning: CallTuning, sinks: list[Sink]) -> None:
     """This host: reader pool, the pipeline (GPU if any), overlapped batches."""
     rows = row_sinks(sinks)[0]  # the calls TSV
-    runner = RunnerOptions(io_workers=max(1, args.io_workers), io_mode=args.io_mode,
-                           compute_threads=max(1, args.compute_threads))
+    runner = RunnerOptions(io_workers=max(1, run.args.io_workers), io_mode=run.args.io_mode,
+                           compute_threads=max(1, run.args.compute_threads))
     # readers start while the pipeline loads its models and kernels
-    pool = reader_pool(index, runner.io_workers, runner.io_mode)
-    stack.callback(pool.shutdown, wait=True, cancel_futures=True)
+    pool = reader_pool(run.index, runner.io_workers, runner.io_mode)
+    run.stack.callback(pool.shutdown, wait=True, cancel_futures=True)
     with ThreadPoolExecutor(1) as early:  # the reads file is indexed while the pipeline starts
-        basecalls = early.submit(open_basecalls, args.reads)
-        pipeline = Pipeline(options, [registry.analysis("cpg")])
+        basecalls = early.submit(open_basecalls, run.args.reads)
+        pipeline = Pipeline(run.options, [registry.analysis("cpg")])
         rows.render(pipeline.warm_up_result)  # the TSV kernel, compiled now too
         tuning.attach(pipeline.gpu)
-        summary.startup_s = summary.elapsed
-        basecalls = stack.enter_context(basecalls.result())
-    ref = stack.enter_context(Reference(args.genome))
+        run.summary.startup_s = run.summary.elapsed
+        basecalls = run.stack.enter_context(basecalls.result())
+    ref = run.stack.enter_context(Reference(run.args.genome))
     # as f5c does, ultra-long reads wait for the end of the run only when the GPU aligns the rest
-    ultra = UltraLong(args.ultra_thresh, args.skip_ultra) if pipeline.gpu is not None else None
-    plans = plan_batches(iter_alignments(args.bam, filt), basecalls, index, limits, str(args.reads), ultra)
+    ultra = UltraLong(run.args.ultra_thresh, run.args.skip_ultra) if pipeline.gpu is not None else None
+    plans = plan_batches(iter_alignments(run.args.bam, run.filt), basecalls, run.index, run.limits, str(run.args.reads),
+                         ultra)  # fmt: skip
 
     def on_done(done: Done) -> None:
         _report(done.outcome.skipped)
         for result, text in zip(done.results, done.rendered):
-            output.write(text)
+            run.output.write(text)
             tuning.observe(result.gpu_stats)
             for sink in sinks:
                 sink.on_batch(result)
-        written(done.outcome.calls, done.outcome.records_called)
+        run.written(done.outcome.calls, done.outcome.records_called)
 
     before = list(pipeline.pool.batches)  # the start-up's synthetic batch is not the run's
-    run_batches(pipeline, islice(plans, output.resumed, None), ref, pool, summary, on_done,
+    run_batches(pipeline, islice(plans, run.output.resumed, None), ref, pool, run.summary, on_done,
                 Stages(pipeline, rows.render, rows.count), runner)  # fmt: skip
     for device, n, n0 in zip(pipeline.devices, pipeline.pool.batches, before):
-        summary.gpu[f"batches_on_gpu{device.dev_id}"] = n - n0
+        run.summary.gpu[f"batches_on_gpu{device.dev_id}"] = n - n0
     tuning.finish()
     if ultra is not None and ultra.skip_to is not None:
-        write_records(args.bam, ultra.skip_to, ultra.skipped_ids, filt)
+        write_records(run.args.bam, ultra.skip_to, ultra.skipped_ids, run.filt)
     for sink in sinks:
         sink.refresh(final=True)
 
 
-def _on_cluster(args, stack, options, index, limits, filt, summary, output, written) -> None:
+def _on_cluster(run: _CallRun) -> None:
     """A Dask cluster: batches planned here, read and computed on the workers (`streamer.cluster`)."""
     from streamer import cluster
 
-    client, workers, close = cluster.connect(args.dask, args.threads)
-    stack.callback(close)
-    if args.dask.startswith("local"):  # this host's threads shared by its workers
-        options = replace(options, threads=max(1, args.threads // workers))
+    options = run.options
+
+    client, workers, close = cluster.connect(run.args.dask, run.args.threads)
+    run.stack.callback(close)
+    if run.args.dask.startswith("local"):  # this host's threads shared by its workers
+        options = replace(options, threads=max(1, run.args.threads // workers))
     models = [m for m in (options.kmer_model, options.meth_model) if m is not None]
-    cluster.check_paths(client, [args.reads, args.genome, *models, *sorted(set(index.paths.values()))])
-    basecalls = stack.enter_context(open_basecalls(args.reads))
-    summary.startup_s = summary.elapsed
-    plans = plan_batches(iter_alignments(args.bam, filt), basecalls, index, limits, str(args.reads))
-    numbered = ((seq, pending, skipped) for seq, (pending, skipped) in enumerate(plans) if seq >= output.resumed)
+    cluster.check_paths(client, [run.args.reads, run.args.genome, *models, *sorted(set(run.index.paths.values()))])
+    basecalls = run.stack.enter_context(open_basecalls(run.args.reads))
+    run.summary.startup_s = run.summary.elapsed
+    plans = plan_batches(iter_alignments(run.args.bam, run.filt), basecalls, run.index, run.limits, str(run.args.reads))
+    numbered = ((seq, pending, skipped) for seq, (pending, skipped) in enumerate(plans) if seq >= run.output.resumed)
 
     def on_done(done: Done) -> None:
         _report(done.outcome.skipped)
-        summary.add(done.outcome)
-        output.write("".join(done.rendered))
-        written(done.outcome.calls, done.outcome.records_called)
+        run.summary.add(done.outcome)
+        run.output.write("".join(done.rendered))
+        run.written(done.outcome.calls, done.outcome.records_called)
 
-    job = cluster.ClusterJob(options, str(args.genome), Config(), SinkContext(NAME))
+    job = cluster.ClusterJob(options, str(run.args.genome), Config(), SinkContext(NAME))
     cluster.run_on_cluster(client, workers, job, numbered, on_done)
