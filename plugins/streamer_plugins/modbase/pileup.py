@@ -154,10 +154,9 @@ class PileupCounts:
         keep = parsed.status == fastcalls.OK
         for i in np.flatnonzero(keep).tolist():
             rec = used[i][0]
-            batch.add(self.goff[rec.reference_id] + rec.reference_start, self.goff[rec.reference_id] + rec.reference_end,
-                      rec.is_reverse, int(mask_plus[i]), int(mask_minus[i]), rec.cigartuples, None,
-                      [pc_q[pc_off[i]:pc_off[i + 1]]], [pc_col[pc_off[i]:pc_off[i + 1]]],
-                      [nc_q[nc_off[i]:nc_off[i + 1]]], [nc_col[nc_off[i]:nc_off[i + 1]]], sorted_calls=True)
+            batch.add(rec, self.goff[rec.reference_id], (int(mask_plus[i]), int(mask_minus[i])), None,
+                      ([pc_q[pc_off[i]:pc_off[i + 1]]], [pc_col[pc_off[i]:pc_off[i + 1]]]),
+                      ([nc_q[nc_off[i]:nc_off[i + 1]]], [nc_col[nc_off[i]:nc_off[i + 1]]]), sorted_calls=True)
         batch.seq_parts.append((parsed.seq, parsed.seq_off, keep))
         return [used[i] for i in np.flatnonzero(~keep).tolist()]
 
@@ -241,9 +240,8 @@ class PileupCounts:
                 mask_plus |= bit
             else:
                 mask_minus |= bit
-        batch.add(self.goff[rec.reference_id] + rec.reference_start, self.goff[rec.reference_id] + rec.reference_end,
-                  rec.is_reverse, mask_plus, mask_minus, rec.cigartuples,
-                  SEQ_CODE[np.frombuffer(seq.encode(), np.uint8)], plus_q, plus_c, minus_q, minus_c)
+        batch.add(rec, self.goff[rec.reference_id], (mask_plus, mask_minus), SEQ_CODE[np.frombuffer(seq.encode(), np.uint8)],
+                  (plus_q, plus_c), (minus_q, minus_c))
 
     def _columns(self, g: ModGroup, tb: int) -> np.ndarray:
         calls = call_positions(g.probs, g.codes, tb, self.options.thresholds)
@@ -277,15 +275,18 @@ class _Batch:
         self.cigars, self.seqs, self.pq, self.pc, self.nq, self.nc = [], [], [], [], [], []
         self.seq_parts: list = []  # (codes, offsets, kept reads) of a batch read whole by the fast path
 
-    def add(self, gstart, gend, rev, mplus, mminus, cigar, seq, plus_q, plus_c, minus_q, minus_c, sorted_calls=False):
-        self.gstart.append(gstart)
-        self.gend.append(gend)
-        self.rev.append(rev)
-        self.mplus.append(mplus)
-        self.mminus.append(mminus)
-        self.cigars.append(cigar)
+    def add(self, rec, offset: int, masks: tuple[int, int], seq, plus: tuple[list, list], minus: tuple[list, list],
+            sorted_calls: bool = False) -> None:
+        """One record at genome offset `offset` of its contig: its (+, -) call masks, sequence codes (None when
+        `seq_parts` holds them) and the (query positions, table columns) of its calls on each strand."""
+        self.gstart.append(offset + rec.reference_start)
+        self.gend.append(offset + rec.reference_end)
+        self.rev.append(rec.is_reverse)
+        self.mplus.append(masks[0])
+        self.mminus.append(masks[1])
+        self.cigars.append(rec.cigartuples)
         self.seqs.append(seq)
-        for qs, cs, q_out, c_out in ((plus_q, plus_c, self.pq, self.pc), (minus_q, minus_c, self.nq, self.nc)):
+        for (qs, cs), q_out, c_out in ((plus, self.pq, self.pc), (minus, self.nq, self.nc)):
             q = np.concatenate(qs) if qs else np.zeros(0, np.int64)
             c = np.concatenate(cs) if cs else np.zeros(0, np.int64)
             if not sorted_calls:
