@@ -9,7 +9,7 @@ import pytest
 
 from streamer.io.fast5 import fast5_read_ids, read_fast5
 from streamer.daemon.replay import Landing, Replayer, ReplayOptions, load_source, plan
-from streamer.daemon.watch import Kind, RunLayout
+from streamer.daemon.runfolder import Kind, RunLayout
 
 from daemon_support import no_leaks  # noqa: F401
 

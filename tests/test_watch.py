@@ -16,16 +16,8 @@ import pysam
 from streamer.io.bamreads import BGZF_EOF
 from streamer.io.pod5 import SIGNATURE as POD5_SIGNATURE
 from streamer.io.slow5 import BLOW5_EOF, BLOW5_MAGIC
-from streamer.daemon.watch import (
-    Kind,
-    RunLayout,
-    Ready,
-    Rejected,
-    Verdict,
-    Watcher,
-    WatchTimings,
-    check_complete,
-)
+from streamer.daemon.runfolder import Kind, RunLayout, Verdict, check_complete
+from streamer.daemon.watch import Ready, Rejected, Watcher, WatchTimings
 
 from daemon_support import no_leaks  # noqa: F401
 

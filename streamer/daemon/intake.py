@@ -31,7 +31,8 @@ from streamer.io.alignments import AlignmentFilter
 from streamer.io.signal import SIGNAL_SUFFIXES, signal_read_ids
 from streamer.daemon.basecall_cache import SPARE_USED, BasecallCache, read_basecall_file
 from streamer.daemon.ledger import Ledger, Registered
-from streamer.daemon.watch import VANISHED, Kind, Ready, Rejected, RunFile
+from streamer.daemon.runfolder import Kind, RunFile
+from streamer.daemon.watch import VANISHED, Ready, Rejected
 
 log = logging.getLogger(__name__)
 

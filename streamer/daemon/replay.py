@@ -40,7 +40,7 @@ from streamer.io.pod5 import write_pod5
 from streamer.io.poretype import run_metadata
 from streamer.io.signal import iter_signal, read_signal
 from streamer.io.slow5 import write_blow5
-from streamer.daemon.watch import Kind, RunLayout
+from streamer.daemon.runfolder import Kind, RunLayout
 
 log = logging.getLogger(__name__)
 

@@ -62,7 +62,8 @@ from streamer.daemon.sink_set import EVENTALIGN, SinkSet
 from streamer.daemon.supervise import supervise
 from streamer.skips import Skipped
 from streamer.tuning.session import AutoTuner
-from streamer.daemon.watch import RunLayout, Watcher, WatchTimings
+from streamer.daemon.runfolder import RunLayout
+from streamer.daemon.watch import Watcher, WatchTimings
 
 log = logging.getLogger(__name__)
 
