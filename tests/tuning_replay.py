@@ -25,7 +25,8 @@ import numpy as np
 
 from streamer_gpu.host import CPU, GPU, ULTRA, arena_capacity, assign_reads
 from streamer.pipeline.gpu import AbeaBatchStats
-from streamer.tuning.controller import Controller, Settings
+from streamer.tuning.controller import Controller
+from streamer.tuning.knobs import Settings
 
 K_MER = 6
 BANDWIDTH = 100

@@ -9,7 +9,8 @@ which commands import themselves.
 
 from __future__ import annotations
 
-from streamer.tuning.controller import Action, Bounds, Change, Controller, Policy, Settings
+from streamer.tuning.controller import Controller
+from streamer.tuning.knobs import Action, Bounds, Change, Policy, Settings
 from streamer.tuning.monitor import Decision, Guard, LoadLeaf, Measurements, MemoryLeaf, Monitor
 from streamer.tuning.profiles import PROFILE_NAMES, PROFILES, Machine, Plan, Profile, pick_profile, plan, user_set
 from streamer.tuning.store import TuningStore

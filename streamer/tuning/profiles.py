@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from streamer.pipeline.gpu import CudaOptions, GpuInfo, gpu_package
-from streamer.tuning.controller import KNOBS, Bounds, Settings
+from streamer.tuning.knobs import KNOBS, Bounds, Settings
 
 # host bytes a batch holds per read base while it is assembled, prefetched and computed (signal,
 # events, pairs); batches may take a quarter of the host's memory

@@ -13,7 +13,8 @@ from typing import Any, Protocol, Self, TypeVar
 from streamer.pipeline.batching import BatchLimits
 from streamer.pipeline.gpu import AbeaBatchStats, CudaOptions, GpuInfo, gpu_package
 from streamer.paths import user_state_dir
-from streamer.tuning.controller import Action, Controller, Policy, Settings
+from streamer.tuning.controller import Controller
+from streamer.tuning.knobs import Action, Policy, Settings
 from streamer.tuning.monitor import ADVICE, REPEATS
 from streamer.tuning.profiles import PROFILE_NAMES, Machine, Plan, plan, user_set, with_settings
 from streamer.tuning.store import TuningStore

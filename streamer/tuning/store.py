@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from streamer.pipeline.gpu import GpuInfo
-from streamer.tuning.controller import INTEGER_KNOBS, KNOBS, Closure, Settings
+from streamer.tuning.knobs import INTEGER_KNOBS, KNOBS, Closure, Settings
 
 log = logging.getLogger(__name__)
 
