@@ -20,6 +20,9 @@ thread, and only after changing the table publishes the update; this thread
 reads it through `snapshot()`, under the owner's lock. A snapshot may then hold
 a batch whose update is still to come, which is harmless: updates carry
 absolute counts, so applying one on top of a snapshot that has it changes nothing.
+
+It is over 400 lines because the sockets, the queue and the snapshot service belong to the one
+thread that owns them: split apart, each piece would reach into the others' state.
 """
 
 from __future__ import annotations
