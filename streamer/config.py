@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from streamer.errors import ConfigError
-from streamer.pore.chemistry import DEFAULT, PORES, folder_models, models_by_pore
+from streamer.pipeline.chemistry import DEFAULT, PORES, folder_models, models_by_pore
 from streamer.publish.security import is_loopback
 from streamer.tuning.profiles import PROFILE_NAMES
 

@@ -1,11 +1,12 @@
 """Plugins the core reaches by name: entry points, so that another package can add its own.
 
-Three groups, declared in `pyproject.toml`:
+Four groups, declared in `pyproject.toml`:
 
 - `streamer.analyses`: stages that run after the core's chain (`streamer.pipeline.stages.Stage`),
   e.g. `cpg` (the CpG methylation caller) and `eventalign`;
 - `streamer.sinks`: outputs (`streamer.sinks.Sink`) made from batch results, e.g. `calls`,
   `bedmethyl`, `modbam`;
+- `streamer.gpu`: the GPU package (`cuda`: `streamer_gpu`, typed by `streamer.pipeline.gpu.GpuPackage`);
 - `streamer.commands`: sub-commands (a module with `NAME`, `HELP`, `add_arguments`, `run`, as in
   `streamer/commands/`), e.g. `pileup`.
 
@@ -24,6 +25,7 @@ from streamer.errors import StreamerError
 ANALYSES = "streamer.analyses"
 SINKS = "streamer.sinks"
 COMMANDS = "streamer.commands"
+GPU = "streamer.gpu"
 
 
 @cache

@@ -7,7 +7,7 @@ import gzip
 import pysam
 import pytest
 
-from streamer.pipeline.aligner import ReadAligner
+from streamer.daemon.aligner import ReadAligner
 from streamer.errors import InputError
 from streamer.io.alignments import AlignmentRecord, AlignmentFilter, iter_alignments
 from streamer.daemon.basecall_cache import BasecallCache, ReadBasecalls, Wanted, read_basecall_file

@@ -13,7 +13,7 @@ from streamer.commands._inputs import add_input_arguments
 from streamer.errors import StreamerError
 from streamer.pipeline.events import RNA_PARAMS
 from streamer.pipeline.stages import PipelineOptions
-from streamer.pore.chemistry import CHEMISTRIES, DEFAULT, PORES, R9, R10, chemistry, pore_from_metadata, pore_models
+from streamer.pipeline.chemistry import CHEMISTRIES, DEFAULT, PORES, R9, R10, chemistry, pore_from_metadata, pore_models
 from streamer.pore.model import builtin_model_path, load_model
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from streamer import config
-from streamer.pipeline.aligner import ReadAligner
+from streamer.daemon.aligner import ReadAligner
 from streamer.publish.client import Snapshot, Subscriber
 from streamer.daemon.shell import Daemon, State
 from streamer.io.alignments import AlignmentFilter

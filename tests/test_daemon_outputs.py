@@ -23,7 +23,7 @@ import pytest
 from conftest import ECOLI, REFERENCE
 from daemon_support import FakePipeline, no_leaks, rows  # noqa: F401
 from streamer import config
-from streamer.pipeline.aligner import ReadAligner
+from streamer.daemon.aligner import ReadAligner
 from streamer.daemon.shell import Daemon, State
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference

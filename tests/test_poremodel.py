@@ -188,7 +188,7 @@ def test_unwritable_cache_still_loads(tmp_path, model_cache, caplog):
 
 
 def test_r10_models_from_the_default_location(tmp_path, monkeypatch):
-    from streamer.pore.chemistry import F5C_RELEASES, R10, pore_models
+    from streamer.pipeline.chemistry import F5C_RELEASES, R10, pore_models
 
     R10_KMER_MODEL, R10_METH_MODEL = R10.kmer_model.name, R10.meth_model.name
 

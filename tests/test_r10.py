@@ -19,8 +19,8 @@ from streamer.errors import ModelError
 from streamer.io.pod5 import write_pod5
 from streamer.io.reference import Reference
 from streamer.io.slow5 import write_blow5
-from streamer.pore.chemistry import F5C_RELEASES, pore_from_metadata, pore_of_file
-from streamer.pore.chemistry import R10 as R10_CHEMISTRY
+from streamer.pipeline.chemistry import F5C_RELEASES, pore_from_metadata, pore_of_file
+from streamer.pipeline.chemistry import R10 as R10_CHEMISTRY
 from streamer.pore.model import NUCLEOTIDE, _kmer_at_rank, load_model
 
 R10_KMER_MODEL, R10_METH_MODEL = R10_CHEMISTRY.kmer_model.name, R10_CHEMISTRY.meth_model.name

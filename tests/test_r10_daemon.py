@@ -25,8 +25,8 @@ from streamer.io.reference import Reference
 from streamer.io.signal import iter_signal
 from streamer.io.slow5 import write_blow5
 from streamer.daemon.pore_pipeline import PorePipeline, first_signal_file
-from streamer.pore import chemistry
-from streamer.pore.chemistry import F5C_RELEASES, pore_of_file
+from streamer.pipeline import chemistry
+from streamer.pipeline.chemistry import F5C_RELEASES, pore_of_file
 from streamer.pore.model import load_model
 from streamer.daemon.replay import Replayer, ReplayOptions, load_source
 

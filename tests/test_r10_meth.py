@@ -25,8 +25,8 @@ from streamer import config
 from streamer.commands.run import model_files
 from streamer.errors import ConfigError
 from streamer.io.reference import Reference
-from streamer.pore.chemistry import F5C_RELEASES
-from streamer.pore.chemistry import R10 as R10_CHEMISTRY
+from streamer.pipeline.chemistry import F5C_RELEASES
+from streamer.pipeline.chemistry import R10 as R10_CHEMISTRY
 from streamer.pore.model import METHYL_CPG, load_default_models, load_model
 
 R10_KMER_MODEL, R10_METH_MODEL = R10_CHEMISTRY.kmer_model.name, R10_CHEMISTRY.meth_model.name

@@ -17,7 +17,7 @@ from streamer.io.alignments import AlignmentFilter
 from streamer.io.index import SignalIndex, open_index
 from streamer.pipeline.gpu import CudaOptions
 from streamer.pipeline.stages import PipelineOptions
-from streamer.pore.chemistry import (DEFAULT, PORES, chemistry, default_models, folder_models, pore_models, pore_of_file,
+from streamer.pipeline.chemistry import (DEFAULT, PORES, chemistry, default_models, folder_models, pore_models, pore_of_file,
                                      title)
 
 log = logging.getLogger(__name__)

@@ -34,7 +34,7 @@ from streamer.io.index import SignalIndex
 from streamer.io.reference import Reference
 from streamer.pipeline.runner import Done, RunnerOptions, Stages, run_batches
 from streamer.pipeline.stages import Pipeline, PipelineOptions
-from streamer.pore.chemistry import default_models
+from streamer.pipeline.chemistry import default_models
 from streamer.pipeline.resume import CallJournal, Resumed, journal_path, run_identity
 from streamer.pipeline.signal_pool import IO_MODES, reader_pool
 from streamer import registry

@@ -13,7 +13,7 @@ import yaml
 
 from streamer import config as configuration
 from streamer import registry
-from streamer.pipeline.aligner import ReadAligner
+from streamer.daemon.aligner import ReadAligner
 from streamer.daemon.shell import Daemon, PipelineLike
 from streamer.daemon.runs import RunSet, check_publishing, made_once, several_runs
 from streamer.errors import ConfigError, ModelError
@@ -25,7 +25,7 @@ from streamer.metrics import serve_metrics
 from streamer.daemon.notify import Notifier
 from streamer.pipeline.stages import Pipeline, PipelineOptions
 from streamer.daemon.pore_pipeline import PorePipeline, first_signal_file
-from streamer.pore.chemistry import chemistry, pore_models, pore_of_file
+from streamer.pipeline.chemistry import chemistry, pore_models, pore_of_file
 from streamer.publish.publisher import Publisher, PublisherConfig
 from streamer.publish.security import CurveServer, load_public_keys, load_secret_keys
 from streamer.sinks import warm_up

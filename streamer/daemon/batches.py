@@ -19,7 +19,7 @@ from typing import Any
 from streamer.daemon.basecall_cache import SPARE_USED, BasecallCache, ReadBasecalls, Record, Wanted
 from streamer.daemon.ledger import Ledger, Pick
 from streamer.io.reference import Reference
-from streamer.pipeline.aligner import ReadAligner
+from streamer.daemon.aligner import ReadAligner
 from streamer.pipeline.batch import ReadInput
 from streamer.pipeline.batching import Pending, batch_inputs
 from streamer.pipeline.runner import Assembled

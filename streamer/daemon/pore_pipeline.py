@@ -1,7 +1,7 @@
 """The daemon's pipeline for the pore of the reads it is given, told from their signal files.
 
 A daemon may start before its run has written a signal file, so the pore (a chemistry of
-`streamer.pore.chemistry`, which picks the models) is not always known when the kernels are
+`streamer.pipeline.chemistry`, which picks the models) is not always known when the kernels are
 warmed: `PorePipeline` builds the pipeline for the pore the watched folder already shows (or the default one), and when a
 batch's signal files name another pore it builds that pore's pipeline in place of the first,
 once, with one log line. The sample rate (4 or 5 kHz R10.4.1) is each read's own, from its file.
@@ -20,7 +20,7 @@ from streamer.errors import StreamerError
 from streamer.pipeline.gpu import CudaOptions
 from streamer.io.signal import SIGNAL_SUFFIXES
 from streamer.pipeline.stages import BatchResult, Pipeline
-from streamer.pore.chemistry import pore_of_file, title
+from streamer.pipeline.chemistry import pore_of_file, title
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
-from streamer.pipeline.aligner import ReadAligner
+from streamer.daemon.aligner import ReadAligner
 from streamer.pipeline.batch import ReadInput
 from streamer.config import Config
 from streamer.daemon.batches import Aligning, DaemonBatch, basecalls_of, eventalign_of, picked, signal_wanted

@@ -2,7 +2,7 @@
 
 MinKNOW records the flow cell product code and the sequencing kit (FAST5 `tracking_id` /
 `context_tags`, POD5 run info, SLOW5/BLOW5 header); which chemistry those strings name is
-each chemistry's own description (`streamer.pore.chemistry`).
+each chemistry's own description (`streamer.pipeline.chemistry`).
 """
 
 from __future__ import annotations

@@ -2,19 +2,20 @@
 
 Plain frozen dataclasses importable without numba-cuda or a GPU, so the pipeline, the command
 line and the tuning monitor can name them anywhere. The core never imports the GPU package
-(`streamer_gpu`) at module level: `gpu_package` is its one way there, taken only when a GPU
-stage is asked for, and typed by `GpuPackage`, what that package offers; it depends on the core,
-never the reverse.
+(`streamer_gpu`) itself: `gpu_package` is its one way there, through the `streamer.gpu` entry
+point (`streamer.registry`), taken only when a GPU stage is asked for, and typed by `GpuPackage`,
+what that package offers; it depends on the core, never the reverse.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, cast
+
+from streamer import registry
 
 
 class GpuAbea(Protocol):
@@ -54,8 +55,8 @@ class GpuPackage(Protocol):
 
 
 def gpu_package() -> GpuPackage:
-    """The GPU package, imported on first use."""
-    return cast(GpuPackage, importlib.import_module("streamer_gpu"))
+    """The GPU package the `streamer.gpu` entry point names (`streamer_gpu`), imported on first use."""
+    return cast(GpuPackage, registry.load(registry.GPU, "cuda"))
 
 
 @dataclass(frozen=True)

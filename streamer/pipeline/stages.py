@@ -31,7 +31,7 @@ from streamer.pipeline.devices import DevicePool
 from streamer.pipeline.events import detect_events
 from streamer.pipeline.gpu import AbeaBatchStats, CudaOptions, GpuAbea, HmmBatchStats, gpu_package
 from streamer.io.fast5 import SignalRecord
-from streamer.pore.chemistry import DEFAULT, Chemistry
+from streamer.pipeline.chemistry import DEFAULT, Chemistry
 from streamer.pore.model import PoreModel, load_kmer_model
 from streamer.pipeline.postalign import recalibrate_batch
 from streamer.pipeline.scaling import estimate_scalings

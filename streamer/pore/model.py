@@ -8,7 +8,7 @@ Text models have k up to 9 (f5c's limit; f5c's R10.4.1 CpG 9-mer model is 1,953,
 the alphabet from `#alphabet` or, without it, from the presence of M; large ones are parsed once
 and then read from a binary cache (`streamer.pore.modeltext`). uncalled4's `.npz` level tables (ONT's
 R10.4.1 400bps 9-mer, MIT; 5.6 MB) load into the same `PoreModel`. Neither R10.4.1 model is
-shipped: `streamer.pore.chemistry` looks for them in a per-pore folder and says where to get a missing one.
+shipped: `streamer.pipeline.chemistry` looks for them in a per-pore folder and says where to get a missing one.
 """
 
 from __future__ import annotations
