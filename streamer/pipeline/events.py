@@ -61,6 +61,16 @@ def detect_events(
     ev_mean, ev_stdv)`: event arrays concatenated in read order, `ev_start` relative to
     the read's first sample.
     """
+    signal, signal_off = batch_signal(signal, signal_off)
+    out = detect_events_kernel(
+        signal, signal_off, params.w1, params.w2, params.threshold1, params.threshold2, params.peak_height
+    )
+    log.debug("events: %d reads, %d samples -> %d events", len(signal_off) - 1, len(signal), out[0][-1])
+    return out
+
+
+def batch_signal(signal: np.ndarray, signal_off: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A batch's signal and offsets checked (and made contiguous) for the event kernels, CPU and GPU."""
     if signal.dtype != np.float32:
         raise ValueError(f"signal must be float32 pA (f5c precision), got {signal.dtype}")
     signal = np.ascontiguousarray(signal)
@@ -69,11 +79,7 @@ def detect_events(
         raise ValueError("signal_off must be a 1-D array of n_reads + 1 offsets")
     if np.any(np.diff(signal_off) < 0) or signal_off[0] < 0 or signal_off[-1] > len(signal):
         raise ValueError("signal_off must be non-decreasing and within the signal")
-    out = detect_events_kernel(
-        signal, signal_off, params.w1, params.w2, params.threshold1, params.threshold2, params.peak_height
-    )
-    log.debug("events: %d reads, %d samples -> %d events", len(signal_off) - 1, len(signal), out[0][-1])
-    return out
+    return signal, signal_off
 
 
 @numba.njit(nogil=True, cache=True, parallel=True)
