@@ -11,7 +11,7 @@ from streamer.pipeline.gpu import CudaOptions  # noqa: E402
 from streamer_gpu.host import arena_capacity, bytes_per_base  # noqa: E402
 from streamer_gpu.memory import (  # noqa: E402
     HMM_LOCAL_BYTES_PER_THREAD,
-    MODULE_BYTES,
+    RESERVE_BYTES,
     arena_bytes_for,
     hmm_bytes_for,
     plan_memory,
@@ -59,7 +59,7 @@ def test_too_little_free_memory_is_refused_with_the_numbers():
 
 def test_no_hmm_no_hmm_memory():
     opts = CudaOptions(hmm=False)
-    assert plan_memory(80 * GB, False, opts, 100, H100_THREADS).other_bytes == MODULE_BYTES
+    assert plan_memory(80 * GB, False, opts, 100, H100_THREADS).other_bytes == RESERVE_BYTES
 
 
 def test_autotune_leaves_the_tuner_one_step_of_room():

@@ -19,9 +19,10 @@ from streamer_gpu.device import probe_gpu
 
 if TYPE_CHECKING:
     from streamer_gpu.abea import CudaAbea
+    from streamer_gpu.events import CudaEvents
 
-__all__ = ["arena_bases", "count_gpus", "device_context", "gpu_absent", "is_cuda_error", "open_gpu", "probe_gpu",
-           "release_gpu"]
+__all__ = ["arena_bases", "count_gpus", "device_context", "gpu_absent", "is_cuda_error", "open_events", "open_gpu",
+           "probe_gpu", "release_gpu"]
 
 log = logging.getLogger(__name__)
 _said: set[tuple[str, str]] = set()
@@ -57,6 +58,18 @@ def open_gpu(options: CudaOptions, bandwidth: int = 100) -> CudaAbea | None:
         log.warning("too little free memory on GPU %d (%s): this process runs on the CPU", options.dev_id, exc)
     except CUDA_ERRORS as exc:
         log.warning("could not start ABEA on GPU %d (%s): ABEA runs on the CPU", options.dev_id, exc)
+    return None
+
+
+def open_events(dev_id: int) -> CudaEvents | None:
+    """Event detection on GPU dev_id (whose ABEA stage opened), or None, said in one log line, where it cannot start."""
+    from streamer_gpu.events import CudaEvents
+    from streamer_gpu.target import CUDA_ERRORS
+
+    try:
+        return CudaEvents(dev_id)
+    except CUDA_ERRORS as exc:
+        log.warning("could not start event detection on GPU %d (%s): it runs on the CPU", dev_id, exc)
     return None
 
 

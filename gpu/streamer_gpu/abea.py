@@ -39,7 +39,7 @@ from streamer_gpu.host import (
     read_params,
 )
 from streamer_gpu.faults import from_env as fault_plan
-from streamer_gpu.memory import MODULE_BYTES, plan_memory
+from streamer_gpu.memory import RESERVE_BYTES, plan_memory
 from streamer_gpu.target import CUDA_ERRORS, SIMULATED
 from streamer.pore.model import PoreModel
 from streamer.pipeline.scaling import F5C_CODES, require_nucleotide
@@ -164,7 +164,7 @@ class CudaAbea:
             free = free if math.isfinite(free) else SIMULATED_FREE_BYTES
             threads = getattr(device, "MULTIPROCESSOR_COUNT", 0) * getattr(device, "MAX_THREADS_PER_MULTI_PROCESSOR", 0)
             plan = plan_memory(int(free), bool(getattr(device, "INTEGRATED", 0)), options, bandwidth, threads,
-                               0 if SIMULATED else MODULE_BYTES)  # fmt: skip
+                               0 if SIMULATED else RESERVE_BYTES)  # fmt: skip
             if plan.refused:
                 raise TooLittleMemory(plan.refused)
             arena_bytes = plan.arena_bytes

@@ -3,9 +3,9 @@
 Several processes share one GPU (a daemon per flow cell, a `streamer call` beside a daemon), so
 the ABEA arena is sized from the batches this process will assemble (K reads, B bases,
 avg_epk events per base) and capped at `mem_frac` of the free memory; the rest of the process's
-device memory (the CpG HMM's buffers and the local memory its kernel launch reserves, the CUDA
-context) is counted before the arena is taken, so that a later launch does not run out. Pure
-arithmetic: `plan_memory` decides, `CudaAbea` allocates.
+device memory (the CpG HMM's buffers and the local memory its kernel launch reserves, event
+detection's buffers, the CUDA context) is counted before the arena is taken, so that a later
+launch does not run out. Pure arithmetic: `plan_memory` decides, `CudaAbea` allocates.
 """
 
 from __future__ import annotations
@@ -33,6 +33,13 @@ HMM_LOCAL_BYTES_PER_THREAD = 6 * 224 * 4
 # the HMM's device buffers per base of the batch: the reference span (1 byte), events (4 bytes per
 # event), jobs (about 48 bytes each, at most one per 16 bases), grown by 5/4 when they are replaced
 HMM_BYTES_PER_BASE_AT_EPK = (1 + 48 / 16, 4)
+# event detection's device buffers hold this many samples of a batch at a time: the signal (4 bytes
+# a sample), its boundaries (4) and the events (20 bytes each, about one per 4.5 samples; room for
+# one per 2), grown by 5/4 when they are replaced
+EVENT_CHUNK_SAMPLES = 1 << 25
+EVENT_BYTES = int(EVENT_CHUNK_SAMPLES * (4 + 4 + 20 / 2) * 5 / 4)
+# what comes off the cap besides the HMM: the kernel modules and event detection's buffers
+RESERVE_BYTES = MODULE_BYTES + EVENT_BYTES
 # below this share of one batch's bases on the GPU, the GPU no longer pays for itself
 MIN_BATCH_SHARE = 0.25
 
@@ -59,7 +66,7 @@ def hmm_bytes_for(max_bases: int, avg_epk: float, resident_threads: int) -> int:
 
 
 def plan_memory(free_bytes: int, integrated: bool, options: CudaOptions, bandwidth: int = 100,
-                resident_threads: int = 0, reserve_bytes: int = MODULE_BYTES) -> MemoryPlan:  # fmt: skip
+                resident_threads: int = 0, reserve_bytes: int = RESERVE_BYTES) -> MemoryPlan:  # fmt: skip
     """The arena for options' batches within mem_frac (default 0.9, 0.7 on integrated GPUs) of free_bytes.
 
     The HMM's memory (for resident_threads threads of its kernel) and reserve_bytes come off the

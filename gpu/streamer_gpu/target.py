@@ -25,6 +25,6 @@ else:
     from numba.cuda import libdevice
 
     _OPS = (libdevice.fadd_rn, libdevice.fsub_rn, libdevice.fmul_rn, libdevice.fdiv_rn, libdevice.dadd_rn,
-            libdevice.dmul_rn, libdevice.ddiv_rn)  # fmt: skip
+            libdevice.dmul_rn, libdevice.ddiv_rn, libdevice.fsqrt_rn)  # fmt: skip
 
 DEVICE = Target("cuda", cuda.jit(device=True), *_OPS)

@@ -29,11 +29,21 @@ class GpuAbea(Protocol):
     def retune(self, options: CudaOptions) -> None: ...
 
 
+class GpuEvents(Protocol):
+    """Event detection on one device (`streamer_gpu.events.CudaEvents`) as the events stage uses it."""
+
+    def detect(self, signal: Any, signal_off: Any, params: Any) -> tuple[tuple[Any, ...], EventsBatchStats]:
+        """`streamer.pipeline.events.detect_events`' five arrays, plus the batch's measurements."""
+
+
 class GpuPackage(Protocol):
     """What the GPU package (`streamer_gpu`, an install extra) offers the core."""
 
     def open_gpu(self, options: CudaOptions, bandwidth: int = 100) -> GpuAbea | None:
         """The ABEA stage on options.dev_id, or None (said in one line) where there is none to use."""
+
+    def open_events(self, dev_id: int) -> GpuEvents | None:
+        """Event detection on GPU dev_id (whose ABEA stage opened), or None (said in one line)."""
 
     def count_gpus(self) -> int:
         """GPUs on this host (0 without numba-cuda or a GPU)."""
@@ -183,4 +193,23 @@ class HmmBatchStats:
     t_kernel: float
     t_d2h: float
     t_cpu: float
+    fallback: str = ""
+
+
+@dataclass(frozen=True)
+class EventsBatchStats:
+    """Where one batch's event detection ran and where the GPU time went (wall seconds).
+
+    on_gpu is False when the batch's events were detected on the CPU instead: fallback says why
+    (a CUDA error, or windows longer than the kernel's). t_wall is the whole stage.
+    """
+
+    n_reads: int
+    n_samples: int
+    n_events: int
+    on_gpu: bool
+    t_h2d: float
+    t_kernels: float
+    t_d2h: float
+    t_wall: float
     fallback: str = ""

@@ -29,7 +29,7 @@ from streamer.pipeline.abea import align_batch
 from streamer.pipeline.batch import CIGAR_M, ReadBatch, ReadInput, pack
 from streamer.pipeline.devices import DevicePool
 from streamer.pipeline.events import detect_events
-from streamer.pipeline.gpu import AbeaBatchStats, CudaOptions, GpuAbea, HmmBatchStats, gpu_package
+from streamer.pipeline.gpu import AbeaBatchStats, CudaOptions, GpuAbea, GpuEvents, HmmBatchStats, gpu_package
 from streamer.io.fast5 import SignalRecord
 from streamer.pipeline.chemistry import DEFAULT, Chemistry
 from streamer.pore.model import PoreModel, load_kmer_model
@@ -105,12 +105,25 @@ class _CoreStage:
 
 
 class DetectEvents(_CoreStage):
+    """Event detection, on the GPU where the batch's device has it (its measurements in `batch.stats["events"]`)."""
+
     name = "events"
 
+    def open(self, pipeline: Pipeline) -> None:
+        for device in pipeline.devices:
+            part = gpu_package().open_events(device.dev_id)
+            if part is not None:
+                device.parts[self.name] = part
+
     def __call__(self, batch: ReadBatch, pipeline: Pipeline) -> None:
-        batch.ev_off, batch.ev_start, batch.ev_length, batch.ev_mean, batch.ev_stdv = detect_events(
-            batch.signal, batch.signal_off, pipeline.options.chemistry.events
-        )
+        device, params = pipeline.device, pipeline.options.chemistry.events
+        gpu: GpuEvents | None = device.parts.get(self.name) if device is not None else None
+        if gpu is None:
+            events = detect_events(batch.signal, batch.signal_off, params)
+        else:
+            with device.lock:
+                events, batch.stats[self.name] = gpu.detect(batch.signal, batch.signal_off, params)
+        batch.ev_off, batch.ev_start, batch.ev_length, batch.ev_mean, batch.ev_stdv = events
 
 
 class EstimateScalings(_CoreStage):

@@ -1,20 +1,21 @@
 """Compile targets of the per-cell arithmetic that the CPU and GPU kernels share.
 
-The ABEA cell, the CpG HMM's forward pass and the Gaussian log-density are each written once,
-as plain Python in a factory that takes a `Target` and compiles them with its `jit` (numba
-`njit` here, `cuda.jit(device=True)` in `streamer_gpu.target`), calling the target's
+The ABEA cell, the CpG HMM's forward pass, event detection and the Gaussian log-density are each
+written once, as plain Python in a factory that takes a `Target` and compiles them with its `jit`
+(numba `njit` here, `cuda.jit(device=True)` in `streamer_gpu.target`), calling the target's
 rounding operations for every float operation whose rounding matters. On the CPU those are
 plain IEEE float32/float64 operations; CUDA would contract a multiply and an add into one
 fused multiply-add that rounds once, so there they are libdevice's round-to-nearest
 intrinsics, which are never fused. The same source, the same operations in the same order:
 the two targets agree to the bit. numba's on-disk cache is checked against the kernel's own file
-only: after editing a shared helper (here, `abea_cells.py`, `cpg/hmm.py`, `cpg/logsum.py`),
-delete the `*.nbi`/`*.nbc` files so the kernels that inline it are compiled again.
+only: after editing a shared helper (here, `abea_cells.py`, `event_cells.py`, `cpg/hmm.py`,
+`cpg/logsum.py`), delete the `*.nbi`/`*.nbc` files so the kernels that inline it are compiled again.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -34,6 +35,7 @@ class Target(NamedTuple):
     dadd: Callable  # float64
     dmul: Callable
     ddiv: Callable
+    fsqrt: Callable  # float32 square root, rounded to nearest
 
 
 def fadd(a, b):
@@ -64,8 +66,12 @@ def ddiv(a, b):
     return np.float64(a) / np.float64(b)
 
 
+def fsqrt(a):
+    return np.float32(math.sqrt(np.float32(a)))
+
+
 # plain IEEE operations: numba's CPU code and numpy scalars (the CUDA simulator) never contract them
-IEEE_OPS = (fadd, fsub, fmul, fdiv, dadd, dmul, ddiv)
+IEEE_OPS = (fadd, fsub, fmul, fdiv, dadd, dmul, ddiv, fsqrt)
 
 _cpu_jit = numba.njit(nogil=True, cache=True)
 CPU = Target("cpu", _cpu_jit, *(_cpu_jit(op) for op in IEEE_OPS))
