@@ -237,13 +237,12 @@ def hmm_cells(t: Target) -> HmmCells:
         return fadd(fmul(scale, model[0, rank]), shift), fmul(model[1, rank], var), fadd(model[2, rank], log_var)
 
     @t.jit
-    def sum6(x0, x1, x2, x3, x4, x5, table):
-        """Log-sum of six terms in the tools' order."""
+    def sum5(x0, x1, x2, x3, x4, table):
+        """Log-sum of five terms in the tools' order."""
         s = flogsum(x0, x1, table)
         s = flogsum(s, x2, table)
         s = flogsum(s, x3, table)
-        s = flogsum(s, x4, table)
-        return flogsum(s, x5, table)
+        return flogsum(s, x4, table)
 
     @t.jit
     def forward(ref_seq, w0, length, rc, methylated, ev_mean, e1, e2, k, model, scalings, trans, r, flank, table,
@@ -301,15 +300,11 @@ def hmm_cells(t: Target) -> HmmCells:
                 o_m = cell[o]
                 o_b = cell[o + 1]
                 o_k = cell[o + 2]
-                m = sum6(
-                    fadd(t_mm_self, o_m),
-                    fadd(t_mm_next, p_m),
-                    fadd(t_bm_self, o_b),
-                    fadd(t_bm_next, p_b),
-                    fadd(t_km, p_k),
-                    soft if ki == 0 else ninf,
-                    table,
-                )
+                m = sum5(fadd(t_mm_self, o_m), fadd(t_mm_next, p_m), fadd(t_bm_self, o_b), fadd(t_bm_next, p_b),
+                         fadd(t_km, p_k), table)  # fmt: skip
+                # the tools' sixth term, the clip state, is -inf past block 0: a log-sum with -inf gives the
+                # other term back (nan as -inf), so only block 0 looks it up
+                m = flogsum(m, soft, table) if ki == 0 else (m if m == m else ninf)
                 n_m = fadd(m, emission(level, cell[o + 3], cell[o + 4], cell[o + 5]))
                 n_b = flogsum(fadd(t_mb, o_m), fadd(t_bb, o_b), table)
                 kk = flogsum(fadd(t_mk, c_m), fadd(t_bk, c_b), table)
