@@ -44,7 +44,7 @@ def flogsum_for(t: Target) -> Callable:
         # block to block, and a predicted branch lets the CPU run ahead where a select waits
         # (the pass took 1.5 times as long); on the GPU the table is then read only when needed
         if d < np.float32(LOGSUM_CUTOFF):
-            return fadd(hi, table[int(fmul(d, np.float32(LOGSUM_SCALE)))])
+            return fadd(hi, table[np.uint64(int(fmul(d, np.float32(LOGSUM_SCALE))))])
         return hi
 
     return flogsum
