@@ -269,7 +269,8 @@ def _here(args, stack, options, index, limits, filt, summary, output, written, t
     """This host: reader pool, the pipeline (GPU if any), overlapped batches as many as the memory budget holds."""
     rows = row_sinks(sinks)[0]  # the calls TSV
     runner = RunnerOptions(io_workers=max(1, args.io_workers), io_mode=memory.io_mode,
-                           compute_threads=memory.compute_threads, ahead=memory.ahead)
+                           compute_threads=memory.compute_threads, ahead=memory.ahead,
+                           tight_heap=memory.tight_heap)
     # readers start while the pipeline loads its models and kernels
     pool = reader_pool(index, runner.io_workers, runner.io_mode)
     stack.callback(pool.shutdown, wait=True, cancel_futures=True)

@@ -71,7 +71,8 @@ def _run(args: argparse.Namespace, compiling: bool) -> int:
     limits = BatchLimits(max_reads=args.batchsize, max_bases=memory.max_bases)
     cuda = CudaOptions(disable=args.disable_cuda, max_reads=limits.max_reads, max_bases=limits.max_bases,
                        hmm=False).with_devices(args.cuda_dev_id)
-    runner = RunnerOptions(io_mode=memory.io_mode, compute_threads=memory.compute_threads, ahead=memory.ahead)
+    runner = RunnerOptions(io_mode=memory.io_mode, compute_threads=memory.compute_threads, ahead=memory.ahead,
+                           tight_heap=memory.tight_heap)
     filt = alignment_filter(args)
     summary = RunSummary(compiled=compiling, memory_budget=memory.budget)
     summary.watch_memory()

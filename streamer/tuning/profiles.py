@@ -39,7 +39,7 @@ DATACENTRE = ("tesla", "a100", "a30", "a40", "h100", "h200", "h800", "gh200", "b
 PROCESS_BYTES = 150 << 20
 READER_PROCESS_BYTES = 40 << 20
 FORK_SERVER_BYTES = 75 << 20
-BATCH_BYTES_PER_BASE = 200
+BATCH_BYTES_PER_BASE = 260
 # below this budget readers are threads and one batch is read ahead and one computed at a time
 SMALL_BUDGET = 1 << 30
 MIN_BATCH_BASES = 20_000  # a budget smaller than the process needs still gets batches this big
@@ -70,6 +70,7 @@ class MemoryPlan:
     ahead: int
     compute_threads: int
     io_mode: str  # "threads" where reader processes do not fit; else as asked
+    tight_heap: bool  # return freed batch arrays to the system at once (`RunnerOptions.tight_heap`)
 
 
 def memory_plan(budget: int, max_bases: int, compute_threads: int, io_workers: int, io_mode: str = "auto") -> MemoryPlan:
@@ -86,7 +87,7 @@ def memory_plan(budget: int, max_bases: int, compute_threads: int, io_workers: i
     readers = 0 if io_mode == "threads" else FORK_SERVER_BYTES + io_workers * READER_PROCESS_BYTES
     in_flight = ahead + 1 + 2 * compute_threads
     room = (budget - PROCESS_BYTES - readers) // (in_flight * BATCH_BYTES_PER_BASE)
-    return MemoryPlan(budget, int(min(max_bases, max(MIN_BATCH_BASES, room))), ahead, compute_threads, io_mode)
+    return MemoryPlan(budget, int(min(max_bases, max(MIN_BATCH_BASES, room))), ahead, compute_threads, io_mode, small)
 
 
 @dataclass(frozen=True)
