@@ -149,7 +149,7 @@ def _run(args: argparse.Namespace, compiling: bool) -> int:
     memory = memory_plan(budget_bytes(args.memory_budget, tuning.plan.profile, args.threads), args.max_bases,
                          args.compute_threads, args.io_workers, args.io_mode)
     if memory.max_bases < args.max_bases and not args.autotune:
-        log.info("batches of at most %d bases (-B %d) to keep within the memory budget of %d MB",
+        log.debug("batches of at most %d bases (-B %d) to keep within the memory budget of %d MB",
                  memory.max_bases, args.max_bases, memory.budget >> 20)
         args.max_bases = memory.max_bases
     limits = tuning.limits(BatchLimits(max_reads=args.batchsize, max_bases=args.max_bases))
