@@ -6,7 +6,9 @@ enough, then times, in one session on one machine:
   nanopolish call-methylation -t T   (Debian package), if installed
   f5c call-methylation -t T          (--f5c PATH), if given
 and reports bases/s, reads/s, ratios against each reference tool, streamer's stage
-shares and peak RSS. Absolute times drift on shared machines; the ratios are the result.
+shares, peak RSS (GNU time: the largest single process) and peak summed PSS (every process of the
+run's tree, sampled every 50 ms: reader processes share pages with their parent, so summing
+RSS would count them twice). Absolute times drift on shared machines; the ratios are the result.
 
     python benchmarks/bench_call.py --copies 10 -t 2 [--f5c /path/to/f5c]
 """
@@ -24,6 +26,7 @@ import time
 from pathlib import Path
 
 import h5py
+import psutil
 
 from common import new_id, replicate_bam
 from streamer.io.fastx import load_basecalls
@@ -57,18 +60,38 @@ def replicate(src: Path, out: Path, copies: int) -> dict:
     return {"copies": copies, "records": copies * len(records), "bases": copies * bases}
 
 
+def tree_pss(pid: int) -> int:
+    """Bytes of proportional set size summed over process `pid` and all its descendants."""
+    try:
+        procs = [psutil.Process(pid)]
+        procs += procs[0].children(recursive=True)
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for proc in procs:
+        try:
+            total += proc.memory_full_info().pss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return total
+
+
 def timed(cmd: list[str], env: dict | None = None, log: Path | None = None) -> dict:
-    """Run a command; wall time and peak RSS (GNU time), output to `log`."""
+    """Run a command; wall time, peak RSS (GNU time) and peak summed PSS of its process tree, output to `log`."""
     full = ["/usr/bin/time", "-f", "MAXRSS_KB %M"] + cmd
     t0 = time.perf_counter()
+    peak_pss = 0
     with open(log or os.devnull, "w") as err:
-        proc = subprocess.run(full, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        proc = subprocess.Popen(full, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        while proc.poll() is None:
+            peak_pss = max(peak_pss, tree_pss(proc.pid))
+            time.sleep(0.05)
     wall = time.perf_counter() - t0
     text = log.read_text() if log else ""
     rss = next((int(l.split()[1]) for l in text.splitlines() if l.startswith("MAXRSS_KB")), 0)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}); see {log}")
-    return {"wall_s": wall, "peak_rss_mb": rss / 1024}
+    return {"wall_s": wall, "peak_rss_mb": rss / 1024, "peak_pss_mb": peak_pss / 2**20}
 
 
 def main() -> int:
@@ -121,13 +144,14 @@ def main() -> int:
     bases = info["bases"]
     records = info["records"]
     lines = [f"{bases / 1e6:.2f} Mbases, {records} alignment records, -t {args.threads}, {os.cpu_count()} cores", "",
-             "| run | wall s | Mbases/s | reads/s | peak RSS MB | streamer warm speed-up |", "|---|---|---|---|---|---|"]
+             "| run | wall s | Mbases/s | reads/s | peak RSS MB | peak summed PSS MB | streamer warm speed-up |",
+             "|---|---|---|---|---|---|---|"]
     warm = results["streamer_warm"]["wall_s"]
     for label in ("streamer_cold", "streamer_warm", "nanopolish", "f5c"):
         if label in results:
             r = results[label]
             lines.append(f"| {label} | {r['wall_s']:.1f} | {bases / r['wall_s'] / 1e6:.3f} | {records / r['wall_s']:.1f} | "
-                         f"{r['peak_rss_mb']:.0f} | {r['wall_s'] / warm:.2f}x |")
+                         f"{r['peak_rss_mb']:.0f} | {r['peak_pss_mb']:.0f} | {r['wall_s'] / warm:.2f}x |")
     stages = results["streamer_warm"]["stage_seconds"]
     total = sum(stages.values()) or 1.0
     lines += ["", "streamer warm, time by stage: " + ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in stages.items())]

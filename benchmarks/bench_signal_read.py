@@ -12,6 +12,9 @@ format, from the page cache (decoding cost, not disk):
              (one file per task; processes because h5py serialises threads on one lock),
   random     `read_signal` by id in shuffled order, one process (what `call` does today),
   grouped    the same reads through `read_signals`, one call per file (one open each),
+  tasks      every read as `streamer call`'s reader tasks (`load_chunk`, 32 reads each) on P
+             threads, as a small memory budget runs them: reads/s and the CPU seconds the
+             process spent (threads scale where decoding leaves the GIL),
 reporting reads/s and MB/s of signal (int16 samples, 2 bytes each), best of `--repeat`.
 
     python benchmarks/bench_signal_read.py --reads 3000 --per-file 500 -p 2
@@ -28,7 +31,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 import h5py
@@ -38,6 +41,8 @@ from streamer.io.fast5 import SignalRecord, iter_fast5
 from streamer.io.pod5 import write_pod5
 from streamer.io.signal import iter_signal, read_signal, read_signals, signal_read_ids
 from streamer.io.slow5 import write_blow5
+from streamer.pipeline.batching import load_chunk
+from streamer.pipeline.signal_pool import READS_PER_TASK, read_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "ecoli_2kb_region" / "fast5_files"
@@ -140,12 +145,23 @@ def measure(files: list[Path], procs: int, n_random: int, repeat: int, pool: Pro
         got = [len(rec.raw) for path, rids in by_file.items() for rec in read_signals(path, rids)]
         return len(got), sum(got)
 
+    tasks = read_tasks(ids, READS_PER_TASK)
+    cpu = []
+
+    def threaded_tasks() -> tuple[int, int]:
+        c0 = time.process_time()
+        with ThreadPoolExecutor(procs) as threads:
+            chunks = list(threads.map(load_chunk, tasks))
+        cpu.append(time.process_time() - c0)
+        return sum(len(c.where) for c in chunks), sum(len(c.raw) for c in chunks)
+
     result = {"files": len(files), "disk_mb": sum(p.stat().st_size for p in files) / 1e6, "list_s": list_s}
     for name, fn in (("iter1", serial), (f"iter{procs}", parallel), ("random", random_access),
-                     ("grouped", grouped_access)):
+                     ("grouped", grouped_access), ("tasks", threaded_tasks)):
         seconds, reads, samples = best(repeat, fn)
         mb = 2 * samples / 1e6
         result[name] = {"s": seconds, "reads": reads, "mb": mb, "reads_s": reads / seconds, "mb_s": mb / seconds}
+    result["tasks"]["cpu_s"] = min(cpu)
     return result
 
 
@@ -174,13 +190,15 @@ def main(argv: list[str] | None = None) -> int:
     p = args.procs
     print(f"{args.reads} reads in files of {args.per_file}; {os.cpu_count()} cores; best of {args.repeat}; page cache warm\n")
     print(f"| format | files | on disk MB | signal MB | list ids s | iterate 1 proc reads/s | MB/s "
-          f"| iterate {p} procs reads/s | MB/s | random by id reads/s | MB/s | grouped by file reads/s | MB/s |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          f"| iterate {p} procs reads/s | MB/s | random by id reads/s | MB/s | grouped by file reads/s | MB/s "
+          f"| tasks on {p} threads reads/s | CPU s |")
+    print("| --- |" + " ---: |" * 14)
     for fmt, r in results.items():
         print(f"| {fmt.upper()} | {r['files']} | {r['disk_mb']:.0f} | {r['iter1']['mb']:.0f} | {r['list_s']:.2f} "
               f"| {r['iter1']['reads_s']:.0f} | {r['iter1']['mb_s']:.0f} | {r[f'iter{p}']['reads_s']:.0f} "
               f"| {r[f'iter{p}']['mb_s']:.0f} | {r['random']['reads_s']:.0f} | {r['random']['mb_s']:.0f} "
-              f"| {r['grouped']['reads_s']:.0f} | {r['grouped']['mb_s']:.0f} |")
+              f"| {r['grouped']['reads_s']:.0f} | {r['grouped']['mb_s']:.0f} "
+              f"| {r['tasks']['reads_s']:.0f} | {r['tasks']['cpu_s']:.2f} |")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0

@@ -26,7 +26,7 @@ import yaml
 from streamer.errors import ConfigError
 from streamer.pipeline.chemistry import DEFAULT, PORES, folder_models, models_by_pore
 from streamer.publish.security import is_loopback
-from streamer.tuning.profiles import PROFILE_NAMES
+from streamer.tuning.profiles import PROFILE_NAMES, parse_size
 
 REQUIRED_FOR_RUN = ("watch.dir", "reference.genome", "output.dir")
 
@@ -176,6 +176,11 @@ class PipelineConfig:
         "auto", "Signal readers of `batch.read_ahead` as `processes` or `threads`; `auto` takes processes, as "
         "FAST5 and POD5 readers hold a lock or the GIL (threads suit SLOW5/BLOW5).", type=str, flag="--io-mode",
         choices=("auto", "processes", "threads"))
+    memory_budget: str = _key(
+        "auto", "Host memory the run may take, summed over its processes (e.g. `300M`, `2G`): the batch cap B, the "
+        "batches read ahead and in the stages at once, and whether signal readers are processes are derived from it, "
+        "so that peak memory does not grow with the input; auto: the device profile's (300M on a CPU-only host of up "
+        "to 4 threads).", type=str, flag="--memory-budget")
 
 
 @dataclass(frozen=True)
@@ -644,6 +649,11 @@ def build(flat: dict[str, Any], *, origin: str = "configuration", require: tuple
         sec, name = key.path.split(".")
         values[sec][name] = value
     _check_endpoints(values, problems)
+    if values["pipeline"].get("memory_budget", "auto") != "auto":
+        try:
+            parse_size(values["pipeline"]["memory_budget"])
+        except ValueError as exc:
+            problems.append(f"pipeline.memory_budget: {exc}")
     if values["service"].get("metrics") is not None:
         from streamer.metrics import parse_address
 

@@ -7,6 +7,11 @@ reported on its own. Stage times are summed over the real batches (the warm-up b
 compiles the kernels is start-up); where batches overlap (`streamer call`) they add up to more
 than the wall time, and `waits` says which side waited for the other.
 
+Peak memory is the proportional set size (PSS) summed over this process and every process it
+started (signal readers, their fork server), sampled while the run goes: reader processes share
+pages with each other, so summing their RSS would count those pages several times. Where there
+is no /proc (macOS), it is this process's peak RSS.
+
 Every driver of batches (`streamer call` here or on Dask, `streamer eventalign`, the daemon)
 hands back a `BatchOutcome` per batch and counts it with `tally`: the counters of a run
 summary and of the daemon's ledger are the same numbers, counted once.
@@ -14,9 +19,14 @@ summary and of the daemon's ledger are the same numbers, counted once.
 
 from __future__ import annotations
 
+import os
+import resource
+import sys
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from streamer.skips import Skip, Skipped
 
@@ -65,6 +75,19 @@ class RunSummary:
     stage_seconds: Counter = field(default_factory=Counter)
     waits: Counter = field(default_factory=Counter)  # seconds a step spent waiting for another
     gpu: Counter = field(default_factory=Counter)  # GPU stage counts: windows, reads, batches that fell back
+    memory_budget: int = 0  # bytes the run was sized for (0: none given)
+    peak_memory: int = 0  # bytes, the largest summed PSS sampled (`watch_memory`)
+
+    def watch_memory(self, every: float = 0.2) -> None:
+        """Sample the process tree's memory into `peak_memory` until the process ends (a daemon thread)."""
+
+        def sample() -> None:
+            while True:
+                self.peak_memory = max(self.peak_memory, tree_pss())
+                time.sleep(every)
+
+        self.peak_memory = max(self.peak_memory, tree_pss())
+        threading.Thread(target=sample, name="memory-watch", daemon=True).start()
 
     def skip(self, reason: Skip, n: int = 1) -> None:
         self.skipped[reason.label] += n
@@ -103,6 +126,8 @@ class RunSummary:
             "stage_seconds": {k: round(v, 3) for k, v in sorted(self.stage_seconds.items())},
             "waits_s": {k: round(v, 3) for k, v in sorted(self.waits.items())},
             "gpu": dict(sorted(self.gpu.items())),
+            "memory_budget_mb": round(self.memory_budget / 2**20, 1),
+            "peak_memory_mb": round(max(self.peak_memory, tree_pss()) / 2**20, 1),
         }
 
     def progress_line(self) -> str:
@@ -131,6 +156,8 @@ class RunSummary:
             f"throughput:       {d['bases_per_s']:.0f} bases/s ({d['bases_per_s'] / 1e6:.2f} Mbases/s, "
             f"{d['reads_per_s']:.1f} reads/s; after start-up)",
         ]
+        budget = f" (budget {d['memory_budget_mb']:.0f} MB)" if self.memory_budget else ""
+        lines.append(f"peak memory:      {d['peak_memory_mb']:.0f} MB, summed over its processes{budget}")
         total = sum(self.stage_seconds.values())
         if total > 0:
             lines.append("time by stage:    " + ", ".join(
@@ -141,3 +168,32 @@ class RunSummary:
         if self.gpu:
             lines.append("GPU:              " + ", ".join(f"{k} {v}" for k, v in sorted(self.gpu.items())))
         return "\n".join(lines)
+
+
+def tree_pss(pid: int | None = None) -> int:
+    """Bytes of PSS summed over process `pid` (this one) and its descendants; peak RSS without /proc."""
+    pid = pid or os.getpid()
+    if not Path(f"/proc/{pid}/smaps_rollup").exists():
+        scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB elsewhere
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        total += _pss(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                todo += map(int, Path(f"/proc/{p}/task/{task}/children").read_text().split())
+        except OSError:  # gone meanwhile
+            pass
+    return total
+
+
+def _pss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0

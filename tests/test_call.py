@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import shutil
 import subprocess
 import sys
@@ -144,3 +145,22 @@ def test_malformed_model_is_one_clear_line(tmp_path):
     assert proc.stderr.strip().splitlines() == [
         f"streamer call: {bad}: 1 rows, expected 4^6 = 4096 for alphabet ACGT"
     ]
+
+
+def test_memory_budget_sizes_batches_not_output(tmp_path):
+    """A small budget gives small batches and reader threads; the calls are byte for byte the same."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    proc, out = call(tmp_path / "a", ECOLI / "reads.fasta", ECOLI / "reads.bam", ECOLI / "fast5")
+    assert proc.returncode == 0, proc.stderr
+    stats = tmp_path / "stats.json"
+    small, small_out = call(tmp_path / "b", ECOLI / "reads.fasta", ECOLI / "reads.bam", ECOLI / "fast5", REFERENCE,
+                            "--memory-budget", "100M", "--stats-json", stats)
+    assert small.returncode == 0, small.stderr
+    assert small_out.read_bytes() == out.read_bytes()
+    summary = json.loads(stats.read_text())
+    assert summary["memory_budget_mb"] == 100 and summary["peak_memory_mb"] > 0
+    assert "peak memory:" in small.stderr
+    bad = streamer("call", "-r", ECOLI / "reads.fasta", "-b", ECOLI / "reads.bam", "-g", REFERENCE,
+                   "--memory-budget", "lots")
+    assert bad.returncode != 0 and "not a size: 'lots'" in bad.stderr and "Traceback" not in bad.stderr

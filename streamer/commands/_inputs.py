@@ -17,6 +17,7 @@ from streamer.io.alignments import AlignmentFilter
 from streamer.io.index import SignalIndex, open_index
 from streamer.pipeline.gpu import CudaOptions
 from streamer.pipeline.stages import PipelineOptions
+from streamer.tuning.profiles import parse_size
 from streamer.pipeline.chemistry import (DEFAULT, PORES, chemistry, default_models, folder_models, pore_models, pore_of_file,
                                      title)
 
@@ -49,6 +50,22 @@ def add_input_arguments(p: argparse.ArgumentParser, output: str) -> None:
     p.add_argument("--pore", choices=("auto", *PORES), default="auto",
                    help=f"pore chemistry; auto: from the signal files' run metadata, {DEFAULT.name} when they do "
                         "not say [%(default)s]")
+
+
+def add_memory_argument(p: argparse.ArgumentParser) -> None:
+    """`--memory-budget`, the key `pipeline.memory_budget`: a size, or auto (the device profile's)."""
+
+    def size(text: str) -> str:
+        try:
+            if text != "auto":
+                parse_size(text)
+            return text
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    p.add_argument("--memory-budget", type=size, default="auto", metavar="SIZE",
+                   help="host memory the run may take, summed over its processes (300M, 2G): batch size, batches "
+                        "in flight and reader kind follow from it [auto: the device profile's]")
 
 
 def check_inputs(args: argparse.Namespace, *outputs: str) -> None:

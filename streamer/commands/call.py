@@ -23,6 +23,7 @@ from streamer.commands._checks import numeric, removed_on_failure
 from streamer.pipeline.gpu import CudaOptions, device_spec
 from streamer.commands._inputs import (
     add_input_arguments,
+    add_memory_argument,
     alignment_filter,
     check_inputs,
     pipeline_options,
@@ -42,6 +43,7 @@ from streamer.config import Config, OutputConfig
 from streamer.sinks import Sink, SinkContext, open_sinks, row_sinks
 from streamer.skips import Skipped
 from streamer.summary import RunSummary
+from streamer.tuning.profiles import MemoryPlan, budget_bytes, memory_plan
 from streamer.tuning.session import CallTuning, add_call_arguments
 
 NAME = "call"
@@ -69,6 +71,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "otherwise (FAST5 and POD5 readers hold a lock or the GIL) [%(default)s]")
     numeric(p, "--compute-threads", type=int, minimum=1, default=RunnerOptions.compute_threads,
             help="batches in the stages at once, so CPU and GPU stages overlap [%(default)s]")
+    add_memory_argument(p)
     gpu = p.add_argument_group("GPU (ABEA and the CpG HMM on an NVIDIA GPU when numba-cuda and a GPU are present)")
     gpu.add_argument("--disable-cuda", action="store_true", help="align and call on the CPU only")
     gpu.add_argument("--disable-cuda-hmm", action="store_true", help="run the CpG HMM on the CPU, ABEA on the GPU")
@@ -144,13 +147,20 @@ def _ends_on_ctrl_c(args: argparse.Namespace, resumable: bool) -> Iterator[None]
 
 def _run(args: argparse.Namespace, compiling: bool) -> int:
     tuning = CallTuning.from_args(args)
+    memory = memory_plan(budget_bytes(args.memory_budget, tuning.plan.profile, args.threads), args.max_bases,
+                         args.compute_threads, args.io_workers, args.io_mode)
+    if memory.max_bases < args.max_bases and not args.autotune:
+        log.debug("batches of at most %d bases (-B %d) to keep within the memory budget of %d MB",
+                 memory.max_bases, args.max_bases, memory.budget >> 20)
+        args.max_bases = memory.max_bases
     limits = tuning.limits(BatchLimits(max_reads=args.batchsize, max_bases=args.max_bases))
     cuda = CudaOptions(disable=args.disable_cuda, mem_frac=args.cuda_mem_frac, avg_epk=args.cuda_avg_epk,
                        max_lf=args.cuda_max_lf, max_epk=args.cuda_max_epk, ultra_thresh=args.ultra_thresh,
                        max_reads=limits.max_reads, max_bases=limits.max_bases, hmm=not args.disable_cuda_hmm,
                        autotune=args.autotune).with_devices(args.cuda_dev_id)
     filt = alignment_filter(args)
-    summary = RunSummary(compiled=compiling)
+    summary = RunSummary(compiled=compiling, memory_budget=memory.budget)
+    summary.watch_memory()
     progress = sys.stderr.isatty()
     with ExitStack() as stack:
         sinks = _open_sinks(args, filt)
@@ -171,7 +181,7 @@ def _run(args: argparse.Namespace, compiling: bool) -> int:
         if args.dask:
             _on_cluster(run)
         else:
-            _here(run, tuning, sinks)
+            _here(run, tuning, sinks, memory)
         output.finish()
     if progress:
         print(file=sys.stderr)
@@ -273,11 +283,12 @@ class _CallRun:
     written: Callable[[int, int], None]
 
 
-def _here(run: _CallRun, tuning: CallTuning, sinks: list[Sink]) -> None:
-    """This host: reader pool, the pipeline (GPU if any), overlapped batches."""
+def _here(run: _CallRun, tuning: CallTuning, sinks: list[Sink], memory: MemoryPlan) -> None:
+    """This host: reader pool, the pipeline (GPU if any), overlapped batches as many as the memory budget holds."""
     rows = row_sinks(sinks)[0]  # the calls TSV
-    runner = RunnerOptions(io_workers=max(1, run.args.io_workers), io_mode=run.args.io_mode,
-                           compute_threads=max(1, run.args.compute_threads))
+    runner = RunnerOptions(io_workers=max(1, run.args.io_workers), io_mode=memory.io_mode,
+                           compute_threads=memory.compute_threads, ahead=memory.ahead,
+                           tight_heap=memory.tight_heap)
     # readers start while the pipeline loads its models and kernels
     pool = reader_pool(run.index, runner.io_workers, runner.io_mode)
     run.stack.callback(pool.shutdown, wait=True, cancel_futures=True)

@@ -11,6 +11,7 @@ from pathlib import Path
 from streamer.pipeline.batching import BatchLimits, plan_batches
 from streamer.commands._inputs import (
     add_input_arguments,
+    add_memory_argument,
     alignment_filter,
     check_inputs,
     pipeline_options,
@@ -28,6 +29,8 @@ from streamer.pipeline.stages import Pipeline
 from streamer.config import Config, EventalignConfig
 from streamer.sinks import SinkContext, open_sinks, row_sinks
 from streamer.summary import RunSummary
+from streamer.tuning.profiles import budget_bytes, memory_plan
+from streamer.tuning.session import prepare
 
 NAME = "eventalign"
 HELP = "align events to reference k-mers and write the eventalign TSV"
@@ -48,6 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sam", action="store_true",
                    help="write SAM instead of TSV: each read's events aligned to the reference (nanopolish's format)")
     p.add_argument("--disable-cuda", action="store_true", help="align on the CPU only")
+    add_memory_argument(p)
     p.add_argument("--cuda-dev-id", type=device_spec, default=str(CudaOptions.dev_id),
                    help="GPU to use, a list of them (0,1) or all: batches go to the least loaded [%(default)s]")
 
@@ -60,15 +64,22 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, compiling: bool) -> int:
-    limits = BatchLimits(max_reads=args.batchsize, max_bases=args.max_bases)
+    dev_id = CudaOptions().with_devices(args.cuda_dev_id).dev_id
+    profile = prepare({}, dev_id=dev_id, disable_cuda=args.disable_cuda).profile
+    memory = memory_plan(budget_bytes(args.memory_budget, profile, args.threads), args.max_bases,
+                         RunnerOptions.compute_threads, RunnerOptions.io_workers)
+    limits = BatchLimits(max_reads=args.batchsize, max_bases=memory.max_bases)
     cuda = CudaOptions(disable=args.disable_cuda, max_reads=limits.max_reads, max_bases=limits.max_bases,
                        hmm=False).with_devices(args.cuda_dev_id)
+    runner = RunnerOptions(io_mode=memory.io_mode, compute_threads=memory.compute_threads, ahead=memory.ahead,
+                           tight_heap=memory.tight_heap)
     filt = alignment_filter(args)
-    summary = RunSummary(compiled=compiling)
+    summary = RunSummary(compiled=compiling, memory_budget=memory.budget)
+    summary.watch_memory()
     with ExitStack() as stack:
         index = signal_index(args)
         options = pipeline_options(args, index, cuda, methylation=False)
-        pool = reader_pool(index, RunnerOptions.io_workers)  # readers start while the pipeline loads
+        pool = reader_pool(index, runner.io_workers, runner.io_mode)  # readers start while the pipeline loads
         stack.callback(pool.shutdown, wait=True, cancel_futures=True)
         basecalls = stack.enter_context(open_basecalls(args.reads))
         pipeline = Pipeline(options, [registry.analysis("eventalign", args.scale_events, args.compat)])
@@ -97,7 +108,7 @@ def _run(args: argparse.Namespace, compiling: bool) -> int:
 
         plans = plan_batches(iter_alignments(args.bam, filt), basecalls, index, limits, str(args.reads))
         render = rows.render if out is not None else (lambda result: None)
-        run_batches(pipeline, plans, ref, pool, summary, on_done, Stages(pipeline, render, rows.count))
+        run_batches(pipeline, plans, ref, pool, summary, on_done, Stages(pipeline, render, rows.count), runner)
     print(summary.report(), file=sys.stderr)
     return 0
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
+import threading
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -153,8 +155,29 @@ def _check_signatures(path: str | Path) -> None:
                 raise InputError(path, "truncated POD5 file (no closing signature: incomplete copy, or still being written)")
 
 
+_VALIDATED: set[tuple[str, int, int]] = set()  # file versions (path, size, mtime) validated in this process
+_VALIDATED_LOCK = threading.Lock()
+_VALIDATED_MOST = 10_000
+
+
 def _validate(path: str | Path, reader: pod5.Reader) -> None:
-    """Full Arrow validation of every table: offsets and lengths are checked before use."""
+    """Full Arrow validation of every table: offsets and lengths are checked before use.
+
+    Once per file version and process: the reader tasks of a batch open a file once per task, and
+    validating its whole tables each time cost more than decoding the task's reads."""
+    with reading(path, "POD5"):
+        st = os.stat(path)
+    version = (os.path.realpath(path), st.st_size, st.st_mtime_ns)
+    if version in _VALIDATED:
+        return
+    _validate_tables(path, reader)
+    with _VALIDATED_LOCK:
+        if len(_VALIDATED) >= _VALIDATED_MOST:  # a long-running daemon: forget the oldest run's files
+            _VALIDATED.clear()
+        _VALIDATED.add(version)
+
+
+def _validate_tables(path: str | Path, reader: pod5.Reader) -> None:
     for name in ("read_table", "run_info_table", "signal_table"):
         try:
             table = getattr(reader, name)

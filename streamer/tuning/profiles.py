@@ -4,11 +4,17 @@
 the value learned on this GPU in an earlier run (autotune), the profile's. It also sets the
 bounds the controller keeps to on this machine. A flag or key left at its built-in default
 counts as not set (`user_set`), so a copy of the shipped defaults file does not pin every setting.
+
+A profile also sets the host memory budget (`pipeline.memory_budget`, `--memory-budget`);
+`memory_plan` derives from a budget the batch cap B, the batches read ahead, the batches in the
+stages at once and whether signal readers may be processes, so that peak memory follows the
+budget and not the input's size.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -24,6 +30,64 @@ HOST_SHARE = 0.25
 BANDWIDTH = 100
 # names in lower case that mark data-centre GPUs whatever their memory
 DATACENTRE = ("tesla", "a100", "a30", "a40", "h100", "h200", "h800", "gh200", "b100", "b200", "l40", "v100", "p100")
+
+
+# What a run holds besides its batches, measured with `streamer call` warm on 2 cores (summed PSS):
+# the process itself with numpy, numba, the kernels loaded and the models (134 MB); a reader process
+# (numpy, h5py, pod5 imported; about 30 MB each beside the 75 MB fork server); a batch in flight,
+# per read base (signal raw and in pA, events, pairs, the HMM's windows: 110-170 B measured)
+PROCESS_BYTES = 150 << 20
+READER_PROCESS_BYTES = 40 << 20
+FORK_SERVER_BYTES = 75 << 20
+BATCH_BYTES_PER_BASE = 260
+# below this budget readers are threads and one batch is read ahead and one computed at a time
+SMALL_BUDGET = 1 << 30
+MIN_BATCH_BASES = 20_000  # a budget smaller than the process needs still gets batches this big
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", re.IGNORECASE)
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes of a size such as `300M`, `2G`, `1.5g`, `512MiB` or a plain number of bytes."""
+    if isinstance(text, int):
+        return text
+    m = _SIZE.fullmatch(text)
+    if m is None:
+        raise ValueError(f"not a size: {text!r} (e.g. 300M, 2G)")
+    return int(float(m.group(1)) * 1024 ** "_kmgt".index((m.group(2) or "_").lower()))
+
+
+def budget_bytes(text: str, profile: Profile, threads: int) -> int:
+    """The budget `pipeline.memory_budget` (`--memory-budget`) names: a size, or `auto`, the profile's."""
+    return profile.memory_budget(threads) if text == "auto" else parse_size(text)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What a memory budget allows: the batch cap B, batches read ahead and in the stages, reader kind."""
+
+    budget: int
+    max_bases: int
+    ahead: int
+    compute_threads: int
+    io_mode: str  # "threads" where reader processes do not fit; else as asked
+    tight_heap: bool  # return freed batch arrays to the system at once (`RunnerOptions.tight_heap`)
+
+
+def memory_plan(budget: int, max_bases: int, compute_threads: int, io_workers: int, io_mode: str = "auto") -> MemoryPlan:
+    """B, read-ahead, compute threads and reader kind for `budget` bytes (B never above `max_bases`).
+
+    Batches in flight are those the batch driver allows (`RunnerOptions.limit`: read ahead, one
+    being packed, one queued and one computing per compute thread); each may hold
+    `BATCH_BYTES_PER_BASE` per base of what the process and its readers leave of the budget.
+    """
+    small = budget < SMALL_BUDGET
+    ahead, compute_threads = (1, 1) if small else (2, compute_threads)
+    if small and io_mode == "auto":
+        io_mode = "threads"
+    readers = 0 if io_mode == "threads" else FORK_SERVER_BYTES + io_workers * READER_PROCESS_BYTES
+    in_flight = ahead + 1 + 2 * compute_threads
+    room = (budget - PROCESS_BYTES - readers) // (in_flight * BATCH_BYTES_PER_BASE)
+    return MemoryPlan(budget, int(min(max_bases, max(MIN_BATCH_BASES, room))), ahead, compute_threads, io_mode, small)
 
 
 @dataclass(frozen=True)
@@ -52,6 +116,8 @@ class Profile:
     max_bases: int
     mem_frac: float | None
     max_threads: int | None = None
+    memory: int = 2 << 30  # host memory budget, bytes
+    memory_per_thread: int = 0  # added for every thread beyond 4
     avg_epk: float = 2.0
     max_lf: float = 3.0
     max_epk: float = 5.0
@@ -64,18 +130,24 @@ class Profile:
     def threads(self, cpus: int) -> int:
         return min(cpus, self.max_threads) if self.max_threads else cpus
 
+    def memory_budget(self, threads: int) -> int:
+        """The budget for a run on `threads` threads."""
+        return self.memory + self.memory_per_thread * max(0, threads - 4)
+
 
 # Jetsons share the host's memory with the GPU, hence the smaller arenas; the caps grow with the
 # memory of each class (f5c's profiles scale them alike)
 PROFILES = {p.name: p for p in (
-    Profile("jetson-nano", "Jetson Nano: 4 cores, 4 GB shared with the GPU", 256, 1_500_000, 0.5, 4),
-    Profile("jetson-tx2", "Jetson TX2: 6 cores, 8 GB shared", 512, 2_500_000, 0.6, 6),
-    Profile("jetson-xavier", "Jetson AGX Xavier: 8 cores, 16-32 GB shared", 1024, 5_000_000, 0.6, 8, max_epk=6.25),
-    Profile("jetson-orin", "Jetson AGX Orin: 12 cores, 32-64 GB shared", 2048, 10_000_000, 0.6, 12),
-    Profile("laptop", "laptop or small GPU (up to 8 GB), or few CPU cores", 512, 5_000_000, 0.8),
-    Profile("workstation", "desktop or workstation GPU (8-40 GB)", 1024, 10_000_000, 0.9),
-    Profile("hpc", "data-centre GPU (40 GB or more, A100/H100/H200...) with 16 cores or more", 4096, 20_000_000, 0.9),
-    Profile("cpu", "no GPU: ABEA on the CPU", 512, 5_000_000, None),
+    Profile("jetson-nano", "Jetson Nano: 4 cores, 4 GB shared with the GPU", 256, 1_500_000, 0.5, 4, 512 << 20),
+    Profile("jetson-tx2", "Jetson TX2: 6 cores, 8 GB shared", 512, 2_500_000, 0.6, 6, 1 << 30),
+    Profile("jetson-xavier", "Jetson AGX Xavier: 8 cores, 16-32 GB shared", 1024, 5_000_000, 0.6, 8, 2 << 30,
+            max_epk=6.25),
+    Profile("jetson-orin", "Jetson AGX Orin: 12 cores, 32-64 GB shared", 2048, 10_000_000, 0.6, 12, 4 << 30),
+    Profile("laptop", "laptop or small GPU (up to 8 GB), or few CPU cores", 512, 5_000_000, 0.8, None, 1 << 30),
+    Profile("workstation", "desktop or workstation GPU (8-40 GB)", 1024, 10_000_000, 0.9, None, 2 << 30),
+    Profile("hpc", "data-centre GPU (40 GB or more, A100/H100/H200...) with 16 cores or more", 4096, 20_000_000, 0.9,
+            None, 3 << 30),
+    Profile("cpu", "no GPU: ABEA on the CPU", 512, 5_000_000, None, None, 300 << 20, 64 << 20),
 )}  # fmt: skip
 PROFILE_NAMES = tuple(PROFILES)
 
