@@ -91,7 +91,7 @@ def test_call_with_gpu_events_writes_the_cpus_calls(tmp_path):
     faults = ",".join(f"abea:{n}" for n in range(2, 40)) + ",events:3"
     on_cpu = call(tmp_path, "cpu", "--disable-cuda")[1]
     assert on_cpu.count(b"\n") > 10
-    proc, calls = call(tmp_path, "gpu", fault=faults)
+    proc, calls = call(tmp_path, "gpu", "--cuda-events", fault=faults)
     assert calls == on_cpu
     said = lines_with(proc.stderr, "GPU event detection failed on a batch of")
     assert len(said) == 1 and said[0].endswith("its events are detected on the CPU")

@@ -75,6 +75,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     gpu = p.add_argument_group("GPU (ABEA and the CpG HMM on an NVIDIA GPU when numba-cuda and a GPU are present)")
     gpu.add_argument("--disable-cuda", action="store_true", help="align and call on the CPU only")
     gpu.add_argument("--disable-cuda-hmm", action="store_true", help="run the CpG HMM on the CPU, ABEA on the GPU")
+    gpu.add_argument("--cuda-events", action="store_true",
+                     help="detect events on the GPU too (same events; slower than many CPU cores)")
     gpu.add_argument("--cuda-dev-id", type=device_spec, default=str(CudaOptions.dev_id),
                      help="GPU to use, a list of them (0,1) or all: batches go to the least loaded [%(default)s]")
     numeric(gpu, "--cuda-mem-frac", key="gpu.mem_frac", default=CudaOptions.mem_frac,
@@ -157,7 +159,7 @@ def _run(args: argparse.Namespace, compiling: bool) -> int:
     cuda = CudaOptions(disable=args.disable_cuda, mem_frac=args.cuda_mem_frac, avg_epk=args.cuda_avg_epk,
                        max_lf=args.cuda_max_lf, max_epk=args.cuda_max_epk, ultra_thresh=args.ultra_thresh,
                        max_reads=limits.max_reads, max_bases=limits.max_bases, hmm=not args.disable_cuda_hmm,
-                       autotune=args.autotune).with_devices(args.cuda_dev_id)
+                       events=args.cuda_events, autotune=args.autotune).with_devices(args.cuda_dev_id)
     filt = alignment_filter(args)
     summary = RunSummary(compiled=compiling, memory_budget=memory.budget)
     summary.watch_memory()

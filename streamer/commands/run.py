@@ -137,7 +137,7 @@ def cuda_options(cfg: configuration.Config) -> CudaOptions:
     g = cfg.gpu
     return CudaOptions(disable=g.disable, mem_frac=g.mem_frac, avg_epk=g.avg_epk, max_lf=g.max_lf,
                        max_epk=g.max_epk, ultra_thresh=g.ultra_thresh, max_reads=cfg.batch.max_reads,
-                       max_bases=cfg.batch.max_bases, hmm=not g.disable_hmm,
+                       max_bases=cfg.batch.max_bases, hmm=not g.disable_hmm, events=g.events,
                        autotune=g.autotune).with_devices(g.device)
 
 

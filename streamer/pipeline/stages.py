@@ -105,11 +105,13 @@ class _CoreStage:
 
 
 class DetectEvents(_CoreStage):
-    """Event detection, on the GPU where the batch's device has it (its measurements in `batch.stats["events"]`)."""
+    """Event detection, on the batch's GPU when `cuda.events` asks for it (its measurements in `batch.stats["events"]`)."""
 
     name = "events"
 
     def open(self, pipeline: Pipeline) -> None:
+        if not pipeline.options.cuda.events:
+            return
         for device in pipeline.devices:
             part = gpu_package().open_events(device.dev_id)
             if part is not None:
