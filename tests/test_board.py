@@ -16,9 +16,11 @@ from streamer.tuning.board import Board, board_of, jetson_profile, read_board
 
 GIB = 2**30
 # as JetPack 6.0 writes it on an Orin
-R36 = ("# R36 (release), REVISION: 3.0, GCID: 36191598, BOARD: generic, EABI: aarch64, DATE: Mon May  6 17:34:21 UTC "
-       "2024\n# KERNEL_VARIANT: oot\nTARGET_USERSPACE_LIB_DIR=nvidia\nTARGET_USERSPACE_LIB_DIR_PATH=usr/lib/aarch64-linux-gnu/nvidia\n")  # fmt: skip
-R32 = "# R32 (release), REVISION: 7.4, GCID: 33514132, BOARD: t210ref, EABI: aarch64, DATE: Fri Jun  9 04:25:08 UTC 2023\n"
+R36 = ("# R36 (release), REVISION: 3.0, GCID: 36191598, BOARD: generic, EABI: aarch64, DATE: Mon May  6 17:34:21 "
+       "UTC 2024\n# KERNEL_VARIANT: oot\nTARGET_USERSPACE_LIB_DIR=nvidia\n"
+       "TARGET_USERSPACE_LIB_DIR_PATH=usr/lib/aarch64-linux-gnu/nvidia\n")
+R32 = ("# R32 (release), REVISION: 7.4, GCID: 33514132, BOARD: t210ref, EABI: aarch64, DATE: Fri Jun  9 04:25:08 "
+       "UTC 2023\n")
 
 
 @pytest.mark.parametrize("release, model, expected", [
@@ -32,6 +34,12 @@ R32 = "# R32 (release), REVISION: 7.4, GCID: 33514132, BOARD: t210ref, EABI: aar
 ])  # fmt: skip
 def test_board_told_from_the_release_file_or_the_model(release, model, expected):
     assert board_of(release, model) == expected
+
+
+def test_board_named_as_the_log_and_status_show_it():
+    assert Board("NVIDIA Jetson AGX Orin Developer Kit", "R36.3.0").describe() == (
+        "NVIDIA Jetson AGX Orin Developer Kit L4T R36.3.0")
+    assert Board("", "R32.7.4").describe() == "Jetson (model not named) L4T R32.7.4"
 
 
 @pytest.mark.parametrize("model, gib, release, expected", [

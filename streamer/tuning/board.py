@@ -32,7 +32,9 @@ class Board:
         return int(self.release[1:].split(".")[0]) if self.release else None
 
     def describe(self) -> str:
-        return " ".join(x for x in (self.model or "Jetson (model not named)", self.release and f"L4T {self.release}") if x)
+        """As the log, `streamer status` and the metrics name it: "NVIDIA Jetson ... Kit L4T R36.3.0"."""
+        release = f"L4T {self.release}" if self.release else ""
+        return f"{self.model or 'Jetson (model not named)'} {release}".strip()
 
 
 def board_of(tegra_release: str | None, model: str | None) -> Board | None:
@@ -49,7 +51,8 @@ def board_of(tegra_release: str | None, model: str | None) -> Board | None:
         m = re.search(r"#\s*R(\d+)\s*\(release\),\s*REVISION:\s*([\d.]+)", tegra_release)
         release = f"R{m.group(1)}.{m.group(2)}" if m else None
     lower = name.lower()
-    if tegra_release is None and not ("jetson" in lower or ("nvidia" in lower and re.search(r"orin|xavier|tegra", lower))):
+    soc = "nvidia" in lower and re.search(r"orin|xavier|tegra", lower)
+    if tegra_release is None and not ("jetson" in lower or soc):
         return None
     return Board(name, release)
 
