@@ -4,7 +4,8 @@ three cannot disagree.
 
 `status_of` is pure; `serve_metrics` exposes the latest status in Prometheus' text format
 (`prometheus-client`), counters as `streamer_*_total` and the rest, the tuning monitor's current
-settings among them, as gauges.
+settings and the device profile's limits among them, as gauges (the profile and board as
+`streamer_profile_info`'s labels).
 """
 
 from __future__ import annotations
@@ -35,6 +36,17 @@ GAUGES = {
     "uptime_s": "seconds since the daemon started",
 }
 TUNING = ("max_reads", "max_bases", "max_lf", "max_epk", "avg_epk", "ultra_thresh")
+# the limits a device profile sets (`streamer.tuning.Plan.limits`), as the run started; help for the known ones
+LIMITS = {
+    "max_reads": "reads per batch (K) the run started with",
+    "max_bases": "bases per batch (B) the run started with",
+    "max_lf": "longest read, as a multiple of the batch's mean, the GPU takes",
+    "max_epk": "most events per k-mer the GPU takes",
+    "avg_epk": "events per k-mer the GPU arena is sized for",
+    "ultra_thresh": "bases above which a read goes to the CPU",
+    "threads": "CPU threads",
+    "mem_frac": "share of free GPU memory the arena may take",
+}
 STATES = ("new", "running", "finishing", "finished", "stopped", "failed")
 
 
@@ -61,6 +73,10 @@ def status_of(summary: Mapping[str, Any]) -> dict[str, Any]:
     }
     settings = (summary.get("tuning") or {}).get("settings") or {}
     status.update({f"tuning_{k}": settings[k] for k in TUNING if k in settings})
+    profile = summary.get("profile") or {}
+    if profile:
+        status.update({"profile": profile.get("name"), "board": profile.get("board")})
+        status.update({f"limit_{k}": v for k, v in (profile.get("limits") or {}).items()})
     return status
 
 
@@ -81,6 +97,7 @@ def combined(statuses: list[Mapping[str, Any]]) -> dict[str, Any]:
     order = ("failed", "running", "finishing", "new", "stopped", "finished")
     out["state"] = min((s["state"] for s in statuses), key=lambda x: order.index(x) if x in order else len(order))
     out["error"] = next((s["error"] for s in statuses if s.get("error")), None)
+    out.update({k: v for k, v in statuses[0].items() if k in ("profile", "board") or k.startswith("limit_")})
     return out
 
 
@@ -101,6 +118,10 @@ def render(status: Mapping[str, Any]) -> str:
     tuning = {k.removeprefix("tuning_"): v for k, v in s.items() if k.startswith("tuning_")}
     if tuning:
         lines.append("tuning: " + ", ".join(f"{k} {v:g}" for k, v in tuning.items()))
+    if s.get("profile"):
+        limits = {k.removeprefix("limit_"): v for k, v in s.items() if k.startswith("limit_")}
+        lines.append(f"profile: {s['profile']}" + (f" on {s['board']}" if s.get("board") else "") + "; limits: "
+                     + ", ".join(f"{k} {'default' if v is None else format(v, 'g')}" for k, v in limits.items()))
     return "\n".join(lines)
 
 
@@ -128,6 +149,16 @@ class _Collector:
             if f"tuning_{name}" in s:
                 yield GaugeMetricFamily(f"streamer_tuning_{name}", f"the tuning monitor's current {name}",
                                         value=s[f"tuning_{name}"])
+        if s.get("profile"):
+            info = GaugeMetricFamily("streamer_profile_info", "1 for the device profile the run started from, and "
+                                     "the Jetson board that chose it", labels=["profile", "board"])  # fmt: skip
+            info.add_metric([s["profile"], s.get("board") or ""], 1.0)
+            yield info
+        for key, value in s.items():
+            name = key.removeprefix("limit_")
+            if key.startswith("limit_") and value is not None:
+                yield GaugeMetricFamily(f"streamer_limit_{name}", f"{name} as the run started (the device profile's "
+                                        f"unless configured): " + LIMITS.get(name, name), value=value)
 
 
 def parse_address(address: str) -> tuple[str, int]:

@@ -44,6 +44,7 @@ def _as_status(metrics: dict[str, float]) -> dict[str, float]:
     out = {name: metrics[f"streamer_{name}_total"] for name in COUNTERS}
     out.update({name: metrics[f"streamer_{name}"] for name in GAUGES})
     out.update({f"tuning_{k}": metrics[f"streamer_tuning_{k}"] for k in TUNING if f"streamer_tuning_{k}" in metrics})
+    out.update({k.replace("streamer_", "", 1): v for k, v in metrics.items() if k.startswith("streamer_limit_")})
     out["state"] = next(k.split("{")[1].rstrip("}") for k, v in metrics.items() if k.startswith("streamer_state{") and v)
     return out
 
@@ -107,11 +108,14 @@ def test_status_and_metrics_during_a_replay_equal_summary_json(daemon, tmp_path,
     final = status_of(json.loads((out / "summary.json").read_text()))
     assert final["calls"] == CALLS and final["done"] == 8 and final["batches"] >= 2
     same = [*COUNTERS, "matched", "waiting_for_signal", "waiting_for_basecalls", "bases_per_busy_s", "latency_mean_s",
-            "latency_max_s", *(k for k in final if k.startswith("tuning_"))]
+            "latency_max_s", *(k for k in final if k.startswith(("tuning_", "limit_")) and final[k] is not None)]
     assert {k: heartbeat[k] for k in same} == {k: final[k] for k in same}
     assert {k: scraped[k] for k in same} == {k: float(final[k]) for k in same}
     assert {k: running[k] for k in same} == {k: final[k] for k in same} and running["state"] == "running"
     assert heartbeat["state"] == scraped["state"] == "running" and final["state"] == "stopped"
+    # the device profile and its limits as the run started: no GPU here (--disable-cuda), -t 2 given
+    assert final["profile"] == "cpu" and final["limit_threads"] == 2 and final["limit_max_reads"] == 512
+    assert "limit_mem_frac" not in scraped and final["limit_mem_frac"] is None  # no arena: no gauge
 
     assert main(["status", str(out), "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == final

@@ -75,14 +75,15 @@ def run(args: argparse.Namespace) -> int:
                 # each run its own stream: its run id, sequences and snapshots (docs/protocol.md)
                 pub = stack.enter_context(_publisher(run_cfg.publish)) if run_cfg.publish.endpoint else None
                 return Daemon(run_cfg, shared, reference, make_aligner=aligner, publisher=pub,
-                              published_on=bound_addresses(pub))
+                              published_on=bound_addresses(pub), profile=plan.as_dict())
 
             daemon = RunSet(cfg, pipeline, make_daemon, notifier, slots=max(1, len(pipeline.devices)))
         else:
             tuner = AutoTuner.for_gpu(plan, gpu, autotune=cfg.gpu.autotune, state_dir=cfg.state_dir(),
                                       publish=publisher.publish_tuning if publisher is not None else None)
             daemon = Daemon(cfg, pipeline, reference, make_aligner=make_aligner, publisher=publisher,
-                            notifier=notifier, tuner=tuner, published_on=bound_addresses(publisher))
+                            notifier=notifier, tuner=tuner, published_on=bound_addresses(publisher),
+                            profile=plan.as_dict())
         if cfg.service.metrics is not None:
             stack.callback(serve_metrics(cfg.service.metrics, lambda: daemon.status))
         for sig in (signal.SIGTERM, signal.SIGINT):

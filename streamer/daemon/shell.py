@@ -103,10 +103,12 @@ class Daemon:
     def __init__(self, config: Config, pipeline: PipelineLike, reference: Reference, *,
                  make_aligner: Callable[[], ReadAligner] | None = None,
                  publisher: PublisherLike | None = None, notifier: Notifier | None = None,
-                 tuner: AutoTuner | None = None, published_on: dict[str, Any] | None = None):
+                 tuner: AutoTuner | None = None, published_on: dict[str, Any] | None = None,
+                 profile: dict[str, Any] | None = None):
         self.config = config
         self.pipeline = pipeline
         self.tuner = tuner  # sees each batch's GPU measurements; its caps K and B apply from the next batch
+        self.profile = profile  # the device profile and the limits it set (`Plan.as_dict`), for summary.json
         self.reference = reference
         self.publisher = publisher
         self.published_on = published_on  # the publisher's bound addresses, for summary.json

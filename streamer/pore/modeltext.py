@@ -115,8 +115,11 @@ def cache_dir() -> Path:
 
 
 def content_key(path: Path) -> str:
+    digest = hashlib.sha256()
     with open(path, "rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def cache_path(key: str) -> Path:

@@ -9,7 +9,6 @@ Both the publisher and the client import this module, so the two cannot drift.
 
 from __future__ import annotations
 
-import enum
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,6 +17,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from streamer.compat import StrEnum
+
 SCHEMA_VERSION = 2  # 2: meth.freq rows name their source, strand and mod code, with modkit's counts
 
 NDARRAY_EXT = 1
@@ -25,7 +26,7 @@ NDARRAY_EXT = 1
 _DTYPE_BYTES = 8  # keeps the data 8-byte aligned inside the extension payload
 
 
-class Topic(enum.StrEnum):
+class Topic(StrEnum):
     CALLS = "meth.call"
     FREQ = "meth.freq"
     EVENTALIGN = "eventalign"

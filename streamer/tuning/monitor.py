@@ -10,10 +10,10 @@ such a batch neither extends nor breaks a run of leaves.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from streamer.compat import StrEnum
 from streamer.pipeline.gpu import AbeaBatchStats
 
 UTIL_REASONABLE = 0.70  # an array class is reasonably used above this fraction of its capacity
@@ -23,7 +23,7 @@ READ_SHARE = 0.10  # more than this share of a batch's reads sent to the CPU for
 REPEATS = 3  # a leaf is advice once it repeats more than this many times in a row
 
 
-class MemoryLeaf(enum.StrEnum):
+class MemoryLeaf(StrEnum):
     """Fig. 9a: are the arena's per-base (X) and per-event (Y) arrays used in proportion, and filled?"""
 
     FINE = "fine"  # both above 70%
@@ -36,7 +36,7 @@ class MemoryLeaf(enum.StrEnum):
     BOTH_CAPS = "both caps"  # both low with K and B both reached: f5c leaves it unhandled, no advice
 
 
-class LoadLeaf(enum.StrEnum):
+class LoadLeaf(StrEnum):
     """Fig. 9b: do the CPU and the GPU take similar times over a batch, and if not, why?"""
 
     T1 = "T1"  # CPU slow, > 10% of reads did not fit the arena: lower K (or B)
@@ -62,7 +62,7 @@ ADVICE = {
 Leaf = MemoryLeaf | LoadLeaf
 
 
-class Guard(enum.StrEnum):
+class Guard(StrEnum):
     """Why a tree did not look at a batch (the false alarms f5c users reported, and our own)."""
 
     LAST_BATCH = "last batch"  # the run's last batch: partial by nature (both trees)

@@ -1,4 +1,5 @@
-"""Device profiles (f5c's `-x`): where the settings start on a class of machine, picked from the GPU and CPUs.
+"""Device profiles (f5c's `-x`): where the settings start on a class of machine, picked from the board
+(a Jetson's, `streamer.tuning.board`), else the GPU and CPUs.
 
 `plan` resolves every tunable setting once at start, first match wins: a value the user set,
 the value learned on this GPU in an earlier run (autotune), the profile's. It also sets the
@@ -20,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from streamer.pipeline.gpu import CudaOptions, GpuInfo, gpu_package
+from streamer.tuning.board import Board, jetson_profile, read_board
 from streamer.tuning.knobs import KNOBS, Bounds, Settings
 
 # host bytes a batch holds per read base while it is assembled, prefetched and computed (signal,
@@ -95,6 +97,7 @@ class Machine:
     gpu: GpuInfo | None
     cpus: int
     host_bytes: int
+    board: Board | None = None  # a Jetson's identity (None: not a Jetson)
 
     @classmethod
     def this(cls, gpu: GpuInfo | None) -> Machine:
@@ -103,7 +106,7 @@ class Machine:
             host = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         except (ValueError, OSError):
             host = 8 << 30
-        return cls(gpu, os.cpu_count() or 1, host)
+        return cls(gpu, os.cpu_count() or 1, host, read_board())
 
 
 @dataclass(frozen=True)
@@ -136,12 +139,18 @@ class Profile:
 
 
 # Jetsons share the host's memory with the GPU, hence the smaller arenas; the caps grow with the
-# memory of each class (f5c's profiles scale them alike)
+# memory of each class (f5c's profiles scale them alike). None of the jetson-* values is measured on
+# a board yet: the Orin Nano and NX entries are placed by memory beside the TX2 (8 GB) and Xavier
+# (16 GB) ones, the Nano's arena share kept at the Nano's so that a basecaller has room beside it.
 PROFILES = {p.name: p for p in (
     Profile("jetson-nano", "Jetson Nano: 4 cores, 4 GB shared with the GPU", 256, 1_500_000, 0.5, 4, 512 << 20),
     Profile("jetson-tx2", "Jetson TX2: 6 cores, 8 GB shared", 512, 2_500_000, 0.6, 6, 1 << 30),
     Profile("jetson-xavier", "Jetson AGX Xavier: 8 cores, 16-32 GB shared", 1024, 5_000_000, 0.6, 8, 2 << 30,
             max_epk=6.25),
+    Profile("jetson-orin-nano", "Jetson Orin Nano: 6 cores, 4-8 GB shared (unmeasured)", 512, 2_500_000, 0.5, 6,
+            1 << 30),
+    Profile("jetson-orin-nx", "Jetson Orin NX: 6-8 cores, 8-16 GB shared (unmeasured)", 1024, 5_000_000, 0.6, 8,
+            2 << 30),
     Profile("jetson-orin", "Jetson AGX Orin: 12 cores, 32-64 GB shared", 2048, 10_000_000, 0.6, 12, 4 << 30),
     Profile("laptop", "laptop or small GPU (up to 8 GB), or few CPU cores", 512, 5_000_000, 0.8, None, 1 << 30),
     Profile("workstation", "desktop or workstation GPU (8-40 GB)", 1024, 10_000_000, 0.9, None, 2 << 30),
@@ -153,20 +162,16 @@ PROFILE_NAMES = tuple(PROFILES)
 
 
 def pick_profile(machine: Machine) -> Profile:
-    """The profile for the GPU found (name, memory, integrated or not) and the CPU count."""
+    """The profile for a Jetson board (its model, else its memory), else for the GPU found (name,
+    memory, integrated or not) and the CPU count."""
+    if machine.board is not None:
+        return PROFILES[jetson_profile(machine.board.model, machine.host_bytes, machine.board.release_major)]
     g = machine.gpu
     if g is None:
         return PROFILES["cpu"]
     name, gib = g.name.lower(), g.total_bytes / 2**30
     if g.integrated or any(w in name for w in ("tegra", "jetson", "orin", "xavier")):
-        for word, profile in (("orin", "jetson-orin"), ("xavier", "jetson-xavier"), ("x2", "jetson-tx2"),
-                              ("x1", "jetson-nano"), ("nano", "jetson-nano")):  # fmt: skip
-            if word in name:
-                return PROFILES[profile]
-        for most, profile in ((4.5, "jetson-nano"), (8.5, "jetson-tx2"), (32.5, "jetson-xavier")):
-            if gib <= most:
-                return PROFILES[profile]
-        return PROFILES["jetson-orin"]
+        return PROFILES[jetson_profile(g.name, g.total_bytes)]
     if gib <= 8.5 or any(w in name for w in ("laptop", "mobile", "max-q")) or machine.cpus < 4:
         return PROFILES["laptop"]
     if (gib >= 39 or any(w in name for w in DATACENTRE)) and machine.cpus >= 16:
@@ -201,10 +206,24 @@ class Plan:
         """base (device, disable) with this plan's memory share, split thresholds and caps."""
         return with_settings(replace(base, mem_frac=self.mem_frac), self.settings)
 
+    def limits(self) -> dict[str, Any]:
+        """Every limit the plan sets, by its configuration name: the batch caps, the GPU split, threads,
+        the arena's share of free GPU memory (None: the built-in share) and the profile's memory budget
+        in bytes (what `pipeline.memory_budget: auto` takes)."""
+        return {**self.settings.as_dict(), "threads": self.threads, "mem_frac": self.mem_frac,
+                "memory_budget": self.profile.memory_budget(self.threads)}
+
+    def as_dict(self) -> dict[str, Any]:
+        """The plan as summary.json records it, for `streamer status` and the metrics."""
+        board = self.machine.board
+        return {"name": self.profile.name, "what": self.profile.what, "board": board.describe() if board else None,
+                "limits": self.limits(), "sources": dict(self.sources)}
+
     def describe(self) -> str:
         s = self.settings
         given = [k for k, v in self.sources.items() if v != "profile"]
-        return (f"profile {self.profile.name} ({self.profile.what}): K {s.max_reads}, B {s.max_bases}, "
+        board = f" on {self.machine.board.describe()}" if self.machine.board else ""
+        return (f"profile {self.profile.name} ({self.profile.what}){board}: K {s.max_reads}, B {s.max_bases}, "
                 f"max-lf {s.max_lf:g}, max-epk {s.max_epk:g}, avg-epk {s.avg_epk:g}, ultra-thresh {s.ultra_thresh}, "
                 f"threads {self.threads}, mem-frac {self.mem_frac if self.mem_frac is not None else 'default'}"
                 + (f"; not from the profile: {', '.join(f'{k} ({self.sources[k]})' for k in given)}" if given else ""))

@@ -8,7 +8,7 @@ import argparse
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol, Self, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from streamer.pipeline.batching import BatchLimits
 from streamer.pipeline.gpu import AbeaBatchStats, CudaOptions, GpuInfo, gpu_package
@@ -41,7 +41,7 @@ class TunableConfig(Protocol):
 
     def tunables(self) -> dict[str, Any]: ...
 
-    def with_tunables(self, values: dict[str, Any]) -> Self: ...
+    def with_tunables(self: C, values: dict[str, Any]) -> C: ...
 
 
 def plan_config(cfg: C) -> tuple[C, Plan]:
@@ -51,7 +51,7 @@ def plan_config(cfg: C) -> tuple[C, Plan]:
     dev_id = CudaOptions().with_devices(cfg.gpu.device).dev_id  # the profiles plan for the first GPU
     p = prepare(given, cfg.gpu.profile, dev_id=dev_id, disable_cuda=cfg.gpu.disable,
                 state_dir=cfg.state_dir() if cfg.gpu.autotune else None)  # fmt: skip
-    return cfg.with_tunables({**p.settings.as_dict(), "threads": p.threads, "mem_frac": p.mem_frac}), p
+    return cfg.with_tunables(p.limits()), p
 
 
 def probe_gpu(dev_id: int = 0) -> GpuInfo | None:
@@ -65,8 +65,8 @@ def prepare(given: Mapping[str, Any], profile: str = "auto", *, dev_id: int = 0,
     gpu = None if disable_cuda else probe_gpu(dev_id)
     learned = TuningStore(state_dir).load(gpu) if state_dir is not None and gpu is not None else {}
     p = plan(Machine.this(gpu), profile, given, learned)
-    if gpu is not None:
-        log.info("%s: %s", gpu.key, p.describe())
+    if gpu is not None or p.machine.board is not None:
+        log.info("%s: %s", gpu.key if gpu is not None else "no GPU", p.describe())
     return p
 
 
@@ -236,7 +236,7 @@ class CallTuning:
         state_dir = (args.state_dir or user_state_dir()) if args.autotune else None
         dev_id = CudaOptions().with_devices(args.cuda_dev_id).dev_id  # the profiles plan for the first GPU
         p = prepare(given, args.profile, dev_id=dev_id, disable_cuda=args.disable_cuda, state_dir=state_dir)
-        resolved = {**p.settings.as_dict(), "threads": p.threads, "mem_frac": p.mem_frac}
+        resolved = p.limits()
         for k, dest in CALL_ARGS.items():
             setattr(args, dest, resolved[k])
         return cls(p, args.autotune, state_dir)
