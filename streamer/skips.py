@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -43,3 +45,13 @@ class Skipped:
     def message(self) -> str:
         tail = f": {self.detail}" if self.detail else ""
         return f"read {self.read_id}: skipped ({self.reason.label}){tail}"
+
+
+INPUT_FAULTS = frozenset({Skip.NO_BASECALL, Skip.NO_SIGNAL, Skip.BAD_SIGNAL_FILE, Skip.WORKER_FAILED})
+
+
+def log_skipped(log: logging.Logger, skipped: Iterable[Skipped]) -> None:
+    """One line per skipped read: a warning where the input is at fault (a file to mend), else a debug
+    line (shown with -v): a run has millions of reads, and its summary counts them by reason."""
+    for s in skipped:
+        log.log(logging.WARNING if s.reason in INPUT_FAULTS else logging.DEBUG, "%s", s.message())

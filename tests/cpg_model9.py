@@ -11,7 +11,7 @@ import numpy as np
 
 import reference_hmm
 from streamer.pore.model import METHYL_CPG, NUCLEOTIDE, PoreModel, logf
-from streamer_plugins.cpg.hmm import HmmParams, pack_model, pack_scalings
+from streamer_plugins.cpg.hmm_model import HmmParams, pack_model, pack_scalings
 from streamer_plugins.cpg.logsum import LOGSUM_TABLE
 
 K = 9

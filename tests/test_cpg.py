@@ -9,15 +9,8 @@ import reference_hmm
 from streamer.io.fast5 import SignalRecord
 from streamer.pipeline.batch import CIGAR_D, CIGAR_H, CIGAR_I, CIGAR_M, CIGAR_N, CIGAR_S, ReadInput, pack
 from streamer_plugins.cpg.calls import CALLS_HEADER, call_methylation, format_calls
-from streamer_plugins.cpg.hmm import (
-    HmmParams,
-    block_transitions,
-    pack_model,
-    pack_scalings,
-    profile_forward,
-    score_windows,
-    window_kmer_rank,
-)
+from streamer_plugins.cpg.hmm import profile_forward, score_windows, window_kmer_rank
+from streamer_plugins.cpg.hmm_model import HmmParams, block_transitions, pack_model, pack_scalings
 from streamer_plugins.cpg.logsum import LOGSUM_TABLE, flogsum
 from streamer_plugins.cpg.lookup import (
     aligned_pairs,

@@ -12,14 +12,8 @@ from cpg_model9 import cpg_model, events_for, nucleotide_model, synthetic_jobs
 from streamer.pipeline.batch import CIGAR_M
 from streamer_plugins.cpg.calls import call_methylation
 from test_cpg import cig, make_batch, random_ref
-from streamer_plugins.cpg.hmm import (
-    HmmParams,
-    block_transitions,
-    pack_model,
-    pack_scalings,
-    profile_forward,
-    score_windows,
-)
+from streamer_plugins.cpg.hmm import profile_forward, score_windows
+from streamer_plugins.cpg.hmm_model import HmmParams, block_transitions, pack_model, pack_scalings
 from streamer_plugins.cpg.logsum import LOGSUM_TABLE
 
 K = 9

@@ -9,7 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from streamer.pipeline import runner as batch_runner
+from streamer.pipeline import planned
+from streamer.pipeline.runner import RunnerOptions
 from streamer.pipeline.abea import align_batch
 from streamer.pipeline.devices import DevicePool
 from streamer.pipeline.gpu import CudaOptions
@@ -94,9 +95,9 @@ def test_batches_spread_over_n_devices_and_results_in_input_order(plans):
             got.extend(done.results)
 
         with Reference(REFERENCE) as ref, ThreadPoolExecutor(2) as pool:
-            batch_runner.run_batches(pipeline, iter(work), ref, pool, RunSummary(),
+            planned.run_batches(pipeline, iter(work), ref, pool, RunSummary(),
                                      got_batch,
-                                     options=batch_runner.RunnerOptions(compute_threads=threads, ahead=n))  # fmt: skip
+                                     options=RunnerOptions(compute_threads=threads, ahead=n))  # fmt: skip
         return got
 
     expected, ours = run(alone, 1), run(spread, n)

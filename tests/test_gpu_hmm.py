@@ -16,7 +16,7 @@ import pytest
 
 from streamer.pipeline.gpu import CudaOptions
 import streamer_gpu
-from streamer_plugins.cpg.hmm import HmmParams, block_transitions, clip_flanks, flank_table, read_transitions
+from streamer_plugins.cpg.hmm_model import HmmParams, block_transitions, clip_flanks, flank_table, read_transitions
 from streamer_plugins.cpg.hmm_gpu import open_gpu_hmm
 from streamer_plugins.cpg.hmm_jobs import launch_order, pack_jobs
 from test_gpu_abea import HAS_CUDA_MODULE, _gpu_present, case_env

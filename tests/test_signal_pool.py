@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import ECOLI, REFERENCE
-from streamer.pipeline import runner as batch_runner
+from streamer.pipeline import planned
 from streamer.pipeline import signal_pool
 from streamer.pipeline.batching import BatchLimits, batch_inputs, chunk_records, load_chunk, load_signals, plan_batches, signal_requests
 from streamer.pipeline.batch import pack
@@ -133,10 +133,10 @@ def test_a_reader_failure_is_raised_in_the_caller(plans, monkeypatch):
     def broken(wanted):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(batch_runner, "load_chunk", broken)
+    monkeypatch.setattr(planned, "load_chunk", broken)
     pipeline = Pipeline(PipelineOptions(threads=1, cuda=CudaOptions(disable=True)), [CpgCaller()])
     with Reference(REFERENCE) as ref, ThreadPoolExecutor(2) as pool, pytest.raises(RuntimeError, match="on fire"):
-        batch_runner.run_batches(pipeline, iter(plans), ref, pool, RunSummary(), lambda done: None)
+        planned.run_batches(pipeline, iter(plans), ref, pool, RunSummary(), lambda done: None)
 
 
 @pytest.mark.parametrize("extra", [["--compute-threads", "1", "--io-workers", "1"], ["--compute-threads", "3"]])

@@ -42,7 +42,8 @@ GIB = 1 << 30
 def meas(**kw) -> Measurements:
     """A healthy batch of 500 reads (K 512, B 5 Mb): arrays 80% full, CPU and GPU 1 s each."""
     base = dict(n_reads=500, n_bases=3_000_000, max_reads=512, max_bases=5_000_000, n_gpu=480, n_cpu=20, n_ultra=0,
-                n_memout=0, n_long=0, n_events=0, x_util=0.8, y_util=0.8, t_cpu=1.0, t_gpu=1.0, t_ultra=0.0)
+                n_memout=0, n_long=0, n_events=0, x_util=0.8, y_util=0.8, t_cpu=1.0, t_gpu=1.0, t_pack=0.0,
+                t_h2d=0.0, t_kernels=0.0, t_d2h=0.0, t_ultra=0.0, cells=0)
     return Measurements(**{**base, **kw})
 
 
@@ -146,7 +147,7 @@ def test_guard_single_read_with_k_of_one_still_reaches_s4():
 
 
 def test_guard_gpu_fallback_keeps_both_trees_out():
-    d = _decide(meas(fallback=True, t_cpu=3.0))
+    d = _decide(meas(fallback="CUDA error", t_cpu=3.0))
     assert d.guards == (Guard.GPU_FALLBACK,) and d.memory is None and d.load is None
 
 
@@ -164,7 +165,7 @@ def test_guard_settling_batch_keeps_both_trees_out():
 
 def test_guards_in_one_place():
     assert guards(meas()) == ()
-    assert guards(meas(last=True, fallback=True, n_reads=1)) == (Guard.LAST_BATCH, Guard.SINGLE_READ,
+    assert guards(meas(last=True, fallback="CUDA error", n_reads=1)) == (Guard.LAST_BATCH, Guard.SINGLE_READ,
                                                                   Guard.GPU_FALLBACK, Guard.TINY)
 
 

@@ -153,7 +153,7 @@ def test_file_with_marker_is_ready_at_once_and_known_files_are_skipped(ecoli, tm
     old = touch(tmp_path / "a" / "old.bam", (ecoli / "reads.bam").read_bytes())
     gz = touch(tmp_path / "b" / "b.fastq.gz", gzip.compress(b"@r\nA\n+\nI\n"))
     known = {old}
-    w = Watcher(RunLayout(tmp_path), WatchTimings(settle=5), known=lambda p, s, m: p in known, clock=clock)
+    w = Watcher(RunLayout(tmp_path), WatchTimings(poll_interval=2, settle=5, incomplete_timeout=300), known=lambda p, s, m: p in known, clock=clock)
     w.scan(tmp_path)
     assert [r.file.path for r in w.poll(0)] == [bam]  # the gzip is read in full only once settled
     clock.t += 5
@@ -187,7 +187,7 @@ def test_incomplete_file_is_rejected_after_the_timeout_and_looked_at_again_when_
 
 def test_reject_pending_at_the_end_of_a_run(tmp_path):
     touch(tmp_path / "a.bam", b"\x1f\x8b partial")
-    w = Watcher(RunLayout(tmp_path), WatchTimings(), clock=Clock())
+    w = Watcher(RunLayout(tmp_path), WatchTimings(poll_interval=2, settle=5, incomplete_timeout=300), clock=Clock())
     w.scan(tmp_path)
     assert w.poll(0) == []
     (got,) = w.reject_pending("run over")

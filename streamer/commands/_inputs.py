@@ -1,4 +1,5 @@
-"""What `streamer call` and `streamer eventalign` both read: basecalls, alignments, reference, signal.
+"""What `streamer call` and `streamer eventalign` both read and start: basecalls, alignments, reference,
+signal, and this host's readers and pipeline.
 
 A private module (its name starts with `_`), so the command discovery in `streamer.cli` passes it over.
 """
@@ -8,16 +9,24 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from concurrent.futures import Executor, ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from streamer.pipeline.batching import BatchLimits
 from streamer.commands._checks import check_bam, check_files, check_writable, numeric
 from streamer.errors import ModelError, StreamerError
 from streamer.io.alignments import AlignmentFilter
+from streamer.io.bamreads import open_basecalls
 from streamer.io.index import SignalIndex, open_index
+from streamer.io.reference import Reference
 from streamer.pipeline.gpu import CudaOptions
-from streamer.pipeline.stages import PipelineOptions
-from streamer.tuning.profiles import parse_size
+from streamer.pipeline.runner import RunnerOptions
+from streamer.pipeline.signal_pool import reader_pool
+from streamer.pipeline.stages import Pipeline, PipelineOptions
+from streamer.tuning.profiles import MemoryPlan, parse_size
 from streamer.pipeline.chemistry import (DEFAULT, PORES, chemistry, default_models, folder_models, pore_models, pore_of_file,
                                      title)
 
@@ -111,3 +120,32 @@ def pipeline_options(args: argparse.Namespace, index: SignalIndex, cuda: CudaOpt
     except ModelError as exc:
         raise StreamerError(f"{title(pore)} reads ({source}): {exc}") from None
     return PipelineOptions(threads=args.threads, kmer_model=kmer, meth_model=meth, cuda=cuda, chemistry=chemistry(pore))
+
+
+def runner_options(memory: MemoryPlan, io_workers: int = RunnerOptions.io_workers) -> RunnerOptions:
+    """The batch driver's settings the memory budget decided (`streamer.tuning.profiles.memory_plan`)."""
+    return RunnerOptions(io_workers=max(1, io_workers), io_mode=memory.io_mode, compute_threads=memory.compute_threads,
+                         ahead=memory.ahead, tight_heap=memory.tight_heap)
+
+
+@dataclass(frozen=True)
+class Host:
+    """What a run on this host works with: the signal readers, the basecalls, the pipeline, the reference."""
+
+    pool: Executor
+    basecalls: Any
+    pipeline: Pipeline
+    ref: Reference
+
+
+def open_host(stack: ExitStack, args: argparse.Namespace, index: SignalIndex, options: PipelineOptions,
+              runner: RunnerOptions, analysis: Any) -> Host:
+    """Start the readers, index the reads file and load the pipeline (with `analysis` after the core's
+    stages) side by side, all closed with `stack`."""
+    pool = reader_pool(index, runner.io_workers, runner.io_mode)  # readers start while the pipeline loads
+    stack.callback(pool.shutdown, wait=True, cancel_futures=True)
+    with ThreadPoolExecutor(1) as early:  # the reads file is indexed while the pipeline starts
+        basecalls = early.submit(open_basecalls, args.reads)
+        pipeline = Pipeline(options, [analysis])
+        basecalls = stack.enter_context(basecalls.result())
+    return Host(pool, basecalls, pipeline, stack.enter_context(Reference(args.genome)))

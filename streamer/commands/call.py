@@ -10,7 +10,6 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from itertools import islice
@@ -26,22 +25,24 @@ from streamer.commands._inputs import (
     add_memory_argument,
     alignment_filter,
     check_inputs,
+    open_host,
     pipeline_options,
+    runner_options,
     signal_index,
 )
 from streamer.io.alignments import AlignmentFilter, iter_alignments, write_records
 from streamer.io.bamreads import open_basecalls
 from streamer.io.index import SignalIndex
-from streamer.io.reference import Reference
-from streamer.pipeline.runner import Done, RunnerOptions, Stages, run_batches
-from streamer.pipeline.stages import Pipeline, PipelineOptions
+from streamer.pipeline.planned import run_batches
+from streamer.pipeline.runner import Done, RunnerOptions, Stages
+from streamer.pipeline.stages import PipelineOptions
 from streamer.pipeline.chemistry import default_models
 from streamer.pipeline.resume import CallJournal, Resumed, journal_path, run_identity
-from streamer.pipeline.signal_pool import IO_MODES, reader_pool
+from streamer.pipeline.signal_pool import IO_MODES
 from streamer import registry
 from streamer.config import Config, OutputConfig
 from streamer.sinks import Sink, SinkContext, open_sinks, row_sinks
-from streamer.skips import Skipped
+from streamer.skips import log_skipped
 from streamer.summary import RunSummary
 from streamer.tuning.profiles import MemoryPlan, budget_bytes, memory_plan
 from streamer.tuning.session import CallTuning, add_call_arguments
@@ -103,11 +104,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     scale.add_argument("--resume", action="store_true",
                        help="with -o FILE: keep the batches a killed run already wrote (journaled in FILE.journal) "
                             "and compute only the rest")
-
-
-def _report(skipped: list[Skipped]) -> None:
-    for s in skipped:
-        log.info("%s", s.message())
 
 
 OUTPUTS = ("output", "bedmethyl", "modbam", "stats_json", "skip_ultra")
@@ -288,27 +284,19 @@ class _CallRun:
 def _here(run: _CallRun, tuning: CallTuning, sinks: list[Sink], memory: MemoryPlan) -> None:
     """This host: reader pool, the pipeline (GPU if any), overlapped batches as many as the memory budget holds."""
     rows = row_sinks(sinks)[0]  # the calls TSV
-    runner = RunnerOptions(io_workers=max(1, run.args.io_workers), io_mode=memory.io_mode,
-                           compute_threads=memory.compute_threads, ahead=memory.ahead,
-                           tight_heap=memory.tight_heap)
-    # readers start while the pipeline loads its models and kernels
-    pool = reader_pool(run.index, runner.io_workers, runner.io_mode)
-    run.stack.callback(pool.shutdown, wait=True, cancel_futures=True)
-    with ThreadPoolExecutor(1) as early:  # the reads file is indexed while the pipeline starts
-        basecalls = early.submit(open_basecalls, run.args.reads)
-        pipeline = Pipeline(run.options, [registry.analysis("cpg")])
-        rows.render(pipeline.warm_up_result)  # the TSV kernel, compiled now too
-        tuning.attach(pipeline.gpu)
-        run.summary.startup_s = run.summary.elapsed
-        basecalls = run.stack.enter_context(basecalls.result())
-    ref = run.stack.enter_context(Reference(run.args.genome))
+    runner = runner_options(memory, run.args.io_workers)
+    host = open_host(run.stack, run.args, run.index, run.options, runner, registry.analysis("cpg"))
+    pipeline, ref, pool, basecalls = host.pipeline, host.ref, host.pool, host.basecalls
+    rows.render(pipeline.warm_up_result)  # the TSV kernel, compiled now too
+    tuning.attach(pipeline.gpu)
+    run.summary.startup_s = run.summary.elapsed
     # as f5c does, ultra-long reads wait for the end of the run only when the GPU aligns the rest
     ultra = UltraLong(run.args.ultra_thresh, run.args.skip_ultra) if pipeline.gpu is not None else None
     plans = plan_batches(iter_alignments(run.args.bam, run.filt), basecalls, run.index, run.limits, str(run.args.reads),
                          ultra)  # fmt: skip
 
     def on_done(done: Done) -> None:
-        _report(done.outcome.skipped)
+        log_skipped(log, done.outcome.skipped)
         for result, text in zip(done.results, done.rendered):
             run.output.write(text)
             tuning.observe(result.gpu_stats)
@@ -346,7 +334,7 @@ def _on_cluster(run: _CallRun) -> None:
     numbered = ((seq, pending, skipped) for seq, (pending, skipped) in enumerate(plans) if seq >= run.output.resumed)
 
     def on_done(done: Done) -> None:
-        _report(done.outcome.skipped)
+        log_skipped(log, done.outcome.skipped)
         run.summary.add(done.outcome)
         run.output.write("".join(done.rendered))
         run.written(done.outcome.calls, done.outcome.records_called)

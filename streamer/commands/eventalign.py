@@ -9,25 +9,17 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from streamer.pipeline.batching import BatchLimits, plan_batches
-from streamer.commands._inputs import (
-    add_input_arguments,
-    add_memory_argument,
-    alignment_filter,
-    check_inputs,
-    pipeline_options,
-    signal_index,
-)
+from streamer.commands._inputs import (add_input_arguments, add_memory_argument, alignment_filter, check_inputs,
+                                       open_host, pipeline_options, runner_options, signal_index)
 from streamer import registry
 from streamer.commands._checks import removed_on_failure
 from streamer.pipeline.gpu import CudaOptions, device_spec
 from streamer.io.alignments import iter_alignments
-from streamer.io.bamreads import open_basecalls
-from streamer.io.reference import Reference
-from streamer.pipeline.runner import Done, RunnerOptions, Stages, run_batches
-from streamer.pipeline.signal_pool import reader_pool
-from streamer.pipeline.stages import Pipeline
+from streamer.pipeline.planned import run_batches
+from streamer.pipeline.runner import Done, RunnerOptions, Stages
 from streamer.config import Config, EventalignConfig
 from streamer.sinks import SinkContext, open_sinks, row_sinks
+from streamer.skips import log_skipped
 from streamer.summary import RunSummary
 from streamer.tuning.profiles import budget_bytes, memory_plan
 from streamer.tuning.session import prepare
@@ -71,20 +63,17 @@ def _run(args: argparse.Namespace, compiling: bool) -> int:
     limits = BatchLimits(max_reads=args.batchsize, max_bases=memory.max_bases)
     cuda = CudaOptions(disable=args.disable_cuda, max_reads=limits.max_reads, max_bases=limits.max_bases,
                        hmm=False).with_devices(args.cuda_dev_id)
-    runner = RunnerOptions(io_mode=memory.io_mode, compute_threads=memory.compute_threads, ahead=memory.ahead,
-                           tight_heap=memory.tight_heap)
+    runner = runner_options(memory)
     filt = alignment_filter(args)
     summary = RunSummary(compiled=compiling, memory_budget=memory.budget)
     summary.watch_memory()
     with ExitStack() as stack:
         index = signal_index(args)
         options = pipeline_options(args, index, cuda, methylation=False)
-        pool = reader_pool(index, runner.io_workers, runner.io_mode)  # readers start while the pipeline loads
-        stack.callback(pool.shutdown, wait=True, cancel_futures=True)
-        basecalls = stack.enter_context(open_basecalls(args.reads))
-        pipeline = Pipeline(options, [registry.analysis("eventalign", args.scale_events, args.compat)])
+        host = open_host(stack, args, index, options, runner,
+                         registry.analysis("eventalign", args.scale_events, args.compat))
+        pipeline = host.pipeline
         summary.startup_s = summary.elapsed
-        ref = stack.enter_context(Reference(args.genome))
         # the TSV's read_index is the record's place in the BAM, every record counted, as the tools number it
         sinks = open_sinks(_config(args), SinkContext(NAME, files={
             "eventalign-sam": (args.output or "-") if args.sam else None, "template_bam": args.bam,
@@ -103,12 +92,11 @@ def _run(args: argparse.Namespace, compiling: bool) -> int:
                     out.write(text)
                 for sink in sinks:
                     sink.on_batch(result)
-            for s in done.outcome.skipped:
-                log.info("%s", s.message())
+            log_skipped(log, done.outcome.skipped)
 
-        plans = plan_batches(iter_alignments(args.bam, filt), basecalls, index, limits, str(args.reads))
+        plans = plan_batches(iter_alignments(args.bam, filt), host.basecalls, index, limits, str(args.reads))
         render = rows.render if out is not None else (lambda result: None)
-        run_batches(pipeline, plans, ref, pool, summary, on_done, Stages(pipeline, render, rows.count), runner)
+        run_batches(pipeline, plans, host.ref, host.pool, summary, on_done, Stages(pipeline, render, rows.count), runner)
     print(summary.report(), file=sys.stderr)
     return 0
 

@@ -118,10 +118,12 @@ def _text(p: str | bytes) -> str:
 
 @dataclass(frozen=True)
 class WatchTimings:
-    poll_interval: float = 2.0
-    settle: float = 5.0
-    incomplete_timeout: float = 300.0
-    max_backoff: float = 30.0
+    """How long the watcher waits: the `watch.*` keys of the configuration, where their defaults live."""
+
+    poll_interval: float
+    settle: float
+    incomplete_timeout: float
+    max_backoff: float = 30.0  # the longest wait before a FAST5 that would not open is tried again
 
 
 class Watcher:

@@ -78,18 +78,16 @@ def base_to_event_map(aln_kmer, aln_event, a0, a1, b2e_start, b2e_stop, m0, n_km
 
 
 @numba.njit(nogil=True, cache=True)
-def recalibrate_read(ranks, b2e_start, b2e_stop, m0, ev_mean, e0, level_mean, level_stdv, min_events):
-    """Weighted least-squares (shift, scale, var) over the read's M events, in double.
-
-    Returns (recalibrated, shift, scale, var); not recalibrated when fewer than
-    min_events M events. Events are visited k-mer by k-mer, as f5c orders them.
-    """
-    n_m = 0
-    a00 = 0.0
-    a01 = 0.0
-    a11 = 0.0
-    b0 = 0.0
-    b1 = 0.0
+def _m_events(ranks, b2e_start, b2e_stop, m0):
+    """(rank, event) of the read's M events, k-mer by k-mer as f5c visits them: an event counts
+    where the k-mer's rank differs from the one before."""
+    n = 0
+    for j in range(len(ranks)):
+        if b2e_start[m0 + j] != -1:
+            n += b2e_stop[m0 + j] - b2e_start[m0 + j] + 1
+    rank = np.empty(n, np.int64)
+    event = np.empty(n, np.int64)
+    m = 0
     prev_rank = -1
     for j in range(len(ranks)):
         start = b2e_start[m0 + j]
@@ -98,17 +96,37 @@ def recalibrate_read(ranks, b2e_start, b2e_stop, m0, ev_mean, e0, level_mean, le
         r = ranks[j]
         for e in range(start, b2e_stop[m0 + j] + 1):
             if r != prev_rank:
-                n_m += 1
-                mu = np.float64(level_mean[r])
-                sd = np.float64(level_stdv[r])
-                x = np.float64(ev_mean[e0 + e])
-                inv_var = 1.0 / (sd * sd)
-                a00 += inv_var
-                a01 += mu * inv_var
-                a11 += mu * mu * inv_var
-                b0 += x * inv_var
-                b1 += mu * x * inv_var
+                rank[m] = r
+                event[m] = e
+                m += 1
             prev_rank = r
+    return rank[:m], event[:m]
+
+
+@numba.njit(nogil=True, cache=True)
+def recalibrate_read(ranks, b2e_start, b2e_stop, m0, ev_mean, e0, level_mean, level_stdv, min_events):
+    """Weighted least-squares (shift, scale, var) over the read's M events, in double.
+
+    Returns (recalibrated, shift, scale, var); not recalibrated when fewer than
+    min_events M events. Events are visited k-mer by k-mer, as f5c orders them.
+    """
+    rank, event = _m_events(ranks, b2e_start, b2e_stop, m0)
+    n_m = len(rank)
+    a00 = 0.0
+    a01 = 0.0
+    a11 = 0.0
+    b0 = 0.0
+    b1 = 0.0
+    for i in range(n_m):
+        mu = np.float64(level_mean[rank[i]])
+        sd = np.float64(level_stdv[rank[i]])
+        x = np.float64(ev_mean[e0 + event[i]])
+        inv_var = 1.0 / (sd * sd)
+        a00 += inv_var
+        a01 += mu * inv_var
+        a11 += mu * mu * inv_var
+        b0 += x * inv_var
+        b1 += mu * x * inv_var
     if n_m < min_events:
         return False, 0.0, 0.0, 0.0
     a10 = a01
@@ -117,19 +135,11 @@ def recalibrate_read(ranks, b2e_start, b2e_stop, m0, ev_mean, e0, level_mean, le
     scale = (a00 * b1 - a10 * b0) / div
 
     var = 0.0
-    prev_rank = -1
-    for j in range(len(ranks)):
-        start = b2e_start[m0 + j]
-        if start == -1:
-            continue
-        r = ranks[j]
-        for e in range(start, b2e_stop[m0 + j] + 1):
-            if r != prev_rank:
-                mu = np.float64(level_mean[r])
-                sd = np.float64(level_stdv[r])
-                y = np.float64(ev_mean[e0 + e]) - shift - scale * mu
-                var += y * y / (sd * sd)
-            prev_rank = r
+    for i in range(n_m):
+        mu = np.float64(level_mean[rank[i]])
+        sd = np.float64(level_stdv[rank[i]])
+        y = np.float64(ev_mean[e0 + event[i]]) - shift - scale * mu
+        var += y * y / (sd * sd)
     var = np.sqrt(var / n_m)
     return True, shift, scale, var
 

@@ -88,34 +88,15 @@ class GuardLimits:
 
 
 @dataclass(frozen=True)
-class Measurements:
-    """Table 3 of the paper for one batch, with the caps K and B it was assembled under."""
+class Measurements(AbeaBatchStats):
+    """Table 3 of the paper for one batch: its `AbeaBatchStats` with the caps K and B it was assembled
+    under, and whether it is the run's last (the end-of-run drain)."""
 
-    n_reads: int
-    n_bases: int
-    max_reads: int
-    max_bases: int
-    n_gpu: int
-    n_cpu: int
-    n_ultra: int
-    n_memout: int
-    n_long: int
-    n_events: int
-    x_util: float
-    y_util: float
-    t_cpu: float
-    t_gpu: float
-    t_ultra: float
-    fallback: bool = False
     last: bool = False
-    t_wall: float = 0.0
 
     @classmethod
     def from_stats(cls, stats: AbeaBatchStats, max_reads: int, max_bases: int, last: bool = False) -> Measurements:
-        return cls(int(stats.n_reads), int(stats.n_bases), max_reads, max_bases, int(stats.n_gpu), int(stats.n_cpu),
-                   int(stats.n_ultra), int(stats.n_memout), int(stats.n_long), int(stats.n_events), float(stats.x_util),
-                   float(stats.y_util), float(stats.t_cpu), float(stats.t_gpu), float(stats.t_ultra),
-                   bool(stats.fallback), last, float(stats.t_wall))  # fmt: skip
+        return cls(**{**asdict(stats), "max_reads": max_reads, "max_bases": max_bases, "last": last})
 
     @property
     def factor(self) -> float:

@@ -20,7 +20,8 @@ import numpy as np
 from streamer.pipeline.batch import ReadBatch
 from streamer_plugins import printf
 from streamer_plugins.cpg import tsv
-from streamer_plugins.cpg.hmm import HmmInputs, HmmJobs, HmmParams, pack_model, pack_scalings, score_jobs
+from streamer_plugins.cpg.hmm import HmmInputs, HmmJobs, score_jobs
+from streamer_plugins.cpg.hmm_model import HmmParams, pack_model, pack_scalings
 from streamer_plugins.cpg.logsum import LOGSUM_TABLE
 from streamer_plugins.cpg.lookup import (
     CLOSEST_EVENT_SEARCH,

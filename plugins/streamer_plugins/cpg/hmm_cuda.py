@@ -37,7 +37,8 @@ from streamer_gpu.buffers import DeviceBuffers
 from streamer_gpu.faults import from_env as fault_plan
 from streamer_gpu.target import CUDA_ERRORS, DEVICE
 from streamer_plugins.cpg import hmm as cpu_hmm
-from streamer_plugins.cpg.hmm import SLOTS, HmmInputs, HmmJobs, flank_table, hmm_cells, read_transitions
+from streamer_plugins.cpg.hmm import HmmInputs, HmmJobs, hmm_cells
+from streamer_plugins.cpg.hmm_model import SLOTS, flank_table, read_transitions
 from streamer_plugins.cpg.hmm_jobs import DEFAULT_MAX_KMERS, launch_order, pack_jobs
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from streamer.pipeline.batch import ReadBatch
-from streamer_plugins.cpg.hmm import HmmParams, pack_model, pack_scalings
+from streamer_plugins.cpg.hmm_model import HmmParams, pack_model, pack_scalings
 from streamer_plugins.cpg.lookup import CLOSEST_EVENT_SEARCH
 from streamer_plugins.cpg.sites import DISAMBIGUATE
 from streamer.pore.model import NUCLEOTIDE, PoreModel
