@@ -319,6 +319,8 @@ def main() -> int:
         "fast5_gpu_K1024_mem0.1": [*fast5, "-K", "1024", "--cuda-mem-frac", "0.1"],
         "fast5_gpu_abea_cpu_hmm_K1024": [*fast5, "-K", "1024", "--disable-cuda-hmm"],
         "fast5_cpu_K1024": [*fast5, "-K", "1024", "--disable-cuda"],
+        "pod5_gpu_cuda_events": [*pod5, "--cuda-events"],
+        "pod5_gpu_budget_8G": [*pod5, "--memory-budget", "8G"],
         **{f"{fmt}_gpu{sfx}": [*r, *caps] for fmt, r in (("pod5", pod5), ("blow5", blow5))
            for sfx, caps in (("", []), ("_K1024", ["-K", "1024"]),
                              ("_K1024_threads", ["-K", "1024", "--io-mode", "threads"]),

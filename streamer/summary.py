@@ -25,6 +25,8 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,18 +78,25 @@ class RunSummary:
     waits: Counter = field(default_factory=Counter)  # seconds a step spent waiting for another
     gpu: Counter = field(default_factory=Counter)  # GPU stage counts: windows, reads, batches that fell back
     memory_budget: int = 0  # bytes the run was sized for (0: none given)
-    peak_memory: int = 0  # bytes, the largest summed PSS sampled (`watch_memory`)
+    peak_memory: int = 0  # bytes, the largest summed PSS sampled (`watching_memory`)
 
-    def watch_memory(self, every: float = 0.2) -> None:
-        """Sample the process tree's memory into `peak_memory` until the process ends (a daemon thread)."""
+    @contextmanager
+    def watching_memory(self, every: float = 0.2) -> Iterator[None]:
+        """Sample the process tree's memory into `peak_memory` while the block runs (a thread, joined at its end)."""
+        stop = threading.Event()
 
         def sample() -> None:
-            while True:
+            while not stop.wait(every):
                 self.peak_memory = max(self.peak_memory, tree_pss())
-                time.sleep(every)
 
         self.peak_memory = max(self.peak_memory, tree_pss())
-        threading.Thread(target=sample, name="memory-watch", daemon=True).start()
+        thread = threading.Thread(target=sample, name="memory-watch", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
 
     def skip(self, reason: Skip, n: int = 1) -> None:
         self.skipped[reason.label] += n

@@ -158,9 +158,9 @@ def _run(args: argparse.Namespace, compiling: bool) -> int:
                        events=args.cuda_events, autotune=args.autotune).with_devices(args.cuda_dev_id)
     filt = alignment_filter(args)
     summary = RunSummary(compiled=compiling, memory_budget=memory.budget)
-    summary.watch_memory()
     progress = sys.stderr.isatty()
     with ExitStack() as stack:
+        stack.enter_context(summary.watching_memory())
         sinks = _open_sinks(args, filt)
         for sink in sinks:
             stack.callback(sink.close)

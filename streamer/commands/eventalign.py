@@ -66,8 +66,8 @@ def _run(args: argparse.Namespace, compiling: bool) -> int:
     runner = runner_options(memory)
     filt = alignment_filter(args)
     summary = RunSummary(compiled=compiling, memory_budget=memory.budget)
-    summary.watch_memory()
     with ExitStack() as stack:
+        stack.enter_context(summary.watching_memory())
         index = signal_index(args)
         options = pipeline_options(args, index, cuda, methylation=False)
         host = open_host(stack, args, index, options, runner,
