@@ -104,7 +104,8 @@ class EndConfig:
         "STOP file still do).", type=bool, flag="--follow")
     final_summary_grace: float = _key(
         30.0, "Seconds to keep watching after every run folder has its `final_summary*.txt`, for files still "
-        "being moved in.", type=float, flag="--grace", minimum=0.0)
+        "being moved in; the run ends sooner once every file the summaries count is in.", type=float,
+        flag="--grace", minimum=0.0)
     idle_timeout: float = _key(
         0.0, "Seconds without a new file after which the run is over; 0 waits for a final_summary.",
         type=float, flag="--idle-timeout", minimum=0.0)

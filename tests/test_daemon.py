@@ -14,6 +14,7 @@ import pytest
 from streamer import config
 from streamer.daemon.aligner import ReadAligner
 from streamer.publish.client import Snapshot, Subscriber
+from streamer.daemon.policy import ALL_FILES_IN
 from streamer.daemon.shell import Daemon, State
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
@@ -80,7 +81,7 @@ def test_a_replayed_run_is_processed_once(source, reference, reference_path, tmp
     cfg = make_config(tmp_path, reference_path, **{"batch.max_reads": 2})
     pipeline = FakePipeline()
     code, d = run_to_end(cfg, pipeline, reference)
-    assert code == 0 and d.state is State.FINISHED and d.ending.reason == "final_summary"
+    assert code == 0 and d.state is State.FINISHED and d.ending.reason == ALL_FILES_IN  # it counts its files
     got = rows(cfg.output.dir / "meth.tsv")
     assert len(got) == N_RECORDS == len(set(got))
     assert max(len(set(b)) for b in pipeline.batches) <= 2
@@ -383,6 +384,39 @@ def test_a_restarted_run_keeps_the_daemon_until_both_runs_end(source, reference,
     d.close()
     assert result["code"] == 0 and d.ending.reason == "final_summary"
     assert len(rows(cfg.output.dir / "meth.tsv")) == N_RECORDS  # the second run's reads are copies
+
+
+def counted_final_summary(run: Path, **counts: int) -> None:
+    """The run's final_summary as MinKNOW writes it: how many files of each format it wrote."""
+    lines = "".join(f"{fmt}_files_in_final_dest={n}\n{fmt}_files_in_fallback=0\n" for fmt, n in counts.items())
+    next(run.glob("final_summary*")).write_text(f"instrument=MN00000\nbasecalling_enabled=1\n{lines}")
+
+
+def test_a_finished_run_ends_as_soon_as_every_file_its_final_summary_counts_is_in(source, reference, reference_path,
+                                                                                  tmp_path, no_leaks):
+    """A backlog does not wait out the grace period: the final_summary counts the files (a FASTQ of a
+    fail folder, which the daemon leaves alone, among them) and all are in."""
+    run = replay(source, tmp_path / "live")
+    (run / "fastq_fail").mkdir()
+    shutil.copy(next((run / "fastq_pass").iterdir()), run / "fastq_fail" / "FAK00000_fail_x_0.fastq.gz")
+    counted_final_summary(run, fast5=3, pod5=0, fastq=4, bam=3)
+    cfg = make_config(tmp_path, reference_path, **{"end.final_summary_grace": 120.0})
+    t0 = time.monotonic()
+    code, d = run_to_end(cfg, FakePipeline(), reference)
+    assert code == 0 and d.state is State.FINISHED and d.ending.reason == ALL_FILES_IN
+    assert time.monotonic() - t0 < 60  # seconds, not the 120 s grace
+    assert len(rows(cfg.output.dir / "meth.tsv")) == N_RECORDS and summary(cfg)["reads"]["done"] == N_READS
+
+
+def test_a_final_summary_counting_files_that_never_come_leaves_the_grace_to_end_the_run(source, reference,
+                                                                                         reference_path, tmp_path,
+                                                                                         no_leaks):
+    run = replay(source, tmp_path / "live")
+    counted_final_summary(run, fast5=4, fastq=3, bam=3)  # one FAST5 more than landed
+    cfg = make_config(tmp_path, reference_path, **{"end.final_summary_grace": 1.0})
+    code, d = run_to_end(cfg, FakePipeline(), reference)
+    assert code == 0 and d.state is State.FINISHED and d.ending.reason == "final_summary"
+    assert len(rows(cfg.output.dir / "meth.tsv")) == N_RECORDS
 
 
 def test_run_command_builds_the_configured_publisher(tmp_path, reference_path, no_leaks):

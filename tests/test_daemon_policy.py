@@ -5,12 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from streamer.daemon.policy import (
+    ALL_FILES_IN,
     CALLED,
     PIPELINE_ERROR,
     EndOfRun,
     JoinTimeout,
     account,
     batch_due,
+    files_to_account,
     missing_partner,
     recovered_row,
     skip_counters,
@@ -40,6 +42,39 @@ def test_a_run_ends_on_every_final_summary_plus_grace_of_quiet():
     assert end.check(211.0, 209.0, {RUN_A, RUN_B}, False) is None  # a file landed 2 s ago
     ending = end.check(221.0, 209.0, {RUN_A, RUN_B}, False)
     assert ending is not None and ending.run_over and ending.reason == "final_summary"
+
+
+def test_the_files_to_account_are_those_a_run_wrote_less_those_left_alone():
+    assert files_to_account({"pod5": 12, "fastq": 24, "bam": 0}, {"fastq": 4, "fast5": 3}) == \
+        {"pod5": 12, "fastq": 20, "bam": 0}
+    assert files_to_account({"fastq": 2}, {"fastq": 5}) == {"fastq": 0}
+    assert files_to_account({}, {"fastq": 5}) == {}
+
+
+def test_a_run_ends_once_every_file_its_final_summaries_count_is_accounted_for():
+    end = EndOfRun(grace=120.0, idle_timeout=0)
+    end.final_summary(RUN_A, 100.0, {"pod5": 2, "bam": 2})
+    assert end.counting() == [RUN_A]
+    assert end.check(100.0, 99.0, {RUN_A}, False, {RUN_A: {"pod5": 2, "bam": 1}}) is None  # a BAM still to come
+    assert end.check(100.0, 99.0, {RUN_A}, True, {RUN_A: {"pod5": 2, "bam": 2}}) is None  # a file still settling
+    assert end.check(100.0, 99.0, {RUN_A, RUN_B}, False, {RUN_A: {"pod5": 2, "bam": 2}}) is None  # run b goes on
+    ending = end.check(100.5, 100.0, {RUN_A}, False, {RUN_A: {"pod5": 2, "bam": 3, "fastq": 1}})
+    assert ending is not None and ending.run_over and ending.reason == ALL_FILES_IN
+
+
+def test_the_grace_remains_the_bound_where_files_are_not_counted_or_never_all_come():
+    end = EndOfRun(grace=10.0, idle_timeout=0)
+    end.final_summary(RUN_A, 100.0, {"pod5": 2})
+    end.final_summary(RUN_B, 100.0)  # a summary without counts
+    assert end.counting() == [RUN_A]
+    assert end.check(105.0, 100.0, {RUN_A, RUN_B}, False, {RUN_A: {"pod5": 2}}) is None
+    assert end.check(110.0, 100.0, {RUN_A, RUN_B}, False, {RUN_A: {"pod5": 2}}).reason == "final_summary"
+    short = EndOfRun(grace=10.0, idle_timeout=0)
+    short.final_summary(RUN_A, 100.0, {"pod5": 5})  # more than ever come
+    assert short.check(105.0, 100.0, {RUN_A}, False, {RUN_A: {"pod5": 2}}) is None
+    assert short.check(110.0, 100.0, {RUN_A}, False, {RUN_A: {"pod5": 2}}).reason == "final_summary"
+    short.final_summary(RUN_A, 120.0, {})  # a later summary of that run without counts: the grace decides
+    assert short.counting() == []
 
 
 def test_idle_timeout_waits_for_pending_files_and_a_stop_file_ends_even_a_followed_run():

@@ -16,7 +16,7 @@ import pysam
 from streamer.io.bamreads import BGZF_EOF
 from streamer.io.pod5 import SIGNATURE as POD5_SIGNATURE
 from streamer.io.slow5 import BLOW5_EOF, BLOW5_MAGIC
-from streamer.daemon.runfolder import Kind, RunLayout, Verdict, check_complete
+from streamer.daemon.runfolder import Kind, RunLayout, Verdict, check_complete, files_written
 from streamer.daemon.watch import Ready, Rejected, Watcher, WatchTimings
 
 from daemon_support import no_leaks  # noqa: F401
@@ -70,6 +70,30 @@ def test_plain_folder_and_basecall_choice(tmp_path):
     assert not RunLayout(tmp_path, basecalls="fastq").classify(tmp_path / "reads.fastq").spare
     assert RunLayout(tmp_path, basecalls="fastq").classify(tmp_path / "reads.bam") is None
     assert RunLayout(tmp_path, basecalls="bam").classify(tmp_path / "reads.fastq") is None
+
+
+def test_a_final_summary_says_how_many_files_the_run_wrote_where_it_says_so():
+    text = ("instrument=MN1\nfast5_files_in_final_dest=0\nfast5_files_in_fallback=0\npod5_files_in_final_dest=12\n"
+            "pod5_files_in_fallback=2\nfastq_files_in_final_dest= 24\nbam_files_in_final_dest=unknown\n"
+            "txt_files_in_final_dest=3\nsequencing_summary_file=sequencing_summary_FAK1.txt\n")
+    written = files_written(text)
+    assert written.final_dest == {"fast5": 0, "pod5": 12, "fastq": 24}  # not a count, or not a run's file: left out
+    assert written.fallback == {"fast5": 0, "pod5": 2}
+    older = files_written("instrument=MN1\nprotocol_run_id=x\n")  # an older MinKNOW counts nothing
+    assert older.final_dest == older.fallback == {}
+
+
+def test_the_files_of_a_run_left_alone_by_choice(tmp_path):
+    run = tmp_path / "20240101_1200_MN1_FAK1_abcd1234"
+    for name in ("pod5_pass/a.pod5", "pod5_fail/b.pod5", "pod5_skip/c.pod5", "fastq_pass/a.fastq.gz",
+                 "fastq_fail/barcode01/b.fastq.gz", "bam_pass/a.bam", "bam_fail/b.bam", "bam_fail/.c.bam",
+                 "bam_fail/d.bam.tmp", ".replay/e.bam", "out/f.bam", "sequencing_summary_FAK1.txt"):
+        touch(run / name)
+    lay = RunLayout(tmp_path, exclude=(run / "out",))
+    assert lay.left_alone(run) == {"pod5": 2, "fastq": 1, "bam": 1}
+    assert RunLayout(tmp_path, include_fail=True, exclude=(run / "out",)).left_alone(run) == {}
+    assert RunLayout(tmp_path, basecalls="fastq", exclude=(run / "out",)).left_alone(run) == {"pod5": 2, "fastq": 1,
+                                                                                               "bam": 2}
 
 
 # ---------------------------------------------------------------------------- completeness

@@ -5,8 +5,9 @@ reads (`streamer.daemon.basecall_cache.read_basecall_file`); the ledger joins th
 file ends in an outcome the ledger records: registered, or set aside with its reason (one that
 vanished before it was read included), once, whatever exception its reader raised: a
 damaged file must never stop the daemon, at this start or the next. STOP and `final_summary`
-files go to the end-of-run policy. The completeness checks themselves live with the format readers, which
-the watcher asks.
+files go to the end-of-run policy, the latter with how many files of each format the daemon is to
+see of that run (`streamer.daemon.policy.files_to_account`). The completeness checks themselves
+live with the format readers, which the watcher asks.
 
 Where a run writes both BAM and FASTQ (`basecalls: auto`), the choice is made read by read: the
 FASTQ is registered as a spare, and a read takes its basecalls from it only if no BAM record of
@@ -25,13 +26,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from streamer.daemon.policy import RECOVERED, EndOfRun
+from streamer.daemon.policy import RECOVERED, EndOfRun, files_to_account
 from streamer.errors import InputError, one_line
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.signal import SIGNAL_SUFFIXES, signal_read_ids
 from streamer.daemon.basecall_cache import SPARE_USED, BasecallCache, read_basecall_file
 from streamer.daemon.ledger import Ledger, Registered
-from streamer.daemon.runfolder import Kind, RunFile
+from streamer.daemon.runfolder import Kind, RunFile, RunLayout, files_written
 from streamer.daemon.watch import VANISHED, Ready, Rejected
 
 log = logging.getLogger(__name__)
@@ -47,9 +48,9 @@ class FileIntake:
     registered (its modified-base calls are counted then).
     """
 
-    def __init__(self, ledger: Ledger, cache: BasecallCache, filt: AlignmentFilter, end: EndOfRun,
+    def __init__(self, ledger: Ledger, cache: BasecallCache, filt: AlignmentFilter, end: EndOfRun, layout: RunLayout,
                  on_reopened_bams: Callable[[tuple[int, ...]], None], on_bam: Callable[[], None] = lambda: None):
-        self.ledger, self.cache, self.filt, self.end = ledger, cache, filt, end
+        self.ledger, self.cache, self.filt, self.end, self.layout = ledger, cache, filt, end, layout
         self.on_reopened_bams = on_reopened_bams
         self.on_bam = on_bam
         self._spare_runs: set[Path] = set()  # runs whose FASTQ was said to be the spare source
@@ -64,13 +65,27 @@ class FileIntake:
             self.end.stop_file_found()
             return
         if f.kind is Kind.FINAL_SUMMARY:
-            log.info("%s: run %s has finished writing", f.path, f.run_root)
-            self.end.final_summary(f.run_root, time.monotonic())
+            self._final_summary(f)
             return
         if f.kind is Kind.SIGNAL:
             self._register_signal(outcome)
         else:
             self._register_basecalls(outcome)
+
+    def _final_summary(self, f: RunFile) -> None:
+        """The run's end, with the files its summary counts (none if it cannot be read: the grace decides)."""
+        try:
+            written = files_written(f.path.read_text(errors="replace"))
+        except OSError as exc:
+            log.warning("%s: cannot read (%s); the run ends after the grace period", f.path, exc.strerror or exc)
+            written = files_written("")
+        expected = files_to_account(written.final_dest, self.layout.left_alone(f.run_root))
+        counted = ", ".join(f"{n} {fmt}" for fmt, n in expected.items()) or "no file counts: the grace period applies"
+        log.info("%s: run %s has finished writing (%s)", f.path, f.run_root, counted)
+        if any(written.fallback.values()):
+            log.warning("%s: the run wrote %s to MinKNOW's fallback folder, outside the run folder: their reads are "
+                        "not seen", f.path, ", ".join(f"{n} {fmt} files" for fmt, n in written.fallback.items() if n))
+        self.end.final_summary(f.run_root, time.monotonic(), expected)
 
     def _reject(self, f: RunFile, size: int, mtime_ns: int, reason: str) -> None:
         log.warning("%s: set aside: %s", f.path, reason)

@@ -253,6 +253,12 @@ class Ledger(SinkRecords):
         """(path, kind, reason) of every file set aside."""
         return list(self._db.execute("SELECT path, kind, reason FROM files WHERE state = 'rejected' ORDER BY path"))
 
+    def files_under(self, folder: Path) -> dict[str, int]:
+        """Files under `folder` accounted for (registered, set aside or kept as spares), by format."""
+        prefix = os.path.join(str(folder), "")
+        return dict(self._db.execute("SELECT fmt, count(*) FROM files WHERE substr(path, 1, ?) = ? GROUP BY fmt",
+                                     (len(prefix), prefix)))
+
     def file_counts(self) -> dict[str, int]:
         return {f"{kind}_{state}": n for kind, state, n in
                 self._db.execute("SELECT kind, state, count(*) FROM files GROUP BY kind, state")}

@@ -10,7 +10,7 @@ clock the caller passes, the same clock throughout.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +18,7 @@ from streamer.skips import Skip, Skipped
 from streamer.summary import PIPELINE_ERROR, BatchOutcome, tally
 
 CALLED = "called"
+ALL_FILES_IN = "final_summary, every file it counts accounted for"
 RECOVERED = "recovered"  # a skipped.tsv row, not an outcome: an earlier missing-partner row no longer holds
 
 
@@ -35,25 +36,45 @@ def batch_due(n_matched: int, full: bool, files_pending: bool, oldest_wait: floa
     return n_matched > 0 and (full or not files_pending or oldest_wait >= max_wait)
 
 
+def files_to_account(final_dest: Mapping[str, int], left_alone: Mapping[str, int]) -> dict[str, int]:
+    """How many files of each format the daemon must have accounted for: what a run's final_summary
+    says it wrote into its folder, less those the daemon does not read by choice."""
+    return {fmt: max(0, n - left_alone.get(fmt, 0)) for fmt, n in final_dest.items()}
+
+
 @dataclass
 class EndOfRun:
-    """When a run is over: a STOP file; every run folder's `final_summary` plus `grace` of quiet;
-    or `idle_timeout` with no new file (0: never). With `follow`, only a STOP file ends it."""
+    """When a run is over: a STOP file; every run folder's `final_summary` and, where it counts the
+    files the run wrote, every one of them accounted for (registered or set aside), else once
+    `grace` of quiet has passed (the upper bound either way); or `idle_timeout` with no new file
+    (0: never). With `follow`, only a STOP file ends it."""
 
     grace: float
     idle_timeout: float
     follow: bool = False
     stop_file: str = "STOP"
     finals: dict[Path, float] = field(default_factory=dict)  # run folder -> when its final_summary was seen
+    expected: dict[Path, dict[str, int]] = field(default_factory=dict)  # run folder -> files to account, by format
     stop_file_seen: bool = False
 
-    def final_summary(self, run_root: Path, now: float) -> None:
+    def final_summary(self, run_root: Path, now: float, expected: Mapping[str, int] | None = None) -> None:
+        """`expected`: `files_to_account` of its counts; None when it has none (the grace decides)."""
         self.finals[run_root] = now
+        if expected:
+            self.expected[run_root] = dict(expected)
+        else:
+            self.expected.pop(run_root, None)
 
     def stop_file_found(self) -> None:
         self.stop_file_seen = True
 
-    def check(self, now: float, last_activity: float, run_roots: Collection[Path], files_pending: bool) -> Ending | None:
+    def counting(self) -> list[Path]:
+        """Run folders whose files are counted: the caller passes `check` how many it accounted for."""
+        return sorted(self.expected)
+
+    def check(self, now: float, last_activity: float, run_roots: Collection[Path], files_pending: bool,
+              accounted: Mapping[Path, Mapping[str, int]] | None = None) -> Ending | None:  # fmt: skip
+        """`accounted`: the files of each of `counting()`'s run folders accounted for, by format."""
         if self.stop_file_seen:
             return Ending(f"{self.stop_file} file", run_over=True)
         if self.follow:
@@ -61,12 +82,19 @@ class EndOfRun:
         quiet = now - last_activity
         roots = set(run_roots) | set(self.finals)
         if self.finals and roots <= set(self.finals):
+            if not files_pending and all(self._all_in(r, (accounted or {}).get(r)) for r in self.finals):
+                return Ending(ALL_FILES_IN, run_over=True)
             since = min(now - max(self.finals.values()), quiet)
             if since >= self.grace:
                 return Ending("final_summary", run_over=True)
         if self.idle_timeout and quiet >= self.idle_timeout and not files_pending:
             return Ending(f"no new file for {self.idle_timeout:g} s", run_over=True)
         return None
+
+    def _all_in(self, run_root: Path, accounted: Mapping[str, int] | None) -> bool:
+        expected = self.expected.get(run_root)
+        return expected is not None and accounted is not None and \
+            all(accounted.get(fmt, 0) >= n for fmt, n in expected.items())
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import os
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from streamer.io import bamreads, fast5, fastx, pod5, slow5
 SIGNAL_DIRS = ("fast5", "pod5", "slow5", "blow5")  # prefixes: fast5_pass, pod5_fail, ...
 BASECALL_DIRS = ("fastq", "bam")
 TEMP_SUFFIXES = (".tmp", ".temp", ".part", ".partial", "~", ".swp")
+COUNTED_FORMATS = ("fast5", "pod5", "blow5", "slow5", "fastq", "bam")  # what a final_summary may count
 
 
 class Kind(enum.Enum):
@@ -91,6 +93,28 @@ def check_complete(path: Path, fmt: str) -> tuple[Verdict, str]:
         return Verdict.INCOMPLETE, f"cannot read ({exc.strerror or exc})"
 
 
+@dataclass(frozen=True)
+class FilesWritten:
+    """The files a run wrote, by format, as its final_summary counts them: into the run folder, and
+    into MinKNOW's fallback folder (elsewhere, when the run folder could not take them)."""
+
+    final_dest: dict[str, int]
+    fallback: dict[str, int]
+
+
+def files_written(text: str) -> FilesWritten:
+    """The `<fmt>_files_in_final_dest` and `<fmt>_files_in_fallback` counts of a final_summary's
+    text. A format it does not list (older MinKNOW lists none), or a value that is not a count, is
+    left out: nothing is known of it."""
+    counts: dict[str, dict[str, int]] = {"final_dest": {}, "fallback": {}}
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        fmt, _, where = key.strip().partition("_files_in_")
+        if fmt in COUNTED_FORMATS and where in counts and value.strip().isdigit():
+            counts[where][fmt] = int(value)
+    return FilesWritten(counts["final_dest"], counts["fallback"])
+
+
 _END_MARKED = {
     "pod5": (pod5.pod5_is_complete, "no POD5 end signature"),
     "blow5": (slow5.slow5_is_complete, "no BLOW5 end-of-file marker"),
@@ -152,6 +176,20 @@ class RunLayout:
             return None
         spare = kind is Kind.BASECALLS and fmt != "bam" and self._writes_bam(path, run_root)
         return RunFile(path, kind, fmt, run_root, spare)
+
+    def left_alone(self, run_root: Path) -> Counter[str]:
+        """The run's files the daemon does not read by choice, by format: those of `*_fail` and
+        `*_skip` folders unless `include_fail`, basecalls of the format not used. A final_summary
+        counts them with the rest."""
+        out: Counter[str] = Counter()
+        for folder, dirs, names in os.walk(run_root):
+            dirs[:] = [d for d in dirs if not d.startswith(".") and Path(folder, d) not in self.exclude]
+            for name in names:
+                kf = file_format(name)
+                if (kf is not None and kf[1] in COUNTED_FORMATS and not name.startswith(".")
+                        and not name.lower().endswith(TEMP_SUFFIXES) and self.classify(Path(folder, name)) is None):
+                    out[kf[1]] += 1
+        return out
 
     def _wanted_basecalls(self, path: Path, fmt: str) -> bool:
         if fmt == "bam":

@@ -17,10 +17,11 @@ The main thread only supervises (`streamer.daemon.supervise`): it feeds systemd'
 the engine makes progress, sends status, and on SIGTERM (which only sets an event) waits at most
 `drain_timeout` for the batch in hand.
 
-A run ends on a `final_summary*.txt` in every run folder plus a grace period, on an idle
-timeout, or on a STOP file; then every matched read is processed, every read still missing
-its partner is recorded as such, and the derived outputs are written. SIGTERM does not end
-the run: reads not done stay open in the ledger for the next start.
+A run ends on a `final_summary*.txt` in every run folder once every file it counts is in the
+ledger (registered or set aside), or a grace period after it; on an idle timeout; or on a STOP
+file. Then every matched read is processed, every read still missing its partner is recorded as
+such, and the derived outputs are written. SIGTERM does not end the run: reads not done stay
+open in the ledger for the next start.
 
 Outputs are sinks opened from the configuration (`streamer.daemon.sink_set`): the rows of the
 row sinks (`meth.tsv`, `eventalign.tsv`) are appended to the journal with the commit; the others
@@ -162,7 +163,7 @@ class Daemon:
             layout = RunLayout(cfg.watch.dir, stop_file=cfg.end.stop_file, include_fail=cfg.watch.include_fail,
                             basecalls=cfg.watch.basecalls, exclude=tuple(exclude))
             timings = WatchTimings(cfg.watch.poll_interval, cfg.watch.settle, cfg.watch.incomplete_timeout)
-            self.intake = FileIntake(self.ledger, self.cache, self._filter, self.end,
+            self.intake = FileIntake(self.ledger, self.cache, self._filter, self.end, layout,
                                      lambda bams: self.sinks.each("on_reopened", bams),
                                      lambda: self.sinks.each("on_file", "basecalls", "bam"))
             self.watcher = Watcher(layout, timings, poll=cfg.watch.poll, known=self.ledger.is_known)
@@ -256,8 +257,9 @@ class Daemon:
             self._refresh_if_due()
             if time.monotonic() >= self._next_status:
                 self._refresh_status()
+            accounted = {root: self.ledger.files_under(root) for root in self.end.counting()}
             ending = self.end.check(time.monotonic(), self.watcher.last_activity, self.watcher.run_roots,
-                                    bool(self.watcher.pending))  # fmt: skip
+                                    bool(self.watcher.pending), accounted)  # fmt: skip
             if ending is not None:
                 return ending
 
