@@ -14,7 +14,7 @@ import pytest
 
 from streamer.io.fast5 import fast5_read_ids, read_fast5
 from streamer.daemon.replay import Replayer, load_source
-from streamer.daemon.replay_plan import BatchTiming, Landing, ReplayOptions, plan
+from streamer.daemon.replay_plan import BatchTiming, Landing, Pace, ReplayOptions, plan
 from streamer.daemon.runfolder import Kind, RunLayout
 from streamer.daemon.staged import MANIFEST, load_staged, replay_staged, stage
 
@@ -183,7 +183,9 @@ def test_staged_replay_keeps_the_asked_pace(source, tmp_path, no_leaks):
     signal = sorted(t for name, t in arrivals.items() if name.endswith(".fast5"))
     assert len(signal) == n and signal[0] - t0 < 1.5 and signal[-1] - t0 > 1.0  # spread out, not all at once
     assert "replayed 8 batches" in pace.line()
-    assert (pace.warning() is None) == (not pace.behind)
+    late, on_time = Pace(2, 48_000_000, 10.0, 2.0), Pace(2, 48_000_000, 2.05, 2.0)
+    assert late.warning() == "the replay fell behind: asked 24.00 Mbases/s (2.00 s), kept 4.80 Mbases/s (10.00 s)"
+    assert on_time.warning() is None and on_time.line() == "replayed 2 batches, 48.00 Mbases in 2.05 s: 23.41 Mbases/s"
 
 
 def test_stage_then_fast_replay_command(ecoli, tmp_path, capsys):

@@ -231,7 +231,7 @@ class Replayer:
             self._write_text(final, self._final_summary())
         finally:
             shutil.rmtree(self.run_dir / STAGING, ignore_errors=True)
-        self.pace = Pace(len(self.batches), sum(b.bases for b in self.timings), self._clock() - t0, landings[-1].at)
+        self.pace = Pace.kept(self.timings, landings, self._clock() - t0)
         return self.run_dir
 
     def _land(self, landing: Landing) -> None:

@@ -80,6 +80,10 @@ class Pace:
     seconds: float  # from the start to the final summary
     asked_seconds: float  # when the plan's last file was due
 
+    @classmethod
+    def kept(cls, batches: Sequence[BatchTiming], landings: Sequence[Landing], seconds: float) -> Pace:
+        return cls(len(batches), sum(b.bases for b in batches), seconds, landings[-1].at if landings else 0.0)
+
     @property
     def mbases_per_s(self) -> float:
         return self.bases / 1e6 / self.seconds if self.seconds > 0 else float("inf")

@@ -105,8 +105,7 @@ def replay_staged(staged: StagedRun, live: Path, opts: ReplayOptions, *, keep: b
         follow(landings, land, t0, sleep=sleep, clock=clock)
         for rel in staged.closing:
             _land(hidden, run_dir, rel)
-        pace = Pace(len(staged.timings), sum(t.bases for t in staged.timings), clock() - t0,
-                    landings[-1].at if landings else 0.0)  # fmt: skip
+        pace = Pace.kept(staged.timings, landings, clock() - t0)
     finally:
         shutil.rmtree(hidden, ignore_errors=True)
     if not keep:
