@@ -194,6 +194,8 @@ def test_stage_then_fast_replay_command(ecoli, tmp_path, capsys):
     assert main(["replay", str(ecoli), str(tmp_path / "staged"), "--stage-only", "--batch-size", "5",
                  "--signal-format", "pod5", "--no-bam"]) == 0
     staged = tmp_path / "staged" / capsys.readouterr().out.strip()
+    assert main(["replay", str(staged), str(tmp_path / "again"), "--stage-only"]) == 2  # staged already: one line
+    assert "is staged already" in capsys.readouterr().err
     assert main(["replay", str(staged), str(tmp_path / "live"), "--mbases-per-s", "1000"]) == 0
     out = capsys.readouterr()
     run = tmp_path / "live" / out.out.strip()
