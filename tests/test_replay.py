@@ -1,15 +1,22 @@
-"""Replay: a finished run re-enacted as MinKNOW writes one, at a scaled pace."""
+"""Replay: a finished run re-enacted as MinKNOW writes one, at a scaled pace; staged, then moved in fast."""
 
 from __future__ import annotations
 
 import gzip
+import os
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
 
 import pysam
 import pytest
 
 from streamer.io.fast5 import fast5_read_ids, read_fast5
-from streamer.daemon.replay import Landing, Replayer, ReplayOptions, load_source, plan
+from streamer.daemon.replay import Replayer, load_source
+from streamer.daemon.replay_plan import BatchTiming, Landing, Pace, ReplayOptions, plan
 from streamer.daemon.runfolder import Kind, RunLayout
+from streamer.daemon.staged import MANIFEST, load_staged, replay_staged, stage
 
 from daemon_support import no_leaks  # noqa: F401
 
@@ -28,13 +35,18 @@ def test_source_has_reads_in_end_time_order(source):
 
 def test_plan_paces_batches(source):
     t0 = min(r.start_s for r in source.reads)
-    fast = plan(source, ReplayOptions(speed=100, batch_reads=3, bam=False))
+    timings = Replayer(source, "unused", ReplayOptions(batch_reads=3)).timings
+    fast = plan(timings, ReplayOptions(speed=100), bam=False)
     assert [(x.batch, x.kind) for x in fast] == [(0, "signal"), (0, "fastq"), (1, "signal"), (1, "fastq"),
                                                  (2, "signal"), (2, "fastq")]
     assert fast[-1].at == pytest.approx((source.reads[-1].end_s - t0) / 100)
-    lagged = plan(source, ReplayOptions(interval=2, batch_reads=4, basecall_lag=-1))
+    lagged = plan(timings[:2], ReplayOptions(interval=2, basecall_lag=-1), bam=True)
     assert lagged == [Landing(0, 0, "signal"), Landing(0, 0, "fastq"), Landing(0, 0, "bam"),
                       Landing(1, 1, "fastq"), Landing(1, 1, "bam"), Landing(2, 1, "signal")]
+    # by bases: a batch lands when it and those before it would have been sequenced at the rate
+    by_bases = plan([BatchTiming(9.0, 2_000_000), BatchTiming(1.0, 1_000_000)], ReplayOptions(mbases_per_s=2), bam=False)
+    assert [x.at for x in by_bases if x.kind == "signal"] == [1.0, 1.5]
+    assert sum(t.bases for t in timings) == sum(len(s) for s, _ in source.basecalls.values())
 
 
 def test_replay_writes_a_minknow_run(source, ecoli, tmp_path, no_leaks):
@@ -92,3 +104,102 @@ def test_replay_command(ecoli, tmp_path, capsys):
     assert main(["replay", str(ecoli), str(tmp_path), "--speed", "0", "--batch-size", "5", "--no-bam"]) == 0
     run = tmp_path / capsys.readouterr().out.strip()
     assert len(list((run / "fast5_pass").iterdir())) == 2
+
+
+STARTED = datetime(2024, 5, 1, 12, 0, tzinfo=timezone.utc)
+TIMES = ("acquisition_stopped=", "processing_stopped=")
+
+
+def _contents(run):
+    """Every file of a run folder by its path inside it; the final summary without its stop times."""
+    out = {}
+    for p in sorted(run.rglob("*")):
+        if p.is_file():
+            data = p.read_bytes()
+            if p.name.startswith("final_summary"):
+                data = b"".join(x for x in data.splitlines(True) if not x.decode().startswith(TIMES))
+            out[str(p.relative_to(run))] = data
+    return out
+
+
+def test_staged_replay_moves_in_what_the_replay_writes(source, tmp_path, no_leaks, monkeypatch):
+    opts = ReplayOptions(speed=0, batch_reads=3)
+    written = Replayer(source, tmp_path / "written", opts, started=STARTED).run()
+    staged = stage(source, tmp_path / "staged", opts, started=STARTED)
+    assert staged.name == written.name and (staged / MANIFEST).is_file()
+
+    landed = []
+    replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda a, b: (landed.append(Path(b).name), replace(a, b))[1])
+    run, pace = replay_staged(load_staged(staged), tmp_path / "live", ReplayOptions(speed=0))
+    monkeypatch.undo()
+    assert run == tmp_path / "live" / written.name and not staged.exists()
+    assert _contents(run) == _contents(written)  # the same names, the same bytes
+    assert sorted(landed) == sorted(Path(f).name for f in _contents(written))
+    assert landed[-2].startswith("sequencing_summary") and landed[-1].startswith("final_summary")
+    assert (pace.batches, pace.bases) == (3, sum(len(s) for s, _ in source.basecalls.values()))
+    final = next(run.glob("final_summary_*")).read_text()
+    assert "fast5_files_in_final_dest=3\n" in final and "fastq_files_in_final_dest=3\n" in final
+    assert "bam_files_in_final_dest=3\n" in final and "pod5_files_in_final_dest=0\n" in final
+    assert not (run / ".replay").exists()
+
+
+def _listing(live):
+    """The files that have landed in the live folder."""
+    return [p.name for p in live.rglob("*") if p.is_file() and ".replay" not in p.parts]
+
+
+def test_staged_replay_keeps_the_asked_pace(source, tmp_path, no_leaks):
+    """Ten batches at 1 Mbase/s: about the time their bases take (generous bounds: the machine is busy)."""
+    staged = stage(source, tmp_path / "staged", ReplayOptions(batch_reads=1, bam=False))
+    manifest = load_staged(staged)
+    n = len(manifest.timings)
+    bases = sum(t.bases for t in manifest.timings)
+    rate = bases / 1e6 / 2.0  # the whole run in 2 s
+    arrivals = {}
+    stop = threading.Event()
+
+    def watch():
+        while True:
+            done = stop.is_set()
+            for name in _listing(tmp_path / "live"):
+                arrivals.setdefault(name, time.monotonic())
+            if done:
+                return
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    t0 = time.monotonic()
+    try:
+        _, pace = replay_staged(manifest, tmp_path / "live", ReplayOptions(mbases_per_s=rate), keep=True)
+    finally:
+        stop.set()
+        watcher.join()
+    took = time.monotonic() - t0
+    assert n == 8 and staged.exists()
+    assert 1.5 < took < 30 and pace.seconds == pytest.approx(took, abs=0.5)
+    assert pace.mbases_per_s == pytest.approx(bases / 1e6 / pace.seconds)
+    signal = sorted(t for name, t in arrivals.items() if name.endswith(".fast5"))
+    assert len(signal) == n and signal[0] - t0 < 1.5 and signal[-1] - t0 > 1.0  # spread out, not all at once
+    assert "replayed 8 batches" in pace.line()
+    late, on_time = Pace(2, 48_000_000, 10.0, 2.0), Pace(2, 48_000_000, 2.05, 2.0)
+    assert late.warning() == "the replay fell behind: asked 24.00 Mbases/s (2.00 s), kept 4.80 Mbases/s (10.00 s)"
+    assert on_time.warning() is None and on_time.line() == "replayed 2 batches, 48.00 Mbases in 2.05 s: 23.41 Mbases/s"
+
+
+def test_stage_then_fast_replay_command(ecoli, tmp_path, capsys):
+    from streamer.cli import main
+
+    assert main(["replay", str(ecoli), str(tmp_path / "staged"), "--stage-only", "--batch-size", "5",
+                 "--signal-format", "pod5", "--no-bam"]) == 0
+    staged = tmp_path / "staged" / capsys.readouterr().out.strip()
+    assert main(["replay", str(staged), str(tmp_path / "again"), "--stage-only"]) == 2  # staged already: one line
+    assert "is staged already" in capsys.readouterr().err
+    assert main(["replay", str(staged), str(tmp_path / "live"), "--mbases-per-s", "1000"]) == 0
+    out = capsys.readouterr()
+    run = tmp_path / "live" / out.out.strip()
+    assert len(list((run / "pod5_pass").iterdir())) == 2 and not staged.exists()
+    assert "replayed 2 batches" in out.err and "Mbases/s" in out.err
+    final = next(run.glob("final_summary_*")).read_text()
+    assert "pod5_files_in_final_dest=2\n" in final and "bam_files_in_final_dest=0\n" in final

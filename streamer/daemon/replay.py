@@ -1,13 +1,14 @@
 """Re-enact a finished run into a live folder, the way MinKNOW writes one.
 
-Reads are ordered by the time their signal ended and cut into batches; batch i lands when
-its last read ended (relative to the run's first read), divided by `speed`. Each batch
+Reads are ordered by the time their signal ended and cut into batches, which land on the
+pace `streamer.daemon.replay_plan` sets (the recorded one scaled, or Mbases/s). Each batch
 becomes a multi-read FAST5 in `fast5_pass/` (or a POD5 in `pod5_pass/`, a BLOW5 in
 `blow5_pass/`), a FASTQ in `fastq_pass/` and, when the finished run has an aligned BAM, a
 BAM in `bam_pass/`, all named
 `{flowcell}_pass_{run8}_{acq8}_{i}.*`. Files are written elsewhere and moved in (live
 basecalling) or written in place, optionally slowly, so the watcher's completeness checks
-are exercised. A `sequencing_summary` and then the `final_summary` close the run.
+are exercised. A `sequencing_summary` and then the `final_summary` (with its file counts) close
+the run.
 
 The finished run's signal may be FAST5, POD5 or BLOW5; its flow cell and kit (which tell the
 pore) go into every signal file written. FAST5 reads keep their recorded times; POD5 and BLOW5
@@ -40,6 +41,7 @@ from streamer.io.pod5 import write_pod5
 from streamer.io.poretype import run_metadata
 from streamer.io.signal import iter_signal, read_signal
 from streamer.io.slow5 import write_blow5
+from streamer.daemon.replay_plan import BatchTiming, Landing, Pace, ReplayOptions, follow, plan
 from streamer.daemon.runfolder import Kind, RunLayout
 
 log = logging.getLogger(__name__)
@@ -49,20 +51,6 @@ COMPRESSION = {"vbz": VBZ, "gzip": {"compression": "gzip", "compression_opts": 1
 STAGING = ".replay"  # hidden, so a watcher of the live folder ignores it
 RECORD_WRITERS = {"pod5": write_pod5, "blow5": write_blow5}  # FAST5 copies HDF5 groups: `Replayer._write_fast5`
 SIGNAL_FORMATS = ("fast5", *RECORD_WRITERS)
-
-
-@dataclass(frozen=True)
-class ReplayOptions:
-    speed: float = 1.0  # 0: as fast as possible
-    interval: float | None = None  # fixed seconds between batches, instead of the recorded pace
-    batch_reads: int = 4000
-    mode: str = "move"  # move | inplace
-    write_seconds: float = 0.0  # in place: spread writing each file over this long
-    basecall_lag: float = 0.0  # seconds after its signal file that a batch's basecalls land (may be < 0)
-    bam: bool = True
-    compression: str = "vbz"  # FAST5 only
-    signal_format: str = "fast5"  # fast5 | pod5 | blow5
-    flowcell: str = "FAK00000"
 
 
 @dataclass(frozen=True)
@@ -188,44 +176,13 @@ def _load_bam(path: Path, src: Source) -> None:
         src.bam_records.clear()
 
 
-# ---------------------------------------------------------------------------- the plan
-
-
-@dataclass(frozen=True)
-class Landing:
-    """One file of the replay and when it lands, in seconds after the replay starts."""
-
-    at: float
-    batch: int
-    kind: str  # signal | fastq | bam
-
-
-def plan(src: Source, opts: ReplayOptions) -> list[Landing]:
-    """When each batch's files land: pure, so the pace is testable without waiting."""
-    batches = [src.reads[i : i + opts.batch_reads] for i in range(0, len(src.reads), opts.batch_reads)]
-    t0 = min(r.start_s for r in src.reads)
-    out = []
-    for i, batch in enumerate(batches):
-        if opts.interval is not None:
-            at = i * opts.interval
-        elif opts.speed > 0:
-            at = (batch[-1].end_s - t0) / opts.speed
-        else:
-            at = 0.0
-        out.append(Landing(at, i, "signal"))
-        out.append(Landing(max(0.0, at + opts.basecall_lag), i, "fastq"))
-        if opts.bam and src.bam_header is not None:
-            out.append(Landing(max(0.0, at + opts.basecall_lag), i, "bam"))
-    return sorted(out, key=lambda x: (x.at, x.batch, x.kind != "signal"))
-
-
 # ---------------------------------------------------------------------------- writing
 
 
 class Replayer:
     """Writes the planned files into `live`; `run()` blocks until the final_summary is written."""
 
-    def __init__(self, src: Source, live: Path, opts: ReplayOptions, *,
+    def __init__(self, src: Source, live: Path, opts: ReplayOptions, *, started: datetime | None = None,
                  sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic):
         if opts.mode not in ("move", "inplace"):
             raise ValueError(f"mode must be move or inplace, not {opts.mode!r}")
@@ -237,55 +194,59 @@ class Replayer:
         self.opts = opts
         self._sleep = sleep
         self._clock = clock
-        started = datetime.now(timezone.utc)
-        self.started = started
+        self.started = started = started or datetime.now(timezone.utc)
         self.run8 = src.run_id[:8]
         self.acq8 = uuid.uuid5(uuid.NAMESPACE_URL, src.run_id).hex[:8]
         name = f"{started:%Y%m%d_%H%M}_{src.device}_{opts.flowcell}_{self.run8}"
         self.run_dir = Path(live) / name
         self.batches = [src.reads[i : i + opts.batch_reads] for i in range(0, len(src.reads), opts.batch_reads)]
-        self.written: list[Path] = []
+        t0 = min(r.start_s for r in src.reads)
+        self.timings = [BatchTiming(b[-1].end_s - t0, sum(len(src.basecalls.get(r.read_id, ("",))[0]) for r in b))
+                        for b in self.batches]  # fmt: skip
+        self.bam = opts.bam and src.bam_header is not None
+        self.pace: Pace | None = None  # once run
 
     def stem(self, i: int) -> str:
         return f"{self.opts.flowcell}_pass_{self.run8}_{self.acq8}_{i}"
 
+    def dest(self, batch: int, kind: str) -> Path:
+        """Where batch `batch`'s file of `kind` (signal, fastq, bam) lands."""
+        fmt = self.opts.signal_format
+        sub, ext = {"signal": (f"{fmt}_pass", fmt), "fastq": ("fastq_pass", "fastq.gz"), "bam": ("bam_pass", "bam")}[kind]
+        return self.run_dir / sub / f"{self.stem(batch)}.{ext}"
+
+    def closing(self) -> tuple[Path, Path]:
+        """The sequencing summary and the final summary, written in this order after every batch."""
+        tail = f"{self.opts.flowcell}_{self.run8}_{self.acq8}.txt"
+        return self.run_dir / f"sequencing_summary_{tail}", self.run_dir / f"final_summary_{tail}"
+
     def run(self) -> Path:
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        landings = plan(self.timings, self.opts, self.bam)
         t0 = self._clock()
         try:
-            for landing in plan(self.src, self.opts):
-                wait = landing.at - (self._clock() - t0)
-                if wait > 0:
-                    self._sleep(wait)
-                self._land(landing)
-            self._write_text(self.run_dir / f"sequencing_summary_{self.opts.flowcell}_{self.run8}_{self.acq8}.txt",
-                             self._sequencing_summary())
-            self._write_text(self.run_dir / f"final_summary_{self.opts.flowcell}_{self.run8}_{self.acq8}.txt",
-                             self._final_summary())
+            follow(landings, self._land, t0, sleep=self._sleep, clock=self._clock)
+            sequencing, final = self.closing()
+            self._write_text(sequencing, self._sequencing_summary())
+            self._write_text(final, self._final_summary())
         finally:
             shutil.rmtree(self.run_dir / STAGING, ignore_errors=True)
+        self.pace = Pace.kept(self.timings, landings, self._clock() - t0)
         return self.run_dir
 
     def _land(self, landing: Landing) -> None:
         reads = self.batches[landing.batch]
-        stem = self.stem(landing.batch)
-        if landing.kind == "signal":
-            fmt = self.opts.signal_format
-            dest = self.run_dir / f"{fmt}_pass" / f"{stem}.{fmt}"
-            with self._placing(dest) as tmp:
-                if fmt == "fast5":
-                    self._write_fast5(tmp, reads)
-                else:
-                    RECORD_WRITERS[fmt](tmp, (read_signal(r.signal_file, r.read_id) for r in reads), self.src.run_info)
-        elif landing.kind == "fastq":
-            dest = self.run_dir / "fastq_pass" / f"{stem}.fastq.gz"
-            with self._placing(dest) as tmp:
+        dest = self.dest(landing.batch, landing.kind)
+        with self._placing(dest) as tmp:
+            if landing.kind == "fastq":
                 self._write_fastq(tmp, reads)
-        else:
-            dest = self.run_dir / "bam_pass" / f"{stem}.bam"
-            with self._placing(dest) as tmp:
+            elif landing.kind == "bam":
                 self._write_bam(tmp, reads)
-        self.written.append(dest)
+            elif self.opts.signal_format == "fast5":
+                self._write_fast5(tmp, reads)
+            else:
+                RECORD_WRITERS[self.opts.signal_format](tmp, (read_signal(r.signal_file, r.read_id) for r in reads),
+                                                        self.src.run_info)  # fmt: skip
         log.info("replayed %s (%d reads)", dest, len(reads))
 
     @contextmanager
@@ -334,7 +295,7 @@ class Replayer:
 
     def _write_fastq(self, path: Path, reads: list[SourceRead]) -> None:
         pause = self._pace(len(reads))
-        with gzip.open(path, "wb") as fh:
+        with gzip.GzipFile(path, "wb", mtime=0) as fh:  # no time in the header: the same reads, the same bytes
             for n, r in enumerate(reads):
                 bc = self.src.basecalls.get(r.read_id)
                 if bc is None:
@@ -366,10 +327,13 @@ class Replayer:
         return "".join(lines)
 
     def _final_summary(self) -> str:
+        """MinKNOW's keys, with as many files of each kind as the replay wrote (a BLOW5 replay names its own)."""
         n = len(self.batches)
         stopped = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        fmt = self.opts.signal_format
+        counts = {"fast5": 0, "pod5": 0, fmt: n, "fastq": n, "bam": n if self.bam else 0}
+        files = "".join(f"{k}_files_in_final_dest={v}\n{k}_files_in_fallback=0\n" for k, v in counts.items())
         return (f"instrument={self.src.device}\nflow_cell_id={self.opts.flowcell}\nprotocol_run_id={self.src.run_id}\n"
                 f"started={self.started.isoformat(timespec='seconds')}\nacquisition_stopped={stopped}\n"
-                f"processing_stopped={stopped}\nbasecalling_enabled=1\nfast5_files_in_final_dest={n}\n"
-                f"fastq_files_in_final_dest={n}\nsequencing_summary_file=sequencing_summary_{self.opts.flowcell}_"
-                f"{self.run8}_{self.acq8}.txt\n")
+                f"processing_stopped={stopped}\nbasecalling_enabled=1\n"
+                f"sequencing_summary_file={self.closing()[0].name}\n{files}")
