@@ -45,3 +45,16 @@ def test_config_key_is_checked():
     with pytest.raises(ConfigError, match="pipeline.memory_budget"):
         build({"pipeline.memory_budget": "lots"}, require=())
     assert build({"pipeline.memory_budget": "2G"}, require=()).pipeline.memory_budget == "2G"
+
+
+def test_the_daemon_sizes_its_batches_and_readers_from_its_budget(tmp_path):
+    from streamer import config
+    from streamer.commands.run import budgeted
+
+    cpu = PROFILES["cpu"]
+    base = config.Config()
+    small = budgeted(config.Config(pipeline=config.PipelineConfig(threads=2, memory_budget="300M")), cpu)
+    assert small.batch.max_bases < base.batch.max_bases and small.pipeline.io_mode == "threads"
+    assert small.batch.max_bases == memory_plan(300 << 20, base.batch.max_bases, 1, 2).max_bases
+    roomy = budgeted(config.Config(pipeline=config.PipelineConfig(threads=2, memory_budget="64G")), cpu)
+    assert roomy.batch == base.batch and roomy.pipeline.io_mode == base.pipeline.io_mode

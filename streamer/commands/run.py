@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -29,6 +30,7 @@ from streamer.pipeline.chemistry import chemistry, pore_models, pore_of_file
 from streamer.publish.publisher import Publisher, PublisherConfig
 from streamer.publish.security import CurveServer, load_public_keys, load_secret_keys
 from streamer.sinks import warm_up
+from streamer.tuning.profiles import Profile, budget_bytes, memory_plan
 from streamer.tuning.session import AutoTuner, plan_config
 
 NAME = "run"
@@ -45,6 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg, plan = plan_config(configuration.load(args.config, configuration.overrides_from(args)))
+    cfg = budgeted(cfg, plan.profile)
     if several_runs(cfg):
         check_publishing(cfg)
     check_output_free(cfg.output.dir)
@@ -94,6 +97,19 @@ def run(args: argparse.Namespace) -> int:
             os._exit(code)
         daemon.close()
     return code
+
+
+def budgeted(cfg: configuration.Config, profile: Profile) -> configuration.Config:
+    """The daemon's batch cap B and reader kind within `pipeline.memory_budget` (`auto`: the profile's), as
+    `streamer call` sizes its own: one batch in the stages and one read ahead."""
+    threads = cfg.pipeline.threads or os.cpu_count() or 1
+    memory = memory_plan(budget_bytes(cfg.pipeline.memory_budget, profile, threads), cfg.batch.max_bases, 1, threads,
+                         cfg.pipeline.io_mode)  # fmt: skip
+    if memory.max_bases < cfg.batch.max_bases:
+        log.info("batches of at most %d bases to keep within the memory budget of %d MB", memory.max_bases,
+                 memory.budget >> 20)
+    return replace(cfg, batch=replace(cfg.batch, max_bases=memory.max_bases),
+                   pipeline=replace(cfg.pipeline, io_mode=memory.io_mode))
 
 
 def _pore_pipeline(cfg: configuration.Config) -> PorePipeline:
