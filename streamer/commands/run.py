@@ -106,7 +106,7 @@ def budgeted(cfg: configuration.Config, profile: Profile) -> configuration.Confi
     memory = memory_plan(budget_bytes(cfg.pipeline.memory_budget, profile, threads), cfg.batch.max_bases, 1, threads,
                          cfg.pipeline.io_mode)  # fmt: skip
     if memory.max_bases < cfg.batch.max_bases:
-        log.info("batches of at most %d bases to keep within the memory budget of %d MB", memory.max_bases,
+        log.debug("batches of at most %d bases to keep within the memory budget of %d MB", memory.max_bases,
                  memory.budget >> 20)
     return replace(cfg, batch=replace(cfg.batch, max_bases=memory.max_bases),
                    pipeline=replace(cfg.pipeline, io_mode=memory.io_mode))

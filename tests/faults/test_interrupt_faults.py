@@ -79,7 +79,7 @@ def test_ctrl_c_stops_run_naming_the_signal_without_a_traceback(tmp_path):
     shutil.copy(ECOLI / "reads.bam", live)
     proc = started(streamer("run", "--watch", live, "-g", REFERENCE, "-o", tmp_path / "out", "--settle", "0.3",
                             "--poll-interval", "0.1", "--max-wait", "0.2", "--follow", "--io-mode", "processes"), log)
-    wait_for(lambda: "batch of 8 reads" in log.read_text() or proc.poll() is not None, "the first batch")
+    wait_for(lambda: "batch of " in log.read_text() or proc.poll() is not None, "the first batch")
     assert ctrl_c(proc) == 0
     text = log.read_text()
     assert_no_traceback(text)
