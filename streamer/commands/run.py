@@ -92,6 +92,9 @@ def run(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda signum, _: daemon.request_stop(signal.Signals(signum).name))
         code = daemon.run()
+        # a stop asked for while closing changes nothing; left to the handler, the interpreter's exit
+        # restores the default action and a late SIGTERM would turn a clean finish into death by signal
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if daemon.abandoned:  # the batch in hand is still computing; the ledger has not got it
             logging.shutdown()
             os._exit(code)
