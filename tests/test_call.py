@@ -156,11 +156,19 @@ def test_memory_budget_sizes_batches_not_output(tmp_path):
     assert proc.returncode == 0, proc.stderr
     stats = tmp_path / "stats.json"
     small, small_out = call(tmp_path / "b", ECOLI / "reads.fasta", ECOLI / "reads.bam", ECOLI / "fast5", REFERENCE,
-                            "--memory-budget", "100M", "--stats-json", stats)
+                            "--memory-budget", "100M", "--stats-json", stats, "--trace", tmp_path / "trace.json")
     assert small.returncode == 0, small.stderr
     assert small_out.read_bytes() == out.read_bytes()
     summary = json.loads(stats.read_text())
     assert summary["memory_budget_mb"] == 100 and summary["peak_memory_mb"] > 0
+    # the timeline: every batch assembled, computed stage by stage and written; its reads on the readers
+    spans = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    names = {e["name"] for e in spans}
+    assert {"read", "assemble", "batch", "events", "abea", "hmm", "write"} <= names
+    batches = [e for e in spans if e["name"] == "batch"]
+    assert len(batches) > 1 and len({e["args"]["batch"] for e in batches}) == len(batches)
+    assert 0 < sum(e["args"]["reads"] for e in spans if e["name"] == "read") <= summary["reads_in"]
+    assert all(e["dur"] >= 0 and e["ph"] == "X" for e in spans)
     assert "peak memory:" in small.stderr
     bad = streamer("call", "-r", ECOLI / "reads.fasta", "-b", ECOLI / "reads.bam", "-g", REFERENCE,
                    "--memory-budget", "lots")

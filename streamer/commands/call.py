@@ -16,6 +16,7 @@ from itertools import islice
 from pathlib import Path
 from typing import TextIO
 
+from streamer.pipeline import timeline
 from streamer.pipeline.batching import BatchLimits, UltraLong, plan_batches
 from streamer.errors import UsageError
 from streamer.commands._checks import numeric, removed_on_failure
@@ -63,6 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also write the output of the installed `streamer.sinks` plugin NAME (repeatable; the "
                         "daemon's output.sinks), in the folder of -o (or the working directory)")
     p.add_argument("--stats-json", type=Path, help="also write the run summary as JSON to this file")
+    p.add_argument("--trace", type=Path, metavar="FILE",
+                   help="also write the run's timeline (each batch's reading, stages and writing, by thread) as a "
+                        "Chrome trace, for Perfetto or chrome://tracing")
     p.add_argument("--meth-model", type=Path,
                    help=f"CpG methylation pore model file, nanopolish/f5c text, k up to 9 (default: {default_models()})")
     numeric(p, "--io-workers", type=int, minimum=1, default=RunnerOptions.io_workers,
@@ -106,7 +110,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                             "and compute only the rest")
 
 
-OUTPUTS = ("output", "bedmethyl", "modbam", "stats_json", "skip_ultra")
+OUTPUTS = ("output", "bedmethyl", "modbam", "stats_json", "skip_ultra", "trace")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -158,6 +162,8 @@ def _run(args: argparse.Namespace, compiling: bool) -> int:
                        events=args.cuda_events, autotune=args.autotune).with_devices(args.cuda_dev_id)
     filt = alignment_filter(args)
     summary = RunSummary(compiled=compiling, memory_budget=memory.budget)
+    if args.trace:
+        timeline.start()
     progress = sys.stderr.isatty()
     with ExitStack() as stack:
         stack.enter_context(summary.watching_memory())
@@ -186,6 +192,8 @@ def _run(args: argparse.Namespace, compiling: bool) -> int:
     print(summary.report(), file=sys.stderr)
     if args.stats_json:
         args.stats_json.write_text(json.dumps({**summary.as_dict(), "tuning": tuning.summary()}, indent=2) + "\n")
+    if args.trace:
+        timeline.write(args.trace)
     return 0
 
 

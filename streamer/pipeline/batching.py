@@ -12,6 +12,8 @@ function that makes batch inputs (or skips, each with its reason) of them, and i
 from __future__ import annotations
 
 import dataclasses
+import os
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Container, Iterable, Iterator, Mapping
@@ -179,6 +181,8 @@ class SignalChunk:
     raw: np.ndarray  # int16
     errors: dict[str, str]
     seconds: float  # busy time of the task
+    started: float = 0.0  # perf_counter at its start (the system's monotonic clock: comparable across processes)
+    worker: str = ""  # the process and thread that ran it
 
 
 def load_chunk(wanted: Mapping[Path, list[str]]) -> SignalChunk:
@@ -192,7 +196,8 @@ def load_chunk(wanted: Mapping[Path, list[str]]) -> SignalChunk:
         at += len(rec.raw)
     raw = np.concatenate([rec.raw for rec in signals.values()]) if signals else _NO_SAMPLES
     records = {rid: dataclasses.replace(rec, raw=_NO_SAMPLES) for rid, rec in signals.items()}
-    return SignalChunk(records, where, raw.astype(np.int16, copy=False), errors, time.perf_counter() - t0)
+    return SignalChunk(records, where, raw.astype(np.int16, copy=False), errors, time.perf_counter() - t0, t0,
+                       f"{os.getpid()} {threading.current_thread().name}")
 
 
 def chunk_records(chunks: Iterable[SignalChunk], read_ids: Container[str] | None = None

@@ -12,6 +12,7 @@ from concurrent.futures import Executor, Future
 from typing import TYPE_CHECKING
 
 from streamer.io.reference import Reference
+from streamer.pipeline import timeline
 from streamer.pipeline.batch import pack
 from streamer.pipeline.batching import Pending, batch_inputs, chunk_records, load_chunk, signal_requests
 from streamer.pipeline.runner import Assembled, BatchDriver, Done, RunnerOptions, Stages
@@ -75,6 +76,8 @@ class Planned:
         t1 = time.perf_counter()
         self.tasks = []
         r.read_seconds += sum(c.seconds for c in chunks)
+        for c in chunks:
+            timeline.record("read", c.started, c.started + c.seconds, where=c.worker, reads=len(c.records))
         reads, failed = batch_inputs(self.pending, *chunk_records(chunks), r.ref)
         batch = pack(reads) if reads else None
         r.signal_wait += t1 - t0
@@ -108,7 +111,9 @@ def run_batches(
             summary.add(done.outcome)
             on_done(done)
             if done.results:
-                summary.stage_seconds["write"] += time.perf_counter() - t0
+                t1 = time.perf_counter()
+                summary.stage_seconds["write"] += t1 - t0
+                timeline.record("write", t0, t1, reads=done.outcome.records_in)
     finally:
         driver.close()
     summary.stage_seconds["read"] += reading.read_seconds

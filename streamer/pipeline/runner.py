@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 import numba
 
+from streamer.pipeline import timeline
 from streamer.pipeline.batch import ReadBatch, ReadInput
 from streamer.pipeline.signal_pool import READS_PER_TASK
 from streamer.skips import Skipped
@@ -214,7 +215,8 @@ class BatchDriver:
                 if item is _DONE:
                     break
                 seq, job = item
-                assembled = job.assemble()
+                with timeline.span("assemble", batch=seq):
+                    assembled = job.assemble()
                 while True:
                     if self._stopped.is_set():
                         raise _Stop
@@ -241,7 +243,8 @@ class BatchDriver:
                     idle += time.perf_counter() - t0
                     continue
                 idle += time.perf_counter() - t0
-                done = self.compute(assembled)
+                with timeline.span("batch", batch=seq):
+                    done = self.compute(assembled)
                 done.job = job
                 with self._changed:
                     self._results[seq] = done

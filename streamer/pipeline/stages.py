@@ -25,6 +25,7 @@ from typing import Any, ContextManager, Protocol
 import numba
 import numpy as np
 
+from streamer.pipeline import timeline
 from streamer.pipeline.abea import align_batch
 from streamer.pipeline.batch import CIGAR_M, ReadBatch, ReadInput, pack
 from streamer.pipeline.devices import DevicePool
@@ -280,7 +281,9 @@ class Pipeline:
                         stage(batch, self)
                 finally:
                     self._local.device = None
-                timings[stage.name] = timings.get(stage.name, 0.0) + time.perf_counter() - t0
+                t1 = time.perf_counter()
+                timings[stage.name] = timings.get(stage.name, 0.0) + t1 - t0
+                timeline.record(stage.name, t0, t1, reads=batch.n)
         return BatchResult(batch, skipped_of(batch), timings)
 
     def _warm_up(self) -> BatchResult:

@@ -1,0 +1,66 @@
+"""A run's timeline: when each batch was read, packed, computed stage by stage and written, on the
+threads and processes that did it, so that what a run waits on can be seen rather than guessed
+from summed stage times (`streamer call --trace FILE`; open FILE in Perfetto or chrome://tracing).
+
+Off by default: `span` and `record` then return at once. Times are `time.perf_counter()`, which on
+Linux is the system-wide monotonic clock, so a reader process's spans line up with the main
+process's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+_lock = threading.Lock()
+_events: list[dict] | None = None
+
+
+def start() -> None:
+    """Record spans from now on (a second start forgets what was recorded)."""
+    global _events
+    with _lock:
+        _events = []
+
+
+def recording() -> bool:
+    return _events is not None
+
+
+def record(name: str, t0: float, t1: float, where: str | None = None, **args: object) -> None:
+    """A span from t0 to t1 (perf_counter seconds) on `where` (default: this process and thread)."""
+    if _events is None:
+        return
+    event = {"name": name, "ph": "X", "ts": round(t0 * 1e6, 1), "dur": round((t1 - t0) * 1e6, 1),
+             "pid": "streamer", "tid": where or f"{os.getpid()} {threading.current_thread().name}"}
+    if args:
+        event["args"] = args
+    with _lock:
+        if _events is not None:
+            _events.append(event)
+
+
+@contextmanager
+def span(name: str, **args: object) -> Iterator[None]:
+    """The time the `with` block takes, as a span on this thread."""
+    if _events is None:
+        yield
+        return
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        record(name, t0, time.perf_counter(), **args)
+
+
+def write(path: Path) -> int:
+    """The spans recorded so far as a Chrome trace (JSON), earliest first; how many."""
+    with _lock:
+        events = sorted(_events or [], key=lambda e: e["ts"])
+    path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}) + "\n")
+    return len(events)
