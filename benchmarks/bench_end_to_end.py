@@ -100,17 +100,24 @@ def replicate(data: Path, work: Path, copies: int, workers: int) -> dict:
     return {"copies": copies, "records": copies * len(records), "seconds": time.perf_counter() - t0}
 
 
-def call(args: list[str], out: Path, log: Path) -> dict:
-    """One `streamer call`: wall time, its stats JSON and the TSV's path."""
+def call(args: list[str], out: Path, log: Path, trace: Path | None = None) -> dict:
+    """One `streamer call`: wall time, its stats JSON and the TSV's path (and its timeline, to `trace`)."""
     stats = out.with_suffix(".json")
+    if trace is not None:
+        args = [*args, "--trace", str(trace)]
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "streamer", "call", *args, "-o", str(out), "--stats-json", str(stats)],
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    wall = time.perf_counter() - t0
+    t1 = time.perf_counter()
     log.write_text(proc.stderr)
     if proc.returncode != 0:
         raise RuntimeError(f"streamer call {' '.join(args)} failed: {proc.stderr[-2000:]}")
-    return {"wall_s": wall, **json.loads(stats.read_text()), "tsv": str(out)}
+    res = {"wall_s": t1 - t0, **json.loads(stats.read_text()), "tsv": str(out)}
+    if trace is not None:  # its clock is this one (the system's monotonic clock): what lies outside its spans
+        spans = json.loads(trace.read_text())["traceEvents"]
+        res["before_first_span_s"] = min(e["ts"] for e in spans) / 1e6 - t0
+        res["after_last_span_s"] = t1 - max(e["ts"] + e["dur"] for e in spans) / 1e6
+    return res
 
 
 def hmm_stage(data: Path, work: Path, ref_path: Path, copies: int, reps: int) -> dict:
@@ -246,8 +253,11 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=1, help="timed repeats of the HMM stage [%(default)s]")
     ap.add_argument("--runs", default="all", help="comma-separated end-to-end runs (names in `runs`) [all]")
     ap.add_argument("--steps", default="shared,hmm_stage,signal_stages,calls", help="steps to run [%(default)s]")
+    ap.add_argument("--trace-dir", type=Path, help="write each end-to-end run's timeline (`--trace`) here")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.trace_dir:
+        args.trace_dir.mkdir(parents=True, exist_ok=True)
     logs = args.work / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     threads = numba.config.NUMBA_NUM_THREADS
@@ -321,6 +331,9 @@ def main() -> int:
         "fast5_cpu_K1024": [*fast5, "-K", "1024", "--disable-cuda"],
         "pod5_gpu_cuda_events": [*pod5, "--cuda-events"],
         "pod5_gpu_budget_8G": [*pod5, "--memory-budget", "8G"],
+        "pod5_gpu_budget_8G_K1024": [*pod5, "--memory-budget", "8G", "-K", "1024"],
+        "pod5_gpu_budget_8G_K1024_c3": [*pod5, "--memory-budget", "8G", "-K", "1024", "--compute-threads", "3"],
+        "pod5_gpu_c3": [*pod5, "--compute-threads", "3"],
         **{f"{fmt}_gpu{sfx}": [*r, *caps] for fmt, r in (("pod5", pod5), ("blow5", blow5))
            for sfx, caps in (("", []), ("_K1024", ["-K", "1024"]),
                              ("_K1024_threads", ["-K", "1024", "--io-mode", "threads"]),
@@ -337,7 +350,8 @@ def main() -> int:
                 continue
 
             def one(label=label) -> None:
-                r = call([*big, *runs[label]], args.work / f"{label}.tsv", logs / f"{label}.{rep_no}.log")
+                trace = args.trace_dir / f"{label}.{rep_no}.trace.json" if args.trace_dir else None
+                r = call([*big, *runs[label]], args.work / f"{label}.tsv", logs / f"{label}.{rep_no}.log", trace)
                 nonlocal reference_tsv
                 reference_tsv = reference_tsv or Path(r["tsv"]).read_bytes()
                 r["identical"] = Path(r["tsv"]).read_bytes() == reference_tsv
@@ -383,6 +397,8 @@ def report(res: dict) -> str:
             walls = " (" + ", ".join(f"{x['wall_s']:.2f}" for x in rs) + ")" if len(rs) > 1 else ""
             st = r["stage_seconds"]
             waits = ", ".join(f"{k} {v:.2f}" for k, v in r.get("waits_s", {}).items())
+            if "before_first_span_s" in r:
+                waits += f"; launch {r['before_first_span_s']:.2f}, exit {r['after_last_span_s']:.2f}"
             lines.append(f"| {label} | {r['wall_s']:.2f}{walls} | {r['elapsed_s']:.2f} | {r['startup_s']:.2f} | "
                          f"{r['bases'] / r['wall_s'] / 1e6:.2f} "
                          f"| {all(x['identical'] for x in rs)} | " + " | ".join(f"{st.get(k, 0):.2f}" for k in stages)

@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
@@ -187,6 +188,8 @@ def _run(args: argparse.Namespace, compiling: bool) -> int:
         else:
             _here(run, tuning, sinks, memory)
         output.finish()
+        closing = time.perf_counter()
+    timeline.record("closing", closing, time.perf_counter())  # the readers, the GPU and the sinks let go
     if progress:
         print(file=sys.stderr)
     print(summary.report(), file=sys.stderr)
@@ -293,10 +296,11 @@ def _here(run: _CallRun, tuning: CallTuning, sinks: list[Sink], memory: MemoryPl
     """This host: reader pool, the pipeline (GPU if any), overlapped batches as many as the memory budget holds."""
     rows = row_sinks(sinks)[0]  # the calls TSV
     runner = runner_options(memory, run.args.io_workers)
-    host = open_host(run.stack, run.args, run.index, run.options, runner, registry.analysis("cpg"))
-    pipeline, ref, pool, basecalls = host.pipeline, host.ref, host.pool, host.basecalls
-    rows.render(pipeline.warm_up_result)  # the TSV kernel, compiled now too
-    tuning.attach(pipeline.gpu)
+    with timeline.span("start-up"):
+        host = open_host(run.stack, run.args, run.index, run.options, runner, registry.analysis("cpg"))
+        pipeline, ref, pool, basecalls = host.pipeline, host.ref, host.pool, host.basecalls
+        rows.render(pipeline.warm_up_result)  # the TSV kernel, compiled now too
+        tuning.attach(pipeline.gpu)
     run.summary.startup_s = run.summary.elapsed
     # as f5c does, ultra-long reads wait for the end of the run only when the GPU aligns the rest
     ultra = UltraLong(run.args.ultra_thresh, run.args.skip_ultra) if pipeline.gpu is not None else None
