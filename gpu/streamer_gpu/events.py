@@ -3,7 +3,7 @@
 Both kernels run `streamer.pipeline.event_cells`, the CPU kernel's own per-read source compiled for
 the device (`streamer_gpu.target`), so the events agree with `streamer.pipeline.events` to the bit.
 Its prefix sums are a chain of float64 roundings that no parallel scan reproduces, so one thread
-segments one read: `peaks` finds its boundaries (its ring of prefix sums in local memory), the host
+segments one read: `peaks` finds its boundaries (its blocks of prefix sums and t-statistics in local memory), the host
 turns the counts into event offsets, and `fill` writes its events. A batch's reads are spread over
 enough threads to hide the memory latency of each read's sequential scan; the longest read sets the
 kernel's time.
@@ -24,7 +24,7 @@ import time
 import numpy as np
 from numba import cuda
 
-from streamer.pipeline.event_cells import event_cells
+from streamer.pipeline.event_cells import event_cells, scratch_size
 from streamer.pipeline.events import EventParams, batch_signal, detect_events_kernel, event_offsets
 from streamer.pipeline.gpu import EventsBatchStats
 from streamer_gpu.buffers import DeviceBuffers
@@ -34,7 +34,8 @@ from streamer_gpu.target import CUDA_ERRORS, DEVICE
 
 log = logging.getLogger(__name__)
 
-RING = 64  # each thread's ring of prefix sums: windows up to 31 samples (the chemistries' longest is 14)
+STEP = 16  # samples each thread forms its t-statistics for at a time
+SCRATCH = 80  # its prefix sums in reach, STEP + 2 w + 1: windows up to 31 samples (the chemistries' longest is 14)
 BLOCK = 64
 
 
@@ -52,10 +53,13 @@ def kernels():
         r = cuda.grid(1)
         if r >= n_reads:
             return
-        ring_s = cuda.local.array(RING, np.float64)
-        ring_q = cuda.local.array(RING, np.float64)
+        pre_s = cuda.local.array(SCRATCH, np.float64)
+        pre_q = cuda.local.array(SCRATCH, np.float64)
+        t1 = cuda.local.array(STEP, np.float32)
+        t2 = cuda.local.array(STEP, np.float32)
         a = signal_off[r]
-        n_peaks[r] = read_peaks(signal, a, signal_off[r + 1] - a, w1, w2, th1, th2, height, ring_s, ring_q, peaks, a)
+        n_peaks[r] = read_peaks(signal, a, signal_off[r + 1] - a, w1, w2, th1, th2, height, pre_s, pre_q, t1, t2,
+                                peaks, a)  # fmt: skip
 
     @cuda.jit(
         "void(float32[::1], int64[::1], int32[::1], int64[::1], int64[::1], int64, int64[::1], float32[::1], "
@@ -103,7 +107,7 @@ class CudaEvents:
         fallback = ""
         if signal_off[-1] == signal_off[0]:
             events = None  # no samples: nothing to launch
-        elif 2 * max(params.w1, params.w2) >= RING:
+        elif scratch_size(params.w1, params.w2, STEP) > SCRATCH:
             fallback = f"windows of {params.w1} and {params.w2} samples are longer than the GPU kernel's"
             events = None
         else:

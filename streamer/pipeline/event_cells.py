@@ -6,9 +6,10 @@ the events' statistics.
 same source with the same rounding operations in the same order, so their events agree to the bit.
 The arithmetic is f5c's (see `streamer.pipeline.events`). The prefix sums are a chain of float64
 additions whose every step rounds, so they are formed in order, one read at a time: a parallel scan
-would round differently. A read's sums are kept only as far as the t-statistics look: a ring of the
-last `len(ring)` (a power of two above twice the longer window) sums, which a GPU thread holds in its
-local memory.
+would round differently. A read goes in blocks: a block's prefix sums (and the few either side its
+windows reach), then its two t-series in a pass without a loop-carried step, which the CPU compiler
+vectorises (the divisions of the t-statistics bound the kernel), then the peak detector over them.
+A GPU thread holds its small blocks in local memory.
 """
 
 from __future__ import annotations
@@ -27,12 +28,9 @@ FLT_MAX = np.float32(np.finfo(np.float32).max)
 
 
 @numba.njit(nogil=True, cache=True)
-def ring_size(w1, w2):
-    """The ring of prefix sums the windows need: a power of two above 2 max(w1, w2)."""
-    size = 1
-    while size <= 2 * max(w1, w2):
-        size *= 2
-    return size
+def scratch_size(w1, w2, block):
+    """The prefix sums a block of `block` samples reaches: its own, and max(w1, w2) either side."""
+    return block + 2 * max(w1, w2) + 1
 
 
 class EventCells(NamedTuple):
@@ -72,13 +70,27 @@ def event_cells(t: Target) -> EventCells:
         return fdiv(abs(delta), fsqrt(fdiv(var, wf)))
 
     @t.jit
-    def t_at(ring_s, ring_q, i, w, n):
-        """The t-statistic of window w at i, 0 where the windows do not fit (or w < 2)."""
-        if w < 2 or n < 2 * w or i < w or i > n - w:
-            return np.float32(0.0)
-        m = len(ring_s) - 1
-        lo, mid, hi = (i - w) & m, i & m, (i + w) & m
-        return tstat(ring_s[lo], ring_q[lo], ring_s[mid], ring_q[mid], ring_s[hi], ring_q[hi], w)
+    def t_series(pre_s, pre_q, base, b0, b1, n, w, out):
+        """The t-statistics of window w at b0..b1-1 into out[0:], 0 where the windows do not fit (or w < 2).
+
+        pre_s/pre_q[j - base] hold the prefix sums j the windows reach. No step depends on another,
+        so the CPU compiler runs this loop in SIMD lanes: the divisions are what event detection costs.
+        """
+        for i in range(b1 - b0):
+            out[i] = np.float32(0.0)
+        if w < 2 or n < 2 * w:
+            return
+        lo = max(b0, w)
+        hi = min(b1, n - w + 1)
+        if hi <= lo:
+            return
+        # views that start at 0, so the compiler sees non-negative indices
+        s_lo, q_lo = pre_s[lo - w - base : hi - w - base], pre_q[lo - w - base : hi - w - base]
+        s_mid, q_mid = pre_s[lo - base : hi - base], pre_q[lo - base : hi - base]
+        s_hi, q_hi = pre_s[lo + w - base : hi + w - base], pre_q[lo + w - base : hi + w - base]
+        dst = out[lo - b0 : hi - b0]
+        for k in range(hi - lo):
+            dst[k] = tstat(s_lo[k], q_lo[k], s_mid[k], q_mid[k], s_hi[k], q_hi[k], w)
 
     @t.jit
     def climb(pos, val, t, i, height):
@@ -107,52 +119,64 @@ def event_cells(t: Target) -> EventCells:
         return pos, val, valid, np.int64(-1)
 
     @t.jit
-    def read_peaks(x, a, n, w1, w2, th1, th2, height, ring_s, ring_q, peaks, p0):
+    def read_peaks(x, a, n, w1, w2, th1, th2, height, pre_s, pre_q, t1, t2, peaks, p0):
         """Boundaries of the read x[a:a+n] into peaks[p0:]; returns how many (strictly increasing, in 1..n-1).
 
         Scrappie's short/long peak detector over both t-series at once (short first). A short peak
         above its threshold masks and resets the long detector for w1 samples; the short detector
-        skips sample 0. ring_s/ring_q: float64 scratch of `ring_size(w1, w2)`.
+        skips sample 0. The read goes in blocks of len(t1) samples: the prefix sums the block's
+        windows reach (pre_s/pre_q, float64, `scratch_size(w1, w2, block)`), the block's two
+        t-series (t1, t2, float32), then the detector over them.
         """
         if n == 0:
             return 0
-        m = len(ring_s) - 1
         ahead = max(w1, w2)
+        block = len(t1)
         s = 0.0
         q = 0.0
-        ring_s[0] = 0.0
-        ring_q[0] = 0.0
-        summed = 0  # prefix sums up to this index are in the ring
+        filled = 0  # prefix sums 0..filled are known; sum j sits at pre_s[j - base]
+        base = -ahead
+        pre_s[ahead] = 0.0
+        pre_q[ahead] = 0.0
         pos1, pos2 = np.int64(-1), np.int64(-1)
         val1, val2 = FLT_MAX, FLT_MAX
         valid1, valid2 = False, False
         masked_to = np.int64(0)  # the long detector's
         count = 0
-        for i in range(n):
-            while summed < min(n, i + ahead):
-                s, q = accumulate(s, q, x[a + summed])
-                summed += 1
-                ring_s[summed & m] = s
-                ring_q[summed & m] = q
-            if i > 0:
-                t = t_at(ring_s, ring_q, i, w1, n)
-                pos1, val1, past = climb(pos1, val1, t, i, height)
-                if past:
-                    if val1 > th1:
-                        masked_to = pos1 + w1
-                        pos2, val2, valid2 = np.int64(-1), FLT_MAX, False
-                    pos1, val1, valid1, emitted = settle(pos1, val1, valid1, t, i, th1, height, w1 // 2)
-                    if emitted >= 0:
-                        peaks[p0 + count] = emitted
-                        count += 1
-            if masked_to < i:
-                t = t_at(ring_s, ring_q, i, w2, n)
-                pos2, val2, past = climb(pos2, val2, t, i, height)
-                if past:
-                    pos2, val2, valid2, emitted = settle(pos2, val2, valid2, t, i, th2, height, w2 // 2)
-                    if emitted >= 0:
-                        peaks[p0 + count] = emitted
-                        count += 1
+        for b0 in range(0, n, block):
+            b1 = min(b0 + block, n)
+            new_base = b0 - ahead
+            for j in range(max(new_base, 0), filled + 1):  # the sums still in reach move to the front
+                pre_s[j - new_base] = pre_s[j - base]
+                pre_q[j - new_base] = pre_q[j - base]
+            base = new_base
+            while filled < min(n, b1 - 1 + ahead):
+                s, q = accumulate(s, q, x[a + filled])
+                filled += 1
+                pre_s[filled - base] = s
+                pre_q[filled - base] = q
+            t_series(pre_s, pre_q, base, b0, b1, n, w1, t1)
+            t_series(pre_s, pre_q, base, b0, b1, n, w2, t2)
+            for i in range(b0, b1):
+                if i > 0:
+                    t = t1[i - b0]
+                    pos1, val1, past = climb(pos1, val1, t, i, height)
+                    if past:
+                        if val1 > th1:
+                            masked_to = pos1 + w1
+                            pos2, val2, valid2 = np.int64(-1), FLT_MAX, False
+                        pos1, val1, valid1, emitted = settle(pos1, val1, valid1, t, i, th1, height, w1 // 2)
+                        if emitted >= 0:
+                            peaks[p0 + count] = emitted
+                            count += 1
+                if masked_to < i:
+                    t = t2[i - b0]
+                    pos2, val2, past = climb(pos2, val2, t, i, height)
+                    if past:
+                        pos2, val2, valid2, emitted = settle(pos2, val2, valid2, t, i, th2, height, w2 // 2)
+                        if emitted >= 0:
+                            peaks[p0 + count] = emitted
+                            count += 1
         return count
 
     @t.jit

@@ -25,11 +25,12 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from streamer.pipeline.event_cells import event_cells, ring_size
+from streamer.pipeline.event_cells import event_cells, scratch_size
 from streamer.pipeline.targets import CPU
 
 log = logging.getLogger(__name__)
 _read_peaks, _fill_read = event_cells(CPU)
+BLOCK = 1024  # samples a read's t-statistics are formed for at a time
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ def batch_signal(signal: np.ndarray, signal_off: np.ndarray) -> tuple[np.ndarray
     return signal, signal_off
 
 
-@numba.njit(nogil=True, cache=True, parallel=True)
+@numba.njit(nogil=True, cache=True, parallel=True, error_model="numpy")
 def detect_events_kernel(signal, signal_off, w1, w2, threshold1, threshold2, peak_height):
     """Batch kernel behind `detect_events`, for callers whose arrays are already validated.
 
@@ -94,14 +95,17 @@ def detect_events_kernel(signal, signal_off, w1, w2, threshold1, threshold2, pea
     th1 = np.float32(threshold1)
     th2 = np.float32(threshold2)
     height = np.float32(peak_height)
-    ring = ring_size(w1, w2)
+    size = scratch_size(w1, w2, BLOCK)
     peaks = np.empty(len(signal), np.int32)
     n_peaks = np.zeros(n_reads, np.int64)
     for r in numba.prange(n_reads):
         a = signal_off[r]
-        ring_s = np.empty(ring, np.float64)
-        ring_q = np.empty(ring, np.float64)
-        n_peaks[r] = _read_peaks(signal, a, signal_off[r + 1] - a, w1, w2, th1, th2, height, ring_s, ring_q, peaks, a)
+        pre_s = np.empty(size, np.float64)
+        pre_q = np.empty(size, np.float64)
+        t1 = np.empty(BLOCK, np.float32)
+        t2 = np.empty(BLOCK, np.float32)
+        n_peaks[r] = _read_peaks(signal, a, signal_off[r + 1] - a, w1, w2, th1, th2, height, pre_s, pre_q, t1, t2,
+                                 peaks, a)  # fmt: skip
     ev_off = event_offsets(signal_off, n_peaks)
     total = ev_off[n_reads]
     ev_start = np.empty(total, np.int64)

@@ -73,7 +73,9 @@ def fsqrt(a):
 # plain IEEE operations: numba's CPU code and numpy scalars (the CUDA simulator) never contract them
 IEEE_OPS = (fadd, fsub, fmul, fdiv, dadd, dmul, ddiv, fsqrt)
 
-_cpu_jit = numba.njit(nogil=True, cache=True)
+# numpy's error model: a division by zero gives inf or nan, as in C and on the GPU, instead of
+# Python's ZeroDivisionError, whose test on every division keeps LLVM from vectorising a loop
+_cpu_jit = numba.njit(nogil=True, cache=True, error_model="numpy")
 CPU = Target("cpu", _cpu_jit, *(_cpu_jit(op) for op in IEEE_OPS))
 
 
