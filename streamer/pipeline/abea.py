@@ -61,7 +61,7 @@ def transition_log_probs(n_events, n_kmers, skip_prob):
     return lp_skip, lp_stay, lp_step
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(nogil=True, cache=True, error_model="numpy")
 def align_read(
     ranks,
     ev_mean,
@@ -100,6 +100,8 @@ def align_read(
         k_mean[kk] = scaled_mean(scale, level_mean[r], shift)
         k_stdv[kk] = level_stdv[r]
         k_log[kk] = level_log_stdv[r]
+
+    ev_rev = ev_mean[e0 : e0 + n_events][::-1].copy()  # the read's events, last first
 
     # three bands of scores, each padded by a -inf cell at both ends so that the
     # neighbours of any cell (offsets o-1..o+1 in the previous two bands) need no bounds test
@@ -142,16 +144,19 @@ def align_read(
 
         lo = max(max(-llk, lle - (n_events - 1)), 0)
         hi = min(min(n_kmers - llk, lle + 1), w)
-        tb = b * w
-        ev0 = e0 + lle
-        for o in range(lo, hi):
-            kk = llk + o
-            em = log_emission(ev_mean[ev0 - o], k_mean[kk], k_stdv[kk], k_log[kk])
-            score, move = cell_score(
-                ring[prev2 + o + d_diag], ring[prev + o + d_up], ring[prev + o + d_left], em, lp_step, lp_stay, lp_skip
-            )
-            ring[cur + o] = score
-            trace[tb + o] = move
+        # the band's cells o = lo..hi-1 through unsigned offsets (never negative: no wraparound test),
+        # so that the compiler runs them in SIMD lanes; events in ascending order from the reversed copy
+        cells = np.uint64(max(hi - lo, 0))
+        at_cur, at_trace = np.uint64(cur + lo), np.uint64(b * w + lo)
+        at_diag, at_up, at_left = np.uint64(prev2 + lo + d_diag), np.uint64(prev + lo + d_up), np.uint64(prev + lo + d_left)
+        at_ev, at_k = np.uint64(n_events - 1 - lle + lo), np.uint64(llk + lo)
+        for j in range(cells):
+            kk = at_k + j
+            em = log_emission(ev_rev[at_ev + j], k_mean[kk], k_stdv[kk], k_log[kk])
+            score, move = cell_score(ring[at_diag + j], ring[at_up + j], ring[at_left + j], em, lp_step, lp_stay,
+                                     lp_skip)  # fmt: skip
+            ring[at_cur + j] = score
+            trace[at_trace + j] = move
 
         # candidate end cell (e, last k-mer) with the remaining events trimmed; bands
         # come in ascending event order, so the first best is kept as in f5c
