@@ -348,7 +348,7 @@ def plan(machine: Machine, profile: str = "auto", given: Mapping[str, Any] | Non
     given = {k: v for k, v in (given or {}).items() if v != "auto"}
     mem_frac = given.get("mem_frac") if given.get("mem_frac") is not None else prof.mem_frac
     threads = given.get("threads") or prof.threads(machine.cpus)
-    budget = parse_size(given["memory_budget"]) if given.get("memory_budget") is not None else prof.memory_budget(threads)
+    budget = prof.memory_budget(threads) if given.get("memory_budget") is None else parse_size(given["memory_budget"])
     gpu = GpuLimits(parse_size(given.get("gpu_reserve", prof.gpu_reserve)),
                     parse_size(given["gpu_memory"]) if given.get("gpu_memory") is not None else None,
                     given.get("stream_priority", prof.stream_priority))  # fmt: skip
