@@ -59,13 +59,14 @@ def prepare(data: Path, work: Path, cells: int, copies: int, file_reads: int) ->
         list(pool.map(_cell_source, [(data, run, c * copies, copies) for c, run in enumerate(sources)]))
     stagers = [subprocess.Popen([sys.executable, "-m", "streamer", "replay", str(run), str(root / "staged"),
                                  "--stage-only", "--signal-format", "pod5", "--batch-size", str(file_reads),
-                                 "--flowcell", f"FAK{c:05d}"], stdout=subprocess.PIPE, text=True)
+                                 "--flowcell", f"FAK{c:05d}"], stdout=subprocess.PIPE,
+                                stderr=open(root / f"stage-fc{c}.log", "w"), text=True)
                for c, run in enumerate(sources)]  # fmt: skip
     staged = []
     for p in stagers:
         out, _ = p.communicate()
         if p.returncode != 0:
-            raise SystemExit(f"staging failed ({p.returncode})")
+            raise SystemExit(f"staging failed ({p.returncode}): see {root}/stage-fc*.log")
         staged.append(Path(out.strip().splitlines()[-1]))
     joint = root / "all"
     (joint / "pod5").mkdir(parents=True, exist_ok=True)
