@@ -86,3 +86,30 @@ def test_one_budget_for_host_and_gpu_where_they_are_one_memory():
     # a batch cap that fits leaves the GPU part all the rest; a budget too small still plans the smallest batches
     assert memory_plan(budget, 1_000_000, 1, 2, "threads", _linear(fixed, per_base)).max_bases == 1_000_000
     assert memory_plan(200 << 20, 5_000_000, 1, 2, "threads", _linear(fixed, per_base)).max_bases > 0
+
+
+def test_a_jetson_daemon_gives_its_gpu_the_share_of_the_budget_the_host_leaves():
+    """The daemon on an Orin NX (faked board): the plan's GPU part (arena, HMM, modules, from the GPU
+    package's own arithmetic) and its host batches fit the one budget; the share is the arena's cap,
+    in the configuration the pipeline is built from and in the limits summary.json records."""
+    pytest.importorskip("numba.cuda")
+    from streamer import config
+    from streamer.commands.run import budgeted, cuda_options
+    from streamer.pipeline.gpu import GpuInfo, gpu_package
+    from streamer.tuning.board import Board
+
+    board = Board("NVIDIA Jetson Orin NX Engineering Reference Developer Kit", "R36.3.0")
+    orin = Machine(GpuInfo("Orin", 15 << 30, 12 << 30, True, 8 * 1536), 8, 15 << 30, board)
+    given = {"memory_budget": "3G", "threads": 6}
+    base = config.Config().with_tunables(plan(orin, given=given).limits())  # as `plan_config` resolves it
+    cfg, p = budgeted(base, plan(orin, given=given))
+    gpu = p.gpu.memory
+    options = cuda_options(cfg)
+    assert options.memory_cap == gpu == p.limits()["gpu_memory"] and options.stream_priority == "low"
+    assert options.reserve == 4 << 30 and p.limits()["unified_memory"] and p.limits()["memory_budget"] == 3 << 30
+    device = gpu_package().device_bytes(options, 100, 8 * 1536)  # what the arena plan will want for this B
+    host = PROCESS_BYTES + 5 * cfg.batch.max_bases * BATCH_BYTES_PER_BASE + 75 * 2**20 + 6 * 40 * 2**20
+    assert device <= gpu and host + gpu <= 3 << 30 and cfg.batch.max_bases < 5_000_000
+    # the same board without its GPU (ABEA on the CPU): the whole budget is the host's
+    cpu_cfg, cpu_plan = budgeted(base, plan(Machine(None, 8, 15 << 30, board), given=given))
+    assert cpu_plan.gpu.memory is None and cpu_cfg.gpu.memory is None and cpu_cfg.batch.max_bases > cfg.batch.max_bases
