@@ -6,7 +6,7 @@ plain data, so they are tested without a GPU (tests/test_jetson_emulation.py).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from streamer.daemon.replay_plan import BatchTiming, ReplayOptions, landing_times
@@ -39,13 +39,23 @@ def backlog(samples: Sequence[Mapping[str, Any]], landed: Sequence[tuple[float, 
 
 
 def growth(series: Sequence[Mapping[str, float]], landed: Sequence[tuple[float, int]]) -> dict[str, Any]:
-    """Whether the backlog grows while files land: its least-squares slope (reads/s) over the second half
-    of the landing time, against the landing rate; and how long the daemon took to finish after the last
-    file landed (None: it did not within the samples)."""
+    """Whether the backlog grows while files land, and how long the daemon took to finish after the last
+    file landed (None: it did not within the samples).
+
+    The backlog is a sawtooth: it jumps by a file's reads as each lands and falls as they are done. Its
+    troughs (the last sample before each landing) hold what the daemon has not caught up with: their
+    least-squares slope (reads/s) over the second half of the landing time (all of them where that
+    has fewer than 3; fewer than 3 in all tell no trend: 0) is set against the landing rate.
+    """
     end = landed[-1][0] if landed else 0.0
     rate = sum(n for _, n in landed) / end if end > 0 else 0.0
-    late = [(p["t"], p["backlog"]) for p in series if end / 2 <= p["t"] <= end]
-    slope = _slope(late)
+    troughs = []
+    for at in sorted({t for t, _ in landed}):
+        before = [p for p in series if p["t"] < at]
+        if before:
+            troughs.append((before[-1]["t"], before[-1]["backlog"]))
+    late = [p for p in troughs if p[0] >= end / 2]
+    slope = _slope(late if len(late) >= 3 else troughs)
     finished = next((p["t"] for p in series if p["t"] >= end and p["backlog"] <= 0), None)
     return {"landing_s": end, "landing_reads_per_s": rate, "slope_reads_per_s": slope,
             "grows": slope > GROWTH_TOLERANCE * rate, "max_backlog": max((p["backlog"] for p in series), default=0),
@@ -66,11 +76,26 @@ def sustained(g: Mapping[str, Any], drain_limit: float) -> bool:
     return not g["grows"] and g["drain_s"] is not None and g["drain_s"] <= drain_limit
 
 
-def batch_latency(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """Latency per batch file over every run (`daemon_latency.measure` of each): mean weighted by files, max."""
-    files = sum(r["batch_files"] for r in runs)
-    mean = sum(r["latency_s"]["mean"] * r["batch_files"] for r in runs) / files if files else 0.0
-    return {"files": files, "mean_s": mean, "max_s": max((r["latency_s"]["max"] for r in runs), default=0.0)}
+def file_latencies(reads: Iterable[tuple[int, int, int]], registered: Mapping[int, float],
+                   committed: Mapping[int, float]) -> list[float]:
+    """Seconds from each signal file's reads having both their files registered to the commit of the last of
+    them: reads as the ledger's (signal file, basecall file, batch) rows, registered and committed as its
+    files' and batches' times (`at`)."""
+    per_file: dict[int, float] = {}
+    for sig, bc, batch in reads:
+        wait = committed[batch] - max(registered[sig], registered[bc])
+        per_file[sig] = max(per_file.get(sig, 0.0), wait)
+    return list(per_file.values())
+
+
+def batch_latency(files: Sequence[float], batches: Sequence[tuple[int, float, float]]) -> dict[str, float]:
+    """Latency per batch file (mean, max) and per batch, the daemon's own (each batch's reads' mean from both
+    files registered to commit, mean over batches; and the largest of any read): batches as the ledger's
+    (n_reads, latency_sum, latency_max) rows."""
+    means = [total / n for n, total, _ in batches if n]
+    return {"files": len(files), "mean_s": statistics.fmean(files) if files else 0.0, "max_s": max(files, default=0.0),
+            "batches": len(batches), "batch_mean_s": statistics.fmean(means) if means else 0.0,
+            "batch_max_s": max((m for _, _, m in batches), default=0.0)}  # fmt: skip
 
 
 def peak_memory(samples: Sequence[Mapping[str, Any]], budget: int) -> dict[str, Any]:
@@ -100,11 +125,13 @@ def markdown(res: Mapping[str, Any]) -> str:
         "| measure | value |",
         "| --- | --- |",
         f"| replayed | {m['mbases']:.1f} Mbases in {g['landing_s']:.0f} s ({m['pace']:g} Mbases/s asked) |",
-        f"| backlog slope (second half) | {g['slope_reads_per_s']:+.2f} reads/s of {g['landing_reads_per_s']:.1f} "
-        f"landing: {'grows' if g['grows'] else 'does not grow'} |",
+        f"| backlog slope (troughs, second half) | {g['slope_reads_per_s']:+.2f} reads/s of "
+        f"{g['landing_reads_per_s']:.1f} landing: {'grows' if g['grows'] else 'does not grow'} |",
         f"| largest backlog | {g['max_backlog']} reads |",
         f"| finished after the last file | {_s(g['drain_s'])} |",
         f"| latency per batch file | mean {lat['mean_s']:.1f} s, max {lat['max_s']:.1f} s ({lat['files']} files) |",
+        f"| latency per batch | mean {lat['batch_mean_s']:.1f} s, max {lat['batch_max_s']:.1f} s ({lat['batches']} "
+        "batches; reads' files registered to commit) |",
         f"| peak host PSS + GPU | {mem['host_pss_mb']:.0f} + {mem['gpu_mb']:.0f} MB (largest sum "
         f"{mem['sum_mb']:.0f} MB of {mem['budget_mb']:.0f}: {'within' if mem['within_budget'] else 'OVER'}) |",
         f"| rows identical to `streamer call` | {m['rows_identical']} ({m['rows']} rows) |",
@@ -120,7 +147,7 @@ def markdown(res: Mapping[str, Any]) -> str:
         c = s["change"]
         lines.append(f"\nPeriod beside / alone: mean {c['mean']:+.1%}, p50 {c['p50']:+.1%}, p99 {c['p99']:+.1%}.")
     if res.get("search"):
-        lines += ["", "| pace (Mbases/s) | backlog slope (reads/s) | finished after last file | batch latency "
+        lines += ["", "| pace (Mbases/s) | backlog troughs' slope (reads/s) | finished after last file | batch latency "
                   "mean / max | kept |", "| --- | --- | --- | --- | --- |"]
         for t in res["search"]:
             tg, tl = t["growth"], t["latency"]

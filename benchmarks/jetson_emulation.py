@@ -29,11 +29,15 @@ OUT/results.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import json
 import os
+import re
 import shutil
 import signal
+import sqlite3
+import statistics
 import subprocess
 import sys
 import time
@@ -41,10 +45,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_call import tree_pss  # noqa: E402
-from daemon_latency import measure  # noqa: E402
 from emulation_data import PREP, copies_for, prepare  # noqa: E402
-from emulation_report import (backlog, batch_latency, growth, landings, markdown, peak_memory,  # noqa: E402
-                               period_change, sustained)
+from emulation_report import (backlog, batch_latency, file_latencies, growth, landings, markdown,  # noqa: E402
+                               peak_memory, period_change, sustained)
 from streamer.tuning.profiles import parse_size  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -96,6 +99,13 @@ def stop_standin(proc: subprocess.Popen, out: Path) -> dict:
     return json.loads(out.read_text())
 
 
+def replay_skew(paces: list[list[str]], ended: list[float]) -> float:
+    """How long after they were started the replays' clocks started (each links its files in place first):
+    its end less the seconds its pace line says it took, averaged; 0 where a line is missing."""
+    took = [re.search(r"in ([\d.]+) s:", " ".join(lines)) for lines in paces]
+    return statistics.fmean(end - float(m.group(1)) for end, m in zip(ended, took)) if all(took) else 0.0
+
+
 def trial(args, root: Path, prep: dict, pace: float, out: Path, standin: dict | None) -> dict:
     """The daemon following the staged cells at `pace` Mbases/s, sampled; the stand-in beside it if given."""
     live, results = out / "live", out / "daemon"
@@ -122,29 +132,48 @@ def trial(args, root: Path, prep: dict, pace: float, out: Path, standin: dict | 
     replays = [subprocess.Popen([*pinned(args.other_cores), *streamer(
         "replay", c["staged"], live, "--keep-staged", "--mbases-per-s", pace / len(names))],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for c in prep["cells"]]  # fmt: skip
-    t0, samples = time.monotonic(), []
+    t0, samples, ended = time.monotonic(), [], {}
     landed = landings(prep["cells"], pace)
     deadline = t0 + landed[-1][0] + args.drain_timeout
-    while daemon.poll() is None and time.monotonic() < deadline:
+
+    def sample() -> None:
         status = [json.loads(p.read_text()) for p in summaries]
         samples.append({"t": time.monotonic() - t0, "done": sum(s["reads"]["done"] for s in status),
                         "queued": sum(s["reads"]["matched"] for s in status), "pss": tree_pss(daemon.pid),
                         "gpu": gpu_memory_by_pid().get(daemon.pid, 0)})  # fmt: skip
+
+    while daemon.poll() is None and time.monotonic() < deadline:
+        sample()
+        ended.update({i: time.monotonic() for i, r in enumerate(replays) if i not in ended and r.poll() is not None})
         time.sleep(args.sample_s)
     if daemon.poll() is None:
         daemon.send_signal(signal.SIGTERM)
+    else:
+        sample()  # as it finished: every read it did
     code = daemon.wait(120)
     log.close()
-    paces = [r.communicate()[1].strip().splitlines()[-1:] for r in replays]
+    paces = [r.communicate()[1].strip().splitlines()[-2:] for r in replays]
+    ended.update({i: time.monotonic() for i in range(len(replays)) if i not in ended})
+    skew = replay_skew(paces, [ended[i] - t0 for i in range(len(replays))])
+    samples = [{**x, "t": x["t"] - skew} for x in samples]
     arena = [line.split("] ")[-1] for line in (out / "daemon.log").read_text().splitlines() if "arena" in line]
     series = backlog(samples, landed)
-    runs = [measure(results / n) for n in names]
+    files, batches = [], []
+    for name in names:
+        with contextlib.closing(sqlite3.connect(results / name / ".streamer" / "ledger.sqlite")) as db:
+            registered = dict(db.execute("SELECT id, at FROM files"))
+            committed = dict(db.execute("SELECT id, at FROM batches"))
+            files += file_latencies(db.execute("SELECT signal_file, basecall_file, batch FROM reads WHERE batch IS NOT "
+                                               "NULL"), registered, committed)  # fmt: skip
+            batches += db.execute("SELECT n_reads, latency_sum, latency_max FROM batches").fetchall()
+    bases = sum(json.loads(p.read_text())["bases"] for p in summaries)
     rows = sorted(line for n in names for line in (results / n / "meth.tsv").read_text().splitlines()[1:])
-    return {"pace": pace, "exit": code, "replays": paces, "arena": arena, "growth": growth(series, landed),
-            "backlog": series,
-            "latency": batch_latency(runs), "runs": runs, "memory": peak_memory(samples, parse_size(args.budget)),
+    return {"pace": pace, "exit": code, "replays": paces, "replay_skew_s": skew, "arena": arena,
+            "growth": growth(series, landed), "backlog": series,
+            "latency": batch_latency(files, batches), "memory": peak_memory(samples, parse_size(args.budget)),
             "limits": json.loads(summaries[0].read_text())["profile"], "rows": len(rows), "rows_list": rows,
-            "mbases": sum(r["bases"] for r in runs) / 1e6,
+            "read_latency_s": [json.loads(p.read_text())["latency_s"] for p in summaries],
+            "mbases": bases / 1e6,
             "standin": stop_standin(beside, out / "standin.json") if beside else None}  # fmt: skip
 
 
@@ -171,19 +200,21 @@ def run(args) -> dict:
                    stderr=open(args.out / "call.log", "w"))  # fmt: skip
     res["call_s"] = time.perf_counter() - t0
     call_rows = sorted((args.out / "call.tsv").read_text().splitlines()[1:])
-    alone = start_standin(args, args.out / "standin_alone.json", True)
-    time.sleep(args.standin_s)
-    res["standin"] = {"alone": stop_standin(alone, args.out / "standin_alone.json")}
+    alone = None
+    if args.standin_s > 0:
+        proc = start_standin(args, args.out / "standin_alone.json", True)
+        time.sleep(args.standin_s)
+        alone = stop_standin(proc, args.out / "standin_alone.json")
     save()
-    main = trial(args, root, prep, args.pace, args.out / "main", res["standin"]["alone"])
+    main = trial(args, root, prep, args.pace, args.out / "main", alone)
     main["rows_identical"] = main.pop("rows_list") == call_rows
-    res["standin"]["beside"] = main.pop("standin")
-    res["standin"]["change"] = period_change(res["standin"]["alone"], res["standin"]["beside"])
+    beside = main.pop("standin")
+    res["standin"] = {"alone": alone, "beside": beside, "change": period_change(alone, beside)} if alone else None
     res["main"] = main
     save()
     res["search"], res["largest_pace"] = [], args.pace if _kept(main, args) else None
     for pace in args.search:
-        t = trial(args, root, prep, pace, args.out / f"pace{pace:g}", res["standin"]["alone"])
+        t = trial(args, root, prep, pace, args.out / f"pace{pace:g}", alone)
         t.pop("rows_list")
         t["sustained"] = _kept(t, args)
         res["search"].append(t)
@@ -232,7 +263,8 @@ def main() -> int:
     r.add_argument("--profile", default="jetson-orin-nx")
     r.add_argument("--budget", default="6G", help="host and GPU together [%(default)s]")
     r.add_argument("--gpu-memory", default="3G", help="the GPU cap [%(default)s]")
-    r.add_argument("--standin-s", type=float, default=30.0, help="seconds of the stand-in alone [%(default)s]")
+    r.add_argument("--standin-s", type=float, default=30.0,
+                   help="seconds of the stand-in alone [%(default)s]; 0: no stand-in, the daemon alone on the GPU")
     r.add_argument("--size", type=int, default=1024, help="the stand-in's matrix side [%(default)s]")
     r.add_argument("--period-ms", type=float, default=100.0, help="the stand-in's period alone [%(default)s]")
     r.add_argument("--duty", type=float, default=0.5, help="share of that period its GPU work takes [%(default)s]")

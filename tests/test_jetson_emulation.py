@@ -17,8 +17,8 @@ from conftest import ROOT, SHARED, needs_shared
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from emulation_data import PREP, copies_for, prepare  # noqa: E402
-from emulation_report import (backlog, batch_latency, growth, landings, markdown, peak_memory,  # noqa: E402
-                              period_change, sustained)
+from emulation_report import (backlog, batch_latency, file_latencies, growth, landings, markdown,  # noqa: E402
+                              peak_memory, period_change, sustained)
 
 CELLS = [{"name": f"fc{c}", "bases": [500_000] * 10, "reads": [100] * 10} for c in range(2)]
 
@@ -74,9 +74,12 @@ def test_a_daemon_at_half_the_pace_has_a_growing_backlog_and_no_finish():
 
 
 def test_latency_memory_and_period_summaries():
-    runs = [{"batch_files": 3, "latency_s": {"mean": 2.0, "max": 4.0}},
-            {"batch_files": 1, "latency_s": {"mean": 6.0, "max": 6.5}}]  # fmt: skip
-    assert batch_latency(runs) == {"files": 4, "mean_s": 3.0, "max_s": 6.5}
+    # the ledger's rows: reads (signal file, basecall file, batch), files' and batches' times
+    reads = [(1, 2, 10), (1, 2, 11), (3, 4, 11)]
+    files = file_latencies(reads, {1: 100.0, 2: 101.0, 3: 102.0, 4: 100.5}, {10: 104.0, 11: 106.0})
+    assert sorted(files) == [4.0, 5.0]  # file 1 waits for its last read's batch, from its basecalls' landing
+    lat = batch_latency(files, [(2, 6.0, 4.0), (4, 4.0, 1.5)])
+    assert lat == {"files": 2, "mean_s": 4.5, "max_s": 5.0, "batches": 2, "batch_mean_s": 2.0, "batch_max_s": 4.0}
     samples = [{"pss": 2 << 30, "gpu": 3 << 30}, {"pss": 3 << 30, "gpu": 1 << 30}]
     mem = peak_memory(samples, 6 << 30)
     assert (mem["host_pss_mb"], mem["gpu_mb"], mem["sum_mb"], mem["within_budget"]) == (3072, 3072, 5120, True)
@@ -90,7 +93,8 @@ def test_markdown_table_of_a_run():
     landed = landings(CELLS, 1.0)
     g = growth(backlog(_a_second_behind(), landed), landed)
     period = {"mean_ms": 100.0, "p50_ms": 99.0, "p99_ms": 120.0, "max_ms": 130.0}
-    trial = {"pace": 1.0, "mbases": 10.0, "growth": g, "latency": {"files": 20, "mean_s": 3.2, "max_s": 7.5},
+    latency = {"files": 20, "mean_s": 3.2, "max_s": 7.5, "batches": 8, "batch_mean_s": 2.5, "batch_max_s": 6.0}
+    trial = {"pace": 1.0, "mbases": 10.0, "growth": g, "latency": latency,
              "memory": peak_memory([{"pss": 2 << 30, "gpu": 1 << 30}], 6 << 30), "rows_identical": True,
              "rows": 1234}  # fmt: skip
     res = {"cells": 2, "daemon_cores": "0-3", "profile": "jetson-orin-nx", "budget": "6G", "gpu_memory": "3G",
@@ -101,6 +105,7 @@ def test_markdown_table_of_a_run():
            "search": [{**trial, "pace": 2.0, "sustained": False}], "largest_pace": 1.0}  # fmt: skip
     text = markdown(res)
     assert "| latency per batch file | mean 3.2 s, max 7.5 s (20 files) |" in text
+    assert "| latency per batch | mean 2.5 s, max 6.0 s (8 batches;" in text
     assert "does not grow" in text and "| rows identical to `streamer call` | True (1234 rows) |" in text
     assert "| beside the daemon | 100.0 ms |" in text and "Largest pace kept: 1.0 Mbases/s." in text
     assert "| 2 | " in text and "| no |" in text
