@@ -134,7 +134,7 @@ def _shown(value: Any) -> str:
         return "default"
     if isinstance(value, bool):
         return "yes" if value else "no"
-    return value if isinstance(value, str) else format(value, "g")
+    return str(value) if isinstance(value, (str, int)) else format(value, "g")
 
 
 class _Collector:
