@@ -17,13 +17,23 @@ alone; (3) the daemon following the replay, the stand-in beside it, sampled ever
 backlog (reads landed less reads done), host PSS of the daemon's processes and its GPU memory
 (nvidia-smi); then its latency per batch file (from its ledgers), its rows against (1); (4) with
 `--search`, the same at faster paces until one is not kept. Writes OUT/results.json and
-OUT/results.md.
+OUT/results.md. The GPU memory counted is all the daemon's process holds on the device, its CUDA
+context included, and the budget plans for the HMM kernel's local memory on every thread the device
+holds: 1.45 GB on an H100's 132 SMs, about 70 MB on an Orin NX's 8, so the H100 leaves the batches
+less of the 6 GB than a board would.
 
     # on any machine, ahead (CPU only; `.devdata/` is git-ignored), for --duration 60 at 1 Mbases/s:
-    python benchmarks/jetson_emulation.py prepare --data ../shared/data/ecoli_2kb_region --mbases 60
+    python benchmarks/jetson_emulation.py prepare --data .devdata/ecoli_2kb_region --mbases 60
     # on the GPU machine (about 6 minutes with these; --duration 300 is the issue's test, 300 Mbases):
-    python benchmarks/jetson_emulation.py run --data ../shared/data/ecoli_2kb_region --duration 60 \\
+    python benchmarks/jetson_emulation.py run --data .devdata/ecoli_2kb_region --duration 60 \
         --search 2,4,8 --out bench-work/jetson
+
+`--data` is a copy of the shared `ecoli_2kb_region` folder. The data take about 17 MB per Mbase
+(60 Mbases: 1 GB; 300: 5 GB) and were written at 0.4 Mbases/s on 2 busy cores: `run` prepares
+whatever is not in `--work` yet itself (in parallel, a process per flow cell), so on a machine with
+more cores the data need not travel. `run` takes `--standin-s 0` to measure the daemon without the
+stand-in. Each step's numbers are in results.json as soon as it ends; the daemons' logs, summaries
+and ledgers stay in OUT/main and OUT/pace*.
 """
 
 from __future__ import annotations
