@@ -147,12 +147,13 @@ def markdown(res: Mapping[str, Any]) -> str:
         c = s["change"]
         lines.append(f"\nPeriod beside / alone: mean {c['mean']:+.1%}, p50 {c['p50']:+.1%}, p99 {c['p99']:+.1%}.")
     if res.get("search"):
-        lines += ["", "| pace (Mbases/s) | backlog troughs' slope (reads/s) | finished after last file | batch latency "
-                  "mean / max | kept |", "| --- | --- | --- | --- | --- |"]
+        lines += ["", "| pace (Mbases/s) | backlog troughs' slope (reads/s) | finished after last file | latency per "
+                  "file mean / max | stand-in period mean | kept |", "| --- | --- | --- | --- | --- | --- |"]
         for t in res["search"]:
             tg, tl = t["growth"], t["latency"]
+            period = f"{t['standin']['period']['mean_ms']:.1f} ms" if t.get("standin") else "-"
             lines.append(f"| {t['pace']:g} | {tg['slope_reads_per_s']:+.2f} | {_s(tg['drain_s'])} | "
-                         f"{tl['mean_s']:.1f} / {tl['max_s']:.1f} s | {'yes' if t['sustained'] else 'no'} |")
+                         f"{tl['mean_s']:.1f} / {tl['max_s']:.1f} s | {period} | {'yes' if t['sustained'] else 'no'} |")
         lines.append(f"\nLargest pace kept: {res['largest_pace']} Mbases/s.")
     return "\n".join(lines) + "\n"
 
