@@ -15,14 +15,22 @@ from streamer.daemon.replay_plan import BatchTiming, ReplayOptions, landing_time
 GROWTH_TOLERANCE = 0.05
 
 
-def landings(cells: Sequence[Mapping[str, Any]], pace: float) -> list[tuple[float, int]]:
+def stagger(cells: Sequence[Mapping[str, Any]], pace: float) -> list[float]:
+    """Seconds after the first that each cell's replay starts: spread over one file's time, so that the
+    cells' files land in turn, as flow cells started apart do, not all at once."""
+    per_cell = pace / len(cells) * 1e6
+    first = statistics.fmean(c["bases"][0] for c in cells) / per_cell if per_cell > 0 else 0.0
+    return [i * first / len(cells) for i in range(len(cells))]
+
+
+def landings(cells: Sequence[Mapping[str, Any]], pace: float, offsets: Sequence[float] = ()) -> list[tuple[float, int]]:
     """(seconds after the replays start, reads) of every batch file of every cell, in time order, each
-    cell at pace / cells Mbases/s (the plan `streamer replay --mbases-per-s` follows)."""
+    cell at pace / cells Mbases/s (the plan `streamer replay --mbases-per-s` follows) from its offset."""
     opts = ReplayOptions(mbases_per_s=pace / len(cells))
     out = []
-    for cell in cells:
+    for cell, at in zip(cells, offsets or [0.0] * len(cells)):
         times = landing_times([BatchTiming(0.0, b) for b in cell["bases"]], opts)
-        out.extend(zip(times, cell["reads"]))
+        out.extend((at + t, n) for t, n in zip(times, cell["reads"]))
     return sorted(out)
 
 

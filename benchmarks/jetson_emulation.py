@@ -7,7 +7,8 @@ Orin less the two MinKNOW keeps; the GPU is capped at 3 GB (`--gpu-memory`) and 
 a reserve for the basecaller); the daemon runs at nice 10 and idle-ish IO priority, as the systemd
 unit of a board sets it. A GridION's pace is five flow cells at about 1 Mbases/s together, each
 written as MinKNOW does (POD5 + FASTQ + aligned BAM per batch file), moved in by `streamer replay`
-from runs staged beforehand. The stand-in basecaller (`standin_basecaller.py`, pinned to cores the
+from runs staged beforehand, the cells started in turn within one file's time (their files land
+apart, not five at once). The stand-in basecaller (`standin_basecaller.py`, pinned to cores the
 daemon does not use) is a loop of matrix products and a pause: its period is measured alone, then
 beside the daemon.
 
@@ -50,6 +51,7 @@ import sqlite3
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -57,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_call import tree_pss  # noqa: E402
 from emulation_data import PREP, copies_for, prepare  # noqa: E402
 from emulation_report import (backlog, batch_latency, file_latencies, growth, landings, markdown,  # noqa: E402
-                               peak_memory, period_change, sustained)
+                               peak_memory, period_change, stagger, sustained)
 from streamer.tuning.profiles import parse_size  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -109,11 +111,13 @@ def stop_standin(proc: subprocess.Popen, out: Path) -> dict:
     return json.loads(out.read_text())
 
 
-def replay_skew(paces: list[list[str]], ended: list[float]) -> float:
-    """How long after they were started the replays' clocks started (each links its files in place first):
-    its end less the seconds its pace line says it took, averaged; 0 where a line is missing."""
+def replay_skew(paces: list[list[str]], ended: list[float], offsets: list[float]) -> float:
+    """How long after they were due the replays' clocks started (each links its files in place first): its
+    end less the seconds its pace line says it took and its offset, averaged; 0 where a line is missing."""
     took = [re.search(r"in ([\d.]+) s:", " ".join(lines)) for lines in paces]
-    return statistics.fmean(end - float(m.group(1)) for end, m in zip(ended, took)) if all(took) else 0.0
+    if not all(took):
+        return 0.0
+    return statistics.fmean(end - float(m.group(1)) - at for end, m, at in zip(ended, took, offsets))
 
 
 def trial(args, root: Path, prep: dict, pace: float, out: Path, standin: dict | None) -> dict:
@@ -139,11 +143,18 @@ def trial(args, root: Path, prep: dict, pace: float, out: Path, standin: dict | 
     beside = None
     if standin is not None:
         beside = start_standin(args, out / "standin.json", False, standin["repeats"], standin["pause_ms"])
-    replays = [subprocess.Popen([*pinned(args.other_cores), *streamer(
-        "replay", c["staged"], live, "--keep-staged", "--mbases-per-s", pace / len(names))],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for c in prep["cells"]]  # fmt: skip
+    offsets = stagger(prep["cells"], pace)
+    replays: dict[int, subprocess.Popen] = {}
+
+    def replay(i: int) -> None:
+        replays[i] = subprocess.Popen([*pinned(args.other_cores), *streamer(
+            "replay", prep["cells"][i]["staged"], live, "--keep-staged", "--mbases-per-s", pace / len(names))],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
     t0, samples, ended = time.monotonic(), [], {}
-    landed = landings(prep["cells"], pace)
+    for i, at in enumerate(offsets):
+        threading.Timer(at, replay, (i,)).start()
+    landed = landings(prep["cells"], pace, offsets)
     deadline = t0 + landed[-1][0] + args.drain_timeout
 
     def sample() -> None:
@@ -154,7 +165,7 @@ def trial(args, root: Path, prep: dict, pace: float, out: Path, standin: dict | 
 
     while daemon.poll() is None and time.monotonic() < deadline:
         sample()
-        ended.update({i: time.monotonic() for i, r in enumerate(replays) if i not in ended and r.poll() is not None})
+        ended.update({i: time.monotonic() for i, r in list(replays.items()) if i not in ended and r.poll() is not None})
         time.sleep(args.sample_s)
     if daemon.poll() is None:
         daemon.send_signal(signal.SIGTERM)
@@ -162,9 +173,11 @@ def trial(args, root: Path, prep: dict, pace: float, out: Path, standin: dict | 
         sample()  # as it finished: every read it did
     code = daemon.wait(120)
     log.close()
-    paces = [r.communicate()[1].strip().splitlines()[-2:] for r in replays]
-    ended.update({i: time.monotonic() for i in range(len(replays)) if i not in ended})
-    skew = replay_skew(paces, [ended[i] - t0 for i in range(len(replays))])
+    while len(replays) < len(offsets):  # a daemon that failed early: every replay still runs to its end
+        time.sleep(0.1)
+    paces = [replays[i].communicate()[1].strip().splitlines()[-2:] for i in range(len(offsets))]
+    ended.update({i: time.monotonic() for i in range(len(offsets)) if i not in ended})
+    skew = replay_skew(paces, [ended[i] - t0 for i in range(len(offsets))], offsets)
     samples = [{**x, "t": x["t"] - skew} for x in samples]
     arena = [line.split("] ")[-1] for line in (out / "daemon.log").read_text().splitlines() if "arena" in line]
     series = backlog(samples, landed)

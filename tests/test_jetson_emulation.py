@@ -18,7 +18,7 @@ from conftest import ROOT, SHARED, needs_shared
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from emulation_data import PREP, copies_for, prepare  # noqa: E402
 from emulation_report import (backlog, batch_latency, file_latencies, growth, landings, markdown,  # noqa: E402
-                              peak_memory, period_change, sustained)
+                              peak_memory, period_change, stagger, sustained)
 
 CELLS = [{"name": f"fc{c}", "bases": [500_000] * 10, "reads": [100] * 10} for c in range(2)]
 
@@ -49,6 +49,9 @@ def test_prepare_writes_staged_cells_and_the_joint_input_once(tmp_path):
 def test_landings_follow_the_replay_pace():
     landed = landings(CELLS, 1.0)  # two cells at 0.5 Mbases/s each: a 0.5-Mbase file a second from each
     assert landed[:4] == [(1.0, 100), (1.0, 100), (2.0, 100), (2.0, 100)] and landed[-1] == (10.0, 100)
+    offsets = stagger(CELLS, 1.0)  # the cells' files in turn: the second cell half a file later
+    assert offsets == [0.0, 0.5]
+    assert landings(CELLS, 1.0, offsets)[:3] == [(1.0, 100), (1.5, 100), (2.0, 100)]
 
 
 def _a_second_behind() -> list[dict]:
