@@ -21,14 +21,14 @@ def new_id(read_id: str, copy: int) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_OID, f"{read_id}/{copy}"))
 
 
-def replicate_bam(src: Path, out: Path, copies: int, threads: int = 1) -> list[pysam.AlignedSegment]:
-    """`copies` copies of every record of `src` under `new_id`s, sorted and indexed as `out`;
-    the source records are returned."""
+def replicate_bam(src: Path, out: Path, copies: int, threads: int = 1, first: int = 0) -> list[pysam.AlignedSegment]:
+    """`copies` copies of every record of `src` (copies `first`, `first` + 1, ...) under `new_id`s, sorted
+    and indexed as `out`; the source records are returned."""
     unsorted = out.with_name("unsorted.bam")
     with pysam.AlignmentFile(src) as bam_in:
         records = list(bam_in)
         with pysam.AlignmentFile(unsorted, "wb", template=bam_in) as bam_out:
-            for c in range(copies):
+            for c in range(first, first + copies):
                 for rec in records:
                     rec = pysam.AlignedSegment.fromstring(rec.to_string(), bam_in.header)
                     rec.query_name = new_id(rec.query_name, c)

@@ -38,7 +38,11 @@ REQUIRED_FOR_RUN = ("watch.dir", "reference.genome", "output.dir")
 TUNABLE_KEYS = {"max_reads": ("batch", "max_reads"), "max_bases": ("batch", "max_bases"), "max_lf": ("gpu", "max_lf"),
                 "max_epk": ("gpu", "max_epk"), "avg_epk": ("gpu", "avg_epk"),
                 "ultra_thresh": ("gpu", "ultra_thresh"), "threads": ("pipeline", "threads"),
-                "mem_frac": ("gpu", "mem_frac")}  # fmt: skip
+                "mem_frac": ("gpu", "mem_frac"), "memory_budget": ("pipeline", "memory_budget"),
+                "gpu_reserve": ("gpu", "reserve"), "gpu_memory": ("gpu", "memory"),
+                "stream_priority": ("gpu", "stream_priority")}  # fmt: skip
+# keys holding a size (`300M`, `2G`, a number of bytes) or `auto`
+SIZE_KEYS = ("pipeline.memory_budget", "gpu.reserve", "gpu.memory")
 
 
 def _sink_choices() -> tuple[str, ...]:
@@ -184,7 +188,8 @@ class PipelineConfig:
         "auto", "Host memory the run may take, summed over its processes (e.g. `300M`, `2G`): the batch cap B, the "
         "batches read ahead and in the stages at once, and whether signal readers are processes are derived from it, "
         "so that peak memory does not grow with the input; auto: the device profile's (300M on a CPU-only host of up "
-        "to 4 threads).", type=str, flag="--memory-budget")
+        "to 4 threads). On a Jetson the GPU's memory is the host's and the budget holds both: the GPU part (the arena "
+        "for B, the HMM's buffers) gets what the host part leaves.", type=str, flag="--memory-budget")
 
 
 @dataclass(frozen=True)
@@ -202,6 +207,19 @@ class GpuConfig:
         None, "Most of the free GPU memory to take (the ABEA arena is sized for the batches, the HMM's memory "
         "beside it); unset: 0.9, or 0.7 on integrated GPUs (Jetson).", type=float,
         flag="--cuda-mem-frac", minimum=0.01)
+    reserve: str = _key(
+        "auto", "Device memory never taken (e.g. `2G`): the share of a process beside the daemon on the same GPU, "
+        "such as MinKNOW's live basecaller on a MinION Mk1C/Mk1D or a Jetson; `mem_frac` applies to the free "
+        "memory less it. auto: the device profile's (0 but on a Jetson).", type=str, flag="--gpu-reserve")
+    memory: str | None = _key(
+        None, "Most device memory the daemon takes (its arena, the HMM's buffers, the kernel modules), e.g. `3G`; "
+        "unset: `mem_frac` alone, and on a Jetson the share of `pipeline.memory_budget` the host part leaves.",
+        type=str, flag="--gpu-memory")
+    stream_priority: str = _key(
+        "auto", "Priority of the CUDA streams every kernel and copy of the GPU stages runs on: `low` (the device's "
+        "lowest) leaves the GPU first to the streams another process asks for above it, such as a live "
+        "basecaller's; auto: the device profile's (low on a Jetson).", type=str, flag="--gpu-stream-priority",
+        choices=("auto", "normal", "low"))
     avg_epk: float = _key(2.0, "Events per k-mer assumed when sizing the GPU arena.", type=float,
                           flag="--cuda-avg-epk", minimum=0.1)
     max_lf: float = _key(3.0, "Reads longer than this times the batch's mean length go to the CPU.", type=float,
@@ -656,11 +674,13 @@ def build(flat: dict[str, Any], *, origin: str = "configuration", require: tuple
         sec, name = key.path.split(".")
         values[sec][name] = value
     _check_endpoints(values, problems)
-    if values["pipeline"].get("memory_budget", "auto") != "auto":
-        try:
-            parse_size(values["pipeline"]["memory_budget"])
-        except ValueError as exc:
-            problems.append(f"pipeline.memory_budget: {exc}")
+    for path in SIZE_KEYS:
+        sec, name = path.split(".")
+        if values[sec].get(name, "auto") != "auto":
+            try:
+                parse_size(values[sec][name])
+            except ValueError as exc:
+                problems.append(f"{path}: {exc}")
     if values["service"].get("metrics") is not None:
         from streamer.metrics import parse_address
 

@@ -4,8 +4,8 @@ three cannot disagree.
 
 `status_of` is pure; `serve_metrics` exposes the latest status in Prometheus' text format
 (`prometheus-client`), counters as `streamer_*_total` and the rest, the tuning monitor's current
-settings and the device profile's limits among them, as gauges (the profile and board as
-`streamer_profile_info`'s labels).
+settings and the device profile's limits among them, as gauges (the profile, the board and the limits
+that are words, such as the CUDA streams' priority, as `streamer_profile_info`'s labels).
 """
 
 from __future__ import annotations
@@ -46,6 +46,10 @@ LIMITS = {
     "ultra_thresh": "bases above which a read goes to the CPU",
     "threads": "CPU threads",
     "mem_frac": "share of free GPU memory the arena may take",
+    "memory_budget": "bytes of memory the run is sized for (host, and GPU where unified)",
+    "unified_memory": "1 where host and GPU are one memory (a Jetson's) and the budget holds both",
+    "gpu_reserve": "device bytes never taken (left to a co-resident basecaller)",
+    "gpu_memory": "most device bytes the GPU stages take (on a Jetson, the budget's share)",
 }
 STATES = ("new", "running", "finishing", "finished", "stopped", "failed")
 
@@ -121,8 +125,16 @@ def render(status: Mapping[str, Any]) -> str:
     if s.get("profile"):
         limits = {k.removeprefix("limit_"): v for k, v in s.items() if k.startswith("limit_")}
         lines.append(f"profile: {s['profile']}" + (f" on {s['board']}" if s.get("board") else "") + "; limits: "
-                     + ", ".join(f"{k} {'default' if v is None else format(v, 'g')}" for k, v in limits.items()))
+                     + ", ".join(f"{k} {_shown(v)}" for k, v in limits.items()))
     return "\n".join(lines)
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "default"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value) if isinstance(value, (str, int)) else format(value, "g")
 
 
 class _Collector:
@@ -149,14 +161,16 @@ class _Collector:
             if f"tuning_{name}" in s:
                 yield GaugeMetricFamily(f"streamer_tuning_{name}", f"the tuning monitor's current {name}",
                                         value=s[f"tuning_{name}"])
+        words = {k.removeprefix("limit_"): v for k, v in s.items() if k.startswith("limit_") and isinstance(v, str)}
         if s.get("profile"):
-            info = GaugeMetricFamily("streamer_profile_info", "1 for the device profile the run started from, and "
-                                     "the Jetson board that chose it", labels=["profile", "board"])  # fmt: skip
-            info.add_metric([s["profile"], s.get("board") or ""], 1.0)
+            info = GaugeMetricFamily("streamer_profile_info", "1 for the device profile the run started from, the "
+                                     "Jetson board that chose it and its limits that are words",
+                                     labels=["profile", "board", *words])  # fmt: skip
+            info.add_metric([s["profile"], s.get("board") or "", *words.values()], 1.0)
             yield info
         for key, value in s.items():
             name = key.removeprefix("limit_")
-            if key.startswith("limit_") and value is not None:
+            if key.startswith("limit_") and value is not None and name not in words:
                 yield GaugeMetricFamily(f"streamer_limit_{name}", f"{name} as the run started (the device profile's "
                                         f"unless configured): " + LIMITS.get(name, name), value=value)
 

@@ -78,18 +78,24 @@ def test_faked_jetson_files_pick_its_profile_whatever_the_gpu(tmp_path):
 
 def test_every_limit_the_profile_sets_is_in_status_and_metrics(tmp_path):
     board = Board("NVIDIA Jetson Orin NX Engineering Reference Developer Kit", "R36.3.0")
-    p = plan(Machine(GpuInfo("Orin", 15 * GIB, 12 * GIB, True), 8, 15 * GIB, board), given={"max_lf": 4.0})
+    p = plan(Machine(GpuInfo("Orin", 15 * GIB, 12 * GIB, True), 8, 15 * GIB, board),
+             given={"max_lf": 4.0, "gpu_memory": "2G"})
     limits = p.limits()
     assert p.profile.name == "jetson-orin-nx" and set(limits) >= {"max_reads", "max_bases", "threads", "mem_frac"}
+    # two of the eight cores left to MinKNOW; one budget for host and GPU, the basecaller's share held back
     assert (limits["max_reads"], limits["max_bases"], limits["threads"], limits["mem_frac"], limits["max_lf"]) == (
-        1024, 5_000_000, 8, 0.6, 4.0)
+        1024, 5_000_000, 6, 0.6, 4.0)
+    assert (limits["memory_budget"], limits["unified_memory"], limits["gpu_reserve"], limits["gpu_memory"],
+            limits["stream_priority"]) == (3 * GIB, True, 4 * GIB, 2 * GIB, "low")  # fmt: skip
     status = status_of({"state": "running", "profile": p.as_dict()})
     assert status["profile"] == "jetson-orin-nx" and status["board"] == f"{board.model} L4T R36.3.0"
     assert {k: status[f"limit_{k}"] for k in limits} == limits
 
     shown = render(status).splitlines()[-1]
     assert shown.startswith(f"profile: jetson-orin-nx on {board.model} L4T R36.3.0; limits: ")
-    assert all(f"{k} {v:g}" in shown for k, v in limits.items())
+    numbers = {k: v for k, v in limits.items() if not isinstance(v, (bool, str))}
+    assert all(f"{k} {v if isinstance(v, int) else format(v, 'g')}," in shown for k, v in numbers.items())
+    assert "unified_memory yes" in shown and "stream_priority low" in shown
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -101,6 +107,27 @@ def test_every_limit_the_profile_sets_is_in_status_and_metrics(tmp_path):
     finally:
         stop()
     samples = {s.name: s for fam in text_string_to_metric_families(text) for s in fam.samples}
-    assert {k: samples[f"streamer_limit_{k}"].value for k in limits} == limits
+    assert {k: samples[f"streamer_limit_{k}"].value for k in numbers} == numbers
+    assert samples["streamer_limit_unified_memory"].value == 1
     info = samples["streamer_profile_info"]
-    assert info.value == 1 and info.labels == {"profile": "jetson-orin-nx", "board": status["board"]}
+    assert info.value == 1 and info.labels == {"profile": "jetson-orin-nx", "board": status["board"],
+                                               "stream_priority": "low"}
+
+
+def test_jetson_profiles_leave_cores_memory_and_the_gpu_first_to_minknow():
+    """Every jetson-* profile: host and GPU one budget, a reserve for the basecaller, low-priority streams,
+    two cores left; a user's key wins over each; other profiles keep every core and ordinary streams."""
+    board = Board("NVIDIA Jetson Orin Nano Developer Kit", "R36.3.0")
+    nano = Machine(GpuInfo("Orin", 7 * GIB, 5 * GIB, True, 8 * 1536), 6, int(7.4 * GIB), board)
+    p = plan(nano)
+    assert p.profile.name == "jetson-orin-nano" and p.threads == 4
+    assert (p.gpu.reserve, p.gpu.stream_priority, p.profile.unified) == (3 * GIB, "low", True)
+    mine = plan(nano, given={"threads": 6, "gpu_reserve": "1G", "stream_priority": "normal", "memory_budget": "1G"})
+    assert (mine.threads, mine.gpu.reserve, mine.gpu.stream_priority, mine.budget) == (6, GIB, "normal", GIB)
+    assert {mine.sources[k] for k in ("threads", "gpu_reserve", "stream_priority", "memory_budget")} == {"given"}
+    for name, profile in PROFILES.items():
+        jetson = name.startswith("jetson-")
+        assert (profile.unified, profile.stream_priority == "low", profile.spare_cores > 0,
+                profile.gpu_reserve > 0) == (jetson,) * 4  # fmt: skip
+    h100 = plan(Machine(GpuInfo("NVIDIA H100 80GB HBM3", 80 * GIB, 79 * GIB, False), 16, 256 * GIB))
+    assert (h100.threads, h100.gpu.reserve, h100.gpu.stream_priority, h100.profile.unified) == (16, 0, "normal", False)

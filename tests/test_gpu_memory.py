@@ -3,6 +3,8 @@ the free memory beside the HMM's, and a GPU with too little left is refused (the
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 pytest.importorskip("numba.cuda")
@@ -10,9 +12,12 @@ pytest.importorskip("numba.cuda")
 from streamer.pipeline.gpu import CudaOptions  # noqa: E402
 from streamer_gpu.host import arena_capacity, bytes_per_base  # noqa: E402
 from streamer_gpu.memory import (  # noqa: E402
+    EVENT_BYTES,
     HMM_LOCAL_BYTES_PER_THREAD,
-    RESERVE_BYTES,
+    MODULE_BYTES,
     arena_bytes_for,
+    device_bytes_for,
+    fixed_bytes,
     hmm_bytes_for,
     plan_memory,
 )
@@ -45,7 +50,7 @@ def test_the_cap_is_mem_frac_of_the_free_memory_less_the_hmm():
     opts = CudaOptions(max_bases=5_000_000, mem_frac=0.5)
     want = arena_bytes_for(512, 5_000_000, 2.0, 100)
     free = int(1.5 * want)
-    plan = plan_memory(free, False, opts, 100, 1000, reserve_bytes=0)
+    plan = plan_memory(free, False, opts, 100, 1000, fixed=0)
     hmm = hmm_bytes_for(5_000_000, 2.0, 1000)
     assert plan.other_bytes == hmm and plan.arena_bytes == int(free * 0.5) - hmm < want
     # the HMM's local memory is counted for every thread the device holds
@@ -57,9 +62,10 @@ def test_too_little_free_memory_is_refused_with_the_numbers():
     assert plan.arena_bytes == 0 and "2.00 GB free" in plan.refused and "arena" in plan.refused
 
 
-def test_no_hmm_no_hmm_memory():
+def test_no_hmm_no_hmm_memory_and_event_buffers_only_for_gpu_events():
     opts = CudaOptions(hmm=False)
-    assert plan_memory(80 * GB, False, opts, 100, H100_THREADS).other_bytes == RESERVE_BYTES
+    assert plan_memory(80 * GB, False, opts, 100, H100_THREADS).other_bytes == fixed_bytes(opts) == MODULE_BYTES
+    assert fixed_bytes(CudaOptions(events=True)) == MODULE_BYTES + EVENT_BYTES
 
 
 def test_autotune_leaves_the_tuner_one_step_of_room():
@@ -73,3 +79,29 @@ def test_autotune_leaves_the_tuner_one_step_of_room():
 def test_integrated_gpus_default_to_a_smaller_share():
     opts = CudaOptions(max_bases=50_000_000)
     assert plan_memory(8 * GB, True, opts, 100).arena_bytes < plan_memory(8 * GB, False, opts, 100).arena_bytes
+
+
+def test_the_reserve_is_never_taken_and_the_cap_bounds_arena_and_the_rest():
+    """A basecaller's share held back: mem_frac applies to the free memory less the reserve, and the
+    process's cap bounds its arena together with the HMM and the modules."""
+    opts = CudaOptions(max_bases=20_000_000, mem_frac=0.5)  # a 7.2 GB arena: more than any cap below
+    free = 10 * GB
+    plain = plan_memory(free, True, opts, 100, 1000)
+    reserved = plan_memory(free, True, replace(opts, reserve=4 * GB), 100, 1000)
+    assert plain.arena_bytes + plain.other_bytes == free // 2
+    assert reserved.arena_bytes + reserved.other_bytes == (free - 4 * GB) // 2
+    capped = plan_memory(free, True, replace(opts, memory_cap=3 * GB), 100, 1000)
+    assert capped.arena_bytes + capped.other_bytes == 3 * GB
+    # a batch that fits whole under the cap takes what it needs, not the cap
+    small = replace(opts, max_bases=1_000_000, memory_cap=2 * GB)
+    assert plan_memory(free, True, small, 100, 1000).arena_bytes == arena_bytes_for(512, 1_000_000, 2.0, 100)
+    refused = plan_memory(free, True, replace(opts, reserve=9 * GB, memory_cap=GB), 100, 1000)
+    assert refused.arena_bytes == 0 and "reserved" in refused.refused and "cap" in refused.refused
+
+
+def test_device_bytes_are_what_the_plan_takes_when_memory_allows():
+    opts = CudaOptions(max_bases=2_000_000, autotune=True)
+    plan = plan_memory(80 * GB, False, opts, 100, H100_THREADS)
+    assert device_bytes_for(opts, 100, H100_THREADS) == plan.arena_bytes + plan.other_bytes
+    assert device_bytes_for(replace(opts, max_bases=4_000_000), 100, H100_THREADS) > device_bytes_for(opts, 100,
+                                                                                                      H100_THREADS)

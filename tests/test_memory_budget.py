@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from streamer.config import build, ConfigError
-from streamer.tuning.profiles import (PROFILES, SMALL_BUDGET, BATCH_BYTES_PER_BASE, PROCESS_BYTES, budget_bytes,
-                                      memory_plan, parse_size)
+from streamer.tuning.profiles import (PROFILES, SMALL_BUDGET, BATCH_BYTES_PER_BASE, PROCESS_BYTES, DeviceShare,
+                                      Machine, budget_bytes, memory_plan, parse_size, plan)
 
 
 def test_sizes():
@@ -45,16 +45,71 @@ def test_config_key_is_checked():
     with pytest.raises(ConfigError, match="pipeline.memory_budget"):
         build({"pipeline.memory_budget": "lots"}, require=())
     assert build({"pipeline.memory_budget": "2G"}, require=()).pipeline.memory_budget == "2G"
+    for key in ("gpu.reserve", "gpu.memory"):
+        with pytest.raises(ConfigError, match=key):
+            build({key: "lots"}, require=())
+    gpu = build({"gpu.reserve": "2G", "gpu.memory": "3G", "gpu.stream_priority": "low"}, require=()).gpu
+    assert (gpu.reserve, gpu.memory, gpu.stream_priority) == ("2G", "3G", "low")
 
 
 def test_the_daemon_sizes_its_batches_and_readers_from_its_budget(tmp_path):
     from streamer import config
     from streamer.commands.run import budgeted
 
-    cpu = PROFILES["cpu"]
+    cpu = plan(Machine(None, 2, 8 << 30), "cpu")
     base = config.Config()
-    small = budgeted(config.Config(pipeline=config.PipelineConfig(threads=2, memory_budget="300M")), cpu)
+    small, small_plan = budgeted(config.Config(pipeline=config.PipelineConfig(threads=2, memory_budget="300M")), cpu)
     assert small.batch.max_bases < base.batch.max_bases and small.pipeline.io_mode == "threads"
     assert small.batch.max_bases == memory_plan(300 << 20, base.batch.max_bases, 1, 2).max_bases
-    roomy = budgeted(config.Config(pipeline=config.PipelineConfig(threads=2, memory_budget="64G")), cpu)
+    assert small_plan.limits()["memory_budget"] == 300 << 20 and small.gpu.memory is None
+    roomy, _ = budgeted(config.Config(pipeline=config.PipelineConfig(threads=2, memory_budget="64G")), cpu)
     assert roomy.batch == base.batch and roomy.pipeline.io_mode == base.pipeline.io_mode
+
+
+def _linear(fixed: int, per_base: int) -> DeviceShare:
+    return DeviceShare(lambda b: fixed + per_base * b)
+
+
+def test_one_budget_for_host_and_gpu_where_they_are_one_memory():
+    """On a unified board B is the largest whose host batches and GPU part fit the budget together; what
+    the host part leaves is the GPU's share, within its cap."""
+    budget, fixed, per_base = 6 << 30, 400 << 20, 1000
+    m = memory_plan(budget, 50_000_000, 1, 2, "threads", _linear(fixed, per_base))
+    host = PROCESS_BYTES + (m.ahead + 1 + 2 * m.compute_threads) * m.max_bases * BATCH_BYTES_PER_BASE
+    assert host + fixed + per_base * m.max_bases <= budget
+    assert host + fixed + per_base * (m.max_bases + 1) > budget  # the largest that fits
+    assert m.gpu_bytes == budget - host and m.gpu_bytes >= fixed + per_base * m.max_bases
+    alone = memory_plan(budget, 50_000_000, 1, 2, "threads")
+    assert alone.gpu_bytes is None and alone.max_bases > m.max_bases  # the host alone gets more
+    capped = memory_plan(budget, 50_000_000, 1, 2, "threads", DeviceShare(lambda b: fixed + per_base * b, 1 << 30))
+    assert capped.gpu_bytes == 1 << 30 and fixed + per_base * capped.max_bases <= 1 << 30 < m.gpu_bytes
+    # a batch cap that fits leaves the GPU part all the rest; a budget too small still plans the smallest batches
+    assert memory_plan(budget, 1_000_000, 1, 2, "threads", _linear(fixed, per_base)).max_bases == 1_000_000
+    assert memory_plan(200 << 20, 5_000_000, 1, 2, "threads", _linear(fixed, per_base)).max_bases > 0
+
+
+def test_a_jetson_daemon_gives_its_gpu_the_share_of_the_budget_the_host_leaves():
+    """The daemon on an Orin NX (faked board): the plan's GPU part (arena, HMM, modules, from the GPU
+    package's own arithmetic) and its host batches fit the one budget; the share is the arena's cap,
+    in the configuration the pipeline is built from and in the limits summary.json records."""
+    pytest.importorskip("numba.cuda")
+    from streamer import config
+    from streamer.commands.run import budgeted, cuda_options
+    from streamer.pipeline.gpu import GpuInfo, gpu_package
+    from streamer.tuning.board import Board
+
+    board = Board("NVIDIA Jetson Orin NX Engineering Reference Developer Kit", "R36.3.0")
+    orin = Machine(GpuInfo("Orin", 15 << 30, 12 << 30, True, 8 * 1536), 8, 15 << 30, board)
+    given = {"memory_budget": "3G", "threads": 6}
+    base = config.Config().with_tunables(plan(orin, given=given).limits())  # as `plan_config` resolves it
+    cfg, p = budgeted(base, plan(orin, given=given))
+    gpu = p.gpu.memory
+    options = cuda_options(cfg)
+    assert options.memory_cap == gpu == p.limits()["gpu_memory"] and options.stream_priority == "low"
+    assert options.reserve == 4 << 30 and p.limits()["unified_memory"] and p.limits()["memory_budget"] == 3 << 30
+    device = gpu_package().device_bytes(options, 100, 8 * 1536)  # what the arena plan will want for this B
+    host = PROCESS_BYTES + 5 * cfg.batch.max_bases * BATCH_BYTES_PER_BASE + 75 * 2**20 + 6 * 40 * 2**20
+    assert device <= gpu and host + gpu <= 3 << 30 and cfg.batch.max_bases < 5_000_000
+    # the same board without its GPU (ABEA on the CPU): the whole budget is the host's
+    cpu_cfg, cpu_plan = budgeted(base, plan(Machine(None, 8, 15 << 30, board), given=given))
+    assert cpu_plan.gpu.memory is None and cpu_cfg.gpu.memory is None and cpu_cfg.batch.max_bases > cfg.batch.max_bases

@@ -100,7 +100,8 @@ def test_status_and_metrics_during_a_replay_equal_summary_json(daemon, tmp_path,
     _until(lambda: _rows(out / "meth.tsv") == CALLS, "every call")
     # the tables wait for their 600 s refresh; the heartbeat and summary.json follow each committed batch
     heartbeat = _until(lambda: (h := _from_stream(publish, 0.5))["calls"] == CALLS and h, "a current heartbeat")
-    scraped = _as_status(_scrape(port))
+    raw = _scrape(port)
+    scraped = _as_status(raw)
     running = status_of(json.loads((out / "summary.json").read_text()))
 
     proc.send_signal(signal.SIGTERM)  # summary.json is written once more as the daemon stops
@@ -110,7 +111,10 @@ def test_status_and_metrics_during_a_replay_equal_summary_json(daemon, tmp_path,
     same = [*COUNTERS, "matched", "waiting_for_signal", "waiting_for_basecalls", "bases_per_busy_s", "latency_mean_s",
             "latency_max_s", *(k for k in final if k.startswith(("tuning_", "limit_")) and final[k] is not None)]
     assert {k: heartbeat[k] for k in same} == {k: final[k] for k in same}
-    assert {k: scraped[k] for k in same} == {k: float(final[k]) for k in same}
+    numbers = [k for k in same if not isinstance(final[k], str)]  # words are the info metric's labels
+    assert {k: scraped[k] for k in numbers} == {k: float(final[k]) for k in numbers}
+    info = [k for k in raw if k.startswith("streamer_profile_info")]
+    assert info == ["streamer_profile_info{}{cpu}{normal}"] and final["limit_stream_priority"] == "normal"
     assert {k: running[k] for k in same} == {k: final[k] for k in same} and running["state"] == "running"
     assert heartbeat["state"] == scraped["state"] == "running" and final["state"] == "stopped"
     # the device profile and its limits as the run started: no GPU here (--disable-cuda), -t 2 given

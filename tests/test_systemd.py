@@ -33,6 +33,14 @@ def test_unit_settings(name):
     assert svc["ExecStart"].startswith("/opt/streamer/bin/streamer run --config /etc/streamer/streamer.yaml")
 
 
+def test_jetson_drop_in_puts_minknow_first():
+    svc = unit("jetson.conf")["Service"]
+    assert (svc["Nice"], svc["CPUSchedulingPolicy"], svc["IOSchedulingClass"], svc["IOSchedulingPriority"]) == (
+        "10", "batch", "best-effort", "7")
+    text = (UNITS / "jetson.conf").read_text()
+    assert "#MemoryMax=" in text and "#CPUAffinity=" in text and "streamer.service.d/jetson.conf" in text
+
+
 def test_units_document_one_daemon_for_the_box_and_one_per_flow_cell():
     box, per_cell = (UNITS / "streamer.service").read_text(), (UNITS / "streamer@.service").read_text()
     assert "watch.each_run: true" in box and "streamer@.service" in box
@@ -44,8 +52,10 @@ def test_systemd_analyze_verify(tmp_path):
     """Verified as installed: ExecStart pointed at this environment's `streamer`, the template instantiated."""
     exe = Path(sys.executable).with_name("streamer")
     assert exe.exists()
-    for src, dest in (("streamer.service", "streamer.service"), ("streamer@.service", "streamer@FAK12345.service")):
+    for src, dest in (("streamer.service", "streamer.service"), ("streamer@.service", "streamer@FAK12345.service"),
+                      ("jetson.conf", "streamer.service.d/jetson.conf")):  # fmt: skip
         text = (UNITS / src).read_text().replace("/opt/streamer/bin/streamer", str(exe))
+        (tmp_path / dest).parent.mkdir(exist_ok=True)
         (tmp_path / dest).write_text(text)
     res = subprocess.run(["systemd-analyze", "verify", "--man=no", str(tmp_path / "streamer.service"),
                           str(tmp_path / "streamer@FAK12345.service")], capture_output=True, text=True, timeout=60)

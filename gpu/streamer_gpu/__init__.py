@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     from streamer_gpu.abea import CudaAbea
     from streamer_gpu.events import CudaEvents
 
-__all__ = ["arena_bases", "count_gpus", "device_context", "gpu_absent", "is_cuda_error", "open_events", "open_gpu",
-           "probe_gpu", "release_gpu"]
+__all__ = ["arena_bases", "count_gpus", "device_bytes", "device_context", "gpu_absent", "is_cuda_error", "open_events",
+           "open_gpu", "probe_gpu", "release_gpu"]
 
 log = logging.getLogger(__name__)
 _said: set[tuple[str, str]] = set()
@@ -61,15 +61,16 @@ def open_gpu(options: CudaOptions, bandwidth: int = 100) -> CudaAbea | None:
     return None
 
 
-def open_events(dev_id: int) -> CudaEvents | None:
-    """Event detection on GPU dev_id (whose ABEA stage opened), or None, said in one log line, where it cannot start."""
+def open_events(options: CudaOptions) -> CudaEvents | None:
+    """Event detection on GPU options.dev_id (whose ABEA stage opened), or None, said in one log line, where it
+    cannot start."""
     from streamer_gpu.events import CudaEvents
     from streamer_gpu.target import CUDA_ERRORS
 
     try:
-        return CudaEvents(dev_id)
+        return CudaEvents(options.dev_id, stream_priority=options.stream_priority)
     except CUDA_ERRORS as exc:
-        log.warning("could not start event detection on GPU %d (%s): it runs on the CPU", dev_id, exc)
+        log.warning("could not start event detection on GPU %d (%s): it runs on the CPU", options.dev_id, exc)
     return None
 
 
@@ -118,3 +119,10 @@ def arena_bases(n_bytes: int, avg_epk: float, bandwidth: int) -> int:
     from streamer_gpu.host import arena_capacity
 
     return arena_capacity(n_bytes, avg_epk, bandwidth).bases
+
+
+def device_bytes(options: CudaOptions, bandwidth: int, resident_threads: int) -> int:
+    """Device bytes a process takes for options' batches (`streamer_gpu.memory.device_bytes_for`)."""
+    from streamer_gpu.memory import device_bytes_for
+
+    return device_bytes_for(options, bandwidth, resident_threads)

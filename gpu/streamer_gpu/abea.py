@@ -38,8 +38,10 @@ from streamer_gpu.host import (
     merge,
     read_params,
 )
+from streamer_gpu.device import resident_threads
 from streamer_gpu.faults import from_env as fault_plan
-from streamer_gpu.memory import RESERVE_BYTES, plan_memory
+from streamer_gpu.memory import fixed_bytes, plan_memory
+from streamer_gpu.streams import open_stream
 from streamer_gpu.target import CUDA_ERRORS, SIMULATED
 from streamer.pore.model import PoreModel
 from streamer.pipeline.scaling import F5C_CODES, require_nucleotide
@@ -162,17 +164,18 @@ class CudaAbea:
         if arena_bytes is None:
             free, _ = cuda.current_context().get_memory_info()
             free = free if math.isfinite(free) else SIMULATED_FREE_BYTES
-            threads = getattr(device, "MULTIPROCESSOR_COUNT", 0) * getattr(device, "MAX_THREADS_PER_MULTI_PROCESSOR", 0)
-            plan = plan_memory(int(free), bool(getattr(device, "INTEGRATED", 0)), options, bandwidth, threads,
-                               0 if SIMULATED else RESERVE_BYTES)  # fmt: skip
+            plan = plan_memory(int(free), bool(getattr(device, "INTEGRATED", 0)), options, bandwidth,
+                               resident_threads(device), 0 if SIMULATED else fixed_bytes(options))  # fmt: skip
             if plan.refused:
                 raise TooLittleMemory(plan.refused)
             arena_bytes = plan.arena_bytes
         self._faults = fault_plan()
+        # every launch and copy of this stage goes on it (`options.stream_priority`)
+        self.stream = open_stream(options.stream_priority).stream
         self.arena = Arena(arena_bytes, options.avg_epk, bandwidth)
         self._retuned: CudaOptions | None = None
         self._retune_lock = threading.Lock()
-        self._codes = cuda.to_device(F5C_CODES)
+        self._codes = cuda.to_device(F5C_CODES, stream=self.stream)
         self._model: tuple | None = None
         self._model_of: PoreModel | None = None
         self.set_layout(layout)
@@ -210,7 +213,8 @@ class CudaAbea:
 
     def _device_model(self, model: PoreModel) -> tuple:
         if self._model_of is not model:
-            self._model = tuple(cuda.to_device(a) for a in (model.level_mean, model.level_stdv, model.level_log_stdv))
+            self._model = tuple(cuda.to_device(a, stream=self.stream)
+                                for a in (model.level_mean, model.level_stdv, model.level_log_stdv))
             self._model_of = model
         return self._model
 
@@ -345,45 +349,45 @@ class CudaAbea:
         if p is None:
             return None
         n = len(p.shift)
-        a, lay, k, w = self.arena, self.layout, model.k, self.arena.bandwidth
+        a, lay, k, w, s = self.arena, self.layout, model.k, self.arena.bandwidth, self.stream
         t1 = time.perf_counter()
         level_mean, level_stdv, level_log_stdv = self._device_model(model)
-        a.seq[: len(p.seq)].copy_to_device(p.seq)
-        a.ev_mean[: len(p.ev_mean)].copy_to_device(p.ev_mean)
-        for dev, host in ((a.base_off, p.base_off), (a.ev_off, p.ev_off), (a.row_off, p.row_off), (a.shift, p.shift),
-                          (a.scale, p.scale), (a.lp, p.lp)):  # fmt: skip
-            dev[: len(host)].copy_to_device(host)
-        cuda.synchronize()
+        for dev, host in ((a.seq, p.seq), (a.ev_mean, p.ev_mean), (a.base_off, p.base_off), (a.ev_off, p.ev_off),
+                          (a.row_off, p.row_off), (a.shift, p.shift), (a.scale, p.scale), (a.lp, p.lp)):  # fmt: skip
+            dev[: len(host)].copy_to_device(host, stream=s)
+        s.synchronize()
         t2 = time.perf_counter()
-        kernels.kcache_kernel()[n, lay.block](a.seq, a.base_off, a.shift, a.scale, k, self._codes, level_mean, level_stdv,
-                                     level_log_stdv, n, a.gp_mean, a.stdv, a.log_stdv)  # fmt: skip
+        kernels.kcache_kernel()[n, lay.block, s](a.seq, a.base_off, a.shift, a.scale, k, self._codes, level_mean,
+                                                 level_stdv, level_log_stdv, n, a.gp_mean, a.stdv, a.log_stdv)  # fmt: skip
         per_block = lay.reads_per_block
-        self._fill[(n + per_block - 1) // per_block, lay.threads_per_read * per_block](
+        self._fill[(n + per_block - 1) // per_block, lay.threads_per_read * per_block, s](
             a.ev_mean, a.gp_mean, a.stdv, a.log_stdv, a.base_off, a.ev_off, a.row_off, a.lp, log_trim(params.trim_prob), k, n,
             a.trace, a.ll_e, a.end_event,
         )  # fmt: skip
-        kernels.backtrack_kernel()[(n + lay.block - 1) // lay.block, lay.block](
+        kernels.backtrack_kernel()[(n + lay.block - 1) // lay.block, lay.block, s](
             a.ev_mean, a.gp_mean, a.stdv, a.log_stdv, a.base_off, a.ev_off, a.row_off, k, w, n, a.trace, a.ll_e,
             a.end_event, params.min_avg_log_emission, params.max_skip_run, a.cap_kmer, a.cap_event, a.n_aligned, a.sum_emission,
             a.status,
         )  # fmt: skip
-        cuda.synchronize()
+        s.synchronize()
         t3 = time.perf_counter()
-        n_aligned = a.n_aligned[:n].copy_to_host()
-        sum_emission = a.sum_emission[:n].copy_to_host()
-        status = a.status[:n].copy_to_host()
+        n_aligned = a.n_aligned[:n].copy_to_host(stream=s)
+        sum_emission = a.sum_emission[:n].copy_to_host(stream=s)
+        status = a.status[:n].copy_to_host(stream=s)
+        s.synchronize()
         aln_off = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(np.where(status == 0, n_aligned, 0), out=aln_off[1:])
-        a.aln_off[: n + 1].copy_to_device(aln_off)
+        a.aln_off[: n + 1].copy_to_device(aln_off, stream=s)
         t4 = time.perf_counter()
-        kernels.compact_kernel()[n, lay.block](a.row_off, a.aln_off, a.cap_kmer, a.cap_event, n, a.steps,
-                                               a.first_kmer, a.first_event)  # fmt: skip
-        cuda.synchronize()
+        kernels.compact_kernel()[n, lay.block, s](a.row_off, a.aln_off, a.cap_kmer, a.cap_event, n, a.steps,
+                                                  a.first_kmer, a.first_event)  # fmt: skip
+        s.synchronize()
         t5 = time.perf_counter()
         total = int(aln_off[-1])
-        steps = a.steps[:total].copy_to_host() if total else np.zeros(0, np.uint8)
-        first_kmer = a.first_kmer[:n].copy_to_host()
-        first_event = a.first_event[:n].copy_to_host()
+        steps = a.steps[:total].copy_to_host(stream=s) if total else np.zeros(0, np.uint8)
+        first_kmer = a.first_kmer[:n].copy_to_host(stream=s)
+        first_event = a.first_event[:n].copy_to_host(stream=s)
+        s.synchronize()
         t6 = time.perf_counter()
         times = [p.seconds, t2 - t1, (t3 - t2) + (t5 - t4), (t4 - t3) + (t6 - t5)]
         return _GpuOutput(n_aligned, sum_emission, status, aln_off, first_kmer, first_event, steps, times,

@@ -37,4 +37,9 @@ def probe_gpu(dev_id: int = 0) -> GpuInfo | None:
     name = name.decode() if isinstance(name, bytes) else str(name)
     if not math.isfinite(total):
         free = total = SIMULATED_TOTAL_BYTES
-    return GpuInfo(name, int(total), int(free), bool(getattr(device, "INTEGRATED", 0)))
+    return GpuInfo(name, int(total), int(free), bool(getattr(device, "INTEGRATED", 0)), resident_threads(device))
+
+
+def resident_threads(device) -> int:
+    """Threads a device holds at once (0 where it does not say: the simulator)."""
+    return int(getattr(device, "MULTIPROCESSOR_COUNT", 0) * getattr(device, "MAX_THREADS_PER_MULTI_PROCESSOR", 0))

@@ -8,7 +8,8 @@ turns the counts into event offsets, and `fill` writes its events. A batch's rea
 enough threads to hide the memory latency of each read's sequential scan; the longest read sets the
 kernel's time.
 
-`CudaEvents` owns one device's buffers (grown with the largest chunk seen) and a stream. A batch's
+`CudaEvents` owns one device's buffers (grown with the largest chunk seen) and a stream (of the
+priority asked for: `streamer_gpu.streams`). A batch's
 signal is copied to the device once, in chunks of at most `CHUNK_SAMPLES` samples so that device
 memory does not grow with the batch (`streamer_gpu.memory` counts it), and its events are copied
 back: scaling, the CPU's share of ABEA and recalibration all read them on the host. A CUDA error or
@@ -30,6 +31,7 @@ from streamer.pipeline.gpu import EventsBatchStats
 from streamer_gpu.buffers import DeviceBuffers
 from streamer_gpu.faults import from_env as fault_plan
 from streamer_gpu.memory import EVENT_CHUNK_SAMPLES
+from streamer_gpu.streams import open_stream
 from streamer_gpu.target import CUDA_ERRORS, DEVICE
 
 log = logging.getLogger(__name__)
@@ -91,10 +93,10 @@ def chunk_bounds(signal_off: np.ndarray, cap: int) -> list[int]:
 class CudaEvents:
     """One GPU's event detection: `detect` a batch as `streamer.pipeline.events.detect_events` does."""
 
-    def __init__(self, dev_id: int = 0, chunk_samples: int = EVENT_CHUNK_SAMPLES):
+    def __init__(self, dev_id: int = 0, chunk_samples: int = EVENT_CHUNK_SAMPLES, stream_priority: str = "normal"):
         cuda.select_device(dev_id)
         self.chunk_samples = chunk_samples
-        self._stream = cuda.stream()
+        self.stream = open_stream(stream_priority).stream
         self._buffers = DeviceBuffers()
         self._faults = fault_plan()
         self._peaks, self._fill = kernels()
@@ -154,7 +156,7 @@ class CudaEvents:
         return (ev_off, *(np.concatenate([part[i] for part in parts]) for i in range(1, 5)))
 
     def _chunk(self, signal, signal_off, params: EventParams, times: list[float]):
-        s, b = self._stream, self._buffers
+        s, b = self.stream, self._buffers
         n = len(signal_off) - 1
         grid = (n + BLOCK - 1) // BLOCK
         t0 = time.perf_counter()

@@ -1,11 +1,14 @@
 """How much device memory a process takes: what its batches need, not what the GPU has.
 
-Several processes share one GPU (a daemon per flow cell, a `streamer call` beside a daemon), so
-the ABEA arena is sized from the batches this process will assemble (K reads, B bases,
-avg_epk events per base) and capped at `mem_frac` of the free memory; the rest of the process's
-device memory (the CpG HMM's buffers and the local memory its kernel launch reserves, event
-detection's buffers, the CUDA context) is counted before the arena is taken, so that a later
-launch does not run out. Pure arithmetic: `plan_memory` decides, `CudaAbea` allocates.
+Several processes share one GPU (a daemon per flow cell, a `streamer call` beside a daemon, a
+Jetson's live basecaller), so the ABEA arena is sized from the batches this process will assemble
+(K reads, B bases, avg_epk events per base) and capped at `mem_frac` of the free memory less the
+reserve (`gpu.reserve`: memory never taken), and at the process's cap where one is set
+(`gpu.memory`; on a Jetson the share of the memory budget the host part leaves); the rest of the
+process's device memory (the CpG HMM's buffers and the local memory its kernel launch reserves,
+the kernel modules, event detection's buffers when it runs there) is counted within the cap before
+the arena is taken, so that a later launch does not run out. Pure arithmetic: `plan_memory`
+decides, `CudaAbea` allocates, `device_bytes_for` tells the memory plan what a batch size costs.
 """
 
 from __future__ import annotations
@@ -38,8 +41,6 @@ HMM_BYTES_PER_BASE_AT_EPK = (1 + 48 / 16, 4)
 # one per 2), grown by 5/4 when they are replaced
 EVENT_CHUNK_SAMPLES = 1 << 25
 EVENT_BYTES = int(EVENT_CHUNK_SAMPLES * (4 + 4 + 20 / 2) * 5 / 4)
-# what comes off the cap besides the HMM: the kernel modules and event detection's buffers
-RESERVE_BYTES = MODULE_BYTES + EVENT_BYTES
 # below this share of one batch's bases on the GPU, the GPU no longer pays for itself
 MIN_BATCH_SHARE = 0.25
 
@@ -65,25 +66,49 @@ def hmm_bytes_for(max_bases: int, avg_epk: float, resident_threads: int) -> int:
     return int(max_bases * (per_base + per_event * avg_epk) * 5 / 4) + HMM_LOCAL_BYTES_PER_THREAD * resident_threads
 
 
-def plan_memory(free_bytes: int, integrated: bool, options: CudaOptions, bandwidth: int = 100,
-                resident_threads: int = 0, reserve_bytes: int = RESERVE_BYTES) -> MemoryPlan:  # fmt: skip
-    """The arena for options' batches within mem_frac (default 0.9, 0.7 on integrated GPUs) of free_bytes.
+def fixed_bytes(options: CudaOptions) -> int:
+    """What comes off the cap besides the arena and the HMM: the kernel modules, and event detection's
+    buffers where events are detected on the GPU."""
+    return MODULE_BYTES + (EVENT_BYTES if options.events else 0)
 
-    The HMM's memory (for resident_threads threads of its kernel) and reserve_bytes come off the
-    cap first. An arena smaller than a quarter of what one batch needs is refused: the process
-    runs on the CPU (the GPU would align too few reads to pay for itself, and waiting for memory
-    another process holds could wait for days).
-    """
-    frac = options.mem_frac if options.mem_frac is not None else (0.7 if integrated else 0.9)
+
+def _wanted(options: CudaOptions, bandwidth: int, resident_threads: int, fixed: int) -> tuple[int, int]:
+    """(arena, the rest) that options' batches want, with the tuner's room under autotune."""
     max_reads = options.max_reads or DEFAULT_MAX_READS
     max_bases = options.max_bases or DEFAULT_MAX_BASES
     epk = options.avg_epk
     if options.autotune:
         max_reads, max_bases, epk = int(max_reads * AUTOTUNE_BASES), int(max_bases * AUTOTUNE_BASES), epk * AUTOTUNE_EPK
-    want = arena_bytes_for(max_reads, max_bases, epk, bandwidth)
-    other = reserve_bytes + (hmm_bytes_for(max_bases, epk, resident_threads) if options.hmm else 0)
-    room = int(free_bytes * frac) - other
+    other = fixed + (hmm_bytes_for(max_bases, epk, resident_threads) if options.hmm else 0)
+    return arena_bytes_for(max_reads, max_bases, epk, bandwidth), other
+
+
+def device_bytes_for(options: CudaOptions, bandwidth: int = 100, resident_threads: int = 0) -> int:
+    """Device bytes the process takes for options' batches when memory allows: the whole arena and the rest."""
+    want, other = _wanted(options, bandwidth, resident_threads, fixed_bytes(options))
+    return want + other
+
+
+def plan_memory(free_bytes: int, integrated: bool, options: CudaOptions, bandwidth: int = 100,
+                resident_threads: int = 0, fixed: int | None = None) -> MemoryPlan:  # fmt: skip
+    """The arena for options' batches within mem_frac (default 0.9, 0.7 on integrated GPUs) of free_bytes
+    less options.reserve, and within options.memory_cap.
+
+    The HMM's memory (for resident_threads threads of its kernel) and `fixed` (default
+    `fixed_bytes(options)`) come off the cap first. An arena smaller than a quarter of what one batch
+    needs is refused: the process runs on the CPU (the GPU would align too few reads to pay for
+    itself, and waiting for memory another process holds could wait for days).
+    """
+    frac = options.mem_frac if options.mem_frac is not None else (0.7 if integrated else 0.9)
+    want, other = _wanted(options, bandwidth, resident_threads, fixed_bytes(options) if fixed is None else fixed)
+    cap = int(max(0, free_bytes - options.reserve) * frac)
+    if options.memory_cap is not None:
+        cap = min(cap, options.memory_cap)
+    room = cap - other
     if room < want * MIN_BATCH_SHARE:
-        return MemoryPlan(0, other, f"{free_bytes / 1e9:.2f} GB free, {frac:g} of it leaves "
-                                    f"{max(room, 0) / 1e9:.2f} GB for a {want / 1e9:.2f} GB arena")  # fmt: skip
+        why = f"{free_bytes / 1e9:.2f} GB free"
+        why += f", less the {options.reserve / 1e9:.2f} GB reserved" if options.reserve else ""
+        why += f", {frac:g} of it" + (f" within the {options.memory_cap / 1e9:.2f} GB cap" if options.memory_cap
+                                      is not None else "")  # fmt: skip
+        return MemoryPlan(0, other, f"{why} leaves {max(room, 0) / 1e9:.2f} GB for a {want / 1e9:.2f} GB arena")
     return MemoryPlan(min(want, room), other)

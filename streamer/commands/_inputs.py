@@ -61,20 +61,22 @@ def add_input_arguments(p: argparse.ArgumentParser, output: str) -> None:
                         "not say [%(default)s]")
 
 
+def size_arg(text: str) -> str:
+    """An argparse type for a size (`300M`, `2G`) or `auto`: checked here, kept as text."""
+    try:
+        if text != "auto":
+            parse_size(text)
+        return text
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_memory_argument(p: argparse.ArgumentParser) -> None:
     """`--memory-budget`, the key `pipeline.memory_budget`: a size, or auto (the device profile's)."""
-
-    def size(text: str) -> str:
-        try:
-            if text != "auto":
-                parse_size(text)
-            return text
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    p.add_argument("--memory-budget", type=size, default="auto", metavar="SIZE",
-                   help="host memory the run may take, summed over its processes (300M, 2G): batch size, batches "
-                        "in flight and reader kind follow from it [auto: the device profile's]")
+    p.add_argument("--memory-budget", type=size_arg, default="auto", metavar="SIZE",
+                   help="memory the run may take, summed over its processes (300M, 2G): batch size, batches in "
+                        "flight and reader kind follow from it; on a Jetson it holds the GPU's part too "
+                        "[auto: the device profile's]")
 
 
 def check_inputs(args: argparse.Namespace, *outputs: str) -> None:

@@ -26,6 +26,7 @@ from streamer.commands._inputs import (
     add_input_arguments,
     add_memory_argument,
     alignment_filter,
+    size_arg,
     check_inputs,
     open_host,
     pipeline_options,
@@ -100,6 +101,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     gpu.add_argument("--skip-ultra", type=Path, metavar="FILE",
                      help="with the GPU, write the alignments of reads longer than --ultra-thresh to this BAM "
                           "instead of processing them")
+    gpu.add_argument("--gpu-reserve", type=size_arg, default="auto", metavar="SIZE",
+                     help="device memory never taken (2G), e.g. a live basecaller's on the same GPU; --cuda-mem-frac "
+                          "applies to the free memory less it [auto: the device profile's, 0 but on a Jetson]")
+    gpu.add_argument("--gpu-memory", type=size_arg, metavar="SIZE",
+                     help="most device memory to take (arena, HMM, kernel modules) [--cuda-mem-frac alone; on a "
+                          "Jetson the share of --memory-budget the host part leaves]")
+    gpu.add_argument("--gpu-stream-priority", choices=("auto", "normal", "low"), default="auto",
+                     help="priority of the CUDA streams the GPU stages run on; low leaves the GPU first to another "
+                          "process's higher-priority streams [auto: the device profile's, low on a Jetson]")
     add_call_arguments(p)
     scale = p.add_argument_group("beyond this host, and starting again")
     scale.add_argument("--dask", metavar="ADDRESS",
@@ -150,17 +160,20 @@ def _ends_on_ctrl_c(args: argparse.Namespace, resumable: bool) -> Iterator[None]
 
 def _run(args: argparse.Namespace, compiling: bool) -> int:
     tuning = CallTuning.from_args(args)
+    cuda = CudaOptions(disable=args.disable_cuda, mem_frac=args.cuda_mem_frac, avg_epk=args.cuda_avg_epk,
+                       max_lf=args.cuda_max_lf, max_epk=args.cuda_max_epk, ultra_thresh=args.ultra_thresh,
+                       max_reads=args.batchsize, hmm=not args.disable_cuda_hmm, events=args.cuda_events,
+                       autotune=args.autotune, reserve=args.gpu_reserve, memory_cap=args.gpu_memory,
+                       stream_priority=args.gpu_stream_priority).with_devices(args.cuda_dev_id)  # fmt: skip
     memory = memory_plan(budget_bytes(args.memory_budget, tuning.plan.profile, args.threads), args.max_bases,
-                         args.compute_threads, args.io_workers, args.io_mode)
+                         args.compute_threads, args.io_workers, args.io_mode, tuning.plan.device_share(cuda))
     if memory.max_bases < args.max_bases and not args.autotune:
         log.debug("batches of at most %d bases (-B %d) to keep within the memory budget of %d MB",
                  memory.max_bases, args.max_bases, memory.budget >> 20)
         args.max_bases = memory.max_bases
     limits = tuning.limits(BatchLimits(max_reads=args.batchsize, max_bases=args.max_bases))
-    cuda = CudaOptions(disable=args.disable_cuda, mem_frac=args.cuda_mem_frac, avg_epk=args.cuda_avg_epk,
-                       max_lf=args.cuda_max_lf, max_epk=args.cuda_max_epk, ultra_thresh=args.ultra_thresh,
-                       max_reads=limits.max_reads, max_bases=limits.max_bases, hmm=not args.disable_cuda_hmm,
-                       events=args.cuda_events, autotune=args.autotune).with_devices(args.cuda_dev_id)
+    cuda = replace(cuda, max_reads=limits.max_reads, max_bases=limits.max_bases,
+                   memory_cap=tuning.plan.budgeted(memory).gpu.memory)
     filt = alignment_filter(args)
     summary = RunSummary(compiled=compiling, memory_budget=memory.budget)
     if args.trace:

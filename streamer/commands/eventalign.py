@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 
 from streamer.pipeline.batching import BatchLimits, plan_batches
@@ -57,12 +58,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, compiling: bool) -> int:
     dev_id = CudaOptions().with_devices(args.cuda_dev_id).dev_id
-    profile = prepare({}, dev_id=dev_id, disable_cuda=args.disable_cuda).profile
-    memory = memory_plan(budget_bytes(args.memory_budget, profile, args.threads), args.max_bases,
-                         RunnerOptions.compute_threads, RunnerOptions.io_workers)
+    plan = prepare({}, dev_id=dev_id, disable_cuda=args.disable_cuda)
+    cuda = CudaOptions(disable=args.disable_cuda, max_reads=args.batchsize, hmm=False, reserve=plan.gpu.reserve,
+                       stream_priority=plan.gpu.stream_priority).with_devices(args.cuda_dev_id)
+    memory = memory_plan(budget_bytes(args.memory_budget, plan.profile, args.threads), args.max_bases,
+                         RunnerOptions.compute_threads, RunnerOptions.io_workers, device=plan.device_share(cuda))
     limits = BatchLimits(max_reads=args.batchsize, max_bases=memory.max_bases)
-    cuda = CudaOptions(disable=args.disable_cuda, max_reads=limits.max_reads, max_bases=limits.max_bases,
-                       hmm=False).with_devices(args.cuda_dev_id)
+    cuda = replace(cuda, max_bases=limits.max_bases, memory_cap=plan.budgeted(memory).gpu.memory)
     runner = runner_options(memory)
     filt = alignment_filter(args)
     summary = RunSummary(compiled=compiling, memory_budget=memory.budget)

@@ -30,7 +30,7 @@ from streamer.pipeline.chemistry import chemistry, pore_models, pore_of_file
 from streamer.publish.publisher import Publisher, PublisherConfig
 from streamer.publish.security import CurveServer, load_public_keys, load_secret_keys
 from streamer.sinks import warm_up
-from streamer.tuning.profiles import Profile, budget_bytes, memory_plan
+from streamer.tuning.profiles import Plan, budget_bytes, memory_plan, parse_size
 from streamer.tuning.session import AutoTuner, plan_config
 
 NAME = "run"
@@ -46,8 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg, plan = plan_config(configuration.load(args.config, configuration.overrides_from(args)))
-    cfg = budgeted(cfg, plan.profile)
+    cfg, plan = budgeted(*plan_config(configuration.load(args.config, configuration.overrides_from(args))))
     if several_runs(cfg):
         check_publishing(cfg)
     check_output_free(cfg.output.dir)
@@ -102,17 +101,20 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
-def budgeted(cfg: configuration.Config, profile: Profile) -> configuration.Config:
+def budgeted(cfg: configuration.Config, plan: Plan) -> tuple[configuration.Config, Plan]:
     """The daemon's batch cap B and reader kind within `pipeline.memory_budget` (`auto`: the profile's), as
-    `streamer call` sizes its own: one batch in the stages and one read ahead."""
+    `streamer call` sizes its own: one batch in the stages and one read ahead; on a Jetson the GPU part's
+    share of the budget too (`gpu.memory`). The plan comes back with the budget and that share."""
     threads = cfg.pipeline.threads or os.cpu_count() or 1
-    memory = memory_plan(budget_bytes(cfg.pipeline.memory_budget, profile, threads), cfg.batch.max_bases, 1, threads,
-                         cfg.pipeline.io_mode)  # fmt: skip
+    memory = memory_plan(budget_bytes(cfg.pipeline.memory_budget, plan.profile, threads), cfg.batch.max_bases, 1,
+                         threads, cfg.pipeline.io_mode, plan.device_share(cuda_options(cfg)))  # fmt: skip
     if memory.max_bases < cfg.batch.max_bases:
         log.debug("batches of at most %d bases to keep within the memory budget of %d MB", memory.max_bases,
                  memory.budget >> 20)
+    plan = plan.budgeted(memory)
     return replace(cfg, batch=replace(cfg.batch, max_bases=memory.max_bases),
-                   pipeline=replace(cfg.pipeline, io_mode=memory.io_mode))
+                   pipeline=replace(cfg.pipeline, io_mode=memory.io_mode),
+                   gpu=replace(cfg.gpu, memory=plan.gpu.memory)), plan
 
 
 def _pore_pipeline(cfg: configuration.Config) -> PorePipeline:
@@ -153,12 +155,16 @@ def model_files(p: configuration.PipelineConfig, pore: str | None,
 
 
 def cuda_options(cfg: configuration.Config) -> CudaOptions:
-    """The GPU keys as the pipeline takes them (`gpu.disable_hmm` is `streamer call --disable-cuda-hmm`)."""
+    """The GPU keys as the pipeline takes them (`gpu.disable_hmm` is `streamer call --disable-cuda-hmm`);
+    `auto` left unresolved (no device profile planned) is no reserve and ordinary streams."""
     g = cfg.gpu
     return CudaOptions(disable=g.disable, mem_frac=g.mem_frac, avg_epk=g.avg_epk, max_lf=g.max_lf,
                        max_epk=g.max_epk, ultra_thresh=g.ultra_thresh, max_reads=cfg.batch.max_reads,
                        max_bases=cfg.batch.max_bases, hmm=not g.disable_hmm, events=g.events,
-                       autotune=g.autotune).with_devices(g.device)
+                       autotune=g.autotune, reserve=0 if g.reserve == "auto" else parse_size(g.reserve),
+                       memory_cap=None if g.memory is None else parse_size(g.memory),
+                       stream_priority="normal" if g.stream_priority == "auto" else g.stream_priority,
+                       ).with_devices(g.device)  # fmt: skip
 
 
 def bound_addresses(publisher: Publisher | None) -> dict | None:

@@ -42,8 +42,8 @@ class GpuPackage(Protocol):
     def open_gpu(self, options: CudaOptions, bandwidth: int = 100) -> GpuAbea | None:
         """The ABEA stage on options.dev_id, or None (said in one line) where there is none to use."""
 
-    def open_events(self, dev_id: int) -> GpuEvents | None:
-        """Event detection on GPU dev_id (whose ABEA stage opened), or None (said in one line)."""
+    def open_events(self, options: CudaOptions) -> GpuEvents | None:
+        """Event detection on GPU options.dev_id (whose ABEA stage opened), or None (said in one line)."""
 
     def count_gpus(self) -> int:
         """GPUs on this host (0 without numba-cuda or a GPU)."""
@@ -63,6 +63,9 @@ class GpuPackage(Protocol):
     def arena_bases(self, n_bytes: int, avg_epk: float, bandwidth: int) -> int:
         """Read bases an ABEA arena of n_bytes holds (f5c's partition)."""
 
+    def device_bytes(self, options: CudaOptions, bandwidth: int, resident_threads: int) -> int:
+        """Device bytes a process takes for options' batches: the arena they need, the HMM's and the rest."""
+
 
 def gpu_package() -> GpuPackage:
     """The GPU package the `streamer.gpu` entry point names (`streamer_gpu`), imported on first use."""
@@ -77,6 +80,7 @@ class GpuInfo:
     total_bytes: int
     free_bytes: int
     integrated: bool  # shares the host's memory (Jetson)
+    resident_threads: int = 0  # threads the device holds at once (SMs x threads per SM): the HMM's local memory
 
     @property
     def key(self) -> str:
@@ -97,6 +101,12 @@ detects events there too (exact, but one GPU thread per read is slower than the 
 16-core host: benchmarks/RESULTS-gpu-events.md, so it is asked for, not the default).
     dev_ids, when given, are the GPUs batches are spread over (dev_id is then the first);
     all_devices spreads them over every GPU of the host.
+
+    reserve is device memory never taken (a co-resident basecaller's share: the cap is mem_frac of
+    the free memory less it); memory_cap, where set, the most device memory the process takes
+    (arena, HMM and kernel modules; on a Jetson the share of `pipeline.memory_budget` the host part
+    leaves). stream_priority `low` launches every kernel and copy on streams of the device's lowest
+    priority (`streamer_gpu.streams`), `normal` on ordinary ones.
     """
 
     disable: bool = False
@@ -113,6 +123,9 @@ detects events there too (exact, but one GPU thread per read is slower than the 
     autotune: bool = False
     dev_ids: tuple[int, ...] = ()
     all_devices: bool = False
+    reserve: int = 0
+    memory_cap: int | None = None
+    stream_priority: str = "normal"
 
     def with_devices(self, spec: str) -> CudaOptions:
         """These options on the GPUs of `--cuda-dev-id`: a number, a list (`0,1`) or `all`."""

@@ -114,7 +114,7 @@ class DetectEvents(_CoreStage):
         if not pipeline.options.cuda.events:
             return
         for device in pipeline.devices:
-            part = gpu_package().open_events(device.dev_id)
+            part = gpu_package().open_events(replace(pipeline.options.cuda, dev_id=device.dev_id))
             if part is not None:
                 device.parts[self.name] = part
 

@@ -6,17 +6,21 @@ the value learned on this GPU in an earlier run (autotune), the profile's. It al
 bounds the controller keeps to on this machine. A flag or key left at its built-in default
 counts as not set (`user_set`), so a copy of the shipped defaults file does not pin every setting.
 
-A profile also sets the host memory budget (`pipeline.memory_budget`, `--memory-budget`);
+A profile also sets the memory budget (`pipeline.memory_budget`, `--memory-budget`);
 `memory_plan` derives from a budget the batch cap B, the batches read ahead, the batches in the
 stages at once and whether signal readers may be processes, so that peak memory follows the
-budget and not the input's size.
+budget and not the input's size. On a Jetson (a `unified` profile) the GPU's memory is the host's:
+the budget is one for both, and the plan gives the GPU part (the arena sized for B, the HMM's
+buffers, the kernel modules) its share of it (`MemoryPlan.gpu_bytes`, the arena's cap). The jetson
+profiles also hold device memory back for the live basecaller (`gpu.reserve`), launch on
+low-priority CUDA streams (`gpu.stream_priority`) and leave cores to MinKNOW (`spare_cores`).
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -58,14 +62,15 @@ def parse_size(text: str | int) -> int:
     return int(float(m.group(1)) * 1024 ** "_kmgt".index((m.group(2) or "_").lower()))
 
 
-def budget_bytes(text: str, profile: Profile, threads: int) -> int:
+def budget_bytes(text: str | int, profile: Profile, threads: int) -> int:
     """The budget `pipeline.memory_budget` (`--memory-budget`) names: a size, or `auto`, the profile's."""
     return profile.memory_budget(threads) if text == "auto" else parse_size(text)
 
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """What a memory budget allows: the batch cap B, batches read ahead and in the stages, reader kind."""
+    """What a memory budget allows: the batch cap B, batches read ahead and in the stages, reader kind, and on
+    a board whose GPU shares the host's memory the GPU part's share (None elsewhere)."""
 
     budget: int
     max_bases: int
@@ -73,23 +78,52 @@ class MemoryPlan:
     compute_threads: int
     io_mode: str  # "threads" where reader processes do not fit; else as asked
     tight_heap: bool  # return freed batch arrays to the system at once (`RunnerOptions.tight_heap`)
+    gpu_bytes: int | None = None  # the most device memory the process may take (`CudaOptions.memory_cap`)
 
 
-def memory_plan(budget: int, max_bases: int, compute_threads: int, io_workers: int, io_mode: str = "auto") -> MemoryPlan:
+@dataclass(frozen=True)
+class DeviceShare:
+    """The GPU part of a budget shared with the host: its bytes for batches of B bases, and a cap on them."""
+
+    bytes_for: Callable[[int], int]
+    cap: int | None = None
+
+
+def memory_plan(budget: int, max_bases: int, compute_threads: int, io_workers: int, io_mode: str = "auto",
+                device: DeviceShare | None = None) -> MemoryPlan:  # fmt: skip
     """B, read-ahead, compute threads and reader kind for `budget` bytes (B never above `max_bases`).
 
     Batches in flight are those the batch driver allows (`RunnerOptions.limit`: read ahead, one
     being packed, one queued and one computing per compute thread); each may hold
-    `BATCH_BYTES_PER_BASE` per base of what the process and its readers leave of the budget.
+    `BATCH_BYTES_PER_BASE` per base of what the process and its readers leave of the budget. With
+    `device` (host and GPU are one memory), B is the largest whose batches and GPU part fit the
+    budget together, the GPU part within its cap; what the host part leaves is the GPU's share.
     """
     small = budget < SMALL_BUDGET
     ahead, compute_threads = (1, 1) if small else (2, compute_threads)
     if small and io_mode == "auto":
         io_mode = "threads"
     readers = 0 if io_mode == "threads" else FORK_SERVER_BYTES + io_workers * READER_PROCESS_BYTES
-    in_flight = ahead + 1 + 2 * compute_threads
-    room = (budget - PROCESS_BYTES - readers) // (in_flight * BATCH_BYTES_PER_BASE)
-    return MemoryPlan(budget, int(min(max_bases, max(MIN_BATCH_BASES, room))), ahead, compute_threads, io_mode, small)
+    per_base = (ahead + 1 + 2 * compute_threads) * BATCH_BYTES_PER_BASE
+    room = budget - PROCESS_BYTES - readers
+    if device is None:
+        bases = int(min(max_bases, max(MIN_BATCH_BASES, room // per_base)))
+        return MemoryPlan(budget, bases, ahead, compute_threads, io_mode, small)
+
+    def fits(b: int) -> bool:
+        gpu = device.bytes_for(b)
+        return b * per_base + gpu <= room and (device.cap is None or gpu <= device.cap)
+
+    lo, hi = MIN_BATCH_BASES, max(MIN_BATCH_BASES, max_bases)
+    if fits(hi):
+        lo = hi
+    while hi - lo > 1:  # the GPU part grows with B: the largest B that fits, MIN_BATCH_BASES at least
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    gpu_bytes = max(0, room - lo * per_base)
+    if device.cap is not None:
+        gpu_bytes = min(gpu_bytes, device.cap)
+    return MemoryPlan(budget, lo, ahead, compute_threads, io_mode, small, gpu_bytes)
 
 
 @dataclass(frozen=True)
@@ -101,17 +135,23 @@ class Machine:
 
     @classmethod
     def this(cls, gpu: GpuInfo | None) -> Machine:
-        """This host, with the GPU `streamer_gpu.device.probe_gpu` found (or None)."""
+        """This host, with the GPU `streamer_gpu.device.probe_gpu` found (or None); its cores are those
+        this process may run on (`taskset`, a cgroup's cpuset, systemd's `CPUAffinity=`)."""
         try:
             host = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         except (ValueError, OSError):
             host = 8 << 30
-        return cls(gpu, os.cpu_count() or 1, host, read_board())
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        return cls(gpu, cores or 1, host, read_board())
 
 
 @dataclass(frozen=True)
 class Profile:
-    """Starting settings for a class of machine; threads are every core, up to max_threads."""
+    """Starting settings for a class of machine; threads are every core but spare_cores, up to max_threads.
+
+    unified: host and GPU are one memory (a Jetson's), so the memory budget is one for both;
+    gpu_reserve: device bytes never taken (`gpu.reserve`); stream_priority: of the GPU stages' CUDA streams.
+    """
 
     name: str
     what: str
@@ -119,39 +159,54 @@ class Profile:
     max_bases: int
     mem_frac: float | None
     max_threads: int | None = None
-    memory: int = 2 << 30  # host memory budget, bytes
+    memory: int = 2 << 30  # memory budget, bytes (host, and GPU where unified)
     memory_per_thread: int = 0  # added for every thread beyond 4
     avg_epk: float = 2.0
     max_lf: float = 3.0
     max_epk: float = 5.0
     ultra_thresh: int = 100_000
+    unified: bool = False
+    gpu_reserve: int = 0
+    spare_cores: int = 0  # cores left to other work (MinKNOW's)
+    stream_priority: str = "normal"
 
     @property
     def settings(self) -> Settings:
         return Settings(self.max_reads, self.max_bases, self.max_lf, self.max_epk, self.avg_epk, self.ultra_thresh)
 
     def threads(self, cpus: int) -> int:
-        return min(cpus, self.max_threads) if self.max_threads else cpus
+        left = max(1, cpus - self.spare_cores)
+        return min(left, self.max_threads) if self.max_threads else left
 
     def memory_budget(self, threads: int) -> int:
         """The budget for a run on `threads` threads."""
         return self.memory + self.memory_per_thread * max(0, threads - 4)
 
 
+def _jetson(name: str, what: str, max_reads: int, max_bases: int, mem_frac: float, max_threads: int, memory: int,
+            reserve: int, **kw: Any) -> Profile:  # fmt: skip
+    """A Jetson's profile: one memory for host and GPU, `reserve` bytes of it left to the live basecaller,
+    low-priority CUDA streams, two cores left to MinKNOW."""
+    return Profile(name, what, max_reads, max_bases, mem_frac, max_threads, memory, unified=True, gpu_reserve=reserve,
+                   spare_cores=2, stream_priority="low", **kw)  # fmt: skip
+
+
 # Jetsons share the host's memory with the GPU, hence the smaller arenas; the caps grow with the
 # memory of each class (f5c's profiles scale them alike). None of the jetson-* values is measured on
 # a board yet: the Orin Nano and NX entries are placed by memory beside the TX2 (8 GB) and Xavier
-# (16 GB) ones, the Nano's arena share kept at the Nano's so that a basecaller has room beside it.
+# (16 GB) ones. Each budget is host and GPU together (about a quarter of the board's memory, the
+# GPU's part included); each reserve about the memory a live basecaller holds on such a board.
+GIB = 1 << 30
 PROFILES = {p.name: p for p in (
-    Profile("jetson-nano", "Jetson Nano: 4 cores, 4 GB shared with the GPU", 256, 1_500_000, 0.5, 4, 512 << 20),
-    Profile("jetson-tx2", "Jetson TX2: 6 cores, 8 GB shared", 512, 2_500_000, 0.6, 6, 1 << 30),
-    Profile("jetson-xavier", "Jetson AGX Xavier: 8 cores, 16-32 GB shared", 1024, 5_000_000, 0.6, 8, 2 << 30,
+    _jetson("jetson-nano", "Jetson Nano: 4 cores, 4 GB shared with the GPU", 256, 1_500_000, 0.5, 4, GIB, GIB),
+    _jetson("jetson-tx2", "Jetson TX2: 6 cores, 8 GB shared", 512, 2_500_000, 0.6, 6, 3 * GIB // 2, 2 * GIB),
+    _jetson("jetson-xavier", "Jetson AGX Xavier: 8 cores, 16-32 GB shared", 1024, 5_000_000, 0.6, 8, 3 * GIB, 3 * GIB,
             max_epk=6.25),
-    Profile("jetson-orin-nano", "Jetson Orin Nano: 6 cores, 4-8 GB shared (unmeasured)", 512, 2_500_000, 0.5, 6,
-            1 << 30),
-    Profile("jetson-orin-nx", "Jetson Orin NX: 6-8 cores, 8-16 GB shared (unmeasured)", 1024, 5_000_000, 0.6, 8,
-            2 << 30),
-    Profile("jetson-orin", "Jetson AGX Orin: 12 cores, 32-64 GB shared", 2048, 10_000_000, 0.6, 12, 4 << 30),
+    _jetson("jetson-orin-nano", "Jetson Orin Nano: 6 cores, 4-8 GB shared (unmeasured)", 512, 2_500_000, 0.5, 6,
+            2 * GIB, 3 * GIB),
+    _jetson("jetson-orin-nx", "Jetson Orin NX: 6-8 cores, 8-16 GB shared (unmeasured)", 1024, 5_000_000, 0.6, 8,
+            3 * GIB, 4 * GIB),
+    _jetson("jetson-orin", "Jetson AGX Orin: 12 cores, 32-64 GB shared", 2048, 10_000_000, 0.6, 12, 6 * GIB, 8 * GIB),
     Profile("laptop", "laptop or small GPU (up to 8 GB), or few CPU cores", 512, 5_000_000, 0.8, None, 1 << 30),
     Profile("workstation", "desktop or workstation GPU (8-40 GB)", 1024, 10_000_000, 0.9, None, 2 << 30),
     Profile("hpc", "data-centre GPU (40 GB or more, A100/H100/H200...) with 16 cores or more", 4096, 20_000_000, 0.9,
@@ -159,6 +214,8 @@ PROFILES = {p.name: p for p in (
     Profile("cpu", "no GPU: ABEA on the CPU", 512, 5_000_000, None, None, 300 << 20, 64 << 20),
 )}  # fmt: skip
 PROFILE_NAMES = tuple(PROFILES)
+# the limits besides the knobs, threads and mem_frac that a user may set (`plan`'s `given`)
+LIMIT_KEYS = ("memory_budget", "gpu_reserve", "gpu_memory", "stream_priority")
 
 
 def pick_profile(machine: Machine) -> Profile:
@@ -179,12 +236,25 @@ def pick_profile(machine: Machine) -> Profile:
     return PROFILES["workstation"]
 
 
-def bounds_for(machine: Machine, mem_frac: float | None) -> Bounds:
+@dataclass(frozen=True)
+class GpuLimits:
+    """What the GPU stages may take and how they launch: device bytes never taken (`gpu.reserve`), the most
+    the process takes (`gpu.memory`; None: mem_frac alone, or on a Jetson the budget's share), the
+    priority of their CUDA streams (`gpu.stream_priority`)."""
+
+    reserve: int = 0
+    memory: int | None = None
+    stream_priority: str = "normal"
+
+
+def bounds_for(machine: Machine, mem_frac: float | None, gpu: GpuLimits = GpuLimits()) -> Bounds:
     """Safe ranges on this machine: B within a share of host memory and twice what the arena holds."""
     most_bases = int(machine.host_bytes * HOST_SHARE / HOST_BYTES_PER_BASE)
     if machine.gpu is not None:
         frac = mem_frac if mem_frac is not None else (0.7 if machine.gpu.integrated else 0.9)
-        arena_bases = gpu_package().arena_bases(int(machine.gpu.free_bytes * frac), Settings().avg_epk, BANDWIDTH)
+        room = int(max(0, machine.gpu.free_bytes - gpu.reserve) * frac)
+        room = min(room, gpu.memory) if gpu.memory is not None else room
+        arena_bases = gpu_package().arena_bases(room, Settings().avg_epk, BANDWIDTH)
         most_bases = min(most_bases, 2 * arena_bases)
     b = Bounds()
     return replace(b, max_bases=(b.max_bases[0], max(b.max_bases[0], min(b.max_bases[1], most_bases))))
@@ -201,17 +271,40 @@ class Plan:
     mem_frac: float | None
     bounds: Bounds
     sources: Mapping[str, str]
+    budget: int = 0  # the memory budget, bytes (host, and GPU where the profile is unified)
+    gpu: GpuLimits = GpuLimits()
 
     def cuda_options(self, base: CudaOptions) -> CudaOptions:
-        """base (device, disable) with this plan's memory share, split thresholds and caps."""
-        return with_settings(replace(base, mem_frac=self.mem_frac), self.settings)
+        """base (device, disable, stages) with this plan's memory share, reserve, cap, stream priority,
+        split thresholds and caps."""
+        g = self.gpu
+        return with_settings(replace(base, mem_frac=self.mem_frac, reserve=g.reserve, memory_cap=g.memory,
+                                     stream_priority=g.stream_priority), self.settings)  # fmt: skip
+
+    def device_share(self, cuda: CudaOptions) -> DeviceShare | None:
+        """The GPU part of the budget (`memory_plan`'s `device`) where host and GPU are one memory and the GPU
+        is used; None elsewhere. cuda: the stages' options, whose batch cap B the plan varies."""
+        gpu = self.machine.gpu
+        if not self.profile.unified or gpu is None or cuda.disable:
+            return None
+        package = gpu_package()
+        return DeviceShare(lambda b: package.device_bytes(replace(cuda, max_bases=b), BANDWIDTH, gpu.resident_threads),
+                           self.gpu.memory)  # fmt: skip
+
+    def budgeted(self, memory: MemoryPlan) -> Plan:
+        """This plan with the budget a run was sized for and, on a unified board, the GPU part's share as its cap."""
+        cap = memory.gpu_bytes if memory.gpu_bytes is not None else self.gpu.memory
+        return replace(self, budget=memory.budget, gpu=replace(self.gpu, memory=cap))
 
     def limits(self) -> dict[str, Any]:
-        """Every limit the plan sets, by its configuration name: the batch caps, the GPU split, threads,
-        the arena's share of free GPU memory (None: the built-in share) and the profile's memory budget
-        in bytes (what `pipeline.memory_budget: auto` takes)."""
+        """Every limit the plan sets, by its configuration name: the batch caps, the GPU split, threads, the
+        arena's share of free GPU memory (None: the built-in share), the memory budget in bytes, whether it
+        holds the GPU's memory too, the device bytes never taken, the most the GPU part takes (None: no cap
+        beyond mem_frac) and the CUDA streams' priority."""
+        g = self.gpu
         return {**self.settings.as_dict(), "threads": self.threads, "mem_frac": self.mem_frac,
-                "memory_budget": self.profile.memory_budget(self.threads)}
+                "memory_budget": self.budget, "unified_memory": self.profile.unified, "gpu_reserve": g.reserve,
+                "gpu_memory": g.memory, "stream_priority": g.stream_priority}  # fmt: skip
 
     def as_dict(self) -> dict[str, Any]:
         """The plan as summary.json records it, for `streamer status` and the metrics."""
@@ -225,7 +318,10 @@ class Plan:
         board = f" on {self.machine.board.describe()}" if self.machine.board else ""
         return (f"profile {self.profile.name} ({self.profile.what}){board}: K {s.max_reads}, B {s.max_bases}, "
                 f"max-lf {s.max_lf:g}, max-epk {s.max_epk:g}, avg-epk {s.avg_epk:g}, ultra-thresh {s.ultra_thresh}, "
-                f"threads {self.threads}, mem-frac {self.mem_frac if self.mem_frac is not None else 'default'}"
+                f"threads {self.threads}, mem-frac {self.mem_frac if self.mem_frac is not None else 'default'}, "
+                f"budget {_mb(self.budget)}{' (host and GPU)' if self.profile.unified else ''}, GPU reserve "
+                f"{_mb(self.gpu.reserve)}, GPU cap {_mb(self.gpu.memory) if self.gpu.memory is not None else 'none'}, "
+                f"{self.gpu.stream_priority}-priority streams"
                 + (f"; not from the profile: {', '.join(f'{k} ({self.sources[k]})' for k in given)}" if given else ""))
 
 
@@ -244,14 +340,19 @@ def plan(machine: Machine, profile: str = "auto", given: Mapping[str, Any] | Non
          learned: Mapping[str, Any] | None = None) -> Plan:  # fmt: skip
     """Settings from the profile (`auto`: picked for the machine), learned values, then the user's.
 
-    `given` maps knob names (and `threads`, `mem_frac`) to the values the user set (see `user_set`);
-    `learned` comes from `TuningStore.load` and is kept within this machine's bounds.
+    `given` maps knob names (and `threads`, `mem_frac`, `memory_budget`, `gpu_reserve`, `gpu_memory`,
+    `stream_priority`; sizes as numbers of bytes or text such as `2G`) to the values the user set (see
+    `user_set`); `learned` comes from `TuningStore.load` and is kept within this machine's bounds.
     """
     prof = pick_profile(machine) if profile == "auto" else PROFILES[profile]
-    given = dict(given or {})
+    given = {k: v for k, v in (given or {}).items() if v != "auto"}
     mem_frac = given.get("mem_frac") if given.get("mem_frac") is not None else prof.mem_frac
     threads = given.get("threads") or prof.threads(machine.cpus)
-    bounds = bounds_for(machine, mem_frac)
+    budget = prof.memory_budget(threads) if given.get("memory_budget") is None else parse_size(given["memory_budget"])
+    gpu = GpuLimits(parse_size(given.get("gpu_reserve", prof.gpu_reserve)),
+                    parse_size(given["gpu_memory"]) if given.get("gpu_memory") is not None else None,
+                    given.get("stream_priority", prof.stream_priority))  # fmt: skip
+    bounds = bounds_for(machine, mem_frac, gpu)
     start = prof.settings
     values, sources = {}, {}
     for knob in KNOBS:
@@ -264,4 +365,9 @@ def plan(machine: Machine, profile: str = "auto", given: Mapping[str, Any] | Non
             values[knob], sources[knob] = getattr(start, knob), "profile"
     if values["avg_epk"] > values["max_epk"] and sources["avg_epk"] != "given":
         values["avg_epk"] = values["max_epk"]
-    return Plan(machine, prof, Settings(**values), threads, mem_frac, bounds, sources)
+    sources.update({k: "given" for k in ("threads", "mem_frac", *LIMIT_KEYS) if given.get(k) is not None})
+    return Plan(machine, prof, Settings(**values), threads, mem_frac, bounds, sources, budget, gpu)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.0f} MB"

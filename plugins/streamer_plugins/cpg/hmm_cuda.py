@@ -12,7 +12,8 @@ never evaluated on the device: the host passes each read's transition log probab
 the clip flanks, computed by the CPU helpers themselves.
 
 `CudaHmm` owns the HMM's device state on one GPU: the pore model and log-sum table (copied
-once), device buffers that grow with the largest batch seen, a stream, and the compiled kernel.
+once), device buffers that grow with the largest batch seen, a stream (of the priority asked for:
+`streamer_gpu.streams`), and the compiled kernel.
 Per batch it packs the jobs, sends the windows too large for the kernel's local arrays to CPU
 threads while the kernel runs, copies the batch's reference spans and events in, launches one
 thread per (job, hypothesis), and copies the two log-likelihoods per job back. A CUDA error or
@@ -35,6 +36,7 @@ from numba import cuda
 from streamer.pipeline.gpu import HmmBatchStats
 from streamer_gpu.buffers import DeviceBuffers
 from streamer_gpu.faults import from_env as fault_plan
+from streamer_gpu.streams import open_stream
 from streamer_gpu.target import CUDA_ERRORS, DEVICE
 from streamer_plugins.cpg import hmm as cpu_hmm
 from streamer_plugins.cpg.hmm import HmmInputs, HmmJobs, hmm_cells
@@ -79,13 +81,13 @@ class CudaHmm:
     """One GPU's CpG HMM: `score` scores a batch's jobs as the CPU `score_windows` does."""
 
     def __init__(self, dev_id: int = 0, max_kmers: int = DEFAULT_MAX_KMERS, block: int = 128,
-                 by_cost: bool = True):  # fmt: skip
+                 by_cost: bool = True, stream_priority: str = "normal"):  # fmt: skip
         cuda.select_device(dev_id)
         self.max_kmers = max_kmers
         self.block = block
         self.by_cost = by_cost
         self._kernel = forward_kernel(max_kmers)
-        self._stream = cuda.stream()
+        self.stream = open_stream(stream_priority).stream
         self._buffers = DeviceBuffers()
         self._constants: dict[str, tuple[np.ndarray, cuda.devicearray.DeviceNDArray]] = {}
         self._faults = fault_plan()
@@ -94,7 +96,7 @@ class CudaHmm:
         """A read-only array (pore model, log-sum table) on the device, copied again only if it changes."""
         held = self._constants.get(name)
         if held is None or held[0] is not host and not np.array_equal(held[0], host):
-            held = (host, cuda.to_device(np.ascontiguousarray(host), stream=self._stream))
+            held = (host, cuda.to_device(np.ascontiguousarray(host), stream=self.stream))
             self._constants[name] = held
         return held[1]
 
@@ -159,7 +161,7 @@ class CudaHmm:
             return None, [0.0, 0.0, 0.0]
         read, w0, length, e1, e2 = placed
         ref_seq, _, rc, ev_mean, _, scalings, events_per_base, k, model, params, table = inputs
-        s, b = self._stream, self._buffers
+        s, b = self.stream, self._buffers
         t0 = time.perf_counter()
         trans = read_transitions(read[order], events_per_base, params)
         flank = flank_table(int(np.abs(e2[order] - e1[order]).max()) + 1, params)

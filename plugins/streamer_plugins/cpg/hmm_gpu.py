@@ -26,7 +26,7 @@ def open_gpu_hmm(options: CudaOptions) -> CudaHmm | None:
     from streamer_plugins.cpg.hmm_cuda import CudaHmm
 
     try:
-        return CudaHmm(options.dev_id)
+        return CudaHmm(options.dev_id, stream_priority=options.stream_priority)
     except CUDA_ERRORS as exc:
         log.warning("could not start the CpG HMM on GPU %d (%s): it runs on the CPU", options.dev_id, exc)
         return None

@@ -1,0 +1,170 @@
+"""What `jetson_emulation.py` makes of a trial's samples: the backlog over time and whether it grows, the
+latency per batch file, peak memory against the budget, and the markdown table. Pure functions over
+plain data, so they are tested without a GPU (tests/test_jetson_emulation.py).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from streamer.daemon.replay_plan import BatchTiming, ReplayOptions, landing_times
+
+# a backlog that grows by less than this share of the landing rate (reads/s) is noise, not a trend
+GROWTH_TOLERANCE = 0.05
+
+
+def stagger(cells: Sequence[Mapping[str, Any]], pace: float) -> list[float]:
+    """Seconds after the first that each cell's replay starts: spread over one file's time, so that the
+    cells' files land in turn, as flow cells started apart do, not all at once."""
+    per_cell = pace / len(cells) * 1e6
+    first = statistics.fmean(c["bases"][0] for c in cells) / per_cell if per_cell > 0 else 0.0
+    return [i * first / len(cells) for i in range(len(cells))]
+
+
+def landings(cells: Sequence[Mapping[str, Any]], pace: float, offsets: Sequence[float] = ()) -> list[tuple[float, int]]:
+    """(seconds after the replays start, reads) of every batch file of every cell, in time order, each
+    cell at pace / cells Mbases/s (the plan `streamer replay --mbases-per-s` follows) from its offset."""
+    opts = ReplayOptions(mbases_per_s=pace / len(cells))
+    out = []
+    for cell, at in zip(cells, offsets or [0.0] * len(cells)):
+        times = landing_times([BatchTiming(0.0, b) for b in cell["bases"]], opts)
+        out.extend((at + t, n) for t, n in zip(times, cell["reads"]))
+    return sorted(out)
+
+
+def backlog(samples: Sequence[Mapping[str, Any]], landed: Sequence[tuple[float, int]]) -> list[dict[str, float]]:
+    """Per sample (t: seconds after the replays start, done: reads the daemon has done), the reads landed
+    by then and the backlog: landed and not yet done."""
+    out, i, total = [], 0, 0
+    for s in samples:
+        while i < len(landed) and landed[i][0] <= s["t"]:
+            total += landed[i][1]
+            i += 1
+        out.append({"t": s["t"], "landed": total, "done": s["done"], "backlog": total - s["done"]})
+    return out
+
+
+def growth(series: Sequence[Mapping[str, float]], landed: Sequence[tuple[float, int]]) -> dict[str, Any]:
+    """Whether the backlog grows while files land, and how long the daemon took to finish after the last
+    file landed (None: it did not within the samples).
+
+    The backlog is a sawtooth: it jumps by a file's reads as each lands and falls as they are done. Its
+    troughs (the last sample before each landing) hold what the daemon has not caught up with: their
+    least-squares slope (reads/s) over the second half of the landing time (all of them where that
+    has fewer than 3; fewer than 3 in all tell no trend: 0) is set against the landing rate.
+    """
+    end = landed[-1][0] if landed else 0.0
+    rate = sum(n for _, n in landed) / end if end > 0 else 0.0
+    troughs = []
+    for at in sorted({t for t, _ in landed}):
+        before = [p for p in series if p["t"] < at]
+        if before:
+            troughs.append((before[-1]["t"], before[-1]["backlog"]))
+    late = [p for p in troughs if p[0] >= end / 2]
+    slope = _slope(late if len(late) >= 3 else troughs)
+    finished = next((p["t"] for p in series if p["t"] >= end and p["backlog"] <= 0), None)
+    return {"landing_s": end, "landing_reads_per_s": rate, "slope_reads_per_s": slope,
+            "grows": slope > GROWTH_TOLERANCE * rate, "max_backlog": max((p["backlog"] for p in series), default=0),
+            "drain_s": None if finished is None else finished - end}  # fmt: skip
+
+
+def _slope(points: Sequence[tuple[float, float]]) -> float:
+    if len(points) < 3:
+        return 0.0
+    mt = statistics.fmean(t for t, _ in points)
+    mb = statistics.fmean(b for _, b in points)
+    var = sum((t - mt) ** 2 for t, _ in points)
+    return sum((t - mt) * (b - mb) for t, b in points) / var if var else 0.0
+
+
+def sustained(g: Mapping[str, Any], drain_limit: float) -> bool:
+    """The pace was kept: the backlog did not grow and the daemon finished within drain_limit of the last file."""
+    return not g["grows"] and g["drain_s"] is not None and g["drain_s"] <= drain_limit
+
+
+def file_latencies(reads: Iterable[tuple[int, int, int]], registered: Mapping[int, float],
+                   committed: Mapping[int, float]) -> list[float]:
+    """Seconds from each signal file's reads having both their files registered to the commit of the last of
+    them: reads as the ledger's (signal file, basecall file, batch) rows, registered and committed as its
+    files' and batches' times (`at`)."""
+    per_file: dict[int, float] = {}
+    for sig, bc, batch in reads:
+        wait = committed[batch] - max(registered[sig], registered[bc])
+        per_file[sig] = max(per_file.get(sig, 0.0), wait)
+    return list(per_file.values())
+
+
+def batch_latency(files: Sequence[float], batches: Sequence[tuple[int, float, float]]) -> dict[str, float]:
+    """Latency per batch file (mean, max) and per batch, the daemon's own (each batch's reads' mean from both
+    files registered to commit, mean over batches; and the largest of any read): batches as the ledger's
+    (n_reads, latency_sum, latency_max) rows."""
+    means = [total / n for n, total, _ in batches if n]
+    return {"files": len(files), "mean_s": statistics.fmean(files) if files else 0.0, "max_s": max(files, default=0.0),
+            "batches": len(batches), "batch_mean_s": statistics.fmean(means) if means else 0.0,
+            "batch_max_s": max((m for _, _, m in batches), default=0.0)}  # fmt: skip
+
+
+def peak_memory(samples: Sequence[Mapping[str, Any]], budget: int) -> dict[str, Any]:
+    """The largest host PSS, GPU memory and their sum over the samples, against the budget (bytes)."""
+    host = max((s["pss"] for s in samples), default=0)
+    gpu = max((s["gpu"] for s in samples), default=0)
+    both = max((s["pss"] + s["gpu"] for s in samples), default=0)
+    return {"host_pss_mb": host / 2**20, "gpu_mb": gpu / 2**20, "sum_mb": both / 2**20,
+            "budget_mb": budget / 2**20, "within_budget": both <= budget}  # fmt: skip
+
+
+def period_change(alone: Mapping[str, Any], beside: Mapping[str, Any]) -> dict[str, float]:
+    """The stand-in's period beside the daemon against alone: the ratio of means and of p50s, minus one."""
+    return {k: beside["period"][f"{k}_ms"] / alone["period"][f"{k}_ms"] - 1 for k in ("mean", "p50", "p99")}
+
+
+def markdown(res: Mapping[str, Any]) -> str:
+    """The results as tables: the main trial, the stand-in's period, and the pace search."""
+    m = res["main"]
+    g, lat, mem = m["growth"], m["latency"], m["memory"]
+    lines = [
+        f"# Jetson emulation: {res['cells']} flow cells at {m['pace']:g} Mbases/s",
+        "",
+        f"Daemon on cores {res['daemon_cores']} (4 x86 cores standing for 6-8 slower Arm cores), profile "
+        f"`{res['profile']}`, budget {res['budget']}, GPU cap {res['gpu_memory']}; {res['device']}.",
+        "",
+        "| measure | value |",
+        "| --- | --- |",
+        f"| replayed | {m['mbases']:.1f} Mbases in {g['landing_s']:.0f} s ({m['pace']:g} Mbases/s asked) |",
+        f"| backlog slope (troughs, second half) | {g['slope_reads_per_s']:+.2f} reads/s of "
+        f"{g['landing_reads_per_s']:.1f} landing: {'grows' if g['grows'] else 'does not grow'} |",
+        f"| largest backlog | {g['max_backlog']} reads |",
+        f"| finished after the last file | {_s(g['drain_s'])} |",
+        f"| latency per batch file | mean {lat['mean_s']:.1f} s, max {lat['max_s']:.1f} s ({lat['files']} files) |",
+        f"| latency per batch | mean {lat['batch_mean_s']:.1f} s, max {lat['batch_max_s']:.1f} s ({lat['batches']} "
+        "batches; reads' files registered to commit) |",
+        f"| peak host PSS + GPU | {mem['host_pss_mb']:.0f} + {mem['gpu_mb']:.0f} MB (largest sum "
+        f"{mem['sum_mb']:.0f} MB of {mem['budget_mb']:.0f}: {'within' if mem['within_budget'] else 'OVER'}) |",
+        f"| rows identical to `streamer call` | {m['rows_identical']} ({m['rows']} rows) |",
+    ]
+    if res.get("standin"):
+        s = res["standin"]
+        lines += ["", "| stand-in basecaller | period mean | p50 | p99 | max | work mean |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for label, r in (("alone", s["alone"]), ("beside the daemon", s["beside"])):
+            p, w = r["period"], r["work"]
+            lines.append(f"| {label} | {p['mean_ms']:.1f} ms | {p['p50_ms']:.1f} | {p['p99_ms']:.1f} | "
+                         f"{p['max_ms']:.1f} | {w['mean_ms']:.1f} ms |")
+        c = s["change"]
+        lines.append(f"\nPeriod beside / alone: mean {c['mean']:+.1%}, p50 {c['p50']:+.1%}, p99 {c['p99']:+.1%}.")
+    if res.get("search"):
+        lines += ["", "| pace (Mbases/s) | backlog troughs' slope (reads/s) | finished after last file | latency per "
+                  "file mean / max | stand-in period mean | kept |", "| --- | --- | --- | --- | --- | --- |"]
+        for t in res["search"]:
+            tg, tl = t["growth"], t["latency"]
+            period = f"{t['standin']['period']['mean_ms']:.1f} ms" if t.get("standin") else "-"
+            lines.append(f"| {t['pace']:g} | {tg['slope_reads_per_s']:+.2f} | {_s(tg['drain_s'])} | "
+                         f"{tl['mean_s']:.1f} / {tl['max_s']:.1f} s | {period} | {'yes' if t['sustained'] else 'no'} |")
+        lines.append(f"\nLargest pace kept: {res['largest_pace']} Mbases/s.")
+    return "\n".join(lines) + "\n"
+
+
+def _s(seconds: float | None) -> str:
+    return "did not finish" if seconds is None else f"{seconds:.1f} s"
