@@ -36,6 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scale-events", action="store_true", help="scale events to the model, not the model to the events")
     p.add_argument("--signal-index", action="store_true", help="each event's first and past-last sample index")
     p.add_argument("--samples", action="store_true", help="each event's samples, scaled to the model")
+    p.add_argument("--rna", action="store_true",
+                   help="direct RNA reads (f5c's --rna): RNA002, or RNA004 where --pore or the run metadata says so; "
+                        "their signal runs 3'->5' and U is read as T")
     p.add_argument("--compat", choices=("f5c", "nanopolish"), default="f5c",
                    help="whose arithmetic to follow where tied paths differ in the last bit: f5c 1.1 or nanopolish "
                         "0.14 (its built-in model to 5 decimals, scalings in double) [%(default)s]")

@@ -171,7 +171,8 @@ def summary_lines(rows: EventalignRows, batch: ReadBatch, read_index: Sequence[i
         samples = float(np.cumsum(batch.ev_length[g].astype(np.float64))[-1])
         duration = samples / float(np.float32(batch.sample_rate[i]))
         out.append(
-            f"{read_index[i]}\t{batch.read_ids[i]}\t{paths[i]}\tdna\ttemplate\t{b - a}\t{steps}\t{skips}\t{stays}\t"
+            f"{read_index[i]}\t{batch.read_ids[i]}\t{paths[i]}\t{rows.molecule}\ttemplate\t{b - a}\t{steps}\t{skips}\t"
+            f"{stays}\t"
             f"{duration:.2f}\t{float(batch.shift[i]):.3f}\t{float(batch.scale[i]):.3f}\t0.000\t{float(batch.var[i]):.3f}\n"
         )
     return "".join(out)
