@@ -73,11 +73,11 @@ class Chemistry:
         are returned as None: `load_default_models` takes them). A missing one raises ModelError naming the
         file looked for and where it is published; `methylation=False` needs no CpG model, and a chemistry
         without one (RNA) raises ModelError when methylation is asked for."""
+        if methylation and self.meth_model is None:
+            raise ModelError(self.title, "methylation calling is not supported for RNA reads (eventalign is)")
         kmer = self._model(self.kmer_model, kmer_model, folder, "--kmer-model")
         if not methylation:
             return kmer, meth_model
-        if self.meth_model is None:
-            raise ModelError(self.title, "methylation calling is not supported for RNA reads (eventalign is)")
         return kmer, self._model(self.meth_model, meth_model, folder, "--meth-model")
 
     def _model(self, default: ModelFile, given: Path | None, folder: Path, flag: str) -> Path | None:
@@ -110,12 +110,12 @@ R10 = Chemistry(
 
 RNA002 = Chemistry(
     name="rna002", title="RNA002", k=5, sample_rate=3000.0,  # 70 bases/s; MinION runs record 3012 Hz
-    kmer_model=ModelFile(RNA002_KMER_MODEL, "5-mer RNA", shipped=True), meth_model=None,
+    kmer_model=ModelFile(RNA002_KMER_MODEL, "5-mer nucleotide", shipped=True), meth_model=None,
     recognise=r"SQK-RNA00[12]\b", events=RNA_PARAMS, reverse_signal=True, u_to_t=True,
 )  # fmt: skip
 RNA004 = Chemistry(
     name="rna004", title="RNA004", k=9, sample_rate=4000.0,  # 130 bases/s
-    kmer_model=ModelFile("rna004_130bps.u_to_t_rna.9mer.template.model", "9-mer RNA004",
+    kmer_model=ModelFile("rna004_130bps.u_to_t_rna.9mer.template.model", "9-mer nucleotide",
                          published="f5c 1.4 and later build in their RNA004 9-mer table (src/model.h of "
                                    f"{F5C_SOURCE}), written out in the nanopolish/f5c text format"),
     meth_model=None, recognise=r"SQK-RNA004|FLO-[A-Z]*004RA", events=RNA_PARAMS, reverse_signal=True, u_to_t=True,
