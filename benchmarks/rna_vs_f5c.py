@@ -7,7 +7,8 @@ RNA004) with each flag set and compares the TSVs byte for byte. It also scores e
 against the truth: the share of rows whose reference position is that of the k-mer the event's samples
 were mostly simulated from.
 
-    python benchmarks/rna_vs_f5c.py --f5c PATH/f5c --kit rna002 --work /tmp/rna002 [--reads 40] [--model FILE]
+    python benchmarks/rna_vs_f5c.py --f5c PATH/f5c --kit rna002 --work /tmp/rna002 [--reads 40] [--transcripts 6]
+        [--model FILE]
 
 Without `--model`: RNA002 takes the shipped 5-mer table, RNA004 the 9-mer table `rna_sim` derives from it.
 A model of uncalled4's `.npz` kind (levels normalised, no stdv: uncalled4's RNA004 table) is put in pA
@@ -75,12 +76,13 @@ def main() -> int:
     p.add_argument("--work", required=True, type=Path)
     p.add_argument("--model", type=Path)
     p.add_argument("--reads", type=int, default=40)
+    p.add_argument("--transcripts", type=int, default=6, help="how many transcripts the reads come from")
     p.add_argument("--seed", type=int, default=11)
     args = p.parse_args()
     work, kit = args.work, KITS[args.kit]
     rng = np.random.default_rng(args.seed)
     model = model_of(args.model, args.kit)
-    transcripts = make_transcripts(rng)
+    transcripts = make_transcripts(rng, args.transcripts)
     reads = simulate_reads(model, transcripts, kit, args.reads, rng)
     write_rna_run(work, kit, reads, transcripts)
     write_text_model(model, work / "model.txt")
