@@ -179,8 +179,11 @@ def folder_models() -> str:
 def models_by_pore() -> str:
     """Which models each chemistry picks, for help texts: `r9 the shipped 6-mer ones, r10 (R10.4.1) the
     9-mer ones in `model_dir`/r10`."""
-    return ", ".join(f"{c.name} the shipped {c.k}-mer ones" if c.kmer_model.shipped else
-                     f"{c.name} ({c.title}) the {c.k}-mer ones in `model_dir`/{c.name}" for c in CHEMISTRIES.values())
+    def ones(c: Chemistry) -> str:
+        return f"{c.k}-mer one" if c.meth_model is None else f"{c.k}-mer ones"
+
+    return ", ".join(f"{c.name} the shipped {ones(c)}" if c.kmer_model.shipped else
+                     f"{c.name} ({c.title}) the {ones(c)} in `model_dir`/{c.name}" for c in CHEMISTRIES.values())
 
 
 def default_models() -> str:
