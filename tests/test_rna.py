@@ -1,13 +1,12 @@
 """Direct RNA (RNA002, RNA004) as f5c 1.6 aligns it: on the simulated fixture of tests/data/rna,
 `streamer eventalign --rna` writes f5c's rows byte for byte (plain, `--signal-index --scale-events`,
-`--samples`), its events land on the k-mers they were simulated from at least as often as f5c's,
+`--samples`; `--sam` of both versions; `--summary`), its events land on the k-mers they were simulated from at least as often as f5c's,
 the pore is told from BLOW5 and POD5 run metadata, the GPU writes the CPU's rows, and methylation
 calling on RNA stops with one line."""
 
 from __future__ import annotations
 
 import gzip
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +24,8 @@ from test_gpu_hmm import run_cases
 
 DATA = Path(__file__).parent / "data" / "rna"
 KITS = {"rna002": [], "rna004": ["--pore", "rna004"]}
-FLAG_SETS = {"plain": [], "signal-index.scale-events": ["--signal-index", "--scale-events"], "samples": ["--samples"]}
+FLAG_SETS = {"plain": [], "signal-index.scale-events": ["--signal-index", "--scale-events"], "samples": ["--samples"],
+             "sam1": ["--sam", "--sam-out-version", "1"], "sam2": ["--sam", "--sam-out-version", "2"]}
 GPU_CASES = Path(__file__).parent / "gpu_rna_cases.py"
 
 
@@ -51,7 +51,8 @@ def eventalign(kit: str, out: Path, *flags, signal: Path | None = None, reads: P
 
 
 def f5c_rows(kit: str, name: str) -> str:
-    with gzip.open(DATA / kit / f"eventalign.{name}.f5c-1.6.tsv.gz", "rt") as fh:
+    ext = "sam" if "--sam" in FLAG_SETS[name] else "tsv"
+    with gzip.open(DATA / kit / f"eventalign.{name}.f5c-1.6.{ext}.gz", "rt") as fh:
         return fh.read()
 
 
@@ -61,7 +62,7 @@ def test_rna_eventalign_is_f5c_16s_byte_for_byte(kit, name, models, tmp_path):
     out = tmp_path / "ea.tsv"
     assert eventalign(kit, out, "--rna", *KITS[kit], "--kmer-model", models[kit], *FLAG_SETS[name]) == 0
     want = f5c_rows(kit, name)
-    assert want.count("\n") > 1000
+    assert want.count("\n") > (5 if "--sam" in FLAG_SETS[name] else 1000)
     assert out.read_text() == want
 
 
@@ -109,17 +110,26 @@ def test_rna004_told_from_blow5_and_pod5_run_metadata(models, tmp_path):
         assert out.read_text() == want, (flags, signal)
 
 
-def test_rna_basecalls_with_u_or_t_and_the_summary_says_rna(models, tmp_path):
-    """Basecalls are read U as T (the fixture's are written with U); --summary's model_name column is rna."""
+@pytest.mark.parametrize("kit", list(KITS))
+def test_rna_summary_is_f5c_16s(kit, models, tmp_path):
+    """model_name rna, and the BLOW5 named `slow5` as f5c 1.6 names it (`--compat f5c`, the default)."""
+    summary = tmp_path / "summary.tsv"
+    assert eventalign(kit, tmp_path / "ea.tsv", "--rna", *KITS[kit], "--kmer-model", models[kit], "--summary",
+                      summary) == 0  # fmt: skip
+    want = (DATA / kit / "eventalign.summary.f5c-1.6.tsv").read_text()
+    assert want.count("\tslow5\trna\ttemplate\t") == 4 and summary.read_text() == want
+    assert eventalign(kit, tmp_path / "ea.tsv", "--rna", *KITS[kit], "--kmer-model", models[kit], "--summary",
+                      summary, "--compat", "nanopolish") == 0  # fmt: skip
+    assert "\tslow5\t" not in summary.read_text() and "sim.blow5\trna\t" in summary.read_text()
+
+
+def test_rna_basecalls_with_u_or_t_are_the_same(tmp_path):
+    """Basecalls are read U as T (the fixture's are written with U)."""
     as_t = tmp_path / "reads.fastq"
     as_t.write_text((DATA / "rna002" / "reads.fastq").read_text().replace("U", "T"))
-    shutil.copy(DATA / "rna002" / "reads.bam", tmp_path / "reads.bam")
-    out, summary = tmp_path / "ea.tsv", tmp_path / "summary.tsv"
-    assert eventalign("rna002", out, "--rna", "--summary", summary, reads=as_t) == 0  # the shipped 5-mer table
-    assert out.read_text() == f5c_rows("rna002", "plain")
-    lines = summary.read_text().splitlines()
-    assert lines[0].split("\t")[3] == "model_name" and len(lines) == 5
-    assert all(line.split("\t")[3:5] == ["rna", "template"] for line in lines[1:])
+    assert "U" in (DATA / "rna002" / "reads.fastq").read_text().split("\n")[1]
+    assert eventalign("rna002", tmp_path / "ea.tsv", "--rna", reads=as_t) == 0  # the shipped 5-mer table
+    assert (tmp_path / "ea.tsv").read_text() == f5c_rows("rna002", "plain")
 
 
 def test_rna_refusals_are_one_line(tmp_path, capsys):

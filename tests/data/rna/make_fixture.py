@@ -6,7 +6,7 @@ For each kit (`rna002`, `rna004`) a few reads of random transcripts from `tests/
 `sim.blow5` (the kit's run metadata), `reads.fastq` (basecalls with U), `reads.bam` (mappy), `transcripts.fa`,
 `truth.npz` (each read's transcript start and the read k-mer each sample came from), and what
 `f5c eventalign --rna [--pore rna004] --kmer-model` writes for them, gzipped, with each flag set of
-`FLAG_SETS`. RNA002 takes the shipped 5-mer table, RNA004 `synthetic_rna004_model` of it (as the tests do).
+`FLAG_SETS` (TSV, and SAM of both versions), and its `--summary`. RNA002 takes the shipped 5-mer table, RNA004 `synthetic_rna004_model` of it (as the tests do).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from streamer.pipeline.chemistry import RNA002_KMER_MODEL  # noqa: E402
 from streamer.pore.model import builtin_model_path, load_model  # noqa: E402
 
 OUT = ROOT / "tests" / "data" / "rna"
-FLAG_SETS = {"plain": [], "signal-index.scale-events": ["--signal-index", "--scale-events"], "samples": ["--samples"]}
+FLAG_SETS = {"plain": [], "signal-index.scale-events": ["--signal-index", "--scale-events"], "samples": ["--samples"],
+             "sam1": ["--sam", "--sam-out-version", "1"], "sam2": ["--sam", "--sam-out-version", "2"]}
 N_READS = 4
 
 
@@ -56,8 +57,12 @@ def main() -> None:
             out = subprocess.run([f5c, "eventalign", "-r", "reads.fastq", "-b", "reads.bam", "-g", "transcripts.fa",
                                   "--slow5", "sim.blow5", "--rna", *pore, "--kmer-model", "model.txt", "-t", "1",
                                   *flags], cwd=work, check=True, capture_output=True).stdout  # fmt: skip
-            with gzip.GzipFile(work / f"eventalign.{name}.f5c-1.6.tsv.gz", "wb", mtime=0) as fh:
+            ext = "sam" if "--sam" in flags else "tsv"
+            with gzip.GzipFile(work / f"eventalign.{name}.f5c-1.6.{ext}.gz", "wb", mtime=0) as fh:
                 fh.write(out)
+        subprocess.run([f5c, "eventalign", "-r", "reads.fastq", "-b", "reads.bam", "-g", "transcripts.fa", "--slow5",
+                        "sim.blow5", "--rna", *pore, "--kmer-model", "model.txt", "-t", "1", "--summary",
+                        "eventalign.summary.f5c-1.6.tsv"], cwd=work, check=True, capture_output=True)  # fmt: skip
         for junk in (model_txt, *work.glob("reads.fastq.*"), *work.glob("*.blow5.idx")):
             junk.unlink()
 
