@@ -86,7 +86,8 @@ def main() -> int:
     reads = simulate_reads(model, transcripts, kit, args.reads, rng)
     write_rna_run(work, kit, reads, transcripts)
     write_text_model(model, work / "model.txt")
-    print(f"{args.kit}: {len(reads)} reads, {sum(len(r.stretch) for r in reads)} bases, model {model.name} (k={model.k})")
+    bases = sum(len(r.stretch) for r in reads)
+    print(f"{args.kit}: {len(reads)} reads, {bases} bases, model {model.name} (k={model.k})")
     os.environ["PYTHONPATH"] = os.pathsep.join(str(ROOT / d) for d in ("", "plugins", "gpu"))  # this checkout's
     pore = ["--pore", "rna004"] if args.kit == "rna004" else []
     common = ["-r", "reads.fastq", "-b", "reads.bam", "-g", "transcripts.fa", "-t", "2", "--rna", *pore,

@@ -54,9 +54,11 @@ class RnaKit:
 
 
 RNA002_KIT = RnaKit("rna002", 3012.0, 70.0, 8192.0, 13.0, 1467.61,  # MinION R9.4.1: 14-bit ADC
-                    {"experiment_type": "rna", "flow_cell_product_code": "FLO-MIN106", "sequencing_kit": "sqk-rna002"})
+                    {"experiment_type": "rna", "flow_cell_product_code": "FLO-MIN106",
+                     "sequencing_kit": "sqk-rna002"})  # fmt: skip
 RNA004_KIT = RnaKit("rna004", 4000.0, 130.0, 2048.0, -259.0, 291.5,  # PromethION RNA004: 11-bit ADC
-                    {"experiment_type": "rna", "flow_cell_product_code": "FLO-PRO004RA", "sequencing_kit": "sqk-rna004"})
+                    {"experiment_type": "rna", "flow_cell_product_code": "FLO-PRO004RA",
+                     "sequencing_kit": "sqk-rna004"})  # fmt: skip
 
 
 def synthetic_rna004_model(rna002: PoreModel) -> PoreModel:
@@ -78,7 +80,8 @@ def make_transcripts(rng: np.random.Generator, n: int = 6, lengths: tuple[int, i
 
 
 def simulate_rna(model: PoreModel, seq: str, kit: RnaKit, rng: np.random.Generator, shift: float = 4.0,
-                 scale: float = 1.05, dwell_shape: float = 3.0, read_id: str | None = None) -> SimulatedRead:  # fmt: skip
+                 scale: float = 1.05, dwell_shape: float = 3.0,
+                 read_id: str | None = None) -> SimulatedRead:  # fmt: skip
     """One read of `seq` (5'->3', ACGT) whose signal runs 3'->5'; `sample_kmer` indexes the read's k-mers
     5'->3', so it decreases along the signal."""
     ranks = kmer_ranks(seq, model.k)[::-1]  # the order the pore reads them

@@ -1,8 +1,8 @@
 """Direct RNA (RNA002, RNA004) as f5c 1.6 aligns it: on the simulated fixture of tests/data/rna,
 `streamer eventalign --rna` writes f5c's rows byte for byte (plain, `--signal-index --scale-events`,
-`--samples`; `--sam` of both versions; `--summary`), its events land on the k-mers they were simulated from at least as often as f5c's,
-the pore is told from BLOW5 and POD5 run metadata, the GPU writes the CPU's rows, and methylation
-calling on RNA stops with one line."""
+`--samples`; `--sam` of both versions; `--summary`), its events land on the k-mers they were simulated
+from at least as often as f5c's, the pore is told from BLOW5 and POD5 run metadata, the GPU writes the
+CPU's rows, and methylation calling on RNA stops with one line."""
 
 from __future__ import annotations
 
