@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--summary", type=Path, metavar="FILE", help="also write a summary line per read to FILE")
     p.add_argument("--sam", action="store_true",
                    help="write SAM instead of TSV: each read's events aligned to the reference (nanopolish's format)")
-    p.add_argument("--sam-out-version", type=int, choices=(1, 2), default=1,
+    p.add_argument("--sam-out-version", choices=("1", "2"), default="1",
                    help="--sam's version: 1 event-space records (nanopolish's, f5c 1.1's), 2 each input record with "
                         "its signal alignment in f5c 1.6's si/ss/sc/sh tags (f5c 1.6's default) [%(default)s]")
     p.add_argument("--disable-cuda", action="store_true", help="align on the CPU only")
@@ -83,7 +83,7 @@ def _run(args: argparse.Namespace, compiling: bool) -> int:
         # the TSV's read_index is the record's place in the BAM, every record counted, as the tools number it
         sinks = open_sinks(_config(args), SinkContext(NAME, files={
             "eventalign-sam": (args.output or "-") if args.sam else None, "template_bam": args.bam,
-            "eventalign-summary": args.summary}, options={"sam_out_version": args.sam_out_version,
+            "eventalign-summary": args.summary}, options={"sam_out_version": int(args.sam_out_version),
                                                             "compat": args.compat}))  # fmt: skip
         for sink in sinks:
             stack.callback(sink.close)
