@@ -110,6 +110,8 @@ def load_npz_model(path: str | Path) -> PoreModel:
     except (OSError, ValueError, zipfile.BadZipFile) as exc:
         raise ModelError(path, f"cannot read model file: {exc}") from exc
     n = len(NUCLEOTIDE) ** k
+    if len(stdv) == 0 and len(mean) == n:  # uncalled4's RNA004 table: levels without their spread
+        raise ModelError(path, "no level stdv (its 'current.stdv' is empty): give a table that has one")
     if not 1 <= k <= 15 or len(kmers) != n or len(mean) != n or len(stdv) != n:
         raise ModelError(path, f"{len(kmers)} rows, expected {len(NUCLEOTIDE)}^{k} = {n} for alphabet {NUCLEOTIDE}")
     letters = np.asarray(kmers, dtype=f"U{k}")
