@@ -37,6 +37,9 @@ def test_run_metadata_names_one_chemistry_and_none_is_the_default():
     assert pore_from_metadata(["FLO-MIN106", "SQK-LSK109"]) == R9.name
     assert pore_from_metadata(["FLO-MIN106", "sqk-rna002"]) == RNA002.name  # MinKNOW writes kits in lower case
     assert pore_from_metadata(["FLO-PRO004RA", "SQK-RNA004"]) == pore_from_metadata(["FLO-MIN004RA"]) == RNA004.name
+    # f5c: an experiment_type of rna is direct RNA, RNA004 where the kit says so, else RNA002
+    assert pore_from_metadata(["rna"]) == RNA002.name and pore_from_metadata(["rna", "sqk-rna004"]) == RNA004.name
+    assert pore_from_metadata(["genomic_dna", "FLO-MIN106"]) == R9.name
     assert pore_from_metadata(["SQK-LSK114", "FLO-PRO114M"]) == R10.name
     assert chemistry(None) is DEFAULT and PipelineOptions().chemistry is DEFAULT
 

@@ -111,7 +111,7 @@ R10 = Chemistry(
 RNA002 = Chemistry(
     name="rna002", title="RNA002", k=5, sample_rate=3000.0,  # 70 bases/s; MinION runs record 3012 Hz
     kmer_model=ModelFile(RNA002_KMER_MODEL, "5-mer nucleotide", shipped=True), meth_model=None,
-    recognise=r"SQK-RNA00[12]\b", events=RNA_PARAMS, reverse_signal=True, u_to_t=True,
+    recognise=r"SQK-RNA00[12]\b|\brna\b", events=RNA_PARAMS, reverse_signal=True, u_to_t=True,  # experiment_type rna
 )  # fmt: skip
 RNA004 = Chemistry(
     name="rna004", title="RNA004", k=9, sample_rate=4000.0,  # 130 bases/s
