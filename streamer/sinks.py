@@ -87,6 +87,7 @@ class SinkContext:
     """Where sinks are opened, beside the configuration.
 
     `files`: the file each output option of a one-shot command names (`call --bedmethyl FILE`);
+    `options`: how it asks them written (`eventalign --sam-out-version 2`);
     `out_dir`: the folder of a sink's own files (the daemon's output folder, the folder of
     `call -o`); `ledger` and `state_dir`: the daemon's, None elsewhere; `beat`: feeds the
     daemon's watchdog through long work.
@@ -95,6 +96,7 @@ class SinkContext:
     command: str  # "call", "eventalign", "meth-freq", "run"; "warm-up": what row sinks compile with
     out_dir: Path | None = None
     files: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)  # a one-shot command's other output flags, by name
     ledger: SinkLedger | None = None
     state_dir: Path | None = None
     publishing: bool = False

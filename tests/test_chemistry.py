@@ -4,22 +4,21 @@ flags and the pipeline."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
-
 import pytest
 
 from streamer import config
 from streamer.commands._inputs import add_input_arguments
-from streamer.errors import StreamerError
+from streamer.errors import ModelError, UsageError
 from streamer.pipeline.events import RNA_PARAMS
 from streamer.pipeline.stages import PipelineOptions
-from streamer.pipeline.chemistry import CHEMISTRIES, DEFAULT, PORES, R9, R10, chemistry, pore_from_metadata, pore_models
+from streamer.pipeline.chemistry import (CHEMISTRIES, DEFAULT, PORES, R9, R10, RNA002, RNA004, as_rna, chemistry,
+                                         pore_from_metadata, pore_models)
 from streamer.pore.model import builtin_model_path, load_model
 
 
 def test_every_chemistry_is_a_choice_of_the_configuration_and_the_flags():
     key = next(k for k in config.schema() if k.path == "pipeline.pore")
-    assert key.choices == ("auto", *PORES) == ("auto", "r9", "r10")
+    assert key.choices == ("auto", *PORES) == ("auto", "r9", "r10", "rna002", "rna004")
     parser = argparse.ArgumentParser()
     add_input_arguments(parser, "calls")
     pore = next(a for a in parser._actions if a.dest == "pore")
@@ -29,24 +28,37 @@ def test_every_chemistry_is_a_choice_of_the_configuration_and_the_flags():
 def test_shipped_models_are_there_with_the_chemistry_k():
     for c in CHEMISTRIES.values():
         for model in (c.kmer_model, c.meth_model):
-            if model.shipped:
+            if model is not None and model.shipped:
                 assert load_model(builtin_model_path(model.name)).k == c.k
 
 
 def test_run_metadata_names_one_chemistry_and_none_is_the_default():
     assert pore_from_metadata(["FLO-PRO114M", "SQK-LSK114"]) == R10.name
     assert pore_from_metadata(["FLO-MIN106", "SQK-LSK109"]) == R9.name
-    assert pore_from_metadata(["SQK-RNA002"]) is None
+    assert pore_from_metadata(["FLO-MIN106", "sqk-rna002"]) == RNA002.name  # MinKNOW writes kits in lower case
+    assert pore_from_metadata(["FLO-PRO004RA", "SQK-RNA004"]) == pore_from_metadata(["FLO-MIN004RA"]) == RNA004.name
+    # f5c: an experiment_type of rna is direct RNA, RNA004 where the kit says so, else RNA002
+    assert pore_from_metadata(["rna"]) == RNA002.name and pore_from_metadata(["rna", "sqk-rna004"]) == RNA004.name
+    assert pore_from_metadata(["genomic_dna", "FLO-MIN106"]) == R9.name
+    assert pore_from_metadata(["SQK-LSK114", "FLO-PRO114M"]) == R10.name
     assert chemistry(None) is DEFAULT and PipelineOptions().chemistry is DEFAULT
 
 
-def test_an_rna_description_is_expressible_and_refused_with_one_line(tmp_path):
-    rna = dataclasses.replace(R9, name="rna002", title="RNA002", events=RNA_PARAMS, reverse_signal=True,
-                              u_to_t=True, recognise=r"SQK-RNA002")  # fmt: skip
-    assert rna.names_run("FLO-MIN106 SQK-RNA002") and not R9.names_run("SQK-RNA002")
-    with pytest.raises(StreamerError) as info:
-        rna.models(None, None, tmp_path)
-    assert str(info.value) == "RNA002: RNA reads (3'->5' signal, U models) are not supported yet"
+def test_rna_chemistries_are_f5c_16s(tmp_path):
+    """RNA's event windows, U read as T, the signal turned round; the shipped RNA002 table; no methylation."""
+    for rna, k, rate in ((RNA002, 5, 3000.0), (RNA004, 9, 4000.0)):
+        assert (rna.k, rna.sample_rate, rna.events, rna.reverse_signal, rna.u_to_t) == (k, rate, RNA_PARAMS, True, True)
+        with pytest.raises(ModelError, match="methylation calling is not supported for RNA reads"):
+            rna.models(None, None, tmp_path)
+    assert pore_models("rna002", methylation=False) == (builtin_model_path(RNA002.kmer_model.name), None)
+    with pytest.raises(ModelError, match="no RNA004 9-mer nucleotide model: f5c 1.4 and later"):
+        pore_models("rna004", folder=tmp_path, methylation=False)
+
+
+def test_rna_flag_makes_the_pore_direct_rna():
+    assert as_rna(None) == as_rna("r9") == as_rna("rna002") == "rna002" and as_rna("rna004") == "rna004"
+    with pytest.raises(UsageError, match="R10.4.1 has no direct RNA kit"):
+        as_rna("r10")
 
 
 def test_a_model_given_is_kept_whatever_the_chemistry(tmp_path):

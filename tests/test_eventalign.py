@@ -317,3 +317,25 @@ def test_row_writer_prints_as_printf():
         for x in values.tolist():
             n = put_fixed(buf, 0, x, decimals, FLOAT32_BITS, True)
             assert buf[:n].tobytes().decode() == f"{x:.{decimals}f}", x
+
+
+def test_fixture_as_blow5_sam_version_2_and_summary_are_f5c_16s(tmp_path, monkeypatch):
+    """The fixture's reads as BLOW5, which f5c 1.6 reads: `--sam --sam-out-version 2` (its default: each input
+    record with si/ss/sc/sh tags; both strands and a supplementary record) and `--summary` (the signal named
+    `slow5`) are what f5c 1.6 writes."""
+    from streamer.io.signal import iter_signal
+    from streamer.io.slow5 import write_blow5
+
+    monkeypatch.setenv("STREAMER_SLOW5_INDEX_DIR", str(tmp_path / "slow5-index"))
+    blow5 = tmp_path / "reads.blow5"
+    write_blow5(blow5, [rec for path in sorted((ECOLI / "fast5").glob("*.fast5")) for rec in iter_signal(path)])
+    _, summary = eventalign(tmp_path, ECOLI / "reads.fasta", ECOLI / "reads.bam", blow5)
+    assert summary.read_text() == (ECOLI / "eventalign.summary.blow5.f5c-1.6.tsv").read_text()
+    sam = tmp_path / "ea.sam"
+    proc = subprocess.run([sys.executable, "-m", "streamer", "eventalign", "-r", tmp_path / "reads.fasta", "-b",
+                           ECOLI / "reads.bam", "-g", REFERENCE, "--signal", blow5, "-t", "2", "--sam",
+                           "--sam-out-version", "2", "-o", sam], capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    with gzip.open(ECOLI / "eventalign.sam2.f5c-1.6.sam.gz", "rt") as fh:
+        want = fh.read()
+    assert want.count("\tsi:Z:") == 9 and sam.read_text() == want

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamer.pipeline.events import DNA_PARAMS, RNA_PARAMS, EventParams, detect_events
+from streamer.pipeline.events import DNA_PARAMS, RNA_PARAMS, EventParams, detect_events, reverse_events
 from streamer.io.fast5 import fast5_read_ids, iter_fast5, read_fast5
 
 DATA = Path(__file__).parent / "data" / "ecoli"
@@ -165,3 +165,20 @@ def test_region_events_match_f5c_eventalign():
         assert np.array_equal(start[idx] + length[idx].astype(np.int64), [r[4] for r in rows])
         assert [f"{v:.2f}" for v in mean[idx]] == [r[1] for r in rows]
         assert [f"{v:.3f}" for v in stdv[idx]] == [r[2] for r in rows]
+
+
+def test_reverse_events_turns_each_read_round_in_place():
+    """Direct RNA: each read's events in the other order, each keeping its own samples; twice is once."""
+    rng = np.random.default_rng(8)
+    pa = [rng.normal(90, 8, n).astype(np.float32) for n in (0, 40, 1, 2000, 777)]
+    off = np.zeros(len(pa) + 1, np.int64)
+    np.cumsum([len(p) for p in pa], out=off[1:])
+    events = detect_events(np.concatenate(pa), off, RNA_PARAMS)
+    ev_off, arrays = events[0], [a.copy() for a in events[1:]]
+    reverse_events(ev_off, *arrays)
+    for r in range(len(pa)):
+        a, b = ev_off[r], ev_off[r + 1]
+        for got, want in zip(arrays, events[1:]):
+            assert np.array_equal(got[a:b], want[a:b][::-1])
+    reverse_events(ev_off, *arrays)
+    assert all(np.array_equal(got, want) for got, want in zip(arrays, events[1:]))

@@ -30,11 +30,12 @@ FORMATS = Path(__file__).resolve().parents[2] / "shared" / "data" / "formats"
 CONTIG = "NC_000913.3"
 
 
-def write_npz(path, k=2, kmers=None, drop=None):
+def write_npz(path, k=2, kmers=None, drop=None, empty_stdv=False):
     n = 4**k
     arrays = {
         "kmer": np.array(kmers if kmers is not None else [_kmer_at_rank(r, k, NUCLEOTIDE) for r in range(n)]),
-        "current.mean": np.linspace(-1, 1, n, dtype=np.float32), "current.stdv": np.full(n, 0.1, np.float32),
+        "current.mean": np.linspace(-1, 1, n, dtype=np.float32),
+        "current.stdv": np.zeros(0, np.float32) if empty_stdv else np.full(n, 0.1, np.float32),
         "_k": np.int64(k), "_pa_mean": np.float64(90.0), "_pa_stdv": np.float64(20.0), "_name": np.str_("tiny"),
     }  # fmt: skip
     arrays.pop(drop, None)
@@ -54,6 +55,7 @@ def test_npz_levels_in_pa(tmp_path):
     ({"kmers": [_kmer_at_rank(r, 2, NUCLEOTIDE) for r in range(15)]}, "15 rows, expected 4^2 = 16"),
     ({"kmers": ["AAN", *(_kmer_at_rank(r, 2, NUCLEOTIDE) for r in range(1, 16))]}, "out of rank order"),
     ({"drop": "_pa_stdv"}, "no '_pa_stdv' array"),
+    ({"empty_stdv": True}, "no level stdv (its 'current.stdv' is empty)"),
 ])  # fmt: skip
 def test_npz_validated(tmp_path, case, message):
     with pytest.raises(ModelError, match=re.escape(message)):

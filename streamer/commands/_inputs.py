@@ -27,8 +27,8 @@ from streamer.pipeline.runner import RunnerOptions
 from streamer.pipeline.signal_pool import reader_pool
 from streamer.pipeline.stages import Pipeline, PipelineOptions
 from streamer.tuning.profiles import MemoryPlan, parse_size
-from streamer.pipeline.chemistry import (DEFAULT, PORES, chemistry, default_models, folder_models, pore_models, pore_of_file,
-                                     title)
+from streamer.pipeline.chemistry import (DEFAULT, PORES, as_rna, chemistry, default_models, folder_models, pore_models,
+                                         pore_of_file, title)
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +116,8 @@ def pipeline_options(args: argparse.Namespace, index: SignalIndex, cuda: CudaOpt
     """The pipeline for the inputs' pore: its chemistry, and its nucleotide and CpG model files (those the
     flags name, else the chemistry's; one not shipped and missing stops the command with one line naming it)."""
     pore, source = pore_of_inputs(args, index)
+    if getattr(args, "rna", False):  # eventalign's --rna
+        pore, source = as_rna(pore), f"--rna ({source})" if source else "--rna"
     try:
         kmer, meth = pore_models(pore, args.kmer_model, getattr(args, "meth_model", None), args.model_dir,
                                  methylation=methylation)  # fmt: skip

@@ -37,12 +37,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scale-events", action="store_true", help="scale events to the model, not the model to the events")
     p.add_argument("--signal-index", action="store_true", help="each event's first and past-last sample index")
     p.add_argument("--samples", action="store_true", help="each event's samples, scaled to the model")
+    p.add_argument("--rna", action="store_true",
+                   help="direct RNA reads (f5c's --rna): RNA002, or RNA004 where --pore or the run metadata says so; "
+                        "their signal runs 3'->5' and U is read as T")
     p.add_argument("--compat", choices=("f5c", "nanopolish"), default="f5c",
                    help="whose arithmetic to follow where tied paths differ in the last bit: f5c 1.1 or nanopolish "
                         "0.14 (its built-in model to 5 decimals, scalings in double) [%(default)s]")
     p.add_argument("--summary", type=Path, metavar="FILE", help="also write a summary line per read to FILE")
     p.add_argument("--sam", action="store_true",
                    help="write SAM instead of TSV: each read's events aligned to the reference (nanopolish's format)")
+    p.add_argument("--sam-out-version", choices=("1", "2"), default="1",
+                   help="--sam's version: 1 event-space records (nanopolish's, f5c 1.1's), 2 each input record with "
+                        "its signal alignment in f5c 1.6's si/ss/sc/sh tags (f5c 1.6's default) [%(default)s]")
     p.add_argument("--disable-cuda", action="store_true", help="align on the CPU only")
     add_memory_argument(p)
     p.add_argument("--cuda-dev-id", type=device_spec, default=str(CudaOptions.dev_id),
@@ -79,7 +85,8 @@ def _run(args: argparse.Namespace, compiling: bool) -> int:
         # the TSV's read_index is the record's place in the BAM, every record counted, as the tools number it
         sinks = open_sinks(_config(args), SinkContext(NAME, files={
             "eventalign-sam": (args.output or "-") if args.sam else None, "template_bam": args.bam,
-            "eventalign-summary": args.summary}))  # fmt: skip
+            "eventalign-summary": args.summary}, options={"sam_out_version": int(args.sam_out_version),
+                                                            "compat": args.compat}))  # fmt: skip
         for sink in sinks:
             stack.callback(sink.close)
         rows = row_sinks(sinks)[0]  # the TSV

@@ -59,6 +59,7 @@ class ReadAligner:
             clip = CIGAR_H if supplementary else CIGAR_S
             cigar = [(op, n) for n, op in hit.cigar]
             rec.cigartuples = ([(clip, lead)] if lead else []) + cigar + ([(clip, trail)] if trail else [])
+            rec.set_tag("NM", hit.NM, "i")
             if hit.is_primary and not supplementary:
                 rec.query_sequence = mappy.revcomp(seq) if reverse else seq
             out.append(rec)

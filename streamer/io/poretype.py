@@ -1,7 +1,7 @@
 """The run metadata a signal file carries, which tells its pore chemistry.
 
 MinKNOW records the flow cell product code and the sequencing kit (FAST5 `tracking_id` /
-`context_tags`, POD5 run info, SLOW5/BLOW5 header); which chemistry those strings name is
+`context_tags`, POD5 run info, SLOW5/BLOW5 header), and the experiment type (`rna` for direct RNA); which chemistry those strings name is
 each chemistry's own description (`streamer.pipeline.chemistry`).
 """
 
@@ -15,7 +15,7 @@ import pod5
 
 from streamer.io.signal import signal_format
 
-_KEYS = ("flow_cell_product_code", "sequencing_kit", "exp_script_name", "experiment_kit")
+_KEYS = ("flow_cell_product_code", "sequencing_kit", "exp_script_name", "experiment_kit", "experiment_type")
 _SLOW5_HEADER = re.compile(rb"@(" + "|".join(_KEYS).encode() + rb")\t([^\n]*)")
 _SLOW5_HEADER_BYTES = 1 << 20
 

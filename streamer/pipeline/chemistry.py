@@ -6,10 +6,11 @@ where they are published, and how its run metadata names it (flow cell and kit).
 `streamer eventalign`, the daemon, the configuration's choices and the help texts all read
 `CHEMISTRIES`, so adding a chemistry is one entry here plus its model files.
 
-An RNA chemistry differs in more than its numbers: its signal runs 3'->5' (`reverse_signal`) and
-its models are written over U (`u_to_t`: read as T). Those fields are here so that such an entry
-can say so; the pipeline takes DNA's orientation, and a chemistry that sets either is refused
-where its models are looked for (`Chemistry.models`) until the stages honour them.
+A direct RNA chemistry (RNA002, RNA004) differs in more than its numbers, as f5c 1.6 handles it: the
+read's U are read as T (`u_to_t`; its models are over ACGT, or U read as T), and its signal runs 3'->5'
+(`reverse_signal`): the events are turned round after the method-of-moments scaling, so that ABEA and
+eventalign see them 5'->3' and the event indexes written are those of the turned table. It has no
+methylation model: methylation calling stops with one line, eventalign goes on.
 """
 
 from __future__ import annotations
@@ -18,15 +19,17 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from streamer.errors import ModelError, StreamerError
+from streamer.errors import ModelError, UsageError
 from streamer.io.poretype import run_metadata
 from streamer.pipeline.abea import AbeaParams
-from streamer.pipeline.events import DNA_PARAMS, EventParams
+from streamer.pipeline.events import DNA_PARAMS, RNA_PARAMS, EventParams
 from streamer.pipeline.postalign import PostalignParams
 from streamer.pore.model import DEFAULT_KMER_MODEL, DEFAULT_METH_MODEL, builtin_model_path, model_dir
 
 UNCALLED4_MODELS = "https://github.com/skovaka/uncalled4"
 F5C_RELEASES = "https://github.com/hasindu2008/f5c/releases"
+F5C_SOURCE = "https://github.com/hasindu2008/f5c"
+RNA002_KMER_MODEL = "r9.4_70bps.u_to_t_rna.5mer.template.model"
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,7 @@ class Chemistry:
     k: int
     sample_rate: float  # nominal Hz; each read's own rate comes from its signal file
     kmer_model: ModelFile
-    meth_model: ModelFile
+    meth_model: ModelFile | None  # None: no methylation calling for these reads (RNA)
     recognise: str  # regular expression over the run's flow cell and kit strings
     events: EventParams = DNA_PARAMS
     abea: AbeaParams = AbeaParams()
@@ -68,12 +71,14 @@ class Chemistry:
                methylation: bool = True) -> tuple[Path | None, Path | None]:  # fmt: skip
         """The model files: those given, else this chemistry's in `folder`/name (the shipped R9.4.1 ones
         are returned as None: `load_default_models` takes them). A missing one raises ModelError naming the
-        file looked for and where it is published; `methylation=False` needs no CpG model."""
-        if self.reverse_signal or self.u_to_t:
-            raise StreamerError(f"{self.title}: RNA reads (3'->5' signal, U models) are not supported yet")
+        file looked for and where it is published; `methylation=False` needs no CpG model, and a chemistry
+        without one (RNA) raises ModelError when methylation is asked for."""
+        if methylation and self.meth_model is None:
+            raise ModelError(self.title, "methylation calling is not supported for RNA reads (eventalign is)")
         kmer = self._model(self.kmer_model, kmer_model, folder, "--kmer-model")
-        meth = self._model(self.meth_model, meth_model, folder, "--meth-model") if methylation else meth_model
-        return kmer, meth
+        if not methylation:
+            return kmer, meth_model
+        return kmer, self._model(self.meth_model, meth_model, folder, "--meth-model")
 
     def _model(self, default: ModelFile, given: Path | None, folder: Path, flag: str) -> Path | None:
         if given is not None:
@@ -103,7 +108,20 @@ R10 = Chemistry(
     recognise=r"(?:FLO|SQK)-[A-Z]*114",
 )  # fmt: skip
 
-CHEMISTRIES: dict[str, Chemistry] = {c.name: c for c in (R9, R10)}
+RNA002 = Chemistry(
+    name="rna002", title="RNA002", k=5, sample_rate=3000.0,  # 70 bases/s; MinION runs record 3012 Hz
+    kmer_model=ModelFile(RNA002_KMER_MODEL, "5-mer nucleotide", shipped=True), meth_model=None,
+    recognise=r"SQK-RNA00[12]\b|\brna\b", events=RNA_PARAMS, reverse_signal=True, u_to_t=True,  # experiment_type rna
+)  # fmt: skip
+RNA004 = Chemistry(
+    name="rna004", title="RNA004", k=9, sample_rate=4000.0,  # 130 bases/s
+    kmer_model=ModelFile("rna004_130bps.u_to_t_rna.9mer.template.model", "9-mer nucleotide",
+                         published="f5c 1.4 and later build in their RNA004 9-mer table (src/model.h of "
+                                   f"{F5C_SOURCE}), written out in the nanopolish/f5c text format"),
+    meth_model=None, recognise=r"SQK-RNA004|FLO-[A-Z]*004RA", events=RNA_PARAMS, reverse_signal=True, u_to_t=True,
+)  # fmt: skip
+
+CHEMISTRIES: dict[str, Chemistry] = {c.name: c for c in (R9, R10, RNA002, RNA004)}
 """Every chemistry by name; run metadata is matched against the last first (a newer kit's name may hold
 an older one's number)."""
 PORES = tuple(CHEMISTRIES)  # the `--pore` / `pipeline.pore` choices besides auto
@@ -114,6 +132,17 @@ DEFAULT = R9
 def chemistry(name: str | None) -> Chemistry:
     """The chemistry of that name; None (not told) is the default one."""
     return CHEMISTRIES[name] if name is not None else DEFAULT
+
+
+def as_rna(pore: str | None) -> str:
+    """The pore f5c's `--rna` makes of the one told: an RNA one stays, R9.4.1 (or none told) is RNA002, its
+    direct RNA kit; R10.4.1 has none (RNA004 is a pore of its own, `--pore rna004`)."""
+    c = chemistry(pore)
+    if c.reverse_signal:
+        return c.name
+    if c is R9:
+        return RNA002.name
+    raise UsageError(f"--rna: {c.title} has no direct RNA kit; RNA004 reads take --pore rna004")
 
 
 def pore_from_metadata(values: list[str]) -> str | None:
@@ -142,15 +171,19 @@ def title(pore: str | None) -> str:
 def folder_models() -> str:
     """The models each chemistry takes from the model folder, for help texts: `R10.4.1 reads take
     r10/dna_r10.4.1_400bps_9mer.npz and r10/r10_450bps.cpg.9mer.template.round9.model`."""
-    return "; ".join(f"{c.title} reads take " + " and ".join(f"{c.name}/{m.name}" for m in (c.kmer_model, c.meth_model))
+    return "; ".join(f"{c.title} reads take " + " and ".join(f"{c.name}/{m.name}" for m in (c.kmer_model, c.meth_model)
+                                                             if m is not None)
                      for c in CHEMISTRIES.values() if not c.kmer_model.shipped)  # fmt: skip
 
 
 def models_by_pore() -> str:
     """Which models each chemistry picks, for help texts: `r9 the shipped 6-mer ones, r10 (R10.4.1) the
     9-mer ones in `model_dir`/r10`."""
-    return ", ".join(f"{c.name} the shipped {c.k}-mer ones" if c.kmer_model.shipped else
-                     f"{c.name} ({c.title}) the {c.k}-mer ones in `model_dir`/{c.name}" for c in CHEMISTRIES.values())
+    def ones(c: Chemistry) -> str:
+        return f"{c.k}-mer one" if c.meth_model is None else f"{c.k}-mer ones"
+
+    return ", ".join(f"{c.name} the shipped {ones(c)}" if c.kmer_model.shipped else
+                     f"{c.name} ({c.title}) the {ones(c)} in `model_dir`/{c.name}" for c in CHEMISTRIES.values())
 
 
 def default_models() -> str:

@@ -120,6 +120,22 @@ def detect_events_kernel(signal, signal_off, w1, w2, threshold1, threshold2, pea
     return ev_off, ev_start, ev_length, ev_mean, ev_stdv
 
 
+@numba.njit(nogil=True, cache=True, parallel=True)
+def reverse_events(ev_off, ev_start, ev_length, ev_mean, ev_stdv):
+    """Each read's events turned round in place: direct RNA's signal runs 3'->5', and f5c aligns its events
+    5'->3' (each keeps its own samples: `ev_start` still counts from the read's first sample)."""
+    for r in numba.prange(len(ev_off) - 1):
+        a = ev_off[r]
+        b = ev_off[r + 1] - 1
+        while a < b:
+            ev_start[a], ev_start[b] = ev_start[b], ev_start[a]
+            ev_length[a], ev_length[b] = ev_length[b], ev_length[a]
+            ev_mean[a], ev_mean[b] = ev_mean[b], ev_mean[a]
+            ev_stdv[a], ev_stdv[b] = ev_stdv[b], ev_stdv[a]
+            a += 1
+            b -= 1
+
+
 @numba.njit(nogil=True, cache=True)
 def event_offsets(signal_off, n_peaks):
     """Each read's first event: a read with samples has one event more than boundaries, an empty read none."""

@@ -29,7 +29,7 @@ from streamer.pipeline import timeline
 from streamer.pipeline.abea import align_batch
 from streamer.pipeline.batch import CIGAR_M, ReadBatch, ReadInput, pack
 from streamer.pipeline.devices import DevicePool
-from streamer.pipeline.events import detect_events
+from streamer.pipeline.events import detect_events, reverse_events
 from streamer.pipeline.gpu import AbeaBatchStats, CudaOptions, GpuAbea, GpuEvents, HmmBatchStats, gpu_package
 from streamer.io.fast5 import SignalRecord
 from streamer.pipeline.chemistry import DEFAULT, Chemistry
@@ -130,12 +130,20 @@ class DetectEvents(_CoreStage):
 
 
 class EstimateScalings(_CoreStage):
+    """Method-of-moments scalings. Direct RNA as f5c 1.6 takes it: the read's U read as T before, the
+    events turned 5'->3' after (the moments do not depend on the events' order, their float sums do)."""
+
     name = "scaling"
 
     def __call__(self, batch: ReadBatch, pipeline: Pipeline) -> None:
+        chem = pipeline.options.chemistry
+        if chem.u_to_t:
+            batch.seq[batch.seq == ord("U")] = ord("T")
         batch.shift, batch.scale, batch.var = estimate_scalings(
             batch.seq, batch.seq_off, batch.ev_mean, batch.ev_off, batch.status, pipeline.kmer_model
         )
+        if chem.reverse_signal:
+            reverse_events(batch.ev_off, batch.ev_start, batch.ev_length, batch.ev_mean, batch.ev_stdv)
 
 
 class AlignEvents(_CoreStage):
@@ -293,7 +301,7 @@ class Pipeline:
         for i in reversed(range(len(self.devices))):
             dev_id = self.devices[i].dev_id
             try:
-                result = self._run(pack([synthetic_read(self.kmer_model)]), self.devices[i], recover=False)
+                result = self._run(pack([self._synthetic_read()]), self.devices[i], recover=False)
             except Exception as exc:
                 if not is_cuda_error(exc):
                     raise
@@ -304,8 +312,11 @@ class Pipeline:
         if failed:
             gpu_package().release_gpu()
         if not self.devices:
-            result = self._run(pack([synthetic_read(self.kmer_model)]), None, recover=False)
+            result = self._run(pack([self._synthetic_read()]), None, recover=False)
         return result
+
+    def _synthetic_read(self) -> ReadInput:
+        return synthetic_read(self.kmer_model, reverse=self.options.chemistry.reverse_signal)
 
 
 def open_devices(cuda: CudaOptions) -> list[GpuDevice]:
@@ -334,12 +345,14 @@ def skipped_of(batch: ReadBatch) -> list[Skipped]:
     ]
 
 
-def synthetic_read(model: PoreModel, n_bases: int = 600, samples_per_kmer: int = 9, seed: int = 7) -> ReadInput:
-    """A read whose signal follows the model exactly (plus noise), aligned end to end to itself."""
+def synthetic_read(model: PoreModel, n_bases: int = 600, samples_per_kmer: int = 9, seed: int = 7,
+                   reverse: bool = False) -> ReadInput:  # fmt: skip
+    """A read whose signal follows the model exactly (plus noise), aligned end to end to itself; `reverse`:
+    its signal runs 3'->5', as direct RNA's does."""
     rng = np.random.default_rng(seed)
     seq = "".join(rng.choice(list("ACGT"), n_bases))
     ranks = [int(seq[i : i + model.k].translate(str.maketrans("ACGT", "0123")), 4) for i in range(n_bases - model.k + 1)]
-    levels = np.repeat(model.level_mean[ranks], samples_per_kmer)
+    levels = np.repeat(model.level_mean[ranks[::-1] if reverse else ranks], samples_per_kmer)
     signal = levels + rng.normal(0, 1.0, len(levels))
     unit = 0.125  # pA per ADC step
     raw = np.round(signal / unit).astype(np.int16)

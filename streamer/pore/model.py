@@ -5,7 +5,7 @@ A model file has `#key value` header lines, then one row per k-mer in rank order
 alphabet ACGT (4^k rows); methylation models ACGMT, where M is a methylated C
 (5^k rows). Ranks are base-|alphabet| numbers with the first base most significant.
 Text models have k up to 9 (f5c's limit; f5c's R10.4.1 CpG 9-mer model is 1,953,125 rows),
-the alphabet from `#alphabet` or, without it, from the presence of M; large ones are parsed once
+the alphabet from `#alphabet` or, without it, from the presence of M (an RNA model's U is read as T); large ones are parsed once
 and then read from a binary cache (`streamer.pore.modeltext`). uncalled4's `.npz` level tables (ONT's
 R10.4.1 400bps 9-mer, MIT; 5.6 MB) load into the same `PoreModel`. Neither R10.4.1 model is
 shipped: `streamer.pipeline.chemistry` looks for them in a per-pore folder and says where to get a missing one.
@@ -110,6 +110,8 @@ def load_npz_model(path: str | Path) -> PoreModel:
     except (OSError, ValueError, zipfile.BadZipFile) as exc:
         raise ModelError(path, f"cannot read model file: {exc}") from exc
     n = len(NUCLEOTIDE) ** k
+    if len(stdv) == 0 and len(mean) == n:  # uncalled4's RNA004 table: levels without their spread
+        raise ModelError(path, "no level stdv (its 'current.stdv' is empty): give a table that has one")
     if not 1 <= k <= 15 or len(kmers) != n or len(mean) != n or len(stdv) != n:
         raise ModelError(path, f"{len(kmers)} rows, expected {len(NUCLEOTIDE)}^{k} = {n} for alphabet {NUCLEOTIDE}")
     letters = np.asarray(kmers, dtype=f"U{k}")
@@ -204,6 +206,7 @@ def _parse_text(path: Path, data: bytes) -> PoreModel:
         raise ModelError(path, f"k={k} is beyond the largest supported k-mer size {MAX_TEXT_K}", line=int(rows[0]) + 1)
     letters = modeltext.gather_fields(buf, spans[rows, 0], spans[rows, 1], k)
     letters = np.where((letters >= 97) & (letters <= 122), letters - 32, letters)  # upper case
+    letters = np.where(letters == ord("U"), ord("T"), letters)  # RNA models over U (f5c's RNA004 5-mer): U is T
     alphabet = alphabet or (METHYL_CPG if (letters == ord("M")).any() else NUCLEOTIDE)
     expected = len(alphabet) ** k
     if len(rows) != expected:

@@ -23,6 +23,7 @@ from streamer_plugins.eventalign.output import (
     SUMMARY_HEADER,
     TSV_COLUMNS,
     event_cigar,
+    f5c_ss_tags,
     format_tsv,
     sam_records,
     scaled_samples,
@@ -42,6 +43,7 @@ from streamer_plugins.eventalign.viterbi import realign_batch, realign_read, vit
 
 __all__ = [
     "COMPAT", "SUMMARY_HEADER", "TSV_COLUMNS", "EventalignOptions", "EventalignRows", "EventalignStage",
-    "NanopolishScaling", "event_cigar", "eventalign_batch", "format_tsv", "nanopolish_model", "realign_batch",
+    "NanopolishScaling", "event_cigar", "eventalign_batch", "f5c_ss_tags", "format_tsv", "nanopolish_model",
+    "realign_batch",
     "realign_read", "sam_records", "scaled_samples", "summary_lines", "tsv_header", "viterbi_piece",
 ]

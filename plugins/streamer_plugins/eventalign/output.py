@@ -1,5 +1,5 @@
-"""Eventalign rows as the tools print them: the TSV (a numba row writer), the per-read summary and
-the event-space SAM."""
+"""Eventalign rows as the tools print them: the TSV (a numba row writer), the per-read summary, the
+event-space SAM (nanopolish's, f5c's version 1) and f5c 1.6's signal-alignment tags (its SAM version 2)."""
 
 from __future__ import annotations
 
@@ -171,7 +171,8 @@ def summary_lines(rows: EventalignRows, batch: ReadBatch, read_index: Sequence[i
         samples = float(np.cumsum(batch.ev_length[g].astype(np.float64))[-1])
         duration = samples / float(np.float32(batch.sample_rate[i]))
         out.append(
-            f"{read_index[i]}\t{batch.read_ids[i]}\t{paths[i]}\tdna\ttemplate\t{b - a}\t{steps}\t{skips}\t{stays}\t"
+            f"{read_index[i]}\t{batch.read_ids[i]}\t{paths[i]}\t{rows.molecule}\ttemplate\t{b - a}\t{steps}\t{skips}\t"
+            f"{stays}\t"
             f"{duration:.2f}\t{float(batch.shift[i]):.3f}\t{float(batch.scale[i]):.3f}\t0.000\t{float(batch.var[i]):.3f}\n"
         )
     return "".join(out)
@@ -232,3 +233,38 @@ def sam_records(rows: EventalignRows, batch: ReadBatch, mapq: Sequence[int], hea
         rec.set_tag("ES", 1 if ev[0] < ev[-1] else -1, "i")
         out.append(rec)
     return out
+
+
+def f5c_ss_tags(position: np.ndarray, start: np.ndarray, end: np.ndarray, rc: bool, rna: bool) -> tuple[str, str]:
+    """One read's rows as f5c 1.6's `si` and `ss` tags (`eventalign --sam`, version 2): the signal span and
+    the reference k-mer span, and the signal's path along the reference (`N,` samples on a k-mer, `ND`
+    k-mers passed over, `NI` samples on none), both in signal order.
+
+    `position` is each row's reference k-mer, `start`/`end` its event's samples; rows on one k-mer are
+    taken together. The rows run with the signal on DNA's forward strand and RNA's reverse one (RNA's
+    events were turned 5'->3'), against it otherwise; for RNA the k-mer span is written end first.
+    """
+    if rc != rna:  # the rows run against the signal
+        position, start, end = position[::-1], start[::-1], end[::-1]
+    ascending = rc == rna  # along the reference as the signal goes
+    first, last = int(position[0]), int(position[-1])
+    lo, hi = (first, last + 1) if ascending else (last, first + 1)
+    si = f"{int(start[0])},{int(end[-1])},{hi if rna else lo},{lo if rna else hi}"
+    parts = []
+    ref_at, sample_at = first, int(start[0])
+    n, i = len(position), 0
+    while i < n:
+        j = i + 1
+        while j < n and position[j] == position[i]:
+            j += 1
+        a, b = int(min(start[i], start[j - 1])), int(max(end[i], end[j - 1]))
+        if gap := abs(int(position[i]) - ref_at):
+            parts.append(f"{gap}D")
+        if a > sample_at:
+            parts.append(f"{a - sample_at}I")
+        if b > a:
+            parts.append(f"{b - a},")
+        sample_at = b
+        ref_at = int(position[i]) + (1 if ascending else -1)
+        i = j
+    return si, "".join(parts)

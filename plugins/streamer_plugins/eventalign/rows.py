@@ -59,6 +59,7 @@ class EventalignRows:
     end_idx: np.ndarray  # int64: past its last sample
     state: np.ndarray  # uint8: 'M' or 'B'
     sample_scaling: np.ndarray  # float64[n_reads, 2]: shift and scale that put `--samples` on the model
+    molecule: str = "dna"  # the summary's model_name column: "rna" for direct RNA, as f5c writes it
 
     def __len__(self) -> int:
         return len(self.position)
@@ -253,7 +254,9 @@ class EventalignStage:
             nanopolish = NanopolishScaling.from_recalibration(np_model, again.exact)
         with np.errstate(divide="ignore", invalid="ignore"):
             log_var = np.log(post.exact[:, 2])  # NaN for the reads not recalibrated, which give no rows
-        batch.products[self.name] = eventalign_batch(batch, kmer, post.b2e_start, post.kmer_off,
-                                                     post.events_per_base, self.scale_events, log_var, nanopolish)
+        rows = eventalign_batch(batch, kmer, post.b2e_start, post.kmer_off, post.events_per_base, self.scale_events,
+                                log_var, nanopolish)  # fmt: skip
+        rows.molecule = "rna" if pipeline.options.chemistry.reverse_signal else "dna"
+        batch.products[self.name] = rows
 
 

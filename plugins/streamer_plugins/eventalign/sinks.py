@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pysam
 
+from streamer.io.signal import signal_format
 from streamer.pipeline.batch import ReadBatch
 from streamer.pore.model import NUCLEOTIDE
 from streamer.publish.protocol import Categorical
@@ -31,6 +32,7 @@ from streamer_plugins.eventalign import (
     EventalignOptions,
     EventalignRows,
     EventalignStage,
+    f5c_ss_tags,
     format_tsv,
     sam_records,
     summary_lines,
@@ -141,42 +143,76 @@ def _chunks(row_off: np.ndarray, size: int) -> Iterator[tuple[int, int]]:
 
 
 class EventalignSam(BaseSink):
-    """Event-space SAM (nanopolish's `--sam`), the header taken from `template_bam`; "-" is stdout."""
+    """`--sam`, the header taken from `template_bam`; "-" is stdout. Version 1 (the default): event-space
+    records (nanopolish's, f5c 1.1's); version 2 (`sam_out_version`, f5c 1.6's default): each input record
+    of a read with rows, as it is, with f5c's `si`, `ss`, `sc` and `sh` tags appended."""
 
     @classmethod
     def open(cls, config: Any, context: SinkContext) -> EventalignSam | None:
         path = context.files.get("eventalign-sam")
-        return cls(path, context.files["template_bam"]) if path is not None else None
+        if path is None:
+            return None
+        return cls(path, context.files["template_bam"], context.options.get("sam_out_version", 1))
 
-    def __init__(self, path: Path | str, template_bam: Path):
-        with pysam.AlignmentFile(str(template_bam), "rb", check_sq=False) as bam:
-            self.sam = pysam.AlignmentFile(str(path), "w", template=bam)
+    def __init__(self, path: Path | str, template_bam: Path, version: int = 1):
+        self.version = version
+        self.bam = pysam.AlignmentFile(str(template_bam), "rb", check_sq=False)
+        self.sam = pysam.AlignmentFile(str(path), "w", template=self.bam)
+        self.records = enumerate(self.bam.fetch(until_eof=True))  # version 2: the inputs, met in file order
 
     def on_batch(self, result: Result) -> None:
-        batch = result.batch
-        for rec in sam_records(result.products[EVENTALIGN], batch, batch.mapq.tolist(), self.sam.header):
+        batch, rows = result.batch, result.products[EVENTALIGN]
+        if self.version == 1:
+            for rec in sam_records(rows, batch, batch.mapq.tolist(), self.sam.header):
+                self.sam.write(rec)
+            return
+        for i in np.flatnonzero(np.diff(rows.row_off)).tolist():
+            rec = self._record(int(batch.numbers[i]))
+            a, b = rows.row_off[i], rows.row_off[i + 1]
+            si, ss = f5c_ss_tags(rows.position[a:b], rows.start_idx[a:b], rows.end_idx[a:b], bool(batch.rc[i]),
+                                 rows.molecule == "rna")  # fmt: skip
+            for tag, value, kind in (("si", si, "Z"), ("ss", ss, "Z"), ("sc", float(batch.scale[i]), "f"),
+                                     ("sh", float(batch.shift[i]), "f")):  # fmt: skip
+                rec.set_tag(tag, value, kind)
             self.sam.write(rec)
+
+    def _record(self, number: int) -> pysam.AlignedSegment:
+        """The input record of that number (records come in file order, batch after batch)."""
+        for n, rec in self.records:
+            if n == number:
+                return rec
+        raise ValueError(f"record {number} is not in the input BAM")
 
     def close(self) -> None:
         self.sam.close()
+        self.bam.close()
 
 
 class EventalignSummary(BaseSink):
-    """One line per read (`--summary`), signal files named relative to the working directory."""
+    """One line per read (`--summary`), signal files named relative to the working directory; under
+    `compat` f5c a SLOW5/BLOW5 file is `slow5`, as f5c 1.6 names its signal."""
 
     @classmethod
     def open(cls, config: Any, context: SinkContext) -> EventalignSummary | None:
         path = context.files.get("eventalign-summary")
-        return cls(path) if path is not None else None
+        return cls(path, context.options.get("compat", "f5c")) if path is not None else None
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, compat: str = "f5c"):
         self.fh = open(path, "w")
         self.fh.write(SUMMARY_HEADER)
+        self.slow5_named = compat == "f5c"
+        self.labels: dict[str, str] = {}  # by signal file
 
     def on_batch(self, result: Result) -> None:
         batch = result.batch
-        paths = [_display_path(p) for p in batch.signal_paths]
+        paths = [self._label(p) for p in batch.signal_paths]
         self.fh.write(summary_lines(result.products[EVENTALIGN], batch, batch.numbers.tolist(), paths))
+
+    def _label(self, path: str) -> str:
+        if path not in self.labels:
+            slow5 = self.slow5_named and signal_format(Path(path)) in ("slow5", "blow5")
+            self.labels[path] = "slow5" if slow5 else _display_path(path)
+        return self.labels[path]
 
     def close(self) -> None:
         self.fh.close()
