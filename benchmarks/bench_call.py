@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 
 import h5py
-import psutil
 
 from common import new_id, replicate_bam
+from streamer.summary import tree_pss
 from streamer.io.fastx import load_basecalls
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "ecoli_2kb_region"
@@ -58,22 +58,6 @@ def replicate(src: Path, out: Path, copies: int) -> dict:
     bases = sum(len(seqs[r.query_name]) for r in records
                 if not r.is_unmapped and r.mapping_quality >= 20 and not r.is_secondary and r.query_name in seqs)
     return {"copies": copies, "records": copies * len(records), "bases": copies * bases}
-
-
-def tree_pss(pid: int) -> int:
-    """Bytes of proportional set size summed over process `pid` and all its descendants."""
-    try:
-        procs = [psutil.Process(pid)]
-        procs += procs[0].children(recursive=True)
-    except psutil.NoSuchProcess:
-        return 0
-    total = 0
-    for proc in procs:
-        try:
-            total += proc.memory_full_info().pss
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    return total
 
 
 def timed(cmd: list[str], env: dict | None = None, log: Path | None = None) -> dict:

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 import traceback
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -118,6 +119,72 @@ def call(args: list[str], out: Path, log: Path, trace: Path | None = None) -> di
         res["before_first_span_s"] = min(e["ts"] for e in spans) / 1e6 - t0
         res["after_last_span_s"] = t1 - max(e["ts"] + e["dur"] for e in spans) / 1e6
     return res
+
+
+def merge_blow5(parts: list[Path], out: Path) -> int:
+    """The parts' reads in one BLOW5 (f5c 1.1 reads one file), records compressed on many threads."""
+    import pyslow5
+
+    from streamer.io.slow5 import iter_slow5
+
+    s5 = pyslow5.Open(str(out), "w")
+    s5.write_header({key: "" for key in s5.get_empty_header()})
+    n = 0
+    try:
+        for part in parts:
+            batch = {}
+            for rec in iter_slow5(part):
+                row = s5.get_empty_record()
+                row.update(read_id=rec.read_id, digitisation=rec.digitisation, offset=rec.offset, range=rec.range,
+                           sampling_rate=rec.sample_rate, len_raw_signal=len(rec.raw), signal=rec.raw)
+                batch[rec.read_id] = row
+            s5.write_record_batch(batch, threads=os.cpu_count() or 1, batchsize=512)
+            n += len(batch)
+    finally:
+        s5.close()
+    return n
+
+
+def f5c_call(f5c: Path, rep: Path, ref: Path, threads: int, flags: list[str], log: Path) -> dict:
+    """f5c call-methylation on the replicated reads as one BLOW5: wall time, peak summed PSS, its TSV."""
+    from streamer.summary import tree_pss
+
+    d = rep / "f5c"
+    d.mkdir(exist_ok=True)
+    blow5, reads = d / "reads.blow5", d / "reads.fasta"
+    if not blow5.exists():
+        merge_blow5(sorted((rep / "blow5").glob("*.blow5")), blow5)
+        shutil.copyfile(rep / "reads.fasta", reads)
+        subprocess.run([str(f5c), "index", "--slow5", str(blow5), str(reads)], check=True, capture_output=True)
+    out = d / "calls.tsv"
+    cmd = [str(f5c), "call-methylation", "-t", str(threads), *flags, "-r", str(reads), "-b", str(rep / "reads.bam"),
+           "-g", str(ref), "--slow5", str(blow5)]  # fmt: skip
+    peak = 0
+    t0 = time.perf_counter()
+    with open(out, "w") as stdout, open(log, "w") as stderr:
+        proc = subprocess.Popen(cmd, stdout=stdout, stderr=stderr)
+        while proc.poll() is None:
+            peak = max(peak, tree_pss(proc.pid))
+            time.sleep(0.05)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {log.read_text()[-2000:]}")
+    return {"wall_s": wall, "peak_memory_mb": peak / 2**20, "command": " ".join(cmd), "tsv": str(out)}
+
+
+def row_differences(a: Path, b: Path) -> dict:
+    """Two call TSVs compared row by row in any order: rows each, rows of one not in the other, and
+    how many of those differ only in a printed log-likelihood (same site, read and ratio)."""
+    ra, rb = Counter(a.read_text().splitlines()), Counter(b.read_text().splitlines())
+    only_a, only_b = ra - rb, rb - ra
+
+    def key(row: str) -> tuple:
+        f = row.split("\t")
+        return (*f[:6], *f[8:])  # all but the two log-likelihoods
+
+    return {"rows": [sum(ra.values()), sum(rb.values())], "differing": sum(only_a.values()),
+            "differing_only_in_a_log_likelihood": sum((Counter(map(key, only_a.elements()))
+                                                       & Counter(map(key, only_b.elements()))).values())}
 
 
 def hmm_stage(data: Path, work: Path, ref_path: Path, copies: int, reps: int) -> dict:
@@ -254,6 +321,9 @@ def main() -> int:
     ap.add_argument("--runs", default="all", help="comma-separated end-to-end runs (names in `runs`) [all]")
     ap.add_argument("--steps", default="shared,hmm_stage,signal_stages,calls", help="steps to run [%(default)s]")
     ap.add_argument("--trace-dir", type=Path, help="write each end-to-end run's timeline (`--trace`) here")
+    ap.add_argument("--f5c", type=Path, help="also time this f5c binary's call-methylation on the replicated reads "
+                                             "(one BLOW5), after the streamer runs")  # fmt: skip
+    ap.add_argument("--f5c-flags", default="-K 2048 -B 20M", help="f5c's batch flags [%(default)s]")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.trace_dir:
@@ -360,6 +430,15 @@ def main() -> int:
                       f"{r['identical']}", flush=True)  # fmt: skip
 
             step(f"call_{label}_{rep_no}", one)
+    if args.f5c:
+        def f5c_run() -> dict:
+            r = f5c_call(args.f5c, rep, ref, threads, args.f5c_flags.split(), logs / "f5c.log")
+            if res["calls"]:
+                r["rows_against_streamer"] = row_differences(
+                    Path(r["tsv"]), next(Path(x["tsv"]) for rs in res["calls"].values() for x in rs))
+            return r
+
+        step("f5c", f5c_run)
     print(report(res))
     return 0
 
@@ -403,6 +482,13 @@ def report(res: dict) -> str:
                          f"{r['bases'] / r['wall_s'] / 1e6:.2f} "
                          f"| {all(x['identical'] for x in rs)} | " + " | ".join(f"{st.get(k, 0):.2f}" for k in stages)
                          + f" | {waits} |")  # fmt: skip
+    if "f5c" in res:
+        f = res["f5c"]
+        lines += ["", f"f5c: {f['wall_s']:.2f} s, peak {f['peak_memory_mb']:.0f} MB (summed PSS), rows against "
+                  f"streamer's: {f.get('rows_against_streamer')}; `{f['command']}`"]
+        for label, rs in res.get("calls", {}).items():
+            r = sorted(rs, key=lambda r: r["wall_s"])[(len(rs) - 1) // 2]
+            lines.append(f"- {label}: {f['wall_s'] / r['wall_s']:.2f}x f5c, peak {r.get('peak_memory_mb', 0):.0f} MB")
     if res["errors"]:
         lines += ["", "errors: " + ", ".join(res["errors"])]
     return "\n".join(lines)

@@ -56,7 +56,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_call import tree_pss  # noqa: E402
+from streamer.summary import tree_pss  # noqa: E402
 from emulation_data import PREP, copies_for, prepare  # noqa: E402
 from emulation_report import (backlog, batch_latency, file_latencies, growth, landings, markdown,  # noqa: E402
                                peak_memory, period_change, stagger, sustained)
