@@ -1,4 +1,5 @@
-"""`streamer call`: call CpG methylation once over finished files (like `f5c call-methylation`)."""
+"""`streamer call`: call methylation once over finished files (like `f5c call-methylation`; `--methylation`
+gpc, dam or dcm as `nanopolish call-methylation -q`)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from streamer.pipeline.planned import run_batches
 from streamer.pipeline.runner import Done, RunnerOptions, Stages
 from streamer.pipeline.stages import PipelineOptions
 from streamer.pipeline.chemistry import default_models
+from streamer.pore.motifs import CPG, MOTIFS
 from streamer.pipeline.resume import CallJournal, Resumed, journal_path, run_identity
 from streamer.pipeline.signal_pool import IO_MODES
 from streamer import registry
@@ -48,7 +50,7 @@ from streamer.tuning.profiles import MemoryPlan, budget_bytes, memory_plan
 from streamer.tuning.session import CallTuning, add_call_arguments
 
 NAME = "call"
-HELP = "call CpG methylation on finished signal, basecall and alignment files"
+HELP = "call CpG (or GpC, dam, dcm) methylation on finished signal, basecall and alignment files"
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +65,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also write the output of the installed `streamer.sinks` plugin NAME (repeatable; the "
                         "daemon's output.sinks), in the folder of -o (or the working directory)")
     p.add_argument("--stats-json", type=Path, help="also write the run summary as JSON to this file")
+    p.add_argument("-q", "--methylation", choices=tuple(MOTIFS), default=CPG.name,
+                   help="the motif to call, as nanopolish's: cpg, gpc (GpC), dam (GATC), dcm (CCWGG) [%(default)s]")
     p.add_argument("--meth-model", type=Path,
-                   help=f"CpG methylation pore model file, nanopolish/f5c text, k up to 9 (default: {default_models()})")
+                   help="methylation pore model file of the --methylation motif, nanopolish/f5c text, k up to 9 "
+                        f"(default: {default_models()})")
     numeric(p, "--io-workers", type=int, minimum=1, default=RunnerOptions.io_workers,
             help="signal readers working ahead of the stages [%(default)s]")
     p.add_argument("--io-mode", choices=IO_MODES, default=RunnerOptions.io_mode,
@@ -252,7 +257,7 @@ class _Output:
 
 # the options whose change changes the output: a journal is resumed only under the same ones
 OUTPUT_OPTIONS = ("reads", "bam", "genome", "signal", "batchsize", "max_bases", "min_mapq", "secondary", "kmer_model",
-                  "model_dir", "pore", "meth_model", "disable_cuda", "ultra_thresh")  # fmt: skip
+                  "model_dir", "pore", "meth_model", "methylation", "disable_cuda", "ultra_thresh")  # fmt: skip
 
 
 def _open_sinks(args: argparse.Namespace, filt: AlignmentFilter) -> list[Sink]:

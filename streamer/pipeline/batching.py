@@ -156,14 +156,14 @@ def batch_inputs(pending: Iterable[Pending], signals: Mapping[str, SignalRecord]
             skipped.append(Skipped(aln.read_id, Skip.BAD_SIGNAL_FILE, why))
             continue
         try:
-            ref_seq = ref.fetch(aln.ref_name, aln.ref_start, aln.ref_end)
+            span = ref.fetch(aln.ref_name, aln.ref_start, aln.ref_end + 1)
         except InputError as exc:
             skipped.append(Skipped(aln.read_id, Skip.ALIGNMENT_FAILED, str(exc)))
             continue
         reads.append(ReadInput(read_id=aln.read_id, seq=p.seq, signal=sig, ref_name=aln.ref_name,
                                ref_start=aln.ref_start, ref_end=aln.ref_end, rc=aln.rc, cigar=aln.cigar,
-                               ref_seq=ref_seq, signal_path=str(p.signal_path), number=p.number,
-                               mapq=aln.mapq))  # fmt: skip
+                               ref_seq=span[: aln.ref_end - aln.ref_start], signal_path=str(p.signal_path),
+                               number=p.number, mapq=aln.mapq, ref_next=span[aln.ref_end - aln.ref_start :]))  # fmt: skip
     return reads, skipped
 
 

@@ -3,7 +3,9 @@
 Each k-mer of the window is a block of three states: M (an event matches the k-mer), B (a bad
 event, emitted with log-probability 0) and K (the k-mer is skipped, silent). Events before and
 after the window's own may be clipped to a background emission, so the window can start and end
-at any event. The score is log P(events | window).
+at any event. The score is log P(events | window), once for the window as it is and once with the
+modified base of each whole motif site in it written as M (`streamer.pore.motifs`: CpG, GpC, dam,
+dcm; the motif is data the kernels take, `sites` and `marks`).
 
 To agree with nanopolish and f5c to their printed precision the arithmetic is theirs: float32
 cells and emissions, transition probabilities in float32 with logf (f5c is C++), flank
@@ -52,6 +54,7 @@ from streamer_plugins.cpg.logsum import flogsum_for
 class HmmCells(NamedTuple):
     """The profile HMM's shared helpers compiled for one target (`hmm_cells`)."""
 
+    site_at: Callable
     window_kmer_rank: Callable
     scaled_level: Callable
     forward: Callable
@@ -67,26 +70,45 @@ def hmm_cells(t: Target) -> HmmCells:
     emission = log_normal_pdf(t)
 
     @t.jit
-    def base_digit(seq, w0, length, pos, rc, methylated):
+    def site_at(seq, w0, length, start, sites):
+        """Whether a site (a row of `sites`, ASCII) lies wholly in the window seq[w0:w0+length] from `start`."""
+        n = sites.shape[1]
+        if start < 0 or start + n > length:
+            return False
+        for s in range(sites.shape[0]):
+            j = 0
+            while j < n and seq[w0 + start + j] == sites[s, j]:
+                j += 1
+            if j == n:
+                return True
+        return False
+
+    @t.jit
+    def base_digit(seq, w0, length, pos, rc, methylated, sites, marks):
         """Digit (A0 C1 G2 M3 T4) of base `pos` of the window seq[w0:w0+length], or of its reverse
-        complement; with `methylated`, every C of a CG in that strand's window is M."""
+        complement; with `methylated`, the motif's modified base of every whole site in the window is M
+        (marks[0]: its offset in a site; marks[1]: the forward offset of its partner on the reverse strand)."""
         if rc:
-            b = seq[w0 + length - 1 - pos]
+            q = length - 1 - pos
+            if methylated and site_at(seq, w0, length, q - marks[1], sites):
+                return 3
+            b = seq[w0 + q]
             if b == 67:  # C -> G
                 return 2
-            if b == 71:  # G -> C, methylated if the forward base before it is C
-                q = length - 1 - pos
-                return 3 if methylated and q > 0 and seq[w0 + q - 1] == 67 else 1
+            if b == 71:  # G -> C
+                return 1
             return 4 if b == 65 else 0  # A -> T, T -> A
+        if methylated and site_at(seq, w0, length, pos - marks[0], sites):
+            return 3
         b = seq[w0 + pos]
         if b == 67:
-            return 3 if methylated and pos + 1 < length and seq[w0 + pos + 1] == 71 else 1
+            return 1
         if b == 71:
             return 2
         return 4 if b == 84 else 0
 
     @t.jit
-    def window_kmer_rank(seq, w0, length, ki, k, rc, methylated):
+    def window_kmer_rank(seq, w0, length, ki, k, rc, methylated, sites, marks):
         """Base-5 rank of k-mer `ki` of the window in the read's orientation.
 
         On the reverse strand k-mer ki is the reverse complement of forward k-mer ki, so blocks
@@ -95,7 +117,7 @@ def hmm_cells(t: Target) -> HmmCells:
         r = 0
         start = length - ki - k if rc else ki
         for j in range(k):
-            r = r * 5 + base_digit(seq, w0, length, start + j, rc, methylated)
+            r = r * 5 + base_digit(seq, w0, length, start + j, rc, methylated, sites, marks)
         return r
 
     @t.jit
@@ -112,8 +134,8 @@ def hmm_cells(t: Target) -> HmmCells:
         return flogsum(s, x4, table)
 
     @t.jit
-    def forward_span(ref_seq, w0, length, rc, methylated, ev_mean, e1, e2, k, model, scalings, trans, r, flank,
-                     table, cell, first, edge, keep):  # fmt: skip
+    def forward_span(ref_seq, w0, length, rc, methylated, sites, marks, ev_mean, e1, e2, k, model, scalings, trans,
+                     r, flank, table, cell, first, edge, keep):  # fmt: skip
         """`forward` over blocks first.. of the window, the blocks before given row by row in `edge`.
 
         edge[3 * row : 3 * row + 3] holds row `row`'s M, B, K of block first - 1 (row 0: the start,
@@ -130,7 +152,7 @@ def hmm_cells(t: Target) -> HmmCells:
         sc_var = scalings[r, S_VAR]
         sc_log_var = scalings[r, S_LOG_VAR]
         for ki in range(first, n_kmers):
-            rank = window_kmer_rank(ref_seq, w0, length, ki, k, rc, methylated)
+            rank = window_kmer_rank(ref_seq, w0, length, ki, k, rc, methylated, sites, marks)
             o = SLOTS * ki
             cell[o] = ninf
             cell[o + 1] = ninf
@@ -204,11 +226,11 @@ def hmm_cells(t: Target) -> HmmCells:
         return lp_end
 
     @t.jit
-    def forward(ref_seq, w0, length, rc, methylated, ev_mean, e1, e2, k, model, scalings, trans, r, flank, table,
-                cell):  # fmt: skip
+    def forward(ref_seq, w0, length, rc, methylated, sites, marks, ev_mean, e1, e2, k, model, scalings, trans, r,
+                flank, table, cell):  # fmt: skip
         """log P(events ev_mean[e1] towards ev_mean[e2] | window ref_seq[w0:w0+length]), float32.
 
-        `model` from `pack_model`; row r of `scalings` (`pack_scalings`) and of `trans`
+        `sites` and `marks` are the motif's (`Motif.table`, `Motif.marks`); `model` from `pack_model`; row r of `scalings` (`pack_scalings`) and of `trans`
         (`read_transitions`) are the read's; `flank` from `flank_table` (at least as long as
         the window's events); `cell` float32[SLOTS * k-mers] of work space. One row of the
         forward matrix (M, B, K per k-mer block, beside the block's scaled level) is updated in
@@ -216,39 +238,40 @@ def hmm_cells(t: Target) -> HmmCells:
         before (which the update has already overwritten) and the current row's values of that
         block (which the skip state K reads).
         """
-        return forward_span(ref_seq, w0, length, rc, methylated, ev_mean, e1, e2, k, model, scalings, trans, r, flank,
-                            table, cell, 0, cell, -1)  # fmt: skip
+        return forward_span(ref_seq, w0, length, rc, methylated, sites, marks, ev_mean, e1, e2, k, model, scalings,
+                            trans, r, flank, table, cell, 0, cell, -1)  # fmt: skip
 
     @t.jit
-    def shared_blocks(ref_seq, w0, length, rc, k):
+    def shared_blocks(ref_seq, w0, length, rc, k, sites, marks):
         """How many leading blocks of the window have the same k-mer unmethylated and methylated."""
         n_kmers = length - k + 1
         for ki in range(n_kmers):
-            if window_kmer_rank(ref_seq, w0, length, ki, k, rc, False) != window_kmer_rank(ref_seq, w0, length, ki,
-                                                                                             k, rc, True):  # fmt: skip
+            if window_kmer_rank(ref_seq, w0, length, ki, k, rc, False, sites, marks) != window_kmer_rank(
+                    ref_seq, w0, length, ki, k, rc, True, sites, marks):  # fmt: skip
                 return ki
         return n_kmers
 
-    return HmmCells(window_kmer_rank, scaled_level, forward, forward_span, shared_blocks)
+    return HmmCells(site_at, window_kmer_rank, scaled_level, forward, forward_span, shared_blocks)
 
 
-window_kmer_rank, scaled_level, forward, forward_span, shared_blocks = hmm_cells(CPU)
+site_at, window_kmer_rank, scaled_level, forward, forward_span, shared_blocks = hmm_cells(CPU)
 
 
 @numba.njit(nogil=True, cache=True)
 def profile_forward(
-    seq, w0, length, rc, methylated, ev_mean, e_start, e_stop, k, model, scalings, trans, params, table
+    seq, w0, length, rc, methylated, sites, marks, ev_mean, e_start, e_stop, k, model, scalings, trans, params, table
 ):
     """log P(events e_start..e_stop | window seq[w0:w0+length]) under the profile HMM, float32.
 
-    Events are taken from `e_start` towards `e_stop` (either direction); `model` from
-    `pack_model`, `scalings` one row of `pack_scalings`, `trans` from `block_transitions`.
+    Events are taken from `e_start` towards `e_stop` (either direction); `sites` and `marks` the
+    motif's, `model` from `pack_model`, `scalings` one row of `pack_scalings`, `trans` from
+    `block_transitions`.
     """
     n_kmers = length - k + 1
     cell = np.empty(SLOTS * max(n_kmers, 1), np.float32)
     flank = flank_table(abs(e_stop - e_start) + 1, params)
-    return forward(seq, w0, length, rc, methylated, ev_mean, e_start, e_stop, k, model, scalings.reshape((1, 4)),
-                   trans.reshape((1, 10)), 0, flank, table, cell)  # fmt: skip
+    return forward(seq, w0, length, rc, methylated, sites, marks, ev_mean, e_start, e_stop, k, model,
+                   scalings.reshape((1, 4)), trans.reshape((1, 10)), 0, flank, table, cell)  # fmt: skip
 
 
 class HmmJobs(NamedTuple):
@@ -264,7 +287,8 @@ class HmmJobs(NamedTuple):
 
 class HmmInputs(NamedTuple):
     """What every job of a batch is scored against: the reads' reference spans and events, their
-    scalings and event rates, and the model, parameters and log-sum table."""
+    scalings and event rates, the model and its motif (`Motif.table`, `Motif.marks`), parameters and
+    log-sum table."""
 
     ref_seq: np.ndarray
     ref_seq_off: np.ndarray
@@ -275,6 +299,8 @@ class HmmInputs(NamedTuple):
     events_per_base: np.ndarray
     k: int
     model: np.ndarray
+    sites: np.ndarray
+    marks: np.ndarray
     params: np.ndarray
     table: np.ndarray
 
@@ -291,7 +317,7 @@ JOBS_PER_CHUNK = 32
 @numba.njit(parallel=True, nogil=True, cache=True)
 def score_windows(
     job_read, job_w0, job_w1, job_e1, job_e2, ref_seq, ref_seq_off, rc, ev_mean, ev_off,
-    scalings, events_per_base, k, model, params, table,
+    scalings, events_per_base, k, model, sites, marks, params, table,
 ):  # fmt: skip
     """Unmethylated and methylated log-likelihoods of every (read, window) job, in parallel.
 
@@ -327,11 +353,11 @@ def score_windows(
             e1 = ev_off[r] + job_e1[j]
             e2 = ev_off[r] + job_e2[j]
             # the methylated pass takes the blocks before its first methylated k-mer from the unmethylated one
-            first = shared_blocks(ref_seq, w0, length, rc[r], k)
+            first = shared_blocks(ref_seq, w0, length, rc[r], k, sites, marks)
             if first >= length - k + 1:
                 first = 0
-            ll_u[j] = forward_span(ref_seq, w0, length, rc[r], False, ev_mean, e1, e2, k, model, scalings, trans, r,
-                                   flank, table, cell, 0, edge, first - 1)  # fmt: skip
-            ll_m[j] = forward_span(ref_seq, w0, length, rc[r], True, ev_mean, e1, e2, k, model, scalings, trans, r,
-                                   flank, table, cell, first, edge, -1)  # fmt: skip
+            ll_u[j] = forward_span(ref_seq, w0, length, rc[r], False, sites, marks, ev_mean, e1, e2, k, model,
+                                   scalings, trans, r, flank, table, cell, 0, edge, first - 1)  # fmt: skip
+            ll_m[j] = forward_span(ref_seq, w0, length, rc[r], True, sites, marks, ev_mean, e1, e2, k, model,
+                                   scalings, trans, r, flank, table, cell, first, edge, -1)  # fmt: skip
     return ll_u, ll_m

@@ -1,8 +1,8 @@
-"""The CpG profile HMM on the GPU: its kernel and `CudaHmm`, the launcher with the CPU's answers.
+"""The methylation profile HMM on the GPU: its kernel and `CudaHmm`, the launcher with the CPU's answers.
 
 The kernel lives with the CpG plugin, not in `streamer_gpu`, so that dependencies run one way
 (core <- gpu <- plugins): the HMM is the plugin's science, and `streamer_gpu` offers the
-device as a compile target and the device buffers, knowing nothing of CpG. One thread scores one
+device as a compile target and the device buffers, knowing nothing of methylation motifs. One thread scores one
 (read, window) job under one hypothesis: threads 2j and 2j+1 take job order[j] unmethylated
 and methylated, so the two threads of a pair run the same number of rows and blocks in step.
 Each runs `streamer_plugins.cpg.hmm`'s own forward pass compiled for the device, with its row
@@ -18,7 +18,7 @@ threads while the kernel runs, copies the batch's reference spans and events in,
 thread per (job, hypothesis), and copies the two log-likelihoods per job back. A CUDA error or
 device out-of-memory in a batch scores that batch on the CPU and is logged and recorded, never lost.
 
-The kernel's eighteen arguments are device arrays and scalars, as CUDA kernels need; `score` takes
+The kernel's twenty arguments are device arrays and scalars, as CUDA kernels need; `score` takes
 the two records (`HmmJobs`, `HmmInputs`) and unpacks them once.
 """
 
@@ -52,12 +52,12 @@ def forward_kernel(max_kmers: int):
 
     @cuda.jit(
         "void(uint8[::1], float32[::1], int32[::1], int32[::1], int64[::1], int32[::1], int64[::1], int64[::1], "
-        "uint8[::1], float32[:, ::1], float32[:, ::1], int64, float32[:, ::1], float32[::1], float32[::1], int64, "
-        "float32[::1], float32[::1])",
+        "uint8[::1], float32[:, ::1], float32[:, ::1], int64, float32[:, ::1], uint8[:, ::1], int64[::1], "
+        "float32[::1], float32[::1], int64, float32[::1], float32[::1])",
         cache=True,
     )
     def kernel(ref_seq, ev_mean, order, job_read, job_w0, job_len, job_e1, job_e2, rc, scalings, trans, k, model,
-               table, flank, n_jobs, ll_u, ll_m):  # fmt: skip
+               sites, marks, table, flank, n_jobs, ll_u, ll_m):  # fmt: skip
         t = cuda.grid(1)
         if t >= 2 * n_jobs:
             return
@@ -65,8 +65,8 @@ def forward_kernel(max_kmers: int):
         methylated = (t & 1) == 1
         r = job_read[j]
         cell = cuda.local.array(CELLS, np.float32)
-        lp = forward(ref_seq, job_w0[j], np.int64(job_len[j]), rc[r] != 0, methylated, ev_mean, job_e1[j], job_e2[j],
-                     k, model, scalings, trans, r, flank, table, cell)  # fmt: skip
+        lp = forward(ref_seq, job_w0[j], np.int64(job_len[j]), rc[r] != 0, methylated, sites, marks, ev_mean,
+                     job_e1[j], job_e2[j], k, model, scalings, trans, r, flank, table, cell)  # fmt: skip
         if methylated:
             ll_m[j] = lp
         else:
@@ -76,7 +76,7 @@ def forward_kernel(max_kmers: int):
 
 
 class CudaHmm:
-    """One GPU's CpG HMM: `score` scores a batch's jobs as the CPU `score_windows` does."""
+    """One GPU's methylation HMM: `score` scores a batch's jobs as the CPU `score_windows` does."""
 
     def __init__(self, dev_id: int = 0, max_kmers: int = DEFAULT_MAX_KMERS, block: int = 128,
                  by_cost: bool = True):  # fmt: skip
@@ -91,7 +91,7 @@ class CudaHmm:
         self._faults = fault_plan()
 
     def _constant(self, name: str, host: np.ndarray) -> cuda.devicearray.DeviceNDArray:
-        """A read-only array (pore model, log-sum table) on the device, copied again only if it changes."""
+        """A read-only array (pore model, motif, log-sum table) on the device, copied again only if it changes."""
         held = self._constants.get(name)
         if held is None or held[0] is not host and not np.array_equal(held[0], host):
             held = (host, cuda.to_device(np.ascontiguousarray(host), stream=self._stream))
@@ -158,7 +158,7 @@ class CudaHmm:
         if n_gpu == 0:
             return None, [0.0, 0.0, 0.0]
         read, w0, length, e1, e2 = placed
-        ref_seq, _, rc, ev_mean, _, scalings, events_per_base, k, model, params, table = inputs
+        ref_seq, _, rc, ev_mean, _, scalings, events_per_base, k, model, sites, marks, params, table = inputs
         s, b = self._stream, self._buffers
         t0 = time.perf_counter()
         trans = read_transitions(read[order], events_per_base, params)
@@ -167,7 +167,8 @@ class CudaHmm:
             b.put("ref_seq", ref_seq, s), b.put("ev_mean", ev_mean, s), b.put("order", order, s), b.put("read", read, s),
             b.put("w0", w0, s), b.put("length", length, s), b.put("e1", e1, s), b.put("e2", e2, s),
             b.put("rc", rc.view(np.uint8), s), b.put("scalings", scalings, s), b.put("trans", trans, s), k,
-            self._constant("model", model), self._constant("table", table), b.put("flank", flank, s), n_gpu,
+            self._constant("model", model), self._constant("sites", sites), self._constant("marks", marks),
+            self._constant("table", table), b.put("flank", flank, s), n_gpu,
         )  # fmt: skip
         n = len(read)
         dev_u = b.get("ll_u", (n,), np.float32)
