@@ -7,6 +7,10 @@ written as M on the forward strand (`forward`, an offset into the site), and its
 reverse strand at `reverse` (an offset in forward coordinates: the reverse strand's modified base
 pairs with the forward base there). The sites of one motif never overlap one another, so marking
 every whole site is what nanopolish's left-to-right methylation gives.
+
+Each motif names the tool whose calls streamer reproduces (`compat`), and so whose arithmetic the
+caller follows: f5c 1.1 for CpG (nanopolish 0.14 agrees with it to 0.01), nanopolish 0.14 for the
+others, which only nanopolish calls.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ class Motif:
     forward: int  # offset of the modified base in a site
     reverse: int  # forward offset of the base the reverse strand's modified base pairs with
     mod_code: str  # the modified base's SAM code (modkit's bedMethyl column 4): m 5mC, a 6mA
+    compat: str = "nanopolish"  # whose calls these are: "f5c" (1.1) or "nanopolish" (0.14)
 
     def __post_init__(self) -> None:
         n = len(self.sites[0])
@@ -58,7 +63,7 @@ class Motif:
         return [i for i in range(len(sequence) - n + 1) if sequence[i : i + n] in self.sites]
 
 
-CPG = Motif("cpg", "CpG", ("CG",), forward=0, reverse=1, mod_code="m")
+CPG = Motif("cpg", "CpG", ("CG",), forward=0, reverse=1, mod_code="m", compat="f5c")
 GPC = Motif("gpc", "GpC", ("GC",), forward=1, reverse=0, mod_code="m")
 DAM = Motif("dam", "dam (G6mATC)", ("GATC",), forward=1, reverse=2, mod_code="a")
 DCM = Motif("dcm", "dcm (C5mCWGG)", ("CCAGG", "CCTGG"), forward=1, reverse=3, mod_code="m")

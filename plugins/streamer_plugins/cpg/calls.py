@@ -21,7 +21,8 @@ from streamer.pipeline.batch import ReadBatch
 from streamer_plugins import printf
 from streamer_plugins.cpg import tsv
 from streamer_plugins.cpg.hmm import HmmInputs, HmmJobs, score_jobs
-from streamer_plugins.cpg.hmm_model import HmmParams, pack_model, pack_scalings
+from streamer_plugins.cpg.hmm_model import (HmmParams, nanopolish_scaling, pack_model, pack_model64, pack_scalings,
+                                             pack_scalings64)
 from streamer_plugins.cpg.logsum import LOGSUM_TABLE
 from streamer_plugins.cpg.lookup import (
     CLOSEST_EVENT_SEARCH,
@@ -192,7 +193,10 @@ def call_methylation(
     nanopolish and f5c.
     `events_per_base` (float64[n]) defaults to f5c's (max event - min event) / k-mers from the
     ABEA pairs. `log_var` (float[n]) is log of recalibration's double-precision var, which f5c
-    uses; without it the log is taken of the float32 `batch.var` (differs by at most an ulp).
+    uses; without it the log is taken of the float32 `batch.var` (differs by at most an ulp). A motif
+    whose calls are nanopolish's (`Motif.compat`) is scored with nanopolish's arithmetic instead:
+    the reads recalibrated again in double (`nanopolish_scaling`, from `batch.mom_scalings`) and the
+    models in double.
     Reads left with no call get status NO_CPG (SPLICED for N in the CIGAR). `scorer` scores the
     (read, window) jobs: `score_jobs` or a function with its signature and answers (the GPU's).
     """
@@ -207,6 +211,14 @@ def call_methylation(
     # A read without a positive event rate cannot set the HMM's stay probability.
     status = batch.status.copy()
     status[(status == Skip.OK) & ~(events_per_base > 0)] = Skip.QC_FAILED
+    nanopolish = motif.compat == "nanopolish"
+    if nanopolish:  # a read its recalibration fails, nanopolish does not call
+        again = nanopolish_scaling(batch, kmer_model)
+        status = np.where(status == Skip.OK, again.status, status).astype(np.int8)
+        scalings, model = pack_scalings64(again), pack_model64(meth_model)
+    else:
+        scalings = pack_scalings(batch.scale, batch.shift, batch.var, log_var)
+        model = pack_model(meth_model.level_mean, meth_model.level_stdv)
     ref = DISAMBIGUATE[batch.ref_seq]
 
     sites = motif.table()
@@ -215,10 +227,8 @@ def call_methylation(
     sep = groups.min_separation
     ll_u, ll_m = scorer(
         HmmJobs(jobs.read, jobs.first - sep, np.minimum(jobs.last + sep + 1, span_len), jobs.e1, jobs.e2),
-        HmmInputs(ref, batch.ref_seq_off, batch.rc, batch.ev_mean, batch.ev_off,
-                  pack_scalings(batch.scale, batch.shift, batch.var, log_var), events_per_base, k,
-                  pack_model(meth_model.level_mean, meth_model.level_stdv), sites, motif.marks(), params.as_array(),
-                  LOGSUM_TABLE),
+        HmmInputs(ref, batch.ref_seq_off, batch.rc, batch.ev_mean, batch.ev_off, scalings, events_per_base, k, model,
+                  sites, motif.marks(), params.as_array(), LOGSUM_TABLE, nanopolish),
     )  # fmt: skip
 
     for i in np.flatnonzero((batch.status == Skip.OK) & (jobs.kept == 0)):

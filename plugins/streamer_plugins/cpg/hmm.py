@@ -10,7 +10,10 @@ dcm; the motif is data the kernels take, `sites` and `marks`).
 To agree with nanopolish and f5c to their printed precision the arithmetic is theirs: float32
 cells and emissions, transition probabilities in float32 with logf (f5c is C++), flank
 probabilities in double stored as float32, HMMER's table log-sum, and the same order of
-summation. The forward pass of one window is written once (`hmm_cells`) and compiled both
+summation. Where the two differ the kernels take either's (`nanopolish`): f5c 1.1 scales each
+k-mer's level to the read in float32 from a float32 model and scalings and takes -0.918938 for
+ln(1/sqrt(2 pi)); nanopolish 0.14 scales in double from double ones (`hmm_model.pack_model64`,
+`pack_scalings64`), rounds once, and takes its own constant. The forward pass of one window is written once (`hmm_cells`) and compiled both
 here and for CUDA (`streamer_plugins.cpg.hmm_cuda`), so CPU and GPU agree to the bit; a job is
 one window of one read, and `score_windows` runs all jobs of a batch on CPU threads.
 
@@ -29,7 +32,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from streamer.pipeline.targets import CPU, Target, log_normal_pdf
+from streamer.pipeline.targets import CPU, NANOPOLISH_LOG_INV_SQRT_2PI, Target, log_normal_pdf
 from streamer_plugins.cpg.hmm_model import (
     SLOTS,
     S_LOG_VAR,
@@ -57,6 +60,7 @@ class HmmCells(NamedTuple):
     site_at: Callable
     window_kmer_rank: Callable
     scaled_level: Callable
+    scaled_level64: Callable
     forward: Callable
     forward_span: Callable
     shared_blocks: Callable
@@ -65,9 +69,10 @@ class HmmCells(NamedTuple):
 @functools.cache
 def hmm_cells(t: Target) -> HmmCells:
     """The k-mer ranks of a window and its forward pass, compiled for target t."""
-    fadd, fmul = t.fadd, t.fmul
+    fadd, fmul, dadd, dmul = t.fadd, t.fmul, t.dadd, t.dmul
     flogsum = flogsum_for(t)
     emission = log_normal_pdf(t)
+    emission64 = log_normal_pdf(t, NANOPOLISH_LOG_INV_SQRT_2PI)
 
     @t.jit
     def site_at(seq, w0, length, start, sites):
@@ -126,6 +131,12 @@ def hmm_cells(t: Target) -> HmmCells:
         return fadd(fmul(scale, model[0, rank]), shift), fmul(model[1, rank], var), fadd(model[2, rank], log_var)
 
     @t.jit
+    def scaled_level64(rank, model, scale, shift, var, log_var):
+        """`scaled_level` as nanopolish computes it: double model and scalings, each result rounded once."""
+        return (np.float32(dadd(dmul(scale, model[0, rank]), shift)), np.float32(dmul(model[1, rank], var)),
+                np.float32(dadd(model[2, rank], log_var)))  # fmt: skip
+
+    @t.jit
     def sum5(x0, x1, x2, x3, x4, table):
         """Log-sum of five terms in the tools' order."""
         s = flogsum(x0, x1, table)
@@ -134,8 +145,8 @@ def hmm_cells(t: Target) -> HmmCells:
         return flogsum(s, x4, table)
 
     @t.jit
-    def forward_span(ref_seq, w0, length, rc, methylated, sites, marks, ev_mean, e1, e2, k, model, scalings, trans,
-                     r, flank, table, cell, first, edge, keep):  # fmt: skip
+    def forward_span(ref_seq, w0, length, rc, methylated, sites, marks, ev_mean, e1, e2, k, model, scalings,
+                     nanopolish, trans, r, flank, table, cell, first, edge, keep):  # fmt: skip
         """`forward` over blocks first.. of the window, the blocks before given row by row in `edge`.
 
         edge[3 * row : 3 * row + 3] holds row `row`'s M, B, K of block first - 1 (row 0: the start,
@@ -157,7 +168,11 @@ def hmm_cells(t: Target) -> HmmCells:
             cell[o] = ninf
             cell[o + 1] = ninf
             cell[o + 2] = ninf
-            cell[o + 3], cell[o + 4], cell[o + 5] = scaled_level(rank, model, sc_scale, sc_shift, sc_var, sc_log_var)
+            if nanopolish:
+                gaussian = scaled_level64(rank, model, sc_scale, sc_shift, sc_var, sc_log_var)
+            else:
+                gaussian = scaled_level(rank, model, sc_scale, sc_shift, sc_var, sc_log_var)
+            cell[o + 3], cell[o + 4], cell[o + 5] = gaussian
 
         t_mm_self = trans[r, T_MM_SELF]
         t_mb = trans[r, T_MB]
@@ -202,7 +217,10 @@ def hmm_cells(t: Target) -> HmmCells:
                 # the tools' sixth term, the clip state, is -inf past block 0: a log-sum with -inf gives the
                 # other term back (nan as -inf), so only block 0 looks it up
                 m = flogsum(m, soft, table) if ki == 0 else (m if m == m else ninf)
-                n_m = fadd(m, emission(level, cell[o + 3], cell[o + 4], cell[o + 5]))
+                if nanopolish:
+                    n_m = fadd(m, emission64(level, cell[o + 3], cell[o + 4], cell[o + 5]))
+                else:
+                    n_m = fadd(m, emission(level, cell[o + 3], cell[o + 4], cell[o + 5]))
                 n_b = flogsum(fadd(t_mb, o_m), fadd(t_bb, o_b), table)
                 kk = flogsum(fadd(t_mk, c_m), fadd(t_bk, c_b), table)
                 n_k = flogsum(kk, fadd(t_kk, c_k), table)
@@ -226,12 +244,13 @@ def hmm_cells(t: Target) -> HmmCells:
         return lp_end
 
     @t.jit
-    def forward(ref_seq, w0, length, rc, methylated, sites, marks, ev_mean, e1, e2, k, model, scalings, trans, r,
-                flank, table, cell):  # fmt: skip
+    def forward(ref_seq, w0, length, rc, methylated, sites, marks, ev_mean, e1, e2, k, model, scalings, nanopolish,
+                trans, r, flank, table, cell):  # fmt: skip
         """log P(events ev_mean[e1] towards ev_mean[e2] | window ref_seq[w0:w0+length]), float32.
 
-        `sites` and `marks` are the motif's (`Motif.table`, `Motif.marks`); `model` from `pack_model`; row r of `scalings` (`pack_scalings`) and of `trans`
-        (`read_transitions`) are the read's; `flank` from `flank_table` (at least as long as
+        `sites` and `marks` are the motif's (`Motif.table`, `Motif.marks`); `model` from `pack_model`
+        and row r of `scalings` (`pack_scalings`) the read's, or with `nanopolish` their double forms
+        (`pack_model64`, `pack_scalings64`); row r of `trans` (`read_transitions`) is the read's; `flank` from `flank_table` (at least as long as
         the window's events); `cell` float32[SLOTS * k-mers] of work space. One row of the
         forward matrix (M, B, K per k-mer block, beside the block's scaled level) is updated in
         place, block by block, holding in registers the previous row's values of the block
@@ -239,7 +258,7 @@ def hmm_cells(t: Target) -> HmmCells:
         block (which the skip state K reads).
         """
         return forward_span(ref_seq, w0, length, rc, methylated, sites, marks, ev_mean, e1, e2, k, model, scalings,
-                            trans, r, flank, table, cell, 0, cell, -1)  # fmt: skip
+                            nanopolish, trans, r, flank, table, cell, 0, cell, -1)  # fmt: skip
 
     @t.jit
     def shared_blocks(ref_seq, w0, length, rc, k, sites, marks):
@@ -251,27 +270,28 @@ def hmm_cells(t: Target) -> HmmCells:
                 return ki
         return n_kmers
 
-    return HmmCells(site_at, window_kmer_rank, scaled_level, forward, forward_span, shared_blocks)
+    return HmmCells(site_at, window_kmer_rank, scaled_level, scaled_level64, forward, forward_span, shared_blocks)
 
 
-site_at, window_kmer_rank, scaled_level, forward, forward_span, shared_blocks = hmm_cells(CPU)
+site_at, window_kmer_rank, scaled_level, scaled_level64, forward, forward_span, shared_blocks = hmm_cells(CPU)
 
 
 @numba.njit(nogil=True, cache=True)
 def profile_forward(
-    seq, w0, length, rc, methylated, sites, marks, ev_mean, e_start, e_stop, k, model, scalings, trans, params, table
-):
+    seq, w0, length, rc, methylated, sites, marks, ev_mean, e_start, e_stop, k, model, scalings, nanopolish, trans,
+    params, table,
+):  # fmt: skip
     """log P(events e_start..e_stop | window seq[w0:w0+length]) under the profile HMM, float32.
 
     Events are taken from `e_start` towards `e_stop` (either direction); `sites` and `marks` the
-    motif's, `model` from `pack_model`, `scalings` one row of `pack_scalings`, `trans` from
-    `block_transitions`.
+    motif's, `model` from `pack_model`, `scalings` one row of `pack_scalings` (or their double forms
+    with `nanopolish`), `trans` from `block_transitions`.
     """
     n_kmers = length - k + 1
     cell = np.empty(SLOTS * max(n_kmers, 1), np.float32)
     flank = flank_table(abs(e_stop - e_start) + 1, params)
     return forward(seq, w0, length, rc, methylated, sites, marks, ev_mean, e_start, e_stop, k, model,
-                   scalings.reshape((1, 4)), trans.reshape((1, 10)), 0, flank, table, cell)  # fmt: skip
+                   scalings.reshape((1, 4)), nanopolish, trans.reshape((1, 10)), 0, flank, table, cell)  # fmt: skip
 
 
 class HmmJobs(NamedTuple):
@@ -288,7 +308,8 @@ class HmmJobs(NamedTuple):
 class HmmInputs(NamedTuple):
     """What every job of a batch is scored against: the reads' reference spans and events, their
     scalings and event rates, the model and its motif (`Motif.table`, `Motif.marks`), parameters and
-    log-sum table."""
+    log-sum table, and whose arithmetic (`nanopolish`: scalings and model in double, as
+    `pack_scalings64` and `pack_model64` give them; else float32, f5c's)."""
 
     ref_seq: np.ndarray
     ref_seq_off: np.ndarray
@@ -303,6 +324,7 @@ class HmmInputs(NamedTuple):
     marks: np.ndarray
     params: np.ndarray
     table: np.ndarray
+    nanopolish: bool
 
 
 def score_jobs(jobs: HmmJobs, inputs: HmmInputs) -> tuple[np.ndarray, np.ndarray]:
@@ -317,7 +339,7 @@ JOBS_PER_CHUNK = 32
 @numba.njit(parallel=True, nogil=True, cache=True)
 def score_windows(
     job_read, job_w0, job_w1, job_e1, job_e2, ref_seq, ref_seq_off, rc, ev_mean, ev_off,
-    scalings, events_per_base, k, model, sites, marks, params, table,
+    scalings, events_per_base, k, model, sites, marks, params, table, nanopolish,
 ):  # fmt: skip
     """Unmethylated and methylated log-likelihoods of every (read, window) job, in parallel.
 
@@ -357,7 +379,7 @@ def score_windows(
             if first >= length - k + 1:
                 first = 0
             ll_u[j] = forward_span(ref_seq, w0, length, rc[r], False, sites, marks, ev_mean, e1, e2, k, model,
-                                   scalings, trans, r, flank, table, cell, 0, edge, first - 1)  # fmt: skip
+                                   scalings, nanopolish, trans, r, flank, table, cell, 0, edge, first - 1)  # fmt: skip
             ll_m[j] = forward_span(ref_seq, w0, length, rc[r], True, sites, marks, ev_mean, e1, e2, k, model,
-                                   scalings, trans, r, flank, table, cell, first, edge, -1)  # fmt: skip
+                                   scalings, nanopolish, trans, r, flank, table, cell, first, edge, -1)  # fmt: skip
     return ll_u, ll_m
