@@ -42,7 +42,7 @@ from streamer.pore.motifs import CPG, MOTIFS
 from streamer.pipeline.resume import CallJournal, Resumed, journal_path, run_identity
 from streamer.pipeline.signal_pool import IO_MODES
 from streamer import registry
-from streamer.config import Config, OutputConfig
+from streamer.config import Config, OutputConfig, PipelineConfig
 from streamer.sinks import Sink, SinkContext, open_sinks, row_sinks
 from streamer.skips import log_skipped
 from streamer.summary import RunSummary
@@ -198,6 +198,8 @@ def _check_combinations(args: argparse.Namespace) -> None:
     if args.dask and (args.autotune or args.bedmethyl or args.modbam or args.skip_ultra or args.sink):
         raise UsageError("--dask writes the call TSV: leave out --autotune, --bedmethyl, --modbam, --sink and "
                          "--skip-ultra")
+    if args.modbam and args.methylation != CPG.name:
+        raise UsageError(f"--modbam carries CpG calls (C+m) only: leave it out with --methylation {args.methylation}")
     if args.resume and (args.output is None or args.autotune):
         raise UsageError("--resume needs -o FILE and fixed batch sizes (no --autotune): the plan must be the same")
 
@@ -266,7 +268,8 @@ def _open_sinks(args: argparse.Namespace, filt: AlignmentFilter) -> list[Sink]:
     files = {"bedmethyl": args.bedmethyl, "modbam": args.modbam, "bam": args.bam, "filter": filt,
              "command_line": " ".join(["streamer", *sys.argv[1:]])}  # fmt: skip
     out_dir = args.output.parent if args.output is not None else Path.cwd()
-    config = Config(output=OutputConfig(sinks=tuple(args.sink)))
+    config = Config(pipeline=replace(PipelineConfig(), methylation=args.methylation),
+                    output=OutputConfig(sinks=tuple(args.sink)))
     return open_sinks(config, SinkContext(NAME, out_dir=out_dir, files=files))
 
 

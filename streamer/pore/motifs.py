@@ -59,8 +59,13 @@ class Motif:
 
     def find(self, sequence: str) -> list[int]:
         """Where a site starts in `sequence`, in order."""
-        n = self.length
-        return [i for i in range(len(sequence) - n + 1) if sequence[i : i + n] in self.sites]
+        found = []
+        for site in self.sites:
+            pos = sequence.find(site)
+            while pos != -1:
+                found.append(pos)
+                pos = sequence.find(site, pos + 1)
+        return sorted(found)
 
 
 CPG = Motif("cpg", "CpG", ("CG",), forward=0, reverse=1, mod_code="m", compat="f5c")
