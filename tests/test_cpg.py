@@ -172,18 +172,19 @@ def test_read_windows_applies_every_rule():
     chain = list(range(100, 301, 10))
     ref = place_cpgs(800, [20, 40, 50, *chain, *range(400, 591, 10), 599, 601, 700])
     map_ref = ref_start + np.arange(800)
-    first, last, n_sites, e1, e2 = read_windows(ref, 0, ref_start, map_ref, np.arange(800) * 2, CPG.table(), 10, 200, 10)
+    sites = CPG.table()
+    first, last, n_sites, e1, e2 = read_windows(ref, 0, ref_start, map_ref, np.arange(800) * 2, sites, 10, 200, 10)
     assert first.tolist() == [40, 100, 700]
     assert last.tolist() == [50, 300, 700]
     assert n_sites.tolist() == [2, len(chain), 1]
     assert e1.tolist() == [60, 180, 1380] and e2.tolist() == [120, 620, 1420]
     ref = place_cpgs(800, [21, 700])
-    assert read_windows(ref, 0, ref_start, map_ref, np.arange(800), CPG.table(), 10, 200, 10)[0].tolist() == [21, 700]
+    assert read_windows(ref, 0, ref_start, map_ref, np.arange(800), sites, 10, 200, 10)[0].tolist() == [21, 700]
     # events too close together: a window of 21 bases over 21 // 3 events is not scored
-    assert read_windows(ref, 0, ref_start, map_ref, np.arange(800) // 3, CPG.table(), 10, 200, 10)[0].tolist() == []
-    assert read_windows(ref, 0, ref_start, map_ref, np.arange(800) // 3, CPG.table(), 10, 200, 5)[0].tolist() == [21, 700]
+    assert read_windows(ref, 0, ref_start, map_ref, np.arange(800) // 3, sites, 10, 200, 10)[0].tolist() == []
+    assert read_windows(ref, 0, ref_start, map_ref, np.arange(800) // 3, sites, 10, 200, 5)[0].tolist() == [21, 700]
     # the map must reach past the window end
-    assert read_windows(ref, 0, ref_start, map_ref[:710], np.arange(710), CPG.table(), 10, 200, 10)[0].tolist() == [21]
+    assert read_windows(ref, 0, ref_start, map_ref[:710], np.arange(710), sites, 10, 200, 10)[0].tolist() == [21]
 
 
 # ---------------------------------------------------------------- profile HMM

@@ -61,7 +61,8 @@ def test_forward_k9_equals_slow_reference(meth9, rc):
 
 def test_parallel_k9_jobs_equal_single_windows(meth9):
     args = synthetic_jobs(meth9, np.random.default_rng(4))
-    job_read, w0, w1, e1, e2, ref, ref_off, rc, ev, ev_off, scalings, epb, k, model, sites, marks, params, table, _ = args
+    job_read, w0, w1, e1, e2, ref, ref_off, rc, ev, ev_off, scalings, epb, k, model, sites, marks, params, table, _ = (
+        args)
     ll_u, ll_m = score_windows(*args)
     for i in range(len(job_read)):
         r = job_read[i]

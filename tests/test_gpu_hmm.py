@@ -1,6 +1,6 @@
-"""GPU methylation HMM: bit-identical to the CPU `score_windows` under numba's CUDA simulator (and on a GPU
-when there is one), CpG's and the other motifs' windows, windows over the kernel's capacity and failed batches scored on the CPU, and
-the host-side helpers and the no-GPU path without CUDA; R10.4.1 calls at k = 9 through the whole
+"""GPU methylation HMM: bit-identical to the CPU `score_windows` under numba's CUDA simulator (and on a
+GPU when there is one), CpG's and the other motifs' windows, windows over the kernel's capacity and
+failed batches scored on the CPU, and the host-side helpers and the no-GPU path without CUDA; R10.4.1 calls at k = 9 through the whole
 pipeline (ABEA and HMM on the GPU) identical to the CPU's."""
 
 from __future__ import annotations

@@ -115,9 +115,8 @@ def test_kmer_ranks_are_nanopolish_methylated_strands(name):
             fwd = nanopolish_methylate(window, name) if methylated else window
             rev = nanopolish_reverse_complement(fwd, name)
             for ki in range(n - k + 1):
-                assert window_kmer_rank(seq, 0, n, ki, k, False, methylated, m.table(), m.marks()) == rank(fwd[ki:ki + k])
-                assert window_kmer_rank(seq, 0, n, ki, k, True, methylated, m.table(), m.marks()) == rank(
-                    rev[n - ki - k : n - ki])  # fmt: skip
+                got = [window_kmer_rank(seq, 0, n, ki, k, rc, methylated, m.table(), m.marks()) for rc in (False, True)]
+                assert got == [rank(fwd[ki : ki + k]), rank(rev[n - ki - k : n - ki])]
 
 
 def test_sites_count_the_base_after_the_aligned_span():

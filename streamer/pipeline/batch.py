@@ -43,7 +43,7 @@ class ReadInput:
     signal_path: str = ""  # where the signal came from (reports, eventalign summary)
     number: int = -1  # the record's number where it came from (BAM record index, ledger read number)
     mapq: int = 0
-    ref_next: str = ""  # reference[ref_end], the base nanopolish and f5c fetch too (their end is inclusive); "" at the end
+    ref_next: str = ""  # reference[ref_end], fetched by nanopolish and f5c too; "" at the end
 
 
 def _concat(parts, dtype):

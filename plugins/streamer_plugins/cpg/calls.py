@@ -2,8 +2,9 @@
 
 `call_methylation` takes a batch whose events, recalibrated scalings, ABEA pairs and alignment
 fields are filled, and a motif (`streamer.pore.motifs`: CpG, GpC, dam, dcm). It plans the scored
-windows of every read in parallel (event-to-reference map, groups of motif sites, bounding events), then scores all (read, window) jobs of the batch in one
-parallel pass, so long and short reads share the cores evenly.
+windows of every read in parallel (event-to-reference map, groups of motif sites, bounding events),
+then scores all (read, window) jobs of the batch in one parallel pass, so long and short reads share
+the cores evenly.
 
 `_plan_windows` is a numba kernel over the batch's flat arrays, hence its long argument list;
 `_plan_jobs` unpacks the batch record for it once.

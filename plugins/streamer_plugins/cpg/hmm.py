@@ -7,14 +7,14 @@ at any event. The score is log P(events | window), once for the window as it is 
 modified base of each whole motif site in it written as M (`streamer.pore.motifs`: CpG, GpC, dam,
 dcm; the motif is data the kernels take, `sites` and `marks`).
 
-To agree with nanopolish and f5c to their printed precision the arithmetic is theirs: float32
-cells and emissions, transition probabilities in float32 with logf (f5c is C++), flank
-probabilities in double stored as float32, HMMER's table log-sum, and the same order of
-summation. Where the two differ the kernels take either's (`nanopolish`): f5c 1.1 scales each
-k-mer's level to the read in float32 from a float32 model and scalings and takes -0.918938 for
-ln(1/sqrt(2 pi)); nanopolish 0.14 scales in double from double ones (`hmm_model.pack_model64`,
-`pack_scalings64`), rounds once, and takes its own constant. The forward pass of one window is written once (`hmm_cells`) and compiled both
-here and for CUDA (`streamer_plugins.cpg.hmm_cuda`), so CPU and GPU agree to the bit; a job is
+To agree with nanopolish and f5c to their printed precision the arithmetic is theirs: float32 cells
+and emissions, transition probabilities in float32 with logf (f5c is C++), flank probabilities in
+double stored as float32, HMMER's table log-sum, and the same order of summation. Where the two
+differ the kernels take either's (`nanopolish`): f5c 1.1 scales each k-mer's level to the read in
+float32 from a float32 model and scalings and takes -0.918938 for ln(1/sqrt(2 pi)); nanopolish 0.14
+scales in double from double ones (`hmm_model.pack_model64`, `pack_scalings64`), rounds once, and
+takes its own constant. The forward pass of one window is written once (`hmm_cells`) and compiled
+both here and for CUDA (`streamer_plugins.cpg.hmm_cuda`), so CPU and GPU agree to the bit; a job is
 one window of one read, and `score_windows` runs all jobs of a batch on CPU threads.
 
 The kernels (`forward`, `profile_forward`, `score_windows`) take flat arrays and scalars, many of
@@ -248,14 +248,14 @@ def hmm_cells(t: Target) -> HmmCells:
                 trans, r, flank, table, cell):  # fmt: skip
         """log P(events ev_mean[e1] towards ev_mean[e2] | window ref_seq[w0:w0+length]), float32.
 
-        `sites` and `marks` are the motif's (`Motif.table`, `Motif.marks`); `model` from `pack_model`
-        and row r of `scalings` (`pack_scalings`) the read's, or with `nanopolish` their double forms
-        (`pack_model64`, `pack_scalings64`); row r of `trans` (`read_transitions`) is the read's; `flank` from `flank_table` (at least as long as
-        the window's events); `cell` float32[SLOTS * k-mers] of work space. One row of the
-        forward matrix (M, B, K per k-mer block, beside the block's scaled level) is updated in
-        place, block by block, holding in registers the previous row's values of the block
-        before (which the update has already overwritten) and the current row's values of that
-        block (which the skip state K reads).
+        `sites` and `marks` are the motif's (`Motif.table`, `Motif.marks`); `model` from `pack_model` and
+        row r of `scalings` (`pack_scalings`) the read's, or with `nanopolish` their double forms
+        (`pack_model64`, `pack_scalings64`); row r of `trans` (`read_transitions`) is the read's; `flank`
+        from `flank_table` (at least as long as the window's events); `cell` float32[SLOTS * k-mers] of work
+        space. One row of the forward matrix (M, B, K per k-mer block, beside the block's scaled level) is
+        updated in place, block by block, holding in registers the previous row's values of the block before
+        (which the update has already overwritten) and the current row's values of that block (which the
+        skip state K reads).
         """
         return forward_span(ref_seq, w0, length, rc, methylated, sites, marks, ev_mean, e1, e2, k, model, scalings,
                             nanopolish, trans, r, flank, table, cell, 0, cell, -1)  # fmt: skip

@@ -162,7 +162,8 @@ class CudaHmm:
         if n_gpu == 0:
             return None, [0.0, 0.0, 0.0]
         read, w0, length, e1, e2 = placed
-        ref_seq, _, rc, ev_mean, _, scalings, events_per_base, k, model, sites, marks, params, table, nanopolish = inputs
+        ref_seq, _, rc, ev_mean, _, scalings, events_per_base, k, model, sites, marks, params, table, nanopolish = (
+            inputs)
         s, b = self._stream, self._buffers
         t0 = time.perf_counter()
         trans = read_transitions(read[order], events_per_base, params)

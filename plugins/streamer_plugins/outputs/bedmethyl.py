@@ -1,15 +1,15 @@
 """bedMethyl, as modkit pileup writes it, from group calls of a motif (CpG by default).
 
-A group call covers every site of its group: each site gets one count from the call, on the
-strand of the read, at the modified base. For CpG, a forward-strand call counts at the CpG's C
-(its reference position p); a reverse-strand call counts at p + 1, the C of the CpG on the
-reverse strand, as modkit reports strands separately (other motifs likewise at their
-`Motif.forward` and `Motif.reverse`, with their modified base's code: `a` for dam's 6mA). A call is valid when |log_lik_ratio| >= the threshold (f5c meth-freq's 2.5,
-on the ratio as printed with two decimals, so counts agree with `streamer meth-freq -s`):
-modified if positive, canonical otherwise; below the threshold it counts as Nfail. Only CpGs
-of the reference are called, so Ndelete, Ndiff, Nnocall and Nother_mod are 0. As in modkit,
-rows with no valid coverage are not written; rows are sorted by contig (byte order), position
-and strand.
+A group call covers every site of its group: each site gets one count from the call, on the strand
+of the read, at the modified base. For CpG, a forward-strand call counts at the CpG's C (its
+reference position p); a reverse-strand call counts at p + 1, the C of the CpG on the reverse
+strand, as modkit reports strands separately (other motifs likewise at their `Motif.forward` and
+`Motif.reverse`, with their modified base's code: `a` for dam's 6mA). A call is valid when
+|log_lik_ratio| >= the threshold (f5c meth-freq's 2.5, on the ratio as printed with two decimals, so
+counts agree with `streamer meth-freq -s`): modified if positive, canonical otherwise; below the
+threshold it counts as Nfail. Only the motif's sites of the reference are called, so Ndelete, Ndiff, Nnocall and
+Nother_mod are 0. As in modkit, rows with no valid coverage are not written; rows are sorted by
+contig (byte order), position and strand.
 """
 
 from __future__ import annotations
