@@ -84,7 +84,7 @@ def main() -> int:
                    work / f"streamer.{motif}.out", work)  # fmt: skip
         a_rows, b_rows = calls(ours), calls(theirs)
         both = set(a_rows) & set(b_rows)
-        same = sum(a_rows[k]["log_lik_ratio"] == b_rows[k]["log_lik_ratio"] for k in both) / len(both)
+        same = sum(a_rows[k]["log_lik_ratio"] == b_rows[k]["log_lik_ratio"] for k in both)
         largest = max(abs(float(a_rows[k]["log_lik_ratio"]) - float(b_rows[k]["log_lik_ratio"])) for k in both)
         identical = ours.read_bytes() == theirs.read_bytes()
         freq = "not run (no --script)"
@@ -94,8 +94,8 @@ def main() -> int:
             run([*streamer, "meth-freq", "--compat", "nanopolish", "-q", motif, str(ours)], mine, work)
             text = script.read_text()
             freq = f"{'yes' if text == mine.read_text() else 'NO'} ({text.count(chr(10)) - 1:,} sites)"
-        print(f"| {motif} | {len(b_rows):,} / {len(a_rows):,} / {len(both):,} | {100 * same:.2f}% | {largest:.2f} | "
-              f"{'yes' if identical else 'no'} | {freq} | {t_np:.1f} | {t_st:.1f} |")
+        print(f"| {motif} | {len(b_rows):,} / {len(a_rows):,} / {len(both):,} | {same:,} ({100 * same / len(both):.3f}%) "
+              f"| {largest:.2f} | {'yes' if identical else 'no'} | {freq} | {t_np:.1f} | {t_st:.1f} |")
         shares.append((motif, methylated_share(b_rows), methylated_share(a_rows)))
 
     print()
