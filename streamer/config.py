@@ -28,6 +28,7 @@ import yaml
 
 from streamer.errors import ConfigError
 from streamer.pipeline.chemistry import DEFAULT, PORES, folder_models, models_by_pore
+from streamer.pore.motifs import CPG, MOTIFS
 from streamer.publish.security import is_loopback
 from streamer.tuning.profiles import PROFILE_NAMES, parse_size
 
@@ -175,8 +176,12 @@ class PipelineConfig:
         choices=("auto", *PORES))
     kmer_model: Path | None = _key(None, "Nucleotide pore model file, text or uncalled4 .npz (default: by "
                                    "`pore`).", type=Path, flag="--kmer-model", must_exist="file")
-    meth_model: Path | None = _key(None, "CpG methylation pore model file, nanopolish/f5c text (default: by "
-                                   "`pore`).", type=Path, flag="--meth-model", must_exist="file")
+    methylation: str = _key(
+        CPG.name, "The motif whose methylation is called, as nanopolish's `--methylation`: `cpg`, `gpc` (GpC, "
+        "NOMe-seq), `dam` (G6mATC) or `dcm` (C5mCWGG); `meth_model` is then a model of that motif (the shipped "
+        "R9.4.1 ones by default).", type=str, flag="--methylation", choices=tuple(MOTIFS))
+    meth_model: Path | None = _key(None, "Methylation pore model file of the `methylation` motif, nanopolish/f5c "
+                                   "text (default: by `pore`).", type=Path, flag="--meth-model", must_exist="file")
     model_dir: Path | None = _key(
         None, f"Folder of per-pore models ({folder_models()}); default `$STREAMER_MODEL_DIR`, else "
         "`$XDG_DATA_HOME/streamer/models`.", type=Path, flag="--model-dir")
@@ -254,8 +259,12 @@ class OutputConfig:
     call_threshold: float = _key(
         2.5, "meth-freq: a site is called when |log-likelihood ratio| is at least this.", type=float,
         flag="--call-threshold", minimum=0.0)
-    split_groups: bool = _key(False, "meth-freq: split multi-CpG groups into one row per CpG.", type=bool,
-                              flag="--split-groups")
+    split_groups: bool = _key(False, "meth-freq: split groups of several sites (CpGs, or the sites of "
+                              "`pipeline.methylation`) into one row per site.", type=bool, flag="--split-groups")
+    freq_compat: str = _key(
+        "f5c", "meth-freq: whose counting rule: `f5c` meth-freq's (a call counts when |log-likelihood ratio| >= "
+        "`call_threshold`) or `nanopolish`'s calculate_methylation_frequency.py (>= `call_threshold` times the "
+        "group's sites; the script's threshold is 2.0).", type=str, flag="--freq-compat", choices=("f5c", "nanopolish"))
     bedmethyl: bool = _key(
         True, "Also write `meth.bed`: per-CpG, per-strand counts as modkit's bedMethyl (what `streamer call "
         "--bedmethyl` gives on the same reads), replaced whole whenever `meth-freq.tsv` is.", type=bool,
@@ -681,6 +690,9 @@ def build(flat: dict[str, Any], *, origin: str = "configuration", require: tuple
                 parse_size(values[sec][name])
             except ValueError as exc:
                 problems.append(f"{path}: {exc}")
+    if values["output"].get("modbam") and values["pipeline"].get("methylation", CPG.name) != CPG.name:
+        problems.append("output.modbam: modBAM carries CpG calls (C+m) only; leave it off with pipeline.methylation "
+                        f"{values['pipeline']['methylation']}")
     if values["service"].get("metrics") is not None:
         from streamer.metrics import parse_address
 

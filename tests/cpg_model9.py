@@ -11,6 +11,7 @@ import numpy as np
 
 import reference_hmm
 from streamer.pore.model import METHYL_CPG, NUCLEOTIDE, PoreModel, logf
+from streamer.pore.motifs import CPG
 from streamer_plugins.cpg.hmm_model import HmmParams, pack_model, pack_scalings
 from streamer_plugins.cpg.logsum import LOGSUM_TABLE
 
@@ -70,4 +71,5 @@ def synthetic_jobs(model: PoreModel, rng: np.random.Generator) -> tuple:
     scalings = pack_scalings(np.array([1.05, 1.05]), np.array([-2.0, -2.0]), np.array([1.0, 1.1]))
     return (*j, np.frombuffer(text.encode(), np.uint8), np.array([0, 40, 80]), np.array([False, True]),
             np.concatenate([ev0, ev1]), np.array([0, n0, n]), scalings, np.array([2.0, 2.1]), model.k,
-            pack_model(model.level_mean, model.level_stdv), HmmParams().as_array(), LOGSUM_TABLE)  # fmt: skip
+            pack_model(model.level_mean, model.level_stdv), CPG.table(), CPG.marks(), HmmParams().as_array(),
+            LOGSUM_TABLE, False)  # fmt: skip

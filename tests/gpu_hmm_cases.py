@@ -9,7 +9,8 @@ The windows are the (read, window) jobs `streamer call` scores on the fixture re
 from the CPU pipeline. The simulator runs each GPU thread as a Python thread, so there the
 cases use a selection: the smallest windows of each strand, the windows of most CpGs and a
 long one; on a GPU every window of the fixture is scored. A last case scores windows of a
-synthetic CpG 9-mer model (tests/cpg_model9.py).
+synthetic CpG 9-mer model (tests/cpg_model9.py), and another the fixture's GpC windows, dcm's and
+dam's, in nanopolish's double-precision scaling.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from streamer.io.fastx import load_basecalls
 from streamer.io.index import open_index
 from streamer.io.reference import Reference
 from streamer.pipeline.stages import Pipeline, PipelineOptions
+from streamer.pore.motifs import CPG, MOTIFS, Motif
 from streamer_plugins.cpg.caller import CpgCaller
 from streamer_plugins.cpg.hmm import HmmInputs, HmmJobs, score_windows
 from streamer_plugins.cpg.hmm_cuda import CudaHmm
@@ -53,8 +55,8 @@ class Recorder:
         return ll_u, ll_m, None
 
 
-def fixture_jobs(work: Path) -> tuple:
-    """The arguments `call_methylation` hands its scorer for the fixture reads, in one batch."""
+def fixture_jobs(work: Path, motif: Motif = CPG) -> tuple:
+    """The arguments `call_methylation` hands its scorer for the fixture reads' `motif` sites, in one batch."""
     reads = work / "reads.fasta"
     reads.write_text((ECOLI / "reads.fasta").read_text())
     filt = AlignmentFilter()
@@ -64,7 +66,7 @@ def fixture_jobs(work: Path) -> tuple:
     with Reference(REFERENCE) as ref:
         batches = list(offline_batches(iter_alignments(bam, filt), load_basecalls(reads, wanted), index, ref,
                                        BatchLimits(), str(reads)))  # fmt: skip
-    pipeline = Pipeline(PipelineOptions(threads=2, cuda=CudaOptions(disable=True)), [CpgCaller()])
+    pipeline = Pipeline(PipelineOptions(threads=2, cuda=CudaOptions(disable=True), motif=motif), [CpgCaller()])
     recorder = Recorder()
     pipeline.analysis("hmm").gpu = recorder
     pipeline.run_batch(pack([r for rs, _ in batches for r in rs]))
@@ -106,6 +108,7 @@ def main() -> int:
     warnings.filterwarnings("ignore", category=RuntimeWarning)
     with tempfile.TemporaryDirectory() as tmp:
         args = fixture_jobs(Path(tmp))
+        motifs = {name: fixture_jobs(Path(tmp), MOTIFS[name]) for name in ("gpc", "dam", "dcm")}
     k = int(args[12])
     if SIMULATED:
         args = subset(args, select(args, k))
@@ -125,6 +128,13 @@ def main() -> int:
     # a CpG 9-mer model (R10.4.1's k): the same kernel over windows of 9-mers, both strands
     results["k9"] = compare(synthetic_jobs(cpg_model(9), np.random.default_rng(4)), CudaHmm(block=block))
 
+    # the other motifs: their sites on both strands, nanopolish's double model and scalings
+    for name, jobs in motifs.items():
+        picked = subset(jobs, select(jobs, k)) if SIMULATED else jobs
+        results[name] = compare(picked, CudaHmm(block=block)) | {
+            "levels": str(jobs[13].dtype), "nanopolish": bool(jobs[18]),
+            "rc": sorted(set(picked[7][picked[0]].tolist()))}  # fmt: skip
+
     class Broken:
         """A launch that fails as a device out of memory would."""
 
@@ -137,7 +147,7 @@ def main() -> int:
             return launch
 
     broken = CudaHmm(block=block)
-    broken._kernel = Broken()
+    broken._kernel = lambda levels: Broken()
     results["fallback"] = compare(args, broken)
     json.dump(results, sys.stdout)
     return 0

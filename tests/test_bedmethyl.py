@@ -14,6 +14,7 @@ from streamer_plugins.outputs.bedmethyl import BedMethyl
 from streamer_plugins.cpg.caller import CALLS
 from streamer_plugins.cpg.calls import CALLS_HEADER, MethCalls
 from streamer_plugins.outputs.calls_tsv import read_calls
+from streamer_plugins.outputs.methfreq import MethFreq
 from streamer_plugins.outputs.sinks import MethFreqTable
 
 CALL_FILES = [ECOLI / "meth.f5c-1.1.tsv", SHARED / "expected" / "f5c-1.1" / "meth.tsv"]
@@ -53,7 +54,7 @@ def test_counts_agree_with_meth_freq(path):
         site = int(start) - (strand == "-")  # the CpG's C on the forward strand
         valid[chrom, site] += int(n_valid)
         mod[chrom, site] += int(n_mod)
-    freq = MethFreqTable(split_groups=True)
+    freq = MethFreqTable(table=MethFreq(split_groups=True))
     with open(path) as fh:
         for block in read_calls(fh, path):
             freq.on_batch(block)

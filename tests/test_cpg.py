@@ -21,11 +21,13 @@ from streamer_plugins.cpg.lookup import (
     is_spliced,
     kmer_first_event,
 )
-from streamer_plugins.cpg.sites import DISAMBIGUATE, cpg_sites, group_sites, read_windows
+from streamer_plugins.cpg.sites import DISAMBIGUATE, group_sites, motif_sites, read_windows
 from streamer.pore.model import load_default_models
+from streamer.pore.motifs import CPG
 from streamer.skips import Skip
 
 F32 = np.float32
+CPG_MOTIF = (CPG.table(), CPG.marks())  # the kernels' `sites` and `marks` for CpG
 
 
 @pytest.fixture(scope="module")
@@ -143,8 +145,9 @@ def test_events_per_base():
 
 
 def test_sites_and_groups():
-    assert cpg_sites(ascii_("ACGTTCGCGA")).tolist() == [1, 5, 7]
-    assert cpg_sites(ascii_("C")).tolist() == []
+    assert motif_sites(ascii_("ACGTTCGCGA"), 0, CPG.table()).tolist() == [1, 5, 7]
+    assert motif_sites(ascii_("C"), 0, CPG.table()).tolist() == []
+    assert motif_sites(ascii_("AC"), ord("G"), CPG.table()).tolist() == [1]  # ending on the base after the span
     sites = np.array([20, 30, 41, 300])
     first, end = group_sites(sites, 10)
     assert list(zip(first.tolist(), end.tolist())) == [(0, 2), (2, 3), (3, 4)]  # 10 apart merge, 11 do not
@@ -169,18 +172,19 @@ def test_read_windows_applies_every_rule():
     chain = list(range(100, 301, 10))
     ref = place_cpgs(800, [20, 40, 50, *chain, *range(400, 591, 10), 599, 601, 700])
     map_ref = ref_start + np.arange(800)
-    first, last, n_sites, e1, e2 = read_windows(ref, ref_start, map_ref, np.arange(800) * 2, 10, 200, 10)
+    sites = CPG.table()
+    first, last, n_sites, e1, e2 = read_windows(ref, 0, ref_start, map_ref, np.arange(800) * 2, sites, 10, 200, 10)
     assert first.tolist() == [40, 100, 700]
     assert last.tolist() == [50, 300, 700]
     assert n_sites.tolist() == [2, len(chain), 1]
     assert e1.tolist() == [60, 180, 1380] and e2.tolist() == [120, 620, 1420]
     ref = place_cpgs(800, [21, 700])
-    assert read_windows(ref, ref_start, map_ref, np.arange(800), 10, 200, 10)[0].tolist() == [21, 700]
+    assert read_windows(ref, 0, ref_start, map_ref, np.arange(800), sites, 10, 200, 10)[0].tolist() == [21, 700]
     # events too close together: a window of 21 bases over 21 // 3 events is not scored
-    assert read_windows(ref, ref_start, map_ref, np.arange(800) // 3, 10, 200, 10)[0].tolist() == []
-    assert read_windows(ref, ref_start, map_ref, np.arange(800) // 3, 10, 200, 5)[0].tolist() == [21, 700]
+    assert read_windows(ref, 0, ref_start, map_ref, np.arange(800) // 3, sites, 10, 200, 10)[0].tolist() == []
+    assert read_windows(ref, 0, ref_start, map_ref, np.arange(800) // 3, sites, 10, 200, 5)[0].tolist() == [21, 700]
     # the map must reach past the window end
-    assert read_windows(ref, ref_start, map_ref[:710], np.arange(710), 10, 200, 10)[0].tolist() == [21]
+    assert read_windows(ref, 0, ref_start, map_ref[:710], np.arange(710), sites, 10, 200, 10)[0].tolist() == [21]
 
 
 # ---------------------------------------------------------------- profile HMM
@@ -203,8 +207,8 @@ def test_kmer_ranks_match_string_methylation_and_reverse_complement():
         s = reference_hmm.methylate(window) if methylated else window
         rc = reference_hmm.reverse_complement(s)
         for ki in range(len(window) - k + 1):
-            fwd = window_kmer_rank(seq, 0, len(window), ki, k, False, methylated)
-            rev = window_kmer_rank(seq, 0, len(window), ki, k, True, methylated)
+            fwd = window_kmer_rank(seq, 0, len(window), ki, k, False, methylated, *CPG_MOTIF)
+            rev = window_kmer_rank(seq, 0, len(window), ki, k, True, methylated, *CPG_MOTIF)
             assert fwd == reference_hmm.rank(s[ki : ki + k])
             assert rev == reference_hmm.rank(rc[len(s) - ki - k : len(s) - ki])
 
@@ -240,13 +244,14 @@ def test_forward_equals_slow_reference(models, rc):
     seq = ascii_("TT" + window + "AA")
     for methylated in (False, True):
         got = profile_forward(
-            seq, 2, len(window), rc, methylated, events, e_start, e_stop, 6, model, scalings, trans, params, LOGSUM_TABLE
-        )
+            seq, 2, len(window), rc, methylated, *CPG_MOTIF, events, e_start, e_stop, 6, model, scalings, False, trans,
+            params, LOGSUM_TABLE,
+        )  # fmt: skip
         args = (window, events, e_start, e_stop, rc, methylated, meth.level_mean, meth.level_stdv, scale, shift, var, epb)
         assert got == reference_hmm.forward(*args)
         assert got == pytest.approx(reference_hmm.forward(*args, exact=True), abs=0.05)
-    ll_u = profile_forward(seq, 2, len(window), rc, False, events, e_start, e_stop, 6, model, scalings, trans, params, LOGSUM_TABLE)
-    ll_m = profile_forward(seq, 2, len(window), rc, True, events, e_start, e_stop, 6, model, scalings, trans, params, LOGSUM_TABLE)
+    ll_u, ll_m = (profile_forward(seq, 2, len(window), rc, methylated, *CPG_MOTIF, events, e_start, e_stop, 6, model,
+                                  scalings, False, trans, params, LOGSUM_TABLE) for methylated in (False, True))
     assert ll_m > ll_u  # the events were drawn from the methylated window
 
 
@@ -260,7 +265,7 @@ def test_forward_with_other_parameters_equals_reference(models):
     model = pack_model(meth.level_mean, meth.level_stdv)
     scalings = pack_scalings(np.array([1.0]), np.array([0.0]), np.array([1.1]))[0]
     got = profile_forward(
-        ascii_(window), 0, len(window), False, True, events, 0, len(events) - 1, 6, model, scalings,
+        ascii_(window), 0, len(window), False, True, *CPG_MOTIF, events, 0, len(events) - 1, 6, model, scalings, False,
         block_transitions(2.2, params), params, LOGSUM_TABLE,
     )  # fmt: skip
     want = reference_hmm.forward(
@@ -285,8 +290,8 @@ def test_parallel_jobs_equal_single_windows(models):
     jobs = dict(read=[0, 1, 1], w0=[2, 0, 5], w1=[22, 30, 25], e1=[3, 60, 40], e2=[40, 10, 5])
     j = {key: np.array(v, np.int64) for key, v in jobs.items()}
     ll_u, ll_m = score_windows(
-        j["read"], j["w0"], j["w1"], j["e1"], j["e2"], ref, ref_off, rc, ev, ev_off, scalings, epb, 6, model, params,
-        LOGSUM_TABLE,
+        j["read"], j["w0"], j["w1"], j["e1"], j["e2"], ref, ref_off, rc, ev, ev_off, scalings, epb, 6, model, *CPG_MOTIF,
+        params, LOGSUM_TABLE, False,
     )  # fmt: skip
     for i in range(3):
         r = j["read"][i]
@@ -294,8 +299,8 @@ def test_parallel_jobs_equal_single_windows(models):
         events = ev[ev_off[r] : ev_off[r + 1]]
         for meth_flag, out in ((False, ll_u), (True, ll_m)):
             one = profile_forward(
-                ref, ref_off[r] + j["w0"][i], j["w1"][i] - j["w0"][i], rc[r], meth_flag, events, j["e1"][i], j["e2"][i],
-                6, model, scalings[r], trans, params, LOGSUM_TABLE,
+                ref, ref_off[r] + j["w0"][i], j["w1"][i] - j["w0"][i], rc[r], meth_flag, *CPG_MOTIF, events, j["e1"][i],
+                j["e2"][i], 6, model, scalings[r], False, trans, params, LOGSUM_TABLE,
             )  # fmt: skip
             assert out[i] == one
 

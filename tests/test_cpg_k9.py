@@ -11,7 +11,7 @@ import reference_hmm
 from cpg_model9 import cpg_model, events_for, nucleotide_model, synthetic_jobs
 from streamer.pipeline.batch import CIGAR_M
 from streamer_plugins.cpg.calls import call_methylation
-from test_cpg import cig, make_batch, random_ref
+from test_cpg import CPG_MOTIF, cig, make_batch, random_ref
 from streamer_plugins.cpg.hmm import profile_forward, score_windows
 from streamer_plugins.cpg.hmm_model import HmmParams, block_transitions, pack_model, pack_scalings
 from streamer_plugins.cpg.logsum import LOGSUM_TABLE
@@ -50,8 +50,8 @@ def test_forward_k9_equals_slow_reference(meth9, rc):
         e_start, e_stop = (n - 2, 1) if rc else (1, n - 2)
         ll = {}
         for methylated in (False, True):
-            got = profile_forward(seq, 2, len(WINDOW), rc, methylated, events, e_start, e_stop, K, model, scalings,
-                                  trans, params, LOGSUM_TABLE)  # fmt: skip
+            got = profile_forward(seq, 2, len(WINDOW), rc, methylated, *CPG_MOTIF, events, e_start, e_stop, K, model,
+                                  scalings, False, trans, params, LOGSUM_TABLE)  # fmt: skip
             args = (WINDOW, events, e_start, e_stop, rc, methylated, meth9.level_mean, meth9.level_stdv, scale, shift,
                     var, epb)  # fmt: skip
             assert got == reference_hmm.forward(*args, k=K)
@@ -61,15 +61,16 @@ def test_forward_k9_equals_slow_reference(meth9, rc):
 
 def test_parallel_k9_jobs_equal_single_windows(meth9):
     args = synthetic_jobs(meth9, np.random.default_rng(4))
-    job_read, w0, w1, e1, e2, ref, ref_off, rc, ev, ev_off, scalings, epb, k, model, params, table = args
+    job_read, w0, w1, e1, e2, ref, ref_off, rc, ev, ev_off, scalings, epb, k, model, sites, marks, params, table, _ = (
+        args)
     ll_u, ll_m = score_windows(*args)
     for i in range(len(job_read)):
         r = job_read[i]
         trans = block_transitions(epb[r], params)
         events = ev[ev_off[r] : ev_off[r + 1]]
         for meth_flag, out in ((False, ll_u), (True, ll_m)):
-            one = profile_forward(ref, ref_off[r] + w0[i], w1[i] - w0[i], rc[r], meth_flag, events, e1[i], e2[i], k,
-                                  model, scalings[r], trans, params, table)  # fmt: skip
+            one = profile_forward(ref, ref_off[r] + w0[i], w1[i] - w0[i], rc[r], meth_flag, sites, marks, events, e1[i],
+                                  e2[i], k, model, scalings[r], False, trans, params, table)  # fmt: skip
             assert out[i] == one and np.isfinite(one)
 
 

@@ -1,6 +1,6 @@
-"""GPU CpG HMM: bit-identical to the CPU `score_windows` under numba's CUDA simulator (and on a GPU
-when there is one), windows over the kernel's capacity and failed batches scored on the CPU, and
-the host-side helpers and the no-GPU path without CUDA; R10.4.1 calls at k = 9 through the whole
+"""GPU methylation HMM: bit-identical to the CPU `score_windows` under numba's CUDA simulator (and on a
+GPU when there is one), CpG's and the other motifs' windows, windows over the kernel's capacity and
+failed batches scored on the CPU, and the host-side helpers and the no-GPU path without CUDA; R10.4.1 calls at k = 9 through the whole
 pipeline (ABEA and HMM on the GPU) identical to the CPU's."""
 
 from __future__ import annotations
@@ -78,6 +78,15 @@ def test_9mer_windows_identical_to_cpu(cases):
     case = cases["k9"]
     assert case["diff"] == 0 and case["finite"]
     assert case["stats"]["n_gpu"] == case["n"] == 4
+
+
+@pytest.mark.parametrize("motif", ["gpc", "dam", "dcm"])
+def test_other_motifs_identical_to_cpu(cases, motif):
+    """GpC, dam and dcm windows of the fixture, in nanopolish's double-precision scaling: the CPU's bits."""
+    case = cases[motif]
+    assert case["diff"] == 0 and case["finite"] and case["n"] > 0
+    assert case["levels"] == "float64" and case["nanopolish"] and case["rc"] == [False, True]
+    assert case["stats"]["n_gpu"] == case["n"] and case["stats"]["fallback"] == ""
 
 
 def test_launch_order_does_not_change_answers(cases):

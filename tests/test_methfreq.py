@@ -20,7 +20,7 @@ def table(freq: MethFreq) -> dict[tuple[str, str, str], list[str]]:
 
 def freq_of(calls, split_groups=False) -> MethFreq:
     """meth-freq of a calls TSV (a path, or its lines), as the sink counts rows read back."""
-    sink = MethFreqTable(split_groups=split_groups)
+    sink = MethFreqTable(table=MethFreq(split_groups=split_groups))
     for block in read_calls_file(calls) if hasattr(calls, "open") else read_calls(calls, "calls.tsv"):
         sink.on_batch(block)
     return sink.table

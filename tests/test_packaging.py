@@ -58,7 +58,7 @@ def test_the_wheel_holds_every_package_and_the_models(wheel):
     packages = {".".join(Path(n).parent.parts) for n in names if n.endswith("/__init__.py")}
     assert packages == _packages_in_checkout()
     models = [n for n in names if n.startswith("streamer/data/models/")]
-    assert "streamer/data/models/LICENSE" in models and sum(n.endswith(".model") for n in models) == 3
+    assert "streamer/data/models/LICENSE" in models and sum(n.endswith(".model") for n in models) == 6
     assert not any(n.startswith(("tests/", "gpu/", "plugins/")) for n in names)
 
 

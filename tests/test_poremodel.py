@@ -100,7 +100,7 @@ def test_cpg_model_any_k(tmp_path):
 @pytest.mark.parametrize(
     "header, rows, message, line",
     [
-        ("#alphabet\tgpc\n", _rows(2, METHYL_CPG), "alphabet 'gpc' is not one streamer reads", 1),
+        ("#alphabet\tprotein\n", _rows(2, METHYL_CPG), "alphabet 'protein' is not one streamer reads", 1),
         ("#alphabet\tcpg\n", _rows(2), "16 rows, expected 5^2 = 25 for alphabet ACGMT", None),
         ("#k\t2\n", _rows(2, METHYL_CPG)[:7] + ["AMA\t80.0\t1.5\n"] + _rows(2, METHYL_CPG)[8:],
          "has length 3, not 2", 9),

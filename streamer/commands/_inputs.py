@@ -26,6 +26,7 @@ from streamer.pipeline.gpu import CudaOptions
 from streamer.pipeline.runner import RunnerOptions
 from streamer.pipeline.signal_pool import reader_pool
 from streamer.pipeline.stages import Pipeline, PipelineOptions
+from streamer.pore.motifs import motif
 from streamer.tuning.profiles import MemoryPlan, parse_size
 from streamer.pipeline.chemistry import (DEFAULT, PORES, as_rna, chemistry, default_models, folder_models, pore_models,
                                          pore_of_file, title)
@@ -113,17 +114,20 @@ def pore_of_inputs(args: argparse.Namespace, index: SignalIndex) -> tuple[str | 
 
 def pipeline_options(args: argparse.Namespace, index: SignalIndex, cuda: CudaOptions, *,
                      methylation: bool) -> PipelineOptions:  # fmt: skip
-    """The pipeline for the inputs' pore: its chemistry, and its nucleotide and CpG model files (those the
-    flags name, else the chemistry's; one not shipped and missing stops the command with one line naming it)."""
+    """The pipeline for the inputs' pore: its chemistry, the motif of `--methylation` (CpG without it), and
+    its nucleotide and methylation model files (those the flags name, else the chemistry's; one not shipped
+    and missing stops the command with one line naming it)."""
     pore, source = pore_of_inputs(args, index)
     if getattr(args, "rna", False):  # eventalign's --rna
         pore, source = as_rna(pore), f"--rna ({source})" if source else "--rna"
+    called = motif(getattr(args, "methylation", None))
     try:
         kmer, meth = pore_models(pore, args.kmer_model, getattr(args, "meth_model", None), args.model_dir,
-                                 methylation=methylation)  # fmt: skip
+                                 methylation=methylation, motif=called)  # fmt: skip
     except ModelError as exc:
         raise StreamerError(f"{title(pore)} reads ({source}): {exc}") from None
-    return PipelineOptions(threads=args.threads, kmer_model=kmer, meth_model=meth, cuda=cuda, chemistry=chemistry(pore))
+    return PipelineOptions(threads=args.threads, kmer_model=kmer, meth_model=meth, cuda=cuda, chemistry=chemistry(pore),
+                           motif=called)  # fmt: skip
 
 
 def runner_options(memory: MemoryPlan, io_workers: int = RunnerOptions.io_workers) -> RunnerOptions:

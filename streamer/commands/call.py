@@ -1,4 +1,5 @@
-"""`streamer call`: call CpG methylation once over finished files (like `f5c call-methylation`)."""
+"""`streamer call`: call methylation once over finished files (like `f5c call-methylation`; `--methylation`
+gpc, dam or dcm as `nanopolish call-methylation -q`)."""
 
 from __future__ import annotations
 
@@ -40,10 +41,11 @@ from streamer.pipeline.planned import run_batches
 from streamer.pipeline.runner import Done, RunnerOptions, Stages
 from streamer.pipeline.stages import PipelineOptions
 from streamer.pipeline.chemistry import default_models
+from streamer.pore.motifs import CPG, MOTIFS
 from streamer.pipeline.resume import CallJournal, Resumed, journal_path, run_identity
 from streamer.pipeline.signal_pool import IO_MODES
 from streamer import registry
-from streamer.config import Config, OutputConfig
+from streamer.config import Config, OutputConfig, PipelineConfig
 from streamer.sinks import Sink, SinkContext, open_sinks, row_sinks
 from streamer.skips import log_skipped
 from streamer.summary import RunSummary
@@ -51,7 +53,7 @@ from streamer.tuning.profiles import MemoryPlan, budget_bytes, memory_plan
 from streamer.tuning.session import CallTuning, add_call_arguments
 
 NAME = "call"
-HELP = "call CpG methylation on finished signal, basecall and alignment files"
+HELP = "call CpG (or GpC, dam, dcm) methylation on finished signal, basecall and alignment files"
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +71,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", type=Path, metavar="FILE",
                    help="also write the run's timeline (each batch's reading, stages and writing, by thread) as a "
                         "Chrome trace, for Perfetto or chrome://tracing")
+    p.add_argument("-q", "--methylation", choices=tuple(MOTIFS), default=CPG.name,
+                   help="the motif to call, as nanopolish's: cpg, gpc (GpC), dam (GATC), dcm (CCWGG) [%(default)s]")
     p.add_argument("--meth-model", type=Path,
-                   help=f"CpG methylation pore model file, nanopolish/f5c text, k up to 9 (default: {default_models()})")
+                   help="methylation pore model file of the --methylation motif, nanopolish/f5c text, k up to 9 "
+                        f"(default: {default_models()})")
     numeric(p, "--io-workers", type=int, minimum=1, default=RunnerOptions.io_workers,
             help="signal readers working ahead of the stages [%(default)s]")
     p.add_argument("--io-mode", choices=IO_MODES, default=RunnerOptions.io_mode,
@@ -217,6 +222,8 @@ def _check_combinations(args: argparse.Namespace) -> None:
     if args.dask and (args.autotune or args.bedmethyl or args.modbam or args.skip_ultra or args.sink):
         raise UsageError("--dask writes the call TSV: leave out --autotune, --bedmethyl, --modbam, --sink and "
                          "--skip-ultra")
+    if args.modbam and args.methylation != CPG.name:
+        raise UsageError(f"--modbam carries CpG calls (C+m) only: leave it out with --methylation {args.methylation}")
     if args.resume and (args.output is None or args.autotune):
         raise UsageError("--resume needs -o FILE and fixed batch sizes (no --autotune): the plan must be the same")
 
@@ -276,7 +283,7 @@ class _Output:
 
 # the options whose change changes the output: a journal is resumed only under the same ones
 OUTPUT_OPTIONS = ("reads", "bam", "genome", "signal", "batchsize", "max_bases", "min_mapq", "secondary", "kmer_model",
-                  "model_dir", "pore", "meth_model", "disable_cuda", "ultra_thresh")  # fmt: skip
+                  "model_dir", "pore", "meth_model", "methylation", "disable_cuda", "ultra_thresh")  # fmt: skip
 
 
 def _open_sinks(args: argparse.Namespace, filt: AlignmentFilter) -> list[Sink]:
@@ -285,7 +292,8 @@ def _open_sinks(args: argparse.Namespace, filt: AlignmentFilter) -> list[Sink]:
     files = {"bedmethyl": args.bedmethyl, "modbam": args.modbam, "bam": args.bam, "filter": filt,
              "command_line": " ".join(["streamer", *sys.argv[1:]])}  # fmt: skip
     out_dir = args.output.parent if args.output is not None else Path.cwd()
-    config = Config(output=OutputConfig(sinks=tuple(args.sink)))
+    config = Config(pipeline=replace(PipelineConfig(), methylation=args.methylation),
+                    output=OutputConfig(sinks=tuple(args.sink)))
     return open_sinks(config, SinkContext(NAME, out_dir=out_dir, files=files))
 
 

@@ -17,7 +17,7 @@ from streamer import registry
 from streamer.daemon.aligner import ReadAligner
 from streamer.daemon.shell import Daemon, PipelineLike
 from streamer.daemon.runs import RunSet, check_publishing, made_once, several_runs
-from streamer.errors import ConfigError, ModelError
+from streamer.errors import ConfigError, ModelError, StreamerError
 from streamer.pipeline.gpu import CudaOptions
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
@@ -27,6 +27,7 @@ from streamer.daemon.notify import Notifier
 from streamer.pipeline.stages import Pipeline, PipelineOptions
 from streamer.daemon.pore_pipeline import PorePipeline, first_signal_file
 from streamer.pipeline.chemistry import chemistry, pore_models, pore_of_file
+from streamer.pore.motifs import motif
 from streamer.publish.publisher import Publisher, PublisherConfig
 from streamer.publish.security import CurveServer, load_public_keys, load_secret_keys
 from streamer.sinks import warm_up
@@ -130,7 +131,8 @@ def _pore_pipeline(cfg: configuration.Config) -> PorePipeline:
         # eventalign before the CpG caller, which fails the reads it finds no CpG in
         analyses = [registry.analysis("eventalign", cfg.eventalign.scale_events)] if cfg.eventalign.enabled else []
         options = PipelineOptions(threads=cfg.pipeline.threads, kmer_model=kmer_model, meth_model=meth_model,
-                                  cuda=cuda or cuda_options(cfg), chemistry=chemistry(pore))  # fmt: skip
+                                  cuda=cuda or cuda_options(cfg), chemistry=chemistry(pore),
+                                  motif=motif(cfg.pipeline.methylation))  # fmt: skip
         pipeline = Pipeline(options, [*analyses, registry.analysis("cpg", calls=calls)])
         warm_up(cfg, pipeline.warm_up_result)  # the TSV kernel too, before the run's first batch
         return pipeline
@@ -141,17 +143,20 @@ def _pore_pipeline(cfg: configuration.Config) -> PorePipeline:
 def model_files(p: configuration.PipelineConfig, pore: str | None,
                 source: str) -> tuple[Path | None, Path | None, bool]:
     """The model files of the pore (`source` says where it was told from), and whether methylation is
-    called. A missing R10.4.1 nucleotide table is a configuration error (exit 78: a restart would not
-    find it either); without the CpG model, one line says so and the rest (eventalign) goes on."""
+    called. A missing R10.4.1 nucleotide table, or a motif the pore has no model for, is a configuration
+    error (exit 78: a restart would not find it either); without the CpG model file, one line says so and
+    the rest (eventalign) goes on."""
     try:
         kmer, _ = pore_models(pore, p.kmer_model, p.meth_model, p.model_dir, methylation=False)
     except ModelError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     try:
-        return kmer, pore_models(pore, p.kmer_model, p.meth_model, p.model_dir)[1], True
+        return kmer, pore_models(pore, p.kmer_model, p.meth_model, p.model_dir, motif=motif(p.methylation))[1], True
     except ModelError as exc:
         log.warning("%s: %s; no methylation calls, the outputs that need none are written", source, exc)
         return kmer, None, False
+    except StreamerError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
 
 
 def cuda_options(cfg: configuration.Config) -> CudaOptions:

@@ -43,6 +43,7 @@ class ReadInput:
     signal_path: str = ""  # where the signal came from (reports, eventalign summary)
     number: int = -1  # the record's number where it came from (BAM record index, ledger read number)
     mapq: int = 0
+    ref_next: str = ""  # reference[ref_end], fetched by nanopolish and f5c too; "" at the end
 
 
 def _concat(parts, dtype):
@@ -81,6 +82,7 @@ class ReadBatch:
     status: np.ndarray
     numbers: np.ndarray  # int64: each record's `ReadInput.number`
     mapq: np.ndarray  # int64
+    ref_next: np.ndarray  # uint8: `ReadInput.ref_next` in ASCII, 0 where there is none
     # filled by the stages
     ev_start: np.ndarray | None = None
     ev_length: np.ndarray | None = None
@@ -164,4 +166,5 @@ def pack(reads: list[ReadInput]) -> ReadBatch:
         status=np.zeros(len(reads), dtype=np.int8),
         numbers=np.array([r.number for r in reads], dtype=np.int64),
         mapq=np.array([r.mapq for r in reads], dtype=np.int64),
+        ref_next=np.array([ord(r.ref_next) if r.ref_next else 0 for r in reads], dtype=np.uint8),
     )

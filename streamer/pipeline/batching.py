@@ -157,14 +157,15 @@ def batch_inputs(pending: Iterable[Pending], signals: Mapping[str, SignalRecord]
             why = errors.get(aln.read_id) or f"{p.signal_path}: read not found in this signal file"
             skipped.append(Skipped(aln.read_id, Skip.BAD_SIGNAL_FILE, why))
             continue
-        try:
-            ref_seq = ref.fetch(aln.ref_name, aln.ref_start, aln.ref_end)
+        try:  # with the base after the span, as nanopolish and f5c fetch it (`ReadInput.ref_next`)
+            span = ref.fetch(aln.ref_name, aln.ref_start, aln.ref_end + 1)
         except InputError as exc:
             skipped.append(Skipped(aln.read_id, Skip.ALIGNMENT_FAILED, str(exc)))
             continue
+        n = aln.ref_end - aln.ref_start
         reads.append(ReadInput(read_id=aln.read_id, seq=p.seq, signal=sig, ref_name=aln.ref_name,
                                ref_start=aln.ref_start, ref_end=aln.ref_end, rc=aln.rc, cigar=aln.cigar,
-                               ref_seq=ref_seq, signal_path=str(p.signal_path), number=p.number,
+                               ref_seq=span[:n], ref_next=span[n:], signal_path=str(p.signal_path), number=p.number,
                                mapq=aln.mapq))  # fmt: skip
     return reads, skipped
 

@@ -1,7 +1,8 @@
 """Pore chemistries: each one description, all in one registry that every command consults.
 
 A chemistry says what the pipeline needs to know of a kind of read: its k and nominal sample
-rate, the event detector's and ABEA's and the recalibration's settings, its default models and
+rate, the event detector's and ABEA's and the recalibration's settings, its default models (the
+nucleotide one, and a methylation model per motif it has one for: `streamer.pore.motifs`) and
 where they are published, and how its run metadata names it (flow cell and kit). `streamer call`,
 `streamer eventalign`, the daemon, the configuration's choices and the help texts all read
 `CHEMISTRIES`, so adding a chemistry is one entry here plus its model files.
@@ -16,6 +17,7 @@ methylation model: methylation calling stops with one line, eventalign goes on.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +27,7 @@ from streamer.pipeline.abea import AbeaParams
 from streamer.pipeline.events import DNA_PARAMS, RNA_PARAMS, EventParams
 from streamer.pipeline.postalign import PostalignParams
 from streamer.pore.model import DEFAULT_KMER_MODEL, DEFAULT_METH_MODEL, builtin_model_path, model_dir
+from streamer.pore.motifs import CPG, Motif
 
 UNCALLED4_MODELS = "https://github.com/skovaka/uncalled4"
 F5C_RELEASES = "https://github.com/hasindu2008/f5c/releases"
@@ -53,6 +56,7 @@ class Chemistry:
     kmer_model: ModelFile
     meth_model: ModelFile | None  # None: no methylation calling for these reads (RNA)
     recognise: str  # regular expression over the run's flow cell and kit strings
+    motif_models: Mapping[str, ModelFile] = field(default_factory=dict, compare=False)  # the other motifs', by name
     events: EventParams = DNA_PARAMS
     abea: AbeaParams = AbeaParams()
     postalign: PostalignParams = PostalignParams()
@@ -67,18 +71,23 @@ class Chemistry:
         """Whether flow cell / kit strings name this chemistry."""
         return self._pattern.search(text) is not None
 
-    def models(self, kmer_model: Path | None, meth_model: Path | None, folder: Path, *,
-               methylation: bool = True) -> tuple[Path | None, Path | None]:  # fmt: skip
+    def models(self, kmer_model: Path | None, meth_model: Path | None, folder: Path, *, methylation: bool = True,
+               motif: Motif = CPG) -> tuple[Path | None, Path | None]:  # fmt: skip
         """The model files: those given, else this chemistry's in `folder`/name (the shipped R9.4.1 ones
         are returned as None: `load_default_models` takes them). A missing one raises ModelError naming the
-        file looked for and where it is published; `methylation=False` needs no CpG model, and a chemistry
-        without one (RNA) raises ModelError when methylation is asked for."""
+        file looked for and where it is published; `methylation=False` needs no methylation model. A
+        chemistry without one (RNA) raises ModelError when methylation is asked for, and a motif the
+        chemistry has no model of, without `meth_model`, is a StreamerError."""
         if methylation and self.meth_model is None:
             raise ModelError(self.title, "methylation calling is not supported for RNA reads (eventalign is)")
         kmer = self._model(self.kmer_model, kmer_model, folder, "--kmer-model")
-        if not methylation:
+        if not methylation or meth_model is not None:
             return kmer, meth_model
-        return kmer, self._model(self.meth_model, meth_model, folder, "--meth-model")
+        default = self.meth_model if motif is CPG else self.motif_models.get(motif.name)
+        if default is None:
+            raise StreamerError(f"{self.title} reads: streamer has no {motif.title} methylation model for them; "
+                                "pass --meth-model FILE")  # fmt: skip
+        return kmer, self._model(default, None, folder, "--meth-model")
 
     def _model(self, default: ModelFile, given: Path | None, folder: Path, flag: str) -> Path | None:
         if given is not None:
@@ -97,6 +106,8 @@ R9 = Chemistry(
     kmer_model=ModelFile(DEFAULT_KMER_MODEL, "6-mer nucleotide", shipped=True),
     meth_model=ModelFile(DEFAULT_METH_MODEL, "CpG methylation", shipped=True),
     recognise=r"FLO-(?:MIN106|PRO002|FLG001)|SQK-[A-Z]*(?:108|109|110)\b",
+    motif_models={m: ModelFile(f"r9.4_450bps.{m}.6mer.template.model", f"{m} methylation", shipped=True)
+                  for m in ("gpc", "dam", "dcm")},  # nanopolish 0.14's
 )  # fmt: skip
 R10 = Chemistry(
     name="r10", title="R10.4.1", k=9, sample_rate=5000.0,  # 4 kHz runs too: each read keeps its own rate
@@ -158,9 +169,11 @@ def pore_of_file(path: str | Path) -> str | None:
 
 
 def pore_models(pore: str | None, kmer_model: Path | None = None, meth_model: Path | None = None,
-                folder: Path | None = None, *, methylation: bool = True) -> tuple[Path | None, Path | None]:
+                folder: Path | None = None, *, methylation: bool = True,
+                motif: Motif = CPG) -> tuple[Path | None, Path | None]:  # fmt: skip
     """The model files for a pore (`Chemistry.models`), in `folder` or else `model_dir()`."""
-    return chemistry(pore).models(kmer_model, meth_model, folder or model_dir(), methylation=methylation)
+    return chemistry(pore).models(kmer_model, meth_model, folder or model_dir(), methylation=methylation,
+                                  motif=motif)
 
 
 def title(pore: str | None) -> str:

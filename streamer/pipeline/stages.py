@@ -34,6 +34,7 @@ from streamer.pipeline.gpu import AbeaBatchStats, CudaOptions, GpuAbea, GpuEvent
 from streamer.io.fast5 import SignalRecord
 from streamer.pipeline.chemistry import DEFAULT, Chemistry
 from streamer.pore.model import PoreModel, load_kmer_model
+from streamer.pore.motifs import CPG, Motif
 from streamer.pipeline.postalign import recalibrate_batch
 from streamer.pipeline.scaling import estimate_scalings
 from streamer.skips import Skip, Skipped
@@ -48,6 +49,7 @@ class PipelineOptions:
     meth_model: Path | None = None
     cuda: CudaOptions = CudaOptions()
     chemistry: Chemistry = DEFAULT  # its event, ABEA and recalibration settings (the models are given above)
+    motif: Motif = CPG  # the sites the methylation caller scores; `meth_model` is a model of its modified base
 
 
 @dataclass

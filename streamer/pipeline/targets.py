@@ -79,18 +79,24 @@ _cpu_jit = numba.njit(nogil=True, cache=True, error_model="numpy")
 CPU = Target("cpu", _cpu_jit, *(_cpu_jit(op) for op in IEEE_OPS))
 
 
-@functools.cache
-def log_normal_pdf(t: Target) -> Callable:
-    """ln N(x; mean, stdv) in float32 for target t, with the tools' -0.918938 for ln(1/sqrt(2 pi)).
+F5C_LOG_INV_SQRT_2PI = np.float32(-0.918938)  # f5c's literal for ln(1/sqrt(2 pi))
+NANOPOLISH_LOG_INV_SQRT_2PI = np.float32(math.log(0.3989422804014327))  # nanopolish's, computed in double
 
-    ABEA (unscaled stdv) and the CpG HMM (stdv scaled by the read's var) both use it:
-    (-0.918938 - log stdv) + (-0.5 a) a with a = (x - mean) / stdv, as f5c and nanopolish order it.
+
+@functools.cache
+def log_normal_pdf(t: Target, log_inv_sqrt_2pi: float = F5C_LOG_INV_SQRT_2PI) -> Callable:
+    """ln N(x; mean, stdv) in float32 for target t, with f5c's -0.918938 for ln(1/sqrt(2 pi)) unless told.
+
+    ABEA (unscaled stdv) and the methylation HMM (stdv scaled by the read's var) both use it:
+    (-0.918938 - log stdv) + (-0.5 a) a with a = (x - mean) / stdv, as f5c and nanopolish order it;
+    nanopolish's own constant (`NANOPOLISH_LOG_INV_SQRT_2PI`) is 9 float32 steps away.
     """
     fadd, fsub, fmul, fdiv = t.fadd, t.fsub, t.fmul, t.fdiv
+    log_c = np.float32(log_inv_sqrt_2pi)
 
     @t.jit
     def log_normal_pdf(x, mean, stdv, log_stdv):
         a = fdiv(fsub(x, mean), stdv)
-        return fadd(fsub(np.float32(-0.918938), log_stdv), fmul(fmul(np.float32(-0.5), a), a))
+        return fadd(fsub(log_c, log_stdv), fmul(fmul(np.float32(-0.5), a), a))
 
     return log_normal_pdf

@@ -2,8 +2,8 @@
 
 A model file has `#key value` header lines, then one row per k-mer in rank order:
 `kmer level_mean level_stdv [sd_mean sd_stdv ...]`. Nucleotide models use the
-alphabet ACGT (4^k rows); methylation models ACGMT, where M is a methylated C
-(5^k rows). Ranks are base-|alphabet| numbers with the first base most significant.
+alphabet ACGT (4^k rows); methylation models ACGMT, where M is the modified base of their
+motif (5^k rows; `streamer.pore.motifs`). Ranks are base-|alphabet| numbers with the first base most significant.
 Text models have k up to 9 (f5c's limit; f5c's R10.4.1 CpG 9-mer model is 1,953,125 rows),
 the alphabet from `#alphabet` or, without it, from the presence of M (an RNA model's U is read as T); large ones are parsed once
 and then read from a binary cache (`streamer.pore.modeltext`). uncalled4's `.npz` level tables (ONT's
@@ -25,6 +25,7 @@ import numba
 import numpy as np
 
 from streamer.pore import modeltext
+from streamer.pore.motifs import MOTIFS
 from streamer.errors import ModelError
 from streamer.paths import user_data_dir
 
@@ -34,7 +35,7 @@ METHYL_CPG = "ACGMT"
 DEFAULT_KMER_MODEL = "r9.4_450bps.nucleotide.6mer.template.model"
 DEFAULT_METH_MODEL = "r9.4_450bps.cpg.6mer.template.model"
 MAX_TEXT_K = 9  # as f5c (MAX_KMER_SIZE): 5^9 CpG rows
-_ALPHABETS = {"nucleotide": NUCLEOTIDE, "u_to_t_rna": NUCLEOTIDE, "cpg": METHYL_CPG}
+_ALPHABETS = {"nucleotide": NUCLEOTIDE, "u_to_t_rna": NUCLEOTIDE, **dict.fromkeys(MOTIFS, METHYL_CPG)}
 _NPZ_KEYS = ("_k", "kmer", "current.mean", "current.stdv", "_pa_mean", "_pa_stdv")
 
 # Base -> digit lookup tables indexed by ASCII code; -1 marks a letter outside the alphabet.

@@ -1,8 +1,9 @@
-"""The CpG methylation caller as a stage of the chain (`streamer.analyses` entry point `cpg`).
+"""The methylation caller as a stage of the chain (`streamer.analyses` entry point `cpg`).
 
-It runs after recalibration on the reads still going, scores every CpG group with the
-profile HMM (on the GPU when ABEA runs on one and `--disable-cuda-hmm` is not given) and keeps the calls, a
-`MethCalls`, in `batch.products["calls"]`. Reads without a CpG it can score are failed.
+It runs after recalibration on the reads still going, scores every group of the pipeline's motif
+(`PipelineOptions.motif`: CpG by default, or GpC, dam, dcm) with the profile HMM (on the GPU when
+ABEA runs on one and `--disable-cuda-hmm` is not given) and keeps the calls, a `MethCalls`, in
+`batch.products["calls"]`. Reads without a site it can score are failed.
 Made with `calls=False` (the daemon on R10.4.1 data without the CpG model) it scores nothing and
 keeps empty calls, so the outputs made from calls stay as they are and the others go on.
 """
@@ -48,10 +49,11 @@ class CpgCaller:
         with np.errstate(divide="ignore", invalid="ignore"):
             log_var = np.log(post.exact[:, 2])
         args = (batch, pipeline.kmer_model, self.meth_model, post.events_per_base)
+        motif = pipeline.options.motif
         device = pipeline.device
         gpu = self.gpu if self.gpu is not None else device.parts.get(self.name) if device is not None else None
         if gpu is None:
-            batch.products[CALLS] = call_methylation(*args, log_var=log_var)
+            batch.products[CALLS] = call_methylation(*args, motif=motif, log_var=log_var)
             return
 
         def score_on_gpu(jobs: HmmJobs, inputs: HmmInputs):
@@ -60,7 +62,7 @@ class CpgCaller:
             batch.stats.setdefault(self.name, stats)
             return ll_u, ll_m
 
-        batch.products[CALLS] = call_methylation(*args, log_var=log_var, scorer=score_on_gpu)
+        batch.products[CALLS] = call_methylation(*args, motif=motif, log_var=log_var, scorer=score_on_gpu)
 
 
 def no_calls() -> MethCalls:

@@ -1,9 +1,10 @@
-"""CpG methylation calls for a batch, and their nanopolish/f5c call-methylation TSV rows.
+"""Methylation calls for a batch, and their nanopolish/f5c call-methylation TSV rows.
 
 `call_methylation` takes a batch whose events, recalibrated scalings, ABEA pairs and alignment
-fields are filled. It plans the scored windows of every read in parallel (event-to-reference
-map, CpG groups, bounding events), then scores all (read, window) jobs of the batch in one
-parallel pass, so long and short reads share the cores evenly.
+fields are filled, and a motif (`streamer.pore.motifs`: CpG, GpC, dam, dcm). It plans the scored
+windows of every read in parallel (event-to-reference map, groups of motif sites, bounding events),
+then scores all (read, window) jobs of the batch in one parallel pass, so long and short reads share
+the cores evenly.
 
 `_plan_windows` is a numba kernel over the batch's flat arrays, hence its long argument list;
 `_plan_jobs` unpacks the batch record for it once.
@@ -21,7 +22,8 @@ from streamer.pipeline.batch import ReadBatch
 from streamer_plugins import printf
 from streamer_plugins.cpg import tsv
 from streamer_plugins.cpg.hmm import HmmInputs, HmmJobs, score_jobs
-from streamer_plugins.cpg.hmm_model import HmmParams, pack_model, pack_scalings
+from streamer_plugins.cpg.hmm_model import (HmmParams, nanopolish_scaling, pack_model, pack_model64, pack_scalings,
+                                             pack_scalings64)
 from streamer_plugins.cpg.logsum import LOGSUM_TABLE
 from streamer_plugins.cpg.lookup import (
     CLOSEST_EVENT_SEARCH,
@@ -35,10 +37,11 @@ from streamer_plugins.cpg.sites import (
     MAX_SPAN,
     MIN_EVENT_SPAN,
     MIN_SEPARATION,
-    cpg_sites,
+    motif_sites,
     read_windows,
 )
 from streamer.pore.model import METHYL_CPG, NUCLEOTIDE, PoreModel
+from streamer.pore.motifs import CPG, Motif
 from streamer.skips import Skip
 
 CALLS_HEADER = (
@@ -52,17 +55,17 @@ _PLAN_SPLICED = 1
 
 @dataclass
 class MethCalls:
-    """One row per scored CpG group, ordered by read, then reference position."""
+    """One row per scored group of motif sites, ordered by read, then reference position."""
 
     read: np.ndarray  # int64: index of the alignment record in the batch
-    start: np.ndarray  # int64: 0-based reference position of the group's first C
-    end: np.ndarray  # int64: 0-based reference position of the group's last C
+    start: np.ndarray  # int64: 0-based reference position of the group's first site (its first base)
+    end: np.ndarray  # int64: 0-based reference position of the group's last site
     strand: np.ndarray  # int8: +1 forward, -1 reverse
     llr: np.ndarray  # float64: ll_meth - ll_unmeth
     ll_meth: np.ndarray  # float64
     ll_unmeth: np.ndarray  # float64
-    num_motifs: np.ndarray  # int32: CpGs in the group
-    sequence: list[str]  # reference from k-1 before the first C to k after the last C
+    num_motifs: np.ndarray  # int32: sites in the group
+    sequence: list[str]  # reference from k-1 before the first site to k after the last site
 
     def __len__(self) -> int:
         return len(self.read)
@@ -70,31 +73,31 @@ class MethCalls:
 
 @dataclass(frozen=True)
 class Grouping:
-    """How CpG sites are grouped into scored windows, and how far events are looked for (f5c's values)."""
+    """How motif sites are grouped into scored windows, and how far events are looked for (f5c's values)."""
 
     min_separation: int = MIN_SEPARATION  # bases between groups; the flank either side of a window
-    max_span: int = MAX_SPAN  # most bases between a group's first and last C
+    max_span: int = MAX_SPAN  # most bases between a group's first and last site
     min_event_span: int = MIN_EVENT_SPAN  # a window's bounding events must be further apart than this
     event_search: int = CLOSEST_EVENT_SEARCH
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
-def _count_sites(ref_seq, ref_seq_off, status):
-    """CpG sites per read still going: an upper bound on its scored groups."""
+def _count_sites(ref_seq, ref_seq_off, ref_next, status, motif):
+    """Motif sites per read still going: an upper bound on its scored groups."""
     n = status.shape[0]
     out = np.zeros(n, np.int64)
     for i in numba.prange(n):
         if status[i] == 0:
-            out[i] = cpg_sites(ref_seq[ref_seq_off[i] : ref_seq_off[i + 1]]).shape[0]
+            out[i] = motif_sites(ref_seq[ref_seq_off[i] : ref_seq_off[i + 1]], ref_next[i], motif).shape[0]
     return out
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
 def _plan_windows(
-    ref_seq, ref_seq_off, ref_start, rc, cigar, cigar_off, seq_off, aln_kmer, aln_event, aln_off, status,
-    slot_off, k, search, min_separation, max_span, min_event_span,
+    ref_seq, ref_seq_off, ref_next, ref_start, rc, cigar, cigar_off, seq_off, aln_kmer, aln_event, aln_off, status,
+    slot_off, k, search, motif, min_separation, max_span, min_event_span,
 ):  # fmt: skip
-    """Fill each read's slots (sized by its CpG count) with its kept windows; returns the
+    """Fill each read's slots (sized by its count of motif sites) with its kept windows; returns the
     per-slot arrays, the number kept per read and a per-read planning outcome."""
     n = status.shape[0]
     total = slot_off[n]
@@ -119,7 +122,7 @@ def _plan_windows(
         first_event = kmer_first_event(aln_kmer[a0:a1], aln_event[a0:a1], read_len - k + 1)
         map_ref, map_event = event_reference_map(cig, ref_start[i], rc[i], read_len, k, first_event, search)
         f, l, s, x1, x2 = read_windows(
-            ref_seq[ref_seq_off[i] : ref_seq_off[i + 1]], ref_start[i], map_ref, map_event,
+            ref_seq[ref_seq_off[i] : ref_seq_off[i + 1]], ref_next[i], ref_start[i], map_ref, map_event, motif,
             min_separation, max_span, min_event_span,
         )  # fmt: skip
         o = slot_off[i]
@@ -147,14 +150,16 @@ class _Jobs:
     spliced: np.ndarray  # per read: alignment skips reference
 
 
-def _plan_jobs(batch: ReadBatch, ref: np.ndarray, status: np.ndarray, k: int, groups: Grouping) -> _Jobs:
-    n_slots = _count_sites(ref, batch.ref_seq_off, status)
+def _plan_jobs(batch: ReadBatch, ref: np.ndarray, status: np.ndarray, k: int, sites: np.ndarray,
+               groups: Grouping) -> _Jobs:  # fmt: skip
+    ref_next = np.where(batch.ref_next != 0, DISAMBIGUATE[batch.ref_next], 0).astype(np.uint8)
+    n_slots = _count_sites(ref, batch.ref_seq_off, ref_next, status, sites)
     slot_off = np.zeros(batch.n + 1, np.int64)
     np.cumsum(n_slots, out=slot_off[1:])
     first, last, n_sites, e1, e2, kept, outcome = _plan_windows(
-        ref, batch.ref_seq_off, batch.ref_start, batch.rc, batch.cigar, batch.cigar_off, batch.seq_off,
+        ref, batch.ref_seq_off, ref_next, batch.ref_start, batch.rc, batch.cigar, batch.cigar_off, batch.seq_off,
         batch.aln_kmer, batch.aln_event, batch.aln_off, status, slot_off,
-        k, groups.event_search, groups.min_separation, groups.max_span, groups.min_event_span,
+        k, groups.event_search, sites, groups.min_separation, groups.max_span, groups.min_event_span,
     )  # fmt: skip
     take = np.arange(slot_off[-1]) - np.repeat(slot_off[:-1], n_slots) < np.repeat(kept, n_slots)
     return _Jobs(
@@ -175,23 +180,29 @@ def call_methylation(
     meth_model: PoreModel,
     events_per_base: np.ndarray | None = None,
     *,
+    motif: Motif = CPG,
     log_var: np.ndarray | None = None,
     params: HmmParams = HmmParams(),
     groups: Grouping = Grouping(),
     scorer: Callable[[HmmJobs, HmmInputs], tuple[np.ndarray, np.ndarray]] = score_jobs,
 ) -> MethCalls:
-    """Score every CpG group of every read with status 0, as f5c call-methylation does.
+    """Score every group of `motif` sites of every read with status 0, as nanopolish and f5c
+    call-methylation do.
 
     `kmer_model` is the model ABEA aligned with (its k places events on the reference);
-    `meth_model` (alphabet ACGMT) scores both hypotheses, as in nanopolish and f5c.
+    `meth_model` (alphabet ACGMT, M the motif's modified base) scores both hypotheses, as in
+    nanopolish and f5c.
     `events_per_base` (float64[n]) defaults to f5c's (max event - min event) / k-mers from the
     ABEA pairs. `log_var` (float[n]) is log of recalibration's double-precision var, which f5c
-    uses; without it the log is taken of the float32 `batch.var` (differs by at most an ulp).
+    uses; without it the log is taken of the float32 `batch.var` (differs by at most an ulp). A motif
+    whose calls are nanopolish's (`Motif.compat`) is scored with nanopolish's arithmetic instead:
+    the reads recalibrated again in double (`nanopolish_scaling`, from `batch.mom_scalings`) and the
+    models in double.
     Reads left with no call get status NO_CPG (SPLICED for N in the CIGAR). `scorer` scores the
     (read, window) jobs: `score_jobs` or a function with its signature and answers (the GPU's).
     """
     if kmer_model.alphabet != NUCLEOTIDE or meth_model.alphabet != METHYL_CPG or kmer_model.k != meth_model.k:
-        raise ValueError("call_methylation needs a nucleotide model and a CpG (ACGMT) model of the same k")
+        raise ValueError("call_methylation needs a nucleotide model and a methylation (ACGMT) model of the same k")
     if batch.ev_mean.dtype != np.float32:
         raise ValueError(f"ev_mean must be float32 (f5c precision), got {batch.ev_mean.dtype}")
     k = kmer_model.k
@@ -201,16 +212,24 @@ def call_methylation(
     # A read without a positive event rate cannot set the HMM's stay probability.
     status = batch.status.copy()
     status[(status == Skip.OK) & ~(events_per_base > 0)] = Skip.QC_FAILED
+    nanopolish = motif.compat == "nanopolish"
+    if nanopolish:  # a read its recalibration fails, nanopolish does not call
+        again = nanopolish_scaling(batch, kmer_model)
+        status = np.where(status == Skip.OK, again.status, status).astype(np.int8)
+        scalings, model = pack_scalings64(again), pack_model64(meth_model)
+    else:
+        scalings = pack_scalings(batch.scale, batch.shift, batch.var, log_var)
+        model = pack_model(meth_model.level_mean, meth_model.level_stdv)
     ref = DISAMBIGUATE[batch.ref_seq]
 
-    jobs = _plan_jobs(batch, ref, status, k, groups)
+    sites = motif.table()
+    jobs = _plan_jobs(batch, ref, status, k, sites, groups)
     span_len = np.diff(batch.ref_seq_off)[jobs.read]
     sep = groups.min_separation
     ll_u, ll_m = scorer(
         HmmJobs(jobs.read, jobs.first - sep, np.minimum(jobs.last + sep + 1, span_len), jobs.e1, jobs.e2),
-        HmmInputs(ref, batch.ref_seq_off, batch.rc, batch.ev_mean, batch.ev_off,
-                  pack_scalings(batch.scale, batch.shift, batch.var, log_var), events_per_base, k,
-                  pack_model(meth_model.level_mean, meth_model.level_stdv), params.as_array(), LOGSUM_TABLE),
+        HmmInputs(ref, batch.ref_seq_off, batch.rc, batch.ev_mean, batch.ev_off, scalings, events_per_base, k, model,
+                  sites, motif.marks(), params.as_array(), LOGSUM_TABLE, nanopolish),
     )  # fmt: skip
 
     for i in np.flatnonzero((batch.status == Skip.OK) & (jobs.kept == 0)):

@@ -1,8 +1,8 @@
-"""The CpG profile HMM on the GPU: its kernel and `CudaHmm`, the launcher with the CPU's answers.
+"""The methylation profile HMM on the GPU: its kernel and `CudaHmm`, the launcher with the CPU's answers.
 
 The kernel lives with the CpG plugin, not in `streamer_gpu`, so that dependencies run one way
 (core <- gpu <- plugins): the HMM is the plugin's science, and `streamer_gpu` offers the
-device as a compile target and the device buffers, knowing nothing of CpG. One thread scores one
+device as a compile target and the device buffers, knowing nothing of methylation motifs. One thread scores one
 (read, window) job under one hypothesis: threads 2j and 2j+1 take job order[j] unmethylated
 and methylated, so the two threads of a pair run the same number of rows and blocks in step.
 Each runs `streamer_plugins.cpg.hmm`'s own forward pass compiled for the device, with its row
@@ -19,7 +19,7 @@ threads while the kernel runs, copies the batch's reference spans and events in,
 thread per (job, hypothesis), and copies the two log-likelihoods per job back. A CUDA error or
 device out-of-memory in a batch scores that batch on the CPU and is logged and recorded, never lost.
 
-The kernel's eighteen arguments are device arrays and scalars, as CUDA kernels need; `score` takes
+The kernel's twenty-one arguments are device arrays and scalars, as CUDA kernels need; `score` takes
 the two records (`HmmJobs`, `HmmInputs`) and unpacks them once.
 """
 
@@ -47,19 +47,20 @@ log = logging.getLogger(__name__)
 
 
 @functools.cache
-def forward_kernel(max_kmers: int):
-    """The forward kernel for windows of up to max_kmers k-mers (the size of its local arrays)."""
+def forward_kernel(max_kmers: int, levels: str = "float32"):
+    """The forward kernel for windows of up to max_kmers k-mers (the size of its local arrays), its model and
+    scalings of dtype `levels`: float32 (f5c's) or float64 (nanopolish's)."""
     CELLS = SLOTS * max_kmers  # a constant of the kernel: local arrays need one
     forward = hmm_cells(DEVICE).forward
 
     @cuda.jit(
         "void(uint8[::1], float32[::1], int32[::1], int32[::1], int64[::1], int32[::1], int64[::1], int64[::1], "
-        "uint8[::1], float32[:, ::1], float32[:, ::1], int64, float32[:, ::1], float32[::1], float32[::1], int64, "
-        "float32[::1], float32[::1])",
+        f"uint8[::1], {levels}[:, ::1], boolean, float32[:, ::1], int64, {levels}[:, ::1], uint8[:, ::1], int64[::1], "
+        "float32[::1], float32[::1], int64, float32[::1], float32[::1])",
         cache=True,
     )
-    def kernel(ref_seq, ev_mean, order, job_read, job_w0, job_len, job_e1, job_e2, rc, scalings, trans, k, model,
-               table, flank, n_jobs, ll_u, ll_m):  # fmt: skip
+    def kernel(ref_seq, ev_mean, order, job_read, job_w0, job_len, job_e1, job_e2, rc, scalings, nanopolish, trans, k,
+               model, sites, marks, table, flank, n_jobs, ll_u, ll_m):  # fmt: skip
         t = cuda.grid(1)
         if t >= 2 * n_jobs:
             return
@@ -67,8 +68,8 @@ def forward_kernel(max_kmers: int):
         methylated = (t & 1) == 1
         r = job_read[j]
         cell = cuda.local.array(CELLS, np.float32)
-        lp = forward(ref_seq, job_w0[j], np.int64(job_len[j]), rc[r] != 0, methylated, ev_mean, job_e1[j], job_e2[j],
-                     k, model, scalings, trans, r, flank, table, cell)  # fmt: skip
+        lp = forward(ref_seq, job_w0[j], np.int64(job_len[j]), rc[r] != 0, methylated, sites, marks, ev_mean,
+                     job_e1[j], job_e2[j], k, model, scalings, nanopolish, trans, r, flank, table, cell)  # fmt: skip
         if methylated:
             ll_m[j] = lp
         else:
@@ -78,7 +79,7 @@ def forward_kernel(max_kmers: int):
 
 
 class CudaHmm:
-    """One GPU's CpG HMM: `score` scores a batch's jobs as the CPU `score_windows` does."""
+    """One GPU's methylation HMM: `score` scores a batch's jobs as the CPU `score_windows` does."""
 
     def __init__(self, dev_id: int = 0, max_kmers: int = DEFAULT_MAX_KMERS, block: int = 128,
                  by_cost: bool = True, stream_priority: str = "normal"):  # fmt: skip
@@ -92,8 +93,12 @@ class CudaHmm:
         self._constants: dict[str, tuple[np.ndarray, cuda.devicearray.DeviceNDArray]] = {}
         self._faults = fault_plan()
 
+    def _kernel(self, levels: str):
+        """The kernel for a model and scalings of dtype `levels` (compiled at its first use)."""
+        return forward_kernel(self.max_kmers, levels)
+
     def _constant(self, name: str, host: np.ndarray) -> cuda.devicearray.DeviceNDArray:
-        """A read-only array (pore model, log-sum table) on the device, copied again only if it changes."""
+        """A read-only array (pore model, motif, log-sum table) on the device, copied again only if it changes."""
         held = self._constants.get(name)
         if held is None or held[0] is not host and not np.array_equal(held[0], host):
             held = (host, cuda.to_device(np.ascontiguousarray(host), stream=self.stream))
@@ -160,7 +165,8 @@ class CudaHmm:
         if n_gpu == 0:
             return None, [0.0, 0.0, 0.0]
         read, w0, length, e1, e2 = placed
-        ref_seq, _, rc, ev_mean, _, scalings, events_per_base, k, model, params, table = inputs
+        ref_seq, _, rc, ev_mean, _, scalings, events_per_base, k, model, sites, marks, params, table, nanopolish = (
+            inputs)
         s, b = self.stream, self._buffers
         t0 = time.perf_counter()
         trans = read_transitions(read[order], events_per_base, params)
@@ -168,8 +174,9 @@ class CudaHmm:
         args = (
             b.put("ref_seq", ref_seq, s), b.put("ev_mean", ev_mean, s), b.put("order", order, s), b.put("read", read, s),
             b.put("w0", w0, s), b.put("length", length, s), b.put("e1", e1, s), b.put("e2", e2, s),
-            b.put("rc", rc.view(np.uint8), s), b.put("scalings", scalings, s), b.put("trans", trans, s), k,
-            self._constant("model", model), self._constant("table", table), b.put("flank", flank, s), n_gpu,
+            b.put("rc", rc.view(np.uint8), s), b.put("scalings", scalings, s), nanopolish, b.put("trans", trans, s), k,
+            self._constant("model", model), self._constant("sites", sites), self._constant("marks", marks),
+            self._constant("table", table), b.put("flank", flank, s), n_gpu,
         )  # fmt: skip
         n = len(read)
         dev_u = b.get("ll_u", (n,), np.float32)
@@ -177,7 +184,7 @@ class CudaHmm:
         s.synchronize()
         t1 = time.perf_counter()
         threads = 2 * n_gpu
-        self._kernel[(threads + self.block - 1) // self.block, self.block, s](*args, dev_u, dev_m)
+        self._kernel(model.dtype.name)[(threads + self.block - 1) // self.block, self.block, s](*args, dev_u, dev_m)
         s.synchronize()
         t2 = time.perf_counter()
         got = (dev_u.copy_to_host(stream=s), dev_m.copy_to_host(stream=s))

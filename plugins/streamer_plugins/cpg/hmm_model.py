@@ -1,7 +1,10 @@
 """The profile HMM's model: its parameters, per-read transitions and clip flanks, and the packed
 level table and scalings the forward pass (`streamer_plugins.cpg.hmm`) and eventalign's Viterbi read.
 
-float32 probabilities with logf and flanks in double stored as float32, as f5c computes them.
+float32 probabilities with logf and flanks in double stored as float32, as f5c computes them. The
+level table and scalings come in two precisions: f5c's, float32 (`pack_model`, `pack_scalings`), and
+nanopolish 0.14's, double (`pack_model64`, `pack_scalings64`): its built-in tables to 5 decimals, and
+the reads recalibrated again against them (`nanopolish_scaling`), as nanopolish's own stages would.
 """
 
 from __future__ import annotations
@@ -11,6 +14,10 @@ from dataclasses import astuple, dataclass
 
 import numba
 import numpy as np
+
+from streamer.pipeline.batch import ReadBatch
+from streamer.pipeline.postalign import PostalignParams, PostalignReads, recalibrate_batch
+from streamer.pore.model import PoreModel
 
 # Offsets of the three states inside a block.
 STATE_K, STATE_B, STATE_M = 0, 1, 2
@@ -67,6 +74,49 @@ def pack_model(level_mean: np.ndarray, level_stdv: np.ndarray) -> np.ndarray:
     """float32[3, n_kmers]: level mean, stdv and log stdv (logf, as f5c caches it)."""
     stdv = np.ascontiguousarray(level_stdv, dtype=np.float32)
     return np.stack([np.asarray(level_mean, dtype=np.float32), stdv, _logf_array(stdv)])
+
+
+def nanopolish_model(model: PoreModel) -> PoreModel:
+    """A model as nanopolish's built-in tables hold it: values to 5 decimals, in double."""
+    mean = np.round(model.level_mean.astype(np.float64), 5)
+    stdv = np.round(model.level_stdv.astype(np.float64), 5)
+    return PoreModel(model.name, model.k, model.alphabet, mean, stdv, np.log(stdv))
+
+
+@dataclass(frozen=True)
+class NanopolishScaling:
+    """nanopolish 0.14's nucleotide model and per-read scalings, all double (`nanopolish_scaling`)."""
+
+    level_mean: np.ndarray  # float64[n_kmers]
+    level_stdv: np.ndarray  # float64[n_kmers]
+    shift: np.ndarray  # float64[n_reads]
+    scale: np.ndarray  # float64[n_reads]
+    var: np.ndarray  # float64[n_reads]
+    status: np.ndarray  # int8[n_reads]: the reads' `Skip` codes after this recalibration and its QC
+
+
+def nanopolish_scaling(batch: ReadBatch, kmer_model: PoreModel,
+                       params: PostalignParams = PostalignParams()) -> NanopolishScaling:  # fmt: skip
+    """The reads' scalings as nanopolish 0.14 has them: recalibrated again, from the method-of-moments
+    scalings, against its double nucleotide model (the stages before are f5c's, which are nanopolish's)."""
+    model = nanopolish_model(kmer_model)
+    shift, scale, var = batch.mom_scalings
+    reads = PostalignReads(batch.seq, batch.seq_off, batch.ev_mean, batch.ev_off, batch.aln_kmer, batch.aln_event,
+                           batch.aln_off, batch.status.copy(), shift, scale, var)  # fmt: skip
+    exact = recalibrate_batch(reads, model, params).exact
+    return NanopolishScaling(model.level_mean, model.level_stdv, exact[:, 0], exact[:, 1], exact[:, 2], reads.status)
+
+
+def pack_model64(model: PoreModel) -> np.ndarray:
+    """float64[3, n_kmers]: nanopolish's level mean, stdv and log stdv (`nanopolish_model`)."""
+    double = nanopolish_model(model)
+    return np.stack([double.level_mean, double.level_stdv, double.level_log_stdv])
+
+
+def pack_scalings64(scaling: NanopolishScaling) -> np.ndarray:
+    """float64[n, 4]: nanopolish's scale, shift, var and log var per read (NaN where not recalibrated)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.stack([scaling.scale, scaling.shift, scaling.var, np.log(scaling.var)], axis=1)
 
 
 def pack_scalings(

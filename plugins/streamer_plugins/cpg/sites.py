@@ -1,6 +1,11 @@
-"""CpG sites of a read's reference span, grouped into the windows the HMM scores.
+"""Motif sites of a read's reference span (CpG, GpC, dam, dcm), grouped into the windows the HMM scores.
 
-Sites closer than `min_separation` are scored together, because their k-mers overlap and
+A site is where a whole recognition sequence of the motif starts (`streamer.pore.motifs`; its
+first base, whichever base is modified, as nanopolish reports it). Like nanopolish and f5c, which
+fetch the reference up to the alignment's end inclusive, the base after the aligned span counts:
+a site ending there joins the last group, whose window then runs past the read's events and is
+dropped. Sites closer than
+`min_separation` are scored together, because their k-mers overlap and
 cannot be called apart. As in nanopolish and f5c, the same distance pads the window on both
 sides and is the minimum distance from the alignment start; a group is dropped when it spans
 more than `max_span` bases, when the read's event map does not bound its window, or when the
@@ -13,6 +18,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from streamer_plugins.cpg.hmm import site_at
 from streamer_plugins.cpg.lookup import events_bounding
 
 MIN_SEPARATION = 10
@@ -36,15 +42,21 @@ DISAMBIGUATE = _disambiguation_table()
 
 
 @numba.njit(nogil=True, cache=True)
-def cpg_sites(ref):
-    """Positions of every C followed by G in `ref` (uint8 ASCII, already disambiguated)."""
-    out = np.empty(max(ref.shape[0] - 1, 0), np.int64)
-    n = 0
-    for i in range(ref.shape[0] - 1):
-        if ref[i] == 67 and ref[i + 1] == 71:  # 'C', 'G'
-            out[n] = i
-            n += 1
-    return out[:n]
+def motif_sites(ref, after, sites):
+    """Where a site of the motif (`sites`: `Motif.table`) starts in `ref` followed by the base `after`
+    (uint8 ASCII, disambiguated; 0: none)."""
+    n = ref.shape[0] + (after != 0)
+    seq = np.empty(n, np.uint8)
+    seq[: ref.shape[0]] = ref
+    if after != 0:
+        seq[n - 1] = after
+    out = np.empty(n, np.int64)
+    m = 0
+    for i in range(n):
+        if site_at(seq, 0, n, i, sites):
+            out[m] = i
+            m += 1
+    return out[:m]
 
 
 @numba.njit(nogil=True, cache=True)
@@ -69,15 +81,17 @@ def group_sites(sites, min_separation):
 
 
 @numba.njit(nogil=True, cache=True)
-def read_windows(ref, ref_start, map_ref, map_event, min_separation, max_span, min_event_span):
+def read_windows(ref, after, ref_start, map_ref, map_event, motif, min_separation, max_span, min_event_span):
     """The groups of one read that get scored, in reference order.
 
-    `ref` is the disambiguated reference of the aligned span starting at `ref_start`;
-    `map_ref`/`map_event` the read's event-to-reference map. Returns per kept group the
-    reference-span-local positions of its first and last C, its number of sites and the events
-    bounding its window `[first - min_separation, last + min_separation]`.
+    `ref` is the disambiguated reference of the aligned span starting at `ref_start`, `after` the base
+    after it (`motif_sites`);
+    `map_ref`/`map_event` the read's event-to-reference map; `motif` the motif's sites
+    (`Motif.table`). Returns per kept group the reference-span-local positions of its first and
+    last site, its number of sites and the events bounding its window
+    `[first - min_separation, last + min_separation]`.
     """
-    sites = cpg_sites(ref)
+    sites = motif_sites(ref, after, motif)
     g_first, g_end = group_sites(sites, min_separation)
     n = g_first.shape[0]
     first = np.empty(n, np.int64)
@@ -87,17 +101,17 @@ def read_windows(ref, ref_start, map_ref, map_event, min_separation, max_span, m
     ev_last = np.empty(n, np.int64)
     kept = 0
     for g in range(n):
-        c_first = sites[g_first[g]]
-        c_last = sites[g_end[g] - 1]
-        if c_first - min_separation <= min_separation or c_last - c_first > max_span:
+        s_first = sites[g_first[g]]
+        s_last = sites[g_end[g] - 1]
+        if s_first - min_separation <= min_separation or s_last - s_first > max_span:
             continue
         ok, e1, e2 = events_bounding(
-            map_ref, map_event, ref_start + c_first - min_separation, ref_start + c_last + min_separation
+            map_ref, map_event, ref_start + s_first - min_separation, ref_start + s_last + min_separation
         )
         if not ok or abs(e2 - e1) <= min_event_span or e1 < 0 or e2 < 0:
             continue
-        first[kept] = c_first
-        last[kept] = c_last
+        first[kept] = s_first
+        last[kept] = s_last
         n_sites[kept] = g_end[g] - g_first[g]
         ev_first[kept] = e1
         ev_last[kept] = e2

@@ -19,6 +19,7 @@ Rows come back as columns (`EventalignRows.columns`, what the daemon's `eventali
 carries) and as the tools' TSV text (`format_tsv`), plus the per-read `--summary` lines.
 """
 
+from streamer_plugins.cpg.hmm_model import NanopolishScaling, nanopolish_model
 from streamer_plugins.eventalign.output import (
     SUMMARY_HEADER,
     TSV_COLUMNS,
@@ -35,9 +36,7 @@ from streamer_plugins.eventalign.rows import (
     EventalignOptions,
     EventalignRows,
     EventalignStage,
-    NanopolishScaling,
     eventalign_batch,
-    nanopolish_model,
 )
 from streamer_plugins.eventalign.viterbi import realign_batch, realign_read, viterbi_piece
 

@@ -10,11 +10,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from streamer.pipeline.batch import ReadBatch
-from streamer_plugins.cpg.hmm_model import HmmParams, pack_model, pack_scalings
+from streamer_plugins.cpg.hmm_model import HmmParams, NanopolishScaling, nanopolish_scaling, pack_model, pack_scalings
 from streamer_plugins.cpg.lookup import CLOSEST_EVENT_SEARCH
 from streamer_plugins.cpg.sites import DISAMBIGUATE
 from streamer.pore.model import NUCLEOTIDE, PoreModel
-from streamer.pipeline.postalign import PostalignReads, recalibrate_batch
 from streamer.skips import Skip
 from streamer_plugins.eventalign.viterbi import (
     F5C_LOG_INV_SQRT_2PI,
@@ -102,31 +101,6 @@ def _kmer_names(rank: np.ndarray, k: int) -> list[str]:
     digits = (rank[:, None] >> (2 * np.arange(k - 1, -1, -1))) & 3
     letters = np.where(rank[:, None] < 0, ord("N"), _ACGT[digits]).astype(np.uint8)
     return np.ascontiguousarray(letters).view(f"S{k}").ravel().astype(f"U{k}").tolist()
-
-
-@dataclass(frozen=True)
-class NanopolishScaling:
-    """nanopolish 0.14's model and per-read scalings, all double (see the module docstring).
-
-    `from_recalibration` builds it from the post-alignment stage run with `nanopolish_model`.
-    """
-
-    level_mean: np.ndarray  # float64[n_kmers]
-    level_stdv: np.ndarray  # float64[n_kmers]
-    shift: np.ndarray  # float64[n_reads]
-    scale: np.ndarray  # float64[n_reads]
-    var: np.ndarray  # float64[n_reads]
-
-    @classmethod
-    def from_recalibration(cls, model: PoreModel, exact: np.ndarray) -> NanopolishScaling:
-        return cls(model.level_mean, model.level_stdv, exact[:, 0], exact[:, 1], exact[:, 2])
-
-
-def nanopolish_model(model: PoreModel) -> PoreModel:
-    """The nucleotide model as nanopolish's built-in tables hold it: values to 5 decimals, in double."""
-    mean = np.round(model.level_mean.astype(np.float64), 5)
-    stdv = np.round(model.level_stdv.astype(np.float64), 5)
-    return PoreModel(model.name, model.k, model.alphabet, mean, stdv, np.log(stdv))
 
 
 def eventalign_batch(batch: ReadBatch, model: PoreModel, b2e_start: np.ndarray, kmer_off: np.ndarray,
@@ -246,12 +220,7 @@ class EventalignStage:
         post = batch.post
         nanopolish = None
         if self.compat == "nanopolish":  # recalibrated again from the method-of-moments scalings
-            np_model = nanopolish_model(kmer)
-            shift, scale, var = batch.mom_scalings
-            reads = PostalignReads(batch.seq, batch.seq_off, batch.ev_mean, batch.ev_off, batch.aln_kmer,
-                                   batch.aln_event, batch.aln_off, batch.status.copy(), shift, scale, var)  # fmt: skip
-            again = recalibrate_batch(reads, np_model)
-            nanopolish = NanopolishScaling.from_recalibration(np_model, again.exact)
+            nanopolish = nanopolish_scaling(batch, kmer)
         with np.errstate(divide="ignore", invalid="ignore"):
             log_var = np.log(post.exact[:, 2])  # NaN for the reads not recalibrated, which give no rows
         rows = eventalign_batch(batch, kmer, post.b2e_start, post.kmer_off, post.events_per_base, self.scale_events,

@@ -3,14 +3,13 @@ read's CIGAR (see the package docstring for the arithmetic they follow)."""
 
 from __future__ import annotations
 
-import math
-
 import numba
 import numpy as np
 from numba import prange
 
 from streamer.pipeline.batch import CIGAR_N
-from streamer_plugins.cpg.hmm import scaled_level
+from streamer.pipeline.targets import F5C_LOG_INV_SQRT_2PI, NANOPOLISH_LOG_INV_SQRT_2PI
+from streamer_plugins.cpg.hmm import scaled_level, scaled_level64
 from streamer_plugins.cpg.hmm_model import S_LOG_VAR, S_SCALE, S_SHIFT, S_VAR, STATE_B, STATE_K, STATE_M, T_BB, T_BK, T_BM_NEXT, T_BM_SELF, T_KK, T_KM, T_MB, T_MK, T_MM_NEXT, T_MM_SELF, block_transitions
 from streamer_plugins.cpg.lookup import aligned_segments, closest_event
 
@@ -24,8 +23,6 @@ FROM_SAME_M, FROM_PREV_M, FROM_SAME_B, FROM_PREV_B, FROM_PREV_K, FROM_SOFT = ran
 STATE_CHAR_M = 77  # 'M'
 STATE_CHAR_B = 66  # 'B'
 
-F5C_LOG_INV_SQRT_2PI = np.float32(-0.918938)  # f5c's literal
-NANOPOLISH_LOG_INV_SQRT_2PI = np.float32(math.log(0.3989422804014327))  # nanopolish's, to float
 NANOPOLISH_MIN_EVENTS_PER_BASE = 1.25
 
 _ACGT = np.frombuffer(b"ACGT", np.uint8)
@@ -75,10 +72,8 @@ def _kmer_level(rank, model, scalings, model64, scalings64):
     """
     if model64.shape[1] == 0:
         return scaled_level(rank, model, scalings[S_SCALE], scalings[S_SHIFT], scalings[S_VAR], scalings[S_LOG_VAR])
-    mean = np.float32(scalings64[S_SCALE] * model64[0, rank] + scalings64[S_SHIFT])
-    stdv = np.float32(model64[1, rank] * scalings64[S_VAR])
-    log_stdv = np.float32(model64[2, rank] + scalings64[S_LOG_VAR])
-    return mean, stdv, log_stdv
+    return scaled_level64(rank, model64, scalings64[S_SCALE], scalings64[S_SHIFT], scalings64[S_VAR],
+                          scalings64[S_LOG_VAR])
 
 
 @numba.njit(nogil=True, cache=True)

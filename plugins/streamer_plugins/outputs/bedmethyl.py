@@ -1,14 +1,15 @@
-"""bedMethyl, as modkit pileup writes it, from CpG group calls.
+"""bedMethyl, as modkit pileup writes it, from group calls of a motif (CpG by default).
 
-A group call covers every CpG of its group: each CpG gets one count from the call, on the
-strand of the read. A forward-strand call counts at the CpG's C (its reference position p); a
-reverse-strand call counts at p + 1, the C of the CpG on the reverse strand, as modkit reports
-strands separately. A call is valid when |log_lik_ratio| >= the threshold (f5c meth-freq's 2.5,
-on the ratio as printed with two decimals, so counts agree with `streamer meth-freq -s`):
-modified if positive, canonical otherwise; below the threshold it counts as Nfail. Only CpGs
-of the reference are called, so Ndelete, Ndiff, Nnocall and Nother_mod are 0. As in modkit,
-rows with no valid coverage are not written; rows are sorted by contig (byte order), position
-and strand.
+A group call covers every site of its group: each site gets one count from the call, on the strand
+of the read, at the modified base. For CpG, a forward-strand call counts at the CpG's C (its
+reference position p); a reverse-strand call counts at p + 1, the C of the CpG on the reverse
+strand, as modkit reports strands separately (other motifs likewise at their `Motif.forward` and
+`Motif.reverse`, with their modified base's code: `a` for dam's 6mA). A call is valid when
+|log_lik_ratio| >= the threshold (f5c meth-freq's 2.5, on the ratio as printed with two decimals, so
+counts agree with `streamer meth-freq -s`): modified if positive, canonical otherwise; below the
+threshold it counts as Nfail. Only the motif's sites of the reference are called, so Ndelete, Ndiff, Nnocall and
+Nother_mod are 0. As in modkit, rows with no valid coverage are not written; rows are sorted by
+contig (byte order), position and strand.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
+from streamer.pore.motifs import CPG, Motif
 from streamer_plugins.cpg.calls import MethCalls
 from streamer_plugins.outputs.methfreq import CALL_THRESHOLD
 
-MOD_CODE = "m"
 COLOUR = "255,0,0"
 _STRAND = {1: "+", -1: "-"}
 
@@ -39,18 +40,19 @@ class SiteCounts:
 
 
 class BedMethyl:
-    """Accumulates group calls into per-CpG, per-strand counts; `write()` prints the table."""
+    """Accumulates group calls into per-site, per-strand counts; `write()` prints the table."""
 
-    def __init__(self, call_threshold: float = CALL_THRESHOLD) -> None:
+    def __init__(self, call_threshold: float = CALL_THRESHOLD, motif: Motif = CPG) -> None:
         self.call_threshold = call_threshold
+        self.motif = motif
         self.sites: dict[tuple[str, int, str], SiteCounts] = {}
 
     def add(self, chrom: str, strand: str, start: int, llr: float, sequence: str) -> None:
-        """Add one group call: `start` is the group's first C, `sequence` the TSV's context (llr as printed)."""
-        shift = 0 if strand == "+" else 1
-        first = pos = sequence.find("CG")
-        while pos != -1:
-            key = (chrom, start + pos - first + shift, strand)
+        """Add one group call: `start` is the group's first site, `sequence` the TSV's context (llr as printed)."""
+        shift = self.motif.forward if strand == "+" else self.motif.reverse
+        sites = self.motif.find(sequence)
+        for pos in sites:
+            key = (chrom, start + pos - sites[0] + shift, strand)
             site = self.sites.get(key)
             if site is None:
                 site = self.sites[key] = SiteCounts()
@@ -60,7 +62,6 @@ class BedMethyl:
                 site.n_mod += 1
             else:
                 site.n_canonical += 1
-            pos = sequence.find("CG", pos + 1)
 
     def add_calls(self, calls: MethCalls, ref_names: Sequence[str]) -> None:
         """Add a batch's calls; `ref_names` is the batch's contig per record."""
@@ -77,6 +78,6 @@ class BedMethyl:
         for chrom, pos, strand, s in self.rows():
             n = s.n_valid
             fh.write(
-                f"{chrom}\t{pos}\t{pos + 1}\t{MOD_CODE}\t{n}\t{strand}\t{pos}\t{pos + 1}\t{COLOUR}\t{n}"
+                f"{chrom}\t{pos}\t{pos + 1}\t{self.motif.mod_code}\t{n}\t{strand}\t{pos}\t{pos + 1}\t{COLOUR}\t{n}"
                 f"\t{100 * s.n_mod / n:.2f}\t{s.n_mod}\t{s.n_canonical}\t0\t0\t{s.n_fail}\t0\t0\n"
             )

@@ -1,10 +1,13 @@
 """Per-site methylation frequency, as f5c meth-freq computes it, kept current call by call.
 
 A call counts when |log_lik_ratio| >= `call_threshold` (f5c: 2.5) and is methylated when the
-ratio is positive; a group of n CpGs adds n called sites. With `split_groups` a multi-CpG group
-is credited to each of its CpGs separately (located by the CG positions in its sequence, with
-the sequence reported as "split-group"). Sites are printed sorted by chromosome (byte order),
-start, end; the first call seen for a site fixes its group size and sequence.
+ratio is positive; a group of n sites adds n called sites. With `per_motif` the threshold is
+per site of the group (n times it), as nanopolish's calculate_methylation_frequency.py counts
+(its threshold: 2.0). With `split_groups` a multi-site group is credited to each of its sites
+separately (located by the motif's sites in its sequence: the CGs of a CpG group; nanopolish's
+script looks for CG whatever the motif), with the sequence reported as "split-group". Sites
+are printed sorted by chromosome (byte order), start, end; the first call seen for a site fixes
+its group size and sequence.
 
 The ratio that f5c compares is the one printed in the calls TSV (two decimals), so calls added
 from records are rounded the same way before the threshold applies; a calls TSV is read into
@@ -22,6 +25,7 @@ import threading
 from collections.abc import Sequence
 from typing import NamedTuple, TextIO
 
+from streamer.pore.motifs import CPG, Motif
 from streamer_plugins.cpg.calls import MethCalls
 
 CALL_THRESHOLD = 2.5
@@ -47,9 +51,12 @@ class SiteStats(NamedTuple):
 class MethFreq:
     """Accumulates calls into per-site counts; `format()` gives the current meth-freq table."""
 
-    def __init__(self, call_threshold: float = CALL_THRESHOLD, split_groups: bool = False) -> None:
+    def __init__(self, call_threshold: float = CALL_THRESHOLD, split_groups: bool = False, motif: Motif = CPG,
+                 per_motif: bool = False) -> None:  # fmt: skip
         self.call_threshold = call_threshold
         self.split_groups = split_groups
+        self.motif = motif
+        self.per_motif = per_motif
         self.group_column = "num_motifs_in_group"
         self.sites: dict[SiteKey, SiteStats] = {}
         """Written only under `lock`; read freely by the writer's own thread."""
@@ -74,17 +81,17 @@ class MethFreq:
 
     def _add(self, chrom: str, start: int, end: int, llr: float, num_motifs: int, sequence: str,
              changed: set | None) -> None:
-        if abs(llr) < self.call_threshold:
+        if abs(llr) < (self.call_threshold * num_motifs if self.per_motif else self.call_threshold):
             return
         methylated = llr > 0
         chrom = self._strings.setdefault(chrom, chrom)
         if not (self.split_groups and num_motifs > 1):
             self._credit((chrom, start, end), num_motifs, methylated, sequence, changed)
             return
-        first = pos = sequence.find("CG")
-        while pos != -1:
-            self._credit((chrom, start + pos - first, start + pos - first), 1, methylated, SPLIT_SEQUENCE, changed)
-            pos = sequence.find("CG", pos + 1)
+        sites = self.motif.find(sequence)
+        for pos in sites:
+            site = start + pos - sites[0]
+            self._credit((chrom, site, site), 1, methylated, SPLIT_SEQUENCE, changed)
 
     def add_calls(self, calls: MethCalls, ref_names: Sequence[str], changed: set | None = None) -> None:
         """Add a batch's calls; `ref_names` is the batch's contig per record."""
@@ -95,13 +102,13 @@ class MethFreq:
                 self._add(ref_names[read], start, end, llr, num, seq, changed)
 
     def snapshot(self) -> dict[SiteKey, SiteStats]:
-        """The sites with at least one called CpG, consistent between batches; safe from any thread."""
+        """The sites with at least one called site, consistent between batches; safe from any thread."""
         with self.lock:
             sites = dict(self.sites)
         return {key: site for key, site in sites.items() if site[1] > 0}
 
     def rows(self) -> list[tuple[str, int, int, SiteStats]]:
-        """Sites with at least one called CpG, in f5c's order."""
+        """Sites with at least one called site, in f5c's order."""
         keys = sorted(self.sites, key=lambda key: (key[0].encode(), key[1], key[2]))
         return [(*key, self.sites[key]) for key in keys if self.sites[key].called_sites > 0]
 

@@ -1,4 +1,4 @@
-"""The outputs of CpG calls as sinks (`streamer.sinks` entry points `calls`, `methfreq`,
+"""The outputs of methylation calls as sinks (`streamer.sinks` entry points `calls`, `methfreq`,
 `bedmethyl`, `modbam`): the call-methylation TSV, per-site frequency, bedMethyl, modBAM.
 
 All of them take a batch's calls as records (`MethCalls`, in `products["calls"]`). The
@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from streamer.io.alignments import AlignmentFilter
+from streamer.pore.motifs import motif
 from streamer.sinks import BaseSink, Result, SinkContext, SiteChannel, write_atomic
 from streamer_plugins.cpg.caller import CALLS
 from streamer_plugins.cpg.calls import CALLS_HEADER, format_calls
 from streamer_plugins.outputs.bedmethyl import BedMethyl
 from streamer_plugins.outputs.calls_tsv import CallBlock, read_calls_file
-from streamer_plugins.outputs.methfreq import CALL_THRESHOLD, MethFreq
+from streamer_plugins.outputs.methfreq import MethFreq
 from streamer_plugins.outputs.modbam import ModCalls, write_modbam
 
 METH_TSV = "meth.tsv"
@@ -65,12 +66,13 @@ class MethFreqTable(BaseSink):
         if path is None:
             return None
         out = config.output
-        return cls(path, out.call_threshold, out.split_groups, context.publishing)
+        table = MethFreq(out.call_threshold, out.split_groups, motif(config.pipeline.methylation),
+                         out.freq_compat == "nanopolish")  # fmt: skip
+        return cls(path, table, context.publishing)
 
-    def __init__(self, path: Path | TextIO | None = None, call_threshold: float = CALL_THRESHOLD,
-                 split_groups: bool = False, track_changes: bool = False):  # fmt: skip
+    def __init__(self, path: Path | TextIO | None = None, table: MethFreq | None = None, track_changes: bool = False):
         self.path = path
-        self.table = MethFreq(call_threshold, split_groups)
+        self.table = table or MethFreq()
         self.changed: set | None = set() if track_changes else None
         self.dirty = True
 
@@ -108,11 +110,11 @@ class BedMethylTable(BaseSink):
             path = context.out_dir / BEDMETHYL if config.output.bedmethyl else None
         else:
             path = context.files.get("bedmethyl")
-        return cls(path, config.output.call_threshold) if path is not None else None
+        return cls(path, BedMethyl(config.output.call_threshold, motif(config.pipeline.methylation))) if path else None
 
-    def __init__(self, path: Path, call_threshold: float = CALL_THRESHOLD):
+    def __init__(self, path: Path, table: BedMethyl | None = None):
         self.path = path
-        self.table = BedMethyl(call_threshold)
+        self.table = table or BedMethyl()
         self.dirty = True
 
     def on_batch(self, result: Result) -> None:
