@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from streamer.errors import ModelError, UsageError
+from streamer.errors import ModelError, StreamerError, UsageError
 from streamer.io.poretype import run_metadata
 from streamer.pipeline.abea import AbeaParams
 from streamer.pipeline.events import DNA_PARAMS, RNA_PARAMS, EventParams

@@ -87,7 +87,6 @@ class CudaHmm:
         self.max_kmers = max_kmers
         self.block = block
         self.by_cost = by_cost
-        self._kernel = forward_kernel(max_kmers)
         self.stream = open_stream(stream_priority).stream
         self._buffers = DeviceBuffers()
         self._constants: dict[str, tuple[np.ndarray, cuda.devicearray.DeviceNDArray]] = {}

@@ -15,9 +15,8 @@ from streamer_plugins.cpg.lookup import CLOSEST_EVENT_SEARCH
 from streamer_plugins.cpg.sites import DISAMBIGUATE
 from streamer.pore.model import NUCLEOTIDE, PoreModel
 from streamer.skips import Skip
+from streamer.pipeline.targets import F5C_LOG_INV_SQRT_2PI, NANOPOLISH_LOG_INV_SQRT_2PI
 from streamer_plugins.eventalign.viterbi import (
-    F5C_LOG_INV_SQRT_2PI,
-    NANOPOLISH_LOG_INV_SQRT_2PI,
     NANOPOLISH_MIN_EVENTS_PER_BASE,
     STATE_CHAR_B,
     _ACGT,

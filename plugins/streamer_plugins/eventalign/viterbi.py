@@ -8,7 +8,6 @@ import numpy as np
 from numba import prange
 
 from streamer.pipeline.batch import CIGAR_N
-from streamer.pipeline.targets import F5C_LOG_INV_SQRT_2PI, NANOPOLISH_LOG_INV_SQRT_2PI
 from streamer_plugins.cpg.hmm import scaled_level, scaled_level64
 from streamer_plugins.cpg.hmm_model import S_LOG_VAR, S_SCALE, S_SHIFT, S_VAR, STATE_B, STATE_K, STATE_M, T_BB, T_BK, T_BM_NEXT, T_BM_SELF, T_KK, T_KM, T_MB, T_MK, T_MM_NEXT, T_MM_SELF, block_transitions
 from streamer_plugins.cpg.lookup import aligned_segments, closest_event
