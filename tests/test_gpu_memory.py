@@ -14,6 +14,7 @@ from streamer_gpu.host import arena_capacity, bytes_per_base  # noqa: E402
 from streamer_gpu.memory import (  # noqa: E402
     EVENT_BYTES,
     HMM_LOCAL_BYTES_PER_THREAD,
+    CONTEXT_BYTES,
     MODULE_BYTES,
     arena_bytes_for,
     device_bytes_for,
@@ -90,8 +91,9 @@ def test_the_reserve_is_never_taken_and_the_cap_bounds_arena_and_the_rest():
     reserved = plan_memory(free, True, replace(opts, reserve=4 * GB), 100, 1000)
     assert plain.arena_bytes + plain.other_bytes == free // 2
     assert reserved.arena_bytes + reserved.other_bytes == (free - 4 * GB) // 2
-    capped = plan_memory(free, True, replace(opts, memory_cap=3 * GB), 100, 1000)
-    assert capped.arena_bytes + capped.other_bytes == 3 * GB
+    capped = plan_memory(free, True, replace(opts, memory_cap=4 * GB), 100, 1000)
+    # under a cap the process's context counts too (without one, it is already out of the free memory)
+    assert capped.arena_bytes + capped.other_bytes + CONTEXT_BYTES == 4 * GB
     # a batch that fits whole under the cap takes what it needs, not the cap
     small = replace(opts, max_bases=1_000_000, memory_cap=2 * GB)
     assert plan_memory(free, True, small, 100, 1000).arena_bytes == arena_bytes_for(512, 1_000_000, 2.0, 100)
@@ -102,6 +104,6 @@ def test_the_reserve_is_never_taken_and_the_cap_bounds_arena_and_the_rest():
 def test_device_bytes_are_what_the_plan_takes_when_memory_allows():
     opts = CudaOptions(max_bases=2_000_000, autotune=True)
     plan = plan_memory(80 * GB, False, opts, 100, H100_THREADS)
-    assert device_bytes_for(opts, 100, H100_THREADS) == plan.arena_bytes + plan.other_bytes
+    assert device_bytes_for(opts, 100, H100_THREADS) == plan.arena_bytes + plan.other_bytes + CONTEXT_BYTES
     assert device_bytes_for(replace(opts, max_bases=4_000_000), 100, H100_THREADS) > device_bytes_for(opts, 100,
                                                                                                       H100_THREADS)

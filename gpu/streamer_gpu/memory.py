@@ -29,6 +29,10 @@ AUTOTUNE_EPK = 1.25
 # kernel modules loaded after the arena is taken, the model and the driver's small allocations
 # (the context itself is already counted out of the free memory measured)
 MODULE_BYTES = 256 << 20
+# the CUDA context and the runtime's own device memory, which a cap on the process's memory must hold
+# too: with a 3 GB cap on an H200 the process held 0.72 GB beyond the arena, the HMM and the modules
+# (`benchmarks/RESULTS-jetson-emulation.md`)
+CONTEXT_BYTES = 768 << 20
 # local memory the CpG HMM kernel launch reserves per resident thread: its forward rows (6 x 224
 # float32); the driver reserves it for every thread the device can hold (2048 x 132 SMs on an H100:
 # 1.45 GB), at the first launch, which is where a process that took all the rest runs out
@@ -84,15 +88,17 @@ def _wanted(options: CudaOptions, bandwidth: int, resident_threads: int, fixed: 
 
 
 def device_bytes_for(options: CudaOptions, bandwidth: int = 100, resident_threads: int = 0) -> int:
-    """Device bytes the process takes for options' batches when memory allows: the whole arena and the rest."""
+    """Device bytes the process takes for options' batches when memory allows: the whole arena, the rest and
+    its context."""
     want, other = _wanted(options, bandwidth, resident_threads, fixed_bytes(options))
-    return want + other
+    return want + other + CONTEXT_BYTES
 
 
 def plan_memory(free_bytes: int, integrated: bool, options: CudaOptions, bandwidth: int = 100,
                 resident_threads: int = 0, fixed: int | None = None) -> MemoryPlan:  # fmt: skip
     """The arena for options' batches within mem_frac (default 0.9, 0.7 on integrated GPUs) of free_bytes
-    less options.reserve, and within options.memory_cap.
+    less options.reserve, and within options.memory_cap less the process's context (measured free memory
+    is already net of it; a cap on the process's memory is not).
 
     The HMM's memory (for resident_threads threads of its kernel) and `fixed` (default
     `fixed_bytes(options)`) come off the cap first. An arena smaller than a quarter of what one batch
@@ -103,7 +109,7 @@ def plan_memory(free_bytes: int, integrated: bool, options: CudaOptions, bandwid
     want, other = _wanted(options, bandwidth, resident_threads, fixed_bytes(options) if fixed is None else fixed)
     cap = int(max(0, free_bytes - options.reserve) * frac)
     if options.memory_cap is not None:
-        cap = min(cap, options.memory_cap)
+        cap = min(cap, options.memory_cap - CONTEXT_BYTES)
     room = cap - other
     if room < want * MIN_BATCH_SHARE:
         why = f"{free_bytes / 1e9:.2f} GB free"
