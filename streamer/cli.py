@@ -15,6 +15,7 @@ import logging
 import os
 import pkgutil
 import sys
+from typing import NoReturn
 
 import streamer
 import streamer.commands
@@ -116,6 +117,17 @@ def main(argv: list[str] | None = None) -> int:
             raise
         message = str(exc) if isinstance(exc, KeyboardInterrupt) and str(exc) else "interrupted"
         return _fail(_command_of(argv), message, EXIT_INTERRUPTED)
+
+
+def console() -> NoReturn:
+    """`streamer` as a program: main's exit status, without the interpreter's teardown once the command
+    has closed its outputs (freeing numba's compiled code, the GPU context and every module's objects
+    took 0.3 s on 2 cores and 0.9 s on a GPU box after the last output was written)."""
+    code = main()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _main(argv: list[str]) -> int:
