@@ -121,30 +121,6 @@ def call(args: list[str], out: Path, log: Path, trace: Path | None = None) -> di
     return res
 
 
-def merge_blow5(parts: list[Path], out: Path) -> int:
-    """The parts' reads in one BLOW5 (f5c 1.1 reads one file), records compressed on many threads."""
-    import pyslow5
-
-    from streamer.io.slow5 import iter_slow5
-
-    s5 = pyslow5.Open(str(out), "w")
-    s5.write_header({key: "" for key in s5.get_empty_header()})
-    n = 0
-    try:
-        for part in parts:
-            batch = {}
-            for rec in iter_slow5(part):
-                row = s5.get_empty_record()
-                row.update(read_id=rec.read_id, digitisation=rec.digitisation, offset=rec.offset, range=rec.range,
-                           sampling_rate=rec.sample_rate, len_raw_signal=len(rec.raw), signal=rec.raw)
-                batch[rec.read_id] = row
-            s5.write_record_batch(batch, threads=os.cpu_count() or 1, batchsize=512)
-            n += len(batch)
-    finally:
-        s5.close()
-    return n
-
-
 def f5c_call(f5c: Path, rep: Path, ref: Path, threads: int, flags: list[str], log: Path) -> dict:
     """f5c call-methylation on the replicated reads as one BLOW5: wall time, peak summed PSS, its TSV."""
     from streamer.summary import tree_pss
@@ -152,8 +128,11 @@ def f5c_call(f5c: Path, rep: Path, ref: Path, threads: int, flags: list[str], lo
     d = rep / "f5c"
     d.mkdir(exist_ok=True)
     blow5, reads = d / "reads.blow5", d / "reads.fasta"
-    if not blow5.exists():
-        merge_blow5(sorted((rep / "blow5").glob("*.blow5")), blow5)
+    if not blow5.exists():  # f5c 1.1 reads one BLOW5
+        from streamer.io.slow5 import iter_slow5, write_blow5
+
+        parts = sorted((rep / "blow5").glob("*.blow5"))
+        write_blow5(blow5, (rec for part in parts for rec in iter_slow5(part)), threads=os.cpu_count() or 1)
         shutil.copyfile(rep / "reads.fasta", reads)
         subprocess.run([str(f5c), "index", "--slow5", str(blow5), str(reads)], check=True, capture_output=True)
     out = d / "calls.tsv"
