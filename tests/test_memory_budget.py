@@ -41,6 +41,22 @@ def test_batch_cap_does_not_grow_past_the_given_one_and_has_a_floor():
     assert memory_plan(SMALL_BUDGET, 5_000_000, 2, 2, "processes").io_mode == "processes"
 
 
+def test_the_tuner_grows_batches_no_further_than_the_budget_holds():
+    """Whatever B a run starts from, the largest the budget holds bounds B in the plan the tuner keeps to."""
+    from streamer.pipeline.gpu import GpuInfo
+    from streamer.tuning.controller import Controller
+
+    gpu_box = plan(Machine(GpuInfo("H100", 80 << 30, 79 << 30, False, 132 * 2048), 16, 128 << 30), "hpc")
+    memory = memory_plan(2 << 30, 1_000_000, compute_threads=2, io_workers=2)
+    assert memory.max_bases == 1_000_000 < memory.most_bases < gpu_box.bounds.max_bases[1]
+    budgeted = gpu_box.budgeted(memory)
+    assert budgeted.bounds.max_bases == (gpu_box.bounds.max_bases[0], memory.most_bases)
+    # a controller on the budgeted plan may double B only up to that bound
+    c = Controller(budgeted.settings, budgeted.bounds)
+    assert c.bounds.of("max_bases", c.settings)[1] == memory.most_bases
+    assert memory_plan(64 << 30, 5_000_000, 2, 16).most_bases > 5_000_000  # never below what was asked
+
+
 def test_config_key_is_checked():
     with pytest.raises(ConfigError, match="pipeline.memory_budget"):
         build({"pipeline.memory_budget": "lots"}, require=())

@@ -172,13 +172,13 @@ def _run(args: argparse.Namespace, compiling: bool) -> int:
                        stream_priority=args.gpu_stream_priority).with_devices(args.cuda_dev_id)  # fmt: skip
     memory = memory_plan(budget_bytes(args.memory_budget, tuning.plan.profile, args.threads), args.max_bases,
                          args.compute_threads, args.io_workers, args.io_mode, tuning.plan.device_share(cuda))
-    if memory.max_bases < args.max_bases and not args.autotune:
+    if memory.max_bases < args.max_bases:
         log.debug("batches of at most %d bases (-B %d) to keep within the memory budget of %d MB",
                  memory.max_bases, args.max_bases, memory.budget >> 20)
         args.max_bases = memory.max_bases
+    tuning.budgeted(memory)  # the tuner grows B no further than the budget holds
     limits = tuning.limits(BatchLimits(max_reads=args.batchsize, max_bases=args.max_bases))
-    cuda = replace(cuda, max_reads=limits.max_reads, max_bases=limits.max_bases,
-                   memory_cap=tuning.plan.budgeted(memory).gpu.memory)
+    cuda = replace(cuda, max_reads=limits.max_reads, max_bases=limits.max_bases, memory_cap=tuning.plan.gpu.memory)
     filt = alignment_filter(args)
     summary = RunSummary(compiled=compiling, memory_budget=memory.budget)
     if args.trace:

@@ -79,6 +79,7 @@ class MemoryPlan:
     io_mode: str  # "threads" where reader processes do not fit; else as asked
     tight_heap: bool  # return freed batch arrays to the system at once (`RunnerOptions.tight_heap`)
     gpu_bytes: int | None = None  # the most device memory the process may take (`CudaOptions.memory_cap`)
+    most_bases: int | None = None  # the largest B the budget holds, whatever B is asked: the tuner's bound
 
 
 @dataclass(frozen=True)
@@ -106,24 +107,31 @@ def memory_plan(budget: int, max_bases: int, compute_threads: int, io_workers: i
     readers = 0 if io_mode == "threads" else FORK_SERVER_BYTES + io_workers * READER_PROCESS_BYTES
     per_base = (ahead + 1 + 2 * compute_threads) * BATCH_BYTES_PER_BASE
     room = budget - PROCESS_BYTES - readers
+    most = Bounds().max_bases[1]
     if device is None:
-        bases = int(min(max_bases, max(MIN_BATCH_BASES, room // per_base)))
-        return MemoryPlan(budget, bases, ahead, compute_threads, io_mode, small)
+        held = max(MIN_BATCH_BASES, room // per_base)
+        return MemoryPlan(budget, int(min(max_bases, held)), ahead, compute_threads, io_mode, small,
+                          most_bases=int(min(most, held)))  # fmt: skip
 
     def fits(b: int) -> bool:
         gpu = device.bytes_for(b)
         return b * per_base + gpu <= room and (device.cap is None or gpu <= device.cap)
 
-    lo, hi = MIN_BATCH_BASES, max(MIN_BATCH_BASES, max_bases)
-    if fits(hi):
-        lo = hi
-    while hi - lo > 1:  # the GPU part grows with B: the largest B that fits, MIN_BATCH_BASES at least
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    gpu_bytes = max(0, room - lo * per_base)
+    def largest(cap: int) -> int:
+        """The largest B up to cap that fits, MIN_BATCH_BASES at least (the GPU part grows with B)."""
+        lo, hi = MIN_BATCH_BASES, max(MIN_BATCH_BASES, cap)
+        if fits(hi):
+            return hi
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        return lo
+
+    b = largest(max_bases)
+    gpu_bytes = max(0, room - b * per_base)
     if device.cap is not None:
         gpu_bytes = min(gpu_bytes, device.cap)
-    return MemoryPlan(budget, lo, ahead, compute_threads, io_mode, small, gpu_bytes)
+    return MemoryPlan(budget, b, ahead, compute_threads, io_mode, small, gpu_bytes, largest(most))
 
 
 @dataclass(frozen=True)
@@ -292,9 +300,13 @@ class Plan:
                            self.gpu.memory)  # fmt: skip
 
     def budgeted(self, memory: MemoryPlan) -> Plan:
-        """This plan with the budget a run was sized for and, on a unified board, the GPU part's share as its cap."""
+        """This plan with the budget a run was sized for, B's bound within it (so the tuner never grows batches
+        past the budget), and on a unified board the GPU part's share as its cap."""
         cap = memory.gpu_bytes if memory.gpu_bytes is not None else self.gpu.memory
-        return replace(self, budget=memory.budget, gpu=replace(self.gpu, memory=cap))
+        lo, hi = self.bounds.max_bases
+        bounds = self.bounds if memory.most_bases is None else replace(
+            self.bounds, max_bases=(lo, max(lo, min(hi, memory.most_bases))))  # fmt: skip
+        return replace(self, budget=memory.budget, gpu=replace(self.gpu, memory=cap), bounds=bounds)
 
     def limits(self) -> dict[str, Any]:
         """Every limit the plan sets, by its configuration name: the batch caps, the GPU split, threads, the

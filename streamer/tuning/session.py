@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -16,7 +17,7 @@ from streamer.paths import user_state_dir
 from streamer.tuning.controller import Controller
 from streamer.tuning.knobs import Action, Policy, Settings
 from streamer.tuning.monitor import ADVICE, REPEATS
-from streamer.tuning.profiles import PROFILE_NAMES, Machine, Plan, plan, user_set, with_settings
+from streamer.tuning.profiles import PROFILE_NAMES, Machine, MemoryPlan, Plan, plan, user_set, with_settings
 from streamer.tuning.store import TuningStore
 
 log = logging.getLogger(__name__)
@@ -246,6 +247,14 @@ class CallTuning:
         """The caps to plan batches with: the tuner's own, followed live, under --autotune."""
         autotune = self.tuner is not None and self.tuner.controller.policy.autotune
         return TunedLimits(self.tuner) if autotune else limits
+
+    def budgeted(self, memory: MemoryPlan) -> None:
+        """The run's memory plan: its budget, GPU share and bound on B, which the tuner keeps to from its start."""
+        self.plan = self.plan.budgeted(memory)
+        if self.tuner is not None:
+            c = self.tuner.controller
+            c.bounds = self.plan.bounds
+            c.settings = replace(c.settings, max_bases=min(c.settings.max_bases, c.bounds.max_bases[1]))
 
     def attach(self, gpu: GpuStage | None) -> None:
         """The pipeline's GPU ABEA stage (None: ABEA on the CPU, nothing to tune)."""
