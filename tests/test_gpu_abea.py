@@ -46,18 +46,23 @@ def case_env() -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="module", params=["simulator", "gpu"])
-def cases(request) -> dict:
-    env = case_env()
-    if request.param == "simulator":
+def run_cases(target: str, script: Path, *args: str, **env: str) -> dict:
+    """A case script's JSON, run under the CUDA simulator or on the GPU (skipped where neither is)."""
+    env = case_env() | env
+    if target == "simulator":
         if not HAS_CUDA_MODULE:
             pytest.skip("neither numba-cuda nor numba's built-in CUDA target is installed")
         env["NUMBA_ENABLE_CUDASIM"] = "1"
     elif not _gpu_present():
         pytest.skip("no CUDA GPU")
-    proc = subprocess.run([sys.executable, str(CASES)], capture_output=True, text=True, env=env, timeout=900)
+    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module", params=["simulator", "gpu"])
+def cases(request) -> dict:
+    return run_cases(request.param, CASES)
 
 
 def test_fixture_reads_identical_to_cpu(cases):

@@ -4,7 +4,6 @@ CPU's calls to the byte with the GPU events path on."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import pytest
 
 from streamer_gpu.events import chunk_bounds
 from conftest import ECOLI, REFERENCE
-from test_gpu_abea import HAS_CUDA_MODULE, _gpu_present, case_env
+from test_gpu_abea import HAS_CUDA_MODULE, run_cases
 from test_gpu_faults import lines_with
 
 CASES = Path(__file__).parent / "gpu_events_cases.py"
@@ -27,16 +26,7 @@ needs_cuda_module = pytest.mark.skipif(not HAS_CUDA_MODULE, reason="neither numb
 
 @pytest.fixture(scope="module", params=["simulator", "gpu"])
 def cases(request) -> dict:
-    env = case_env()
-    if request.param == "simulator":
-        if not HAS_CUDA_MODULE:
-            pytest.skip("neither numba-cuda nor numba's built-in CUDA target is installed")
-        env["NUMBA_ENABLE_CUDASIM"] = "1"
-    elif not _gpu_present():
-        pytest.skip("no CUDA GPU")
-    proc = subprocess.run([sys.executable, str(CASES)], capture_output=True, text=True, env=env, timeout=900)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    return run_cases(request.param, CASES)
 
 
 @pytest.mark.parametrize("name", ["fixture_dna", "fixture_rna", "edges_dna", "edges_rna", "edges_odd_windows", "chunked"])

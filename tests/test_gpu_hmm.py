@@ -5,10 +5,7 @@ pipeline (ABEA and HMM on the GPU) identical to the CPU's."""
 
 from __future__ import annotations
 
-import json
 import logging
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,25 +16,11 @@ import streamer_gpu
 from streamer_plugins.cpg.hmm_model import HmmParams, block_transitions, clip_flanks, flank_table, read_transitions
 from streamer_plugins.cpg.hmm_gpu import open_gpu_hmm
 from streamer_plugins.cpg.hmm_jobs import launch_order, pack_jobs
-from test_gpu_abea import HAS_CUDA_MODULE, _gpu_present, case_env
+from test_gpu_abea import _gpu_present, run_cases
 
 CASES = Path(__file__).parent / "gpu_hmm_cases.py"
 R10_CASES = Path(__file__).parent / "gpu_r10_cases.py"
 R10_TABLE = Path(__file__).resolve().parents[2] / "shared" / "models" / "r10" / "dna_r10.4.1_400bps_9mer.npz"
-
-
-def run_cases(target: str, script: Path, *args: str, **env: str) -> dict:
-    """A case script's JSON, run under the CUDA simulator or on the GPU (skipped where neither is)."""
-    env = case_env() | env
-    if target == "simulator":
-        if not HAS_CUDA_MODULE:
-            pytest.skip("neither numba-cuda nor numba's built-in CUDA target is installed")
-        env["NUMBA_ENABLE_CUDASIM"] = "1"
-    elif not _gpu_present():
-        pytest.skip("no CUDA GPU")
-    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=900)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
 
 
 @pytest.fixture(scope="module", params=["simulator", "gpu"])

@@ -20,7 +20,7 @@ from streamer.io.poretype import run_metadata
 from streamer.io.signal import iter_signal
 from streamer.pipeline.chemistry import RNA002_KMER_MODEL, pore_of_file
 from streamer.pore.model import builtin_model_path, load_model
-from test_gpu_hmm import run_cases
+from test_gpu_abea import run_cases
 
 DATA = Path(__file__).parent / "data" / "rna"
 KITS = {"rna002": [], "rna004": ["--pore", "rna004"]}
