@@ -1,0 +1,2 @@
+"""Base-space alignment of basecalls that arrive without one: an FM-index of the reference, maximal
+exact match seeds, chains and base-level extension, written once for the CPU (numba) and the GPU."""
