@@ -107,3 +107,22 @@ def test_device_bytes_are_what_the_plan_takes_when_memory_allows():
     assert device_bytes_for(opts, 100, H100_THREADS) == plan.arena_bytes + plan.other_bytes + CONTEXT_BYTES
     assert device_bytes_for(replace(opts, max_bases=4_000_000), 100, H100_THREADS) > device_bytes_for(opts, 100,
                                                                                                       H100_THREADS)
+
+
+class _Device:
+    """A device as either numba binding shows it: its attributes by the binding's names."""
+
+    MULTIPROCESSOR_COUNT = 132
+
+    def __init__(self, **attrs):
+        self.__dict__.update(attrs)
+
+
+@pytest.mark.parametrize("name", ["MAX_THREADS_PER_MULTIPROCESSOR", "MAX_THREADS_PER_MULTI_PROCESSOR"])
+def test_resident_threads_under_either_bindings_name(name):
+    """numba-cuda (cuda-python) and numba's ctypes binding spell the per-SM limit differently; a name
+    missed made the plan leave out the HMM's local memory (1.45 GB on an H200) under a cap."""
+    from streamer_gpu.device import resident_threads
+
+    assert resident_threads(_Device(**{name: 2048})) == H100_THREADS
+    assert resident_threads(_Device()) == 0

@@ -41,5 +41,16 @@ def probe_gpu(dev_id: int = 0) -> GpuInfo | None:
 
 
 def resident_threads(device) -> int:
-    """Threads a device holds at once (0 where it does not say: the simulator)."""
-    return int(getattr(device, "MULTIPROCESSOR_COUNT", 0) * getattr(device, "MAX_THREADS_PER_MULTI_PROCESSOR", 0))
+    """Threads a device holds at once (0 where it does not say: the simulator).
+
+    The attribute is spelt MAX_THREADS_PER_MULTIPROCESSOR where numba-cuda binds the driver through
+    cuda-python, and MAX_THREADS_PER_MULTI_PROCESSOR in numba's own ctypes binding: either is taken.
+    """
+    per_sm = 0
+    for name in ("MAX_THREADS_PER_MULTIPROCESSOR", "MAX_THREADS_PER_MULTI_PROCESSOR"):
+        try:
+            per_sm = int(getattr(device, name))
+            break
+        except AttributeError:
+            continue
+    return int(getattr(device, "MULTIPROCESSOR_COUNT", 0)) * per_sm

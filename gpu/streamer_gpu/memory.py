@@ -30,8 +30,8 @@ AUTOTUNE_EPK = 1.25
 # (the context itself is already counted out of the free memory measured)
 MODULE_BYTES = 256 << 20
 # the CUDA context and the runtime's own device memory, which a cap on the process's memory must hold
-# too: with a 3 GB cap on an H200 the process held 0.72 GB beyond the arena, the HMM and the modules
-# (`benchmarks/RESULTS-jetson-emulation.md`)
+# too: a bare context took 518 MiB on an H200 (nvidia-smi), the rest is margin for the driver's own
+# allocations (`benchmarks/RESULTS-jetson-emulation.md`)
 CONTEXT_BYTES = 768 << 20
 # local memory the CpG HMM kernel launch reserves per resident thread: its forward rows (6 x 224
 # float32); the driver reserves it for every thread the device can hold (2048 x 132 SMs on an H100:
