@@ -200,6 +200,22 @@ def trial(args, root: Path, prep: dict, pace: float, out: Path, standin: dict | 
             "standin": stop_standin(beside, out / "standin.json") if beside else None}  # fmt: skip
 
 
+def call_tsv(root: Path) -> Path:
+    """`streamer call` on all cells' reads at once, made once per prepared data set (`prepare` makes it
+    too, so a short device session can prepare in one command and replay in the next)."""
+    out = root / "call.tsv"
+    if not out.exists():
+        ref = root.parent / "ref.fa"
+        if not ref.exists():
+            ref.write_bytes(gzip.decompress(REFERENCE.read_bytes()))
+        joint = root / "all"
+        subprocess.run(streamer("call", "-r", joint / "reads.fasta", "-b", joint / "reads.bam", "-g", ref, "--signal",
+                                joint / "pod5", "-o", root / "call.partial.tsv"), check=True,
+                       stderr=open(root / "call.log", "w"))  # fmt: skip
+        (root / "call.partial.tsv").rename(out)
+    return out
+
+
 def run(args) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     res: dict = {"cells": args.cells, "daemon_cores": args.daemon_cores, "profile": args.profile,
@@ -213,16 +229,9 @@ def run(args) -> dict:
                    args.file_reads)  # fmt: skip
     prep = json.loads((root / PREP).read_text())
     res["prepare_s"] = time.perf_counter() - t0
-    ref = root.parent / "ref.fa"
-    if not ref.exists():
-        ref.write_bytes(gzip.decompress(REFERENCE.read_bytes()))
-    joint = root / "all"
     t0 = time.perf_counter()
-    subprocess.run(streamer("call", "-r", joint / "reads.fasta", "-b", joint / "reads.bam", "-g", ref, "--signal",
-                            joint / "pod5", "-o", args.out / "call.tsv"), check=True,
-                   stderr=open(args.out / "call.log", "w"))  # fmt: skip
+    call_rows = sorted(call_tsv(root).read_text().splitlines()[1:])
     res["call_s"] = time.perf_counter() - t0
-    call_rows = sorted((args.out / "call.tsv").read_text().splitlines()[1:])
     alone = None
     if args.standin_s > 0:
         proc = start_standin(args, args.out / "standin_alone.json", True)
@@ -300,6 +309,7 @@ def main() -> int:
     if args.step == "prepare":
         copies = copies_for(args.mbases, args.cells, args.data)
         root = prepare(args.data, args.work, args.cells, copies, args.file_reads)
+        call_tsv(root)
         print(root)
         return 0
     res = run(args)
