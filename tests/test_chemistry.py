@@ -61,6 +61,21 @@ def test_rna_flag_makes_the_pore_direct_rna():
         as_rna("r10")
 
 
+def test_the_rna_flag_help_names_the_direct_rna_chemistries_of_the_registry(monkeypatch):
+    from dataclasses import replace
+
+    from streamer.commands import eventalign
+
+    def rna_help() -> str:
+        parser = argparse.ArgumentParser()
+        eventalign.add_arguments(parser)
+        return next(a for a in parser._actions if a.dest == "rna").help
+
+    assert rna_help().startswith("direct RNA reads (f5c's --rna): RNA002, or RNA004 where --pore or the run metadata")
+    monkeypatch.setitem(CHEMISTRIES, "rna005", replace(RNA004, name="rna005", title="RNA005"))  # a new entry
+    assert "RNA002, or RNA004 or RNA005 where" in rna_help()
+
+
 def test_a_model_given_is_kept_whatever_the_chemistry(tmp_path):
     given = tmp_path / "mine.model"
     assert pore_models("r10", kmer_model=given, meth_model=given, folder=tmp_path) == (given, given)

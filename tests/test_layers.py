@@ -1,5 +1,6 @@
 """Dependencies run one way: every import of every module checked against the layer table in
-docs/design.md (core <- gpu <- plugins; inside the core, lower layers only)."""
+docs/design.md (core <- gpu <- plugins; inside the core, lower layers only), and no import cycle,
+also among the modules of one package or one entry of the table."""
 
 from __future__ import annotations
 
@@ -41,7 +42,9 @@ def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [f"{node.module}.{a.name}" for a in node.names] + [node.module]
+            names = [f"{node.module}.{a.name}" for a in node.names]
+            if not all(n in modules for n in names):  # `from pkg import sub` imports sub, not pkg's own names
+                names.append(node.module)
         else:
             continue
         for name in names:
@@ -93,3 +96,28 @@ def test_the_table_names_only_modules_that_exist():
     core, _ = _layers()
     modules = _modules()
     assert sorted(name for name in core if name not in modules) == []
+
+
+def test_no_import_cycles():
+    modules = _modules()
+    graph = {m: sorted(_imports(path, modules) - {m}) for m, path in modules.items()}
+    done: set[str] = set()
+    path: list[str] = []
+
+    def cycle_from(module: str) -> list[str] | None:
+        if module in path:
+            return path[path.index(module):] + [module]
+        if module in done:
+            return None
+        path.append(module)
+        for target in graph[module]:
+            found = cycle_from(target)
+            if found:
+                return found
+        path.pop()
+        done.add(module)
+        return None
+
+    for module in sorted(graph):
+        found = cycle_from(module)
+        assert found is None, "import cycle: " + " -> ".join(found)

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from streamer.pipeline.batching import BatchLimits, plan_batches
+from streamer.pipeline.chemistry import CHEMISTRIES, as_rna, title
 from streamer.commands._inputs import (add_input_arguments, add_memory_argument, alignment_filter, check_inputs,
                                        open_host, pipeline_options, runner_options, signal_index)
 from streamer import registry
@@ -31,6 +32,13 @@ HELP = "align events to reference k-mers and write the eventalign TSV"
 log = logging.getLogger(__name__)
 
 
+def _rna_pores() -> str:
+    """The direct RNA chemistries `--rna` reads, from the registry: `RNA002, or RNA004 where ...`."""
+    default = as_rna(None)
+    others = " or ".join(c.title for c in CHEMISTRIES.values() if c.reverse_signal and c.name != default)
+    return f"{title(default)}, or {others} where --pore or the run metadata says so" if others else title(default)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_input_arguments(p, "eventalign TSV")
     p.add_argument("--print-read-names", action="store_true", help="read names instead of read indices")
@@ -38,8 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--signal-index", action="store_true", help="each event's first and past-last sample index")
     p.add_argument("--samples", action="store_true", help="each event's samples, scaled to the model")
     p.add_argument("--rna", action="store_true",
-                   help="direct RNA reads (f5c's --rna): RNA002, or RNA004 where --pore or the run metadata says so; "
-                        "their signal runs 3'->5' and U is read as T")
+                   help=f"direct RNA reads (f5c's --rna): {_rna_pores()}; their signal runs 3'->5' and U is read as T")
     p.add_argument("--compat", choices=("f5c", "nanopolish"), default="f5c",
                    help="whose arithmetic to follow where tied paths differ in the last bit: f5c 1.1 or nanopolish "
                         "0.14 (its built-in model to 5 decimals, scalings in double) [%(default)s]")

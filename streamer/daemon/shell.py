@@ -33,6 +33,7 @@ from __future__ import annotations
 import enum
 import logging
 import os
+import sqlite3
 import threading
 import time
 from collections import Counter
@@ -47,7 +48,7 @@ from streamer.daemon.batches import Aligning, DaemonBatch, basecalls_of, evental
 from streamer.daemon.intake import FileIntake
 from streamer.daemon.policy import (PIPELINE_ERROR, EndOfRun, Ending, JoinTimeout, account, batch_due,
                                     missing_partner, recovered_row, skip_counters, skip_row)  # fmt: skip
-from streamer.errors import InputError
+from streamer.errors import StreamerError
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
 from streamer.io.signal import SIGNAL_SUFFIXES
@@ -222,7 +223,8 @@ class Daemon:
         except BaseException as exc:
             self.failure = exc
             self.state = State.FAILED
-            log.critical("daemon failed: %s", exc, exc_info=not isinstance(exc, InputError))
+            bug = not isinstance(exc, (StreamerError, OSError, sqlite3.OperationalError))  # a full disk: one line
+            log.critical("daemon failed: %s", exc, exc_info=bug or bool(os.environ.get("STREAMER_DEBUG")))
             self._fail_summary()
             self._send("run", "end", {"state": self.state.value, "error": str(exc)})
 

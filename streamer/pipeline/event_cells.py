@@ -10,6 +10,8 @@ would round differently. A read goes in blocks: a block's prefix sums (and the f
 windows reach), then its two t-series in a pass without a loop-carried step, which the CPU compiler
 vectorises (the divisions of the t-statistics bound the kernel), then the peak detector over them.
 A GPU thread holds its small blocks in local memory.
+The cells take a read's flat arrays and the detector's settings, a dozen or so, as device functions
+must; `detect_events` and `CudaEvents.detect` take the signal and `EventParams` and unpack them once.
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ def fill(fs: Path) -> Path:
 
 
 def test_a_full_disk_fails_with_the_summary_saying_so_and_a_restart_finishes(source, reference_path, tmp_path,
-                                                                           monkeypatch, start):
+                                                                           monkeypatch, start, caplog):
     live = tmp_path / "live"
     run = Replayer(source, live, ReplayOptions(speed=0, batch_reads=3)).run()
     for f in run.glob("final_summary*"):
@@ -75,6 +75,8 @@ def test_a_full_disk_fails_with_the_summary_saying_so_and_a_restart_finishes(sou
         d.thread.join(30)
         d.daemon.close()
         assert d.code == [1] and d.daemon.state is State.FAILED
+        failed = [r for r in caplog.records if r.getMessage().startswith("daemon failed")]
+        assert len(failed) == 1 and not failed[0].exc_info  # one line: a full disk is no bug to trace
         s = summary(cfg)
         assert s["state"] == "failed" and ("No space left on device" in s["error"] or "disk is full" in s["error"])
         assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]

@@ -1,5 +1,8 @@
 """Eventalign rows as the tools print them: the TSV (a numba row writer), the per-read summary, the
-event-space SAM (nanopolish's, f5c's version 1) and f5c 1.6's signal-alignment tags (its SAM version 2)."""
+event-space SAM (nanopolish's, f5c's version 1) and f5c 1.6's signal-alignment tags (its SAM version 2).
+
+The row writer (`write_rows`, `_tsv_row`) takes one flat array per column, as numba needs;
+`format_tsv` takes the rows record and unpacks it once."""
 
 from __future__ import annotations
 

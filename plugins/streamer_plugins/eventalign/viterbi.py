@@ -1,5 +1,8 @@
 """Eventalign's kernels: the per-piece Viterbi over the profile HMM and the walk along each
-read's CIGAR (see the package docstring for the arithmetic they follow)."""
+read's CIGAR (see the package docstring for the arithmetic they follow).
+
+They take the batch's flat arrays, the model and the scalings, twenty or so, as numba needs;
+`streamer_plugins.eventalign.rows.eventalign_batch` takes the batch record and unpacks it once."""
 
 from __future__ import annotations
 

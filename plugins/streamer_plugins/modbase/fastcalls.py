@@ -8,6 +8,8 @@ entries of one base with different positions or modes, more than MAX_CODES codes
 status SLOW and goes through tags.py, which reads every form and names every error.
 `calls` then turns the groups into per-read call columns sorted along SEQ, like pileup.py does
 for the slow path.
+Both kernels take a batch's flat arrays, twenty or so, as numba needs; `parsed.parse_records` and
+`PileupCounts` (`pileup.py`) hold them as records and unpack them once.
 """
 
 from __future__ import annotations

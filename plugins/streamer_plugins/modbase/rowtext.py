@@ -2,6 +2,8 @@
 
 The percentage is printed from its exact float32 value rounded half to even at two decimals,
 which is what modkit's `format!("{:.2}", f32)` prints.
+`render_rows` takes one flat array per column, as numba needs, and `render_text` the same columns
+(`bedmethyl.py` holds the table as columns, never as records).
 """
 
 from __future__ import annotations

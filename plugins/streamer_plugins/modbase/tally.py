@@ -8,6 +8,8 @@ two rows ('+' then '-'); with motifs only the motif sites have rows, one per str
 allows (`Layout`), so a CpG-only pileup of a human genome holds ~56 M rows, not 6 G. Every
 aligned or deleted reference position of a read adds exactly what modkit's pileup adds there,
 so tallies of read batches simply add up.
+The kernels take the store's and the batch's flat arrays, a dozen or more, as numba needs;
+`PileupCounts` (`pileup.py`) and the site table (`sites.py`) unpack them once per batch.
 """
 
 from __future__ import annotations
