@@ -126,6 +126,7 @@ def test_saved_beside_the_reference_and_reused(tmp_path, caplog):
     assert again.same_as(built) and path.stat().st_mtime_ns == mtime
     # another reference under the same name: built again
     ref.write_text(">x\nACGTACGTTTGACCA\n")
+    ref.with_name("ref.fa.fai").unlink()  # htslib's index of the old file
     os.utime(ref, ns=(mtime + 10**9, mtime + 10**9))
     with caplog.at_level(logging.INFO, logger="streamer.align.fmindex"):
         other = F.load_or_build(ref)
