@@ -54,10 +54,11 @@ class FmCells(NamedTuple):
     extend: Callable
     kmer_step: Callable
     longest_match: Callable
-    is_smem: Callable
     locate: Callable
     text_to_ref: Callable
-    seed_key: Callable
+    smem_count: Callable
+    fill_smem: Callable
+    order_seeds: Callable
     heapsort: Callable
 
 
@@ -281,18 +282,6 @@ def fm_cells(t: Target) -> FmCells:
         return j, lo, hi
 
     @t.jit
-    def is_smem(starts, g, e, m):
-        """Whether the long match ending at e (entry g of starts) is super-maximal: the match ending at
-        e+1 (entry g+1) starts later or is short, or e is the read's end. Longest matches' starts never
-        decrease, so one that starts no later contains this one."""
-        if starts[g] == NOT_LONG:
-            return False
-        if e == m:
-            return True
-        nxt = starts[g + 1]
-        return nxt == NOT_LONG or nxt > starts[g]
-
-    @t.jit
     def locate(bwt, cum, sep_rows, sep_sa, ssa, row):
         """The text position of row's suffix: LF steps to a sampled row, or to a SEP row (a segment's start)."""
         steps = 0
@@ -321,5 +310,44 @@ def fm_cells(t: Target) -> FmCells:
         """The order of a read strand's seeds, (rpos - qpos, qpos), as one int64 (reads < 2^29 bases)."""
         return ((rpos - qpos + (np.int64(1) << 31)) << 29) | qpos
 
-    return FmCells(suffix_key, refine_run, emit_row, pack_block, extend, kmer_step, longest_match, is_smem,
-                   locate, text_to_ref, seed_key, heapsort)  # fmt: skip
+    @t.jit
+    def smem_count(starts, lo, hi, g, e, m, max_occ):
+        """The seeds of the match ending at e (entry g of a read strand of m bases): its occurrences when
+        it is long, super-maximal and occurs at most max_occ times, else 0.
+
+        It is super-maximal when the match ending at e + 1 (entry g + 1) starts later or is short, or e
+        is the end: longest matches' starts never decrease, so one that starts no later contains it."""
+        s = starts[g]
+        if s == NOT_LONG:
+            return 0
+        if e < m:
+            nxt = starts[g + 1]
+            if nxt != NOT_LONG and nxt <= s:
+                return 0
+        n_occ = np.int64(hi[g]) - np.int64(lo[g])
+        return n_occ if n_occ <= max_occ else 0
+
+    @t.jit
+    def fill_smem(bwt, cum, sep_rows, sep_sa, ssa, seg_text, seg_ref, starts, lo, hi, g, e, job, at, read, qpos,
+                  rpos, length, rc):  # fmt: skip
+        """The seeds of the match ending at e (entry g) of job (read job >> 1, reverse complement when
+        odd), one an occurrence, written from `at`."""
+        s = starts[g]
+        for row in range(np.int64(lo[g]), np.int64(hi[g])):
+            rpos[at] = text_to_ref(seg_text, seg_ref, locate(bwt, cum, sep_rows, sep_sa, ssa, row))
+            read[at] = job >> 1
+            qpos[at] = s
+            length[at] = e - s
+            rc[at] = (job & 1) == 1
+            at += 1
+
+    @t.jit
+    def order_seeds(rpos, qpos, keys, perm, a, b):
+        """perm[a:b]: seeds a..b-1 (one read strand's) in the order (rpos - qpos, qpos); no two tie."""
+        for i in range(a, b):
+            keys[i] = seed_key(np.int64(rpos[i]), np.int64(qpos[i]))
+            perm[i] = i
+        heapsort(keys, perm, a, b)
+
+    return FmCells(suffix_key, refine_run, emit_row, pack_block, extend, kmer_step, longest_match, locate,
+                   text_to_ref, smem_count, fill_smem, order_seeds, heapsort)  # fmt: skip
