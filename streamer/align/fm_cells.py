@@ -53,7 +53,7 @@ class FmCells(NamedTuple):
     pack_block: Callable
     extend: Callable
     kmer_step: Callable
-    longest_match: Callable
+    match_window: Callable
     locate: Callable
     text_to_ref: Callable
     smem_count: Callable
@@ -244,42 +244,74 @@ def fm_cells(t: Target) -> FmCells:
         nxt_hi[x] = hi
 
     @t.jit
-    def longest_match(bwt, cum, sep_rows, kmer_lo, kmer_hi, k, q, a, e, min_len):
-        """The longest match ending at q[a+e-1] that reaches back no further than q[a]: (its start s
-        relative to a, its interval lo, hi), or (NOT_LONG, 0, 0) when it is shorter than min_len.
+    def match_window(bwt, cum, sep_rows, kmer_lo, kmer_hi, k, q, a, e_lo, e_hi, min_len, starts, lo, hi, g0, sizes):
+        """The longest match ending at each end e of the read strand q[a:] from e_hi down to e_lo + 1,
+        reaching back no further than q[a]: its start relative to a into starts[g0 + e - 1] and its
+        suffix array interval into lo/hi there; NOT_LONG (interval 0, 0) when shorter than min_len.
 
         Backward search from e, its last k symbols looked up in the k-mer table when k <= min_len (a
-        k-mer that does not occur leaves the match shorter than min_len)."""
-        lo = np.int64(0)
-        hi = cum[4]
-        j = e
-        if 0 < k <= min_len and e >= k:
-            x = 0
-            for p in range(e - k, e):
-                c = q[a + p]
+        k-mer that does not occur leaves the match shorter than min_len). `sizes` (scratch, its length
+        the reach) keeps the interval sizes of the strings q[j:e'] that the ends e' > e of the window
+        searched: once q[j:e] occurs as often as q[j:e'], every occurrence of it is followed by
+        q[e:e'], so it extends left exactly as far as the match ending at e + 1 does, which contains it
+        (its start is copied, and it is no seed). Most searches stop there, a few symbols in, instead
+        of at the end of their match."""
+        reach = len(sizes)
+        for i in range(reach):
+            sizes[i] = -1
+        for e in range(e_hi, e_lo, -1):
+            g = g0 + e - 1
+            lo_ = np.int64(0)
+            hi_ = cum[4]
+            j = e
+            contained = False
+            if 0 < k <= min_len and e >= k:
+                x = 0
+                for p in range(e - k, e):
+                    c = q[a + p]
+                    if c > 3:
+                        x = -1
+                        break
+                    x = 4 * x + c
+                if x >= 0:
+                    lo_ = np.int64(kmer_lo[x])
+                    hi_ = np.int64(kmer_hi[x])
+                    j = e - k
+                    if lo_ >= hi_:
+                        starts[g] = NOT_LONG
+                        lo[g] = 0
+                        hi[g] = 0
+                        continue
+                    t = e_hi - j
+                    if t < reach:
+                        contained = sizes[t] == hi_ - lo_
+                        sizes[t] = hi_ - lo_
+            while j > 0 and not contained:
+                c = q[a + j - 1]
                 if c > 3:
-                    x = -1
                     break
-                x = 4 * x + c
-            if x >= 0:
-                lo = np.int64(kmer_lo[x])
-                hi = np.int64(kmer_hi[x])
-                if lo >= hi:
-                    return NOT_LONG, np.int64(0), np.int64(0)
-                j = e - k
-        while j > 0:
-            c = q[a + j - 1]
-            if c > 3:
-                break
-            nlo, nhi = extend(bwt, cum, sep_rows, lo, hi, c)
-            if nlo >= nhi:
-                break
-            lo = nlo
-            hi = nhi
-            j -= 1
-        if e - j < min_len:
-            return NOT_LONG, np.int64(0), np.int64(0)
-        return j, lo, hi
+                nlo, nhi = extend(bwt, cum, sep_rows, lo_, hi_, c)
+                if nlo >= nhi:
+                    break
+                lo_ = nlo
+                hi_ = nhi
+                j -= 1
+                t = e_hi - j
+                if t < reach:
+                    contained = sizes[t] == hi_ - lo_
+                    sizes[t] = hi_ - lo_
+            if contained:
+                starts[g] = starts[g + 1]
+                lo_ = 0
+                hi_ = 0
+            elif e - j < min_len:
+                starts[g] = NOT_LONG
+                lo_ = 0
+                hi_ = 0
+            else:
+                starts[g] = j
+            lo[g] = lo_
+            hi[g] = hi_
 
     @t.jit
     def locate(bwt, cum, sep_rows, sep_sa, ssa, row):
@@ -349,5 +381,5 @@ def fm_cells(t: Target) -> FmCells:
             perm[i] = i
         heapsort(keys, perm, a, b)
 
-    return FmCells(suffix_key, refine_run, emit_row, pack_block, extend, kmer_step, longest_match, locate,
+    return FmCells(suffix_key, refine_run, emit_row, pack_block, extend, kmer_step, match_window, locate,
                    text_to_ref, smem_count, fill_smem, order_seeds, heapsort)  # fmt: skip

@@ -32,9 +32,11 @@ from streamer.pipeline.targets import CPU
 MIN_LEN = 19
 MAX_OCC = 500
 CHUNK_ENDS = 1 << 22
+WINDOW = 64  # read ends a thread searches, from the last: each but the last stops early where it is contained
+REACH = WINDOW + 64  # symbols back from a window's last end whose interval sizes a thread keeps
 
 _cells = fm_cells(CPU)
-_longest_match, _smem_count, _fill_smem, _order_seeds = (_cells.longest_match, _cells.smem_count, _cells.fill_smem,
+_match_window, _smem_count, _fill_smem, _order_seeds = (_cells.match_window, _cells.smem_count, _cells.fill_smem,
                                                          _cells.order_seeds)  # fmt: skip
 _COMPLEMENT = np.array([3, 2, 1, 0, 4], np.uint8)
 
@@ -72,16 +74,18 @@ def chunks(job_off: np.ndarray, cap: int) -> Iterator[tuple[int, int]]:
 
 @numba.njit(nogil=True, cache=True, parallel=True)
 def match_ends(bwt, cum, sep_rows, kmer_lo, kmer_hi, k, q, job_off, j0, j1, min_len, starts, lo, hi):
-    """The longest match ending at every end of jobs j0..j1-1 (entry g = the end's base, from job j0's)."""
+    """The longest match ending at every end of jobs j0..j1-1 (entry g = the end's base, from job j0's),
+    WINDOW ends at a time from each job's last."""
     base = job_off[j0]
     for j in numba.prange(j0, j1):
         a = job_off[j]
-        for e in range(1, job_off[j + 1] - a + 1):
-            s, l, h = _longest_match(bwt, cum, sep_rows, kmer_lo, kmer_hi, k, q, a, e, min_len)
-            g = a - base + e - 1
-            starts[g] = s
-            lo[g] = l
-            hi[g] = h
+        sizes = np.empty(REACH, np.int64)
+        e_hi = job_off[j + 1] - a
+        while e_hi > 0:
+            e_lo = max(0, e_hi - WINDOW)
+            _match_window(bwt, cum, sep_rows, kmer_lo, kmer_hi, k, q, a, e_lo, e_hi, min_len, starts, lo, hi,
+                          a - base, sizes)  # fmt: skip
+            e_hi = e_lo
 
 
 @numba.njit(nogil=True, cache=True, parallel=True)
