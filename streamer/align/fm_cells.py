@@ -60,6 +60,7 @@ class FmCells(NamedTuple):
     fill_smem: Callable
     order_seeds: Callable
     heapsort: Callable
+    lower_bound: Callable
 
 
 @functools.cache
@@ -382,4 +383,4 @@ def fm_cells(t: Target) -> FmCells:
         heapsort(keys, perm, a, b)
 
     return FmCells(suffix_key, refine_run, emit_row, pack_block, extend, kmer_step, match_window, locate,
-                   text_to_ref, smem_count, fill_smem, order_seeds, heapsort)  # fmt: skip
+                   text_to_ref, smem_count, fill_smem, order_seeds, heapsort, lower_bound)  # fmt: skip

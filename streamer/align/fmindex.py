@@ -63,9 +63,10 @@ class Text(NamedTuple):
     contig_offsets: np.ndarray  # int64[n_contigs + 1]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class FMIndex:
-    """The arrays of one reference's index (`streamer.align.fm_cells` describes their layout)."""
+    """The arrays of one reference's index (`streamer.align.fm_cells` describes their layout); equal to
+    itself only (`same_as` compares the arrays), so the GPU keeps its copy per index."""
 
     names: tuple[str, ...]
     contig_offsets: np.ndarray  # int64[n_contigs + 1]: contig i is [off[i], off[i+1]) of the contigs end to end
@@ -310,11 +311,13 @@ def load_or_build(reference: str | Path, *, budget: int = BUILD_BYTES, target: s
     t0 = time.perf_counter()
     text = fasta_text(reference)
     check_text(text, reference)
+    index = None
     if target == "gpu":
         from streamer.pipeline.gpu import gpu_package
 
         index = gpu_package().build_fmindex(text, budget)
-    else:
+        target = "gpu" if index is not None else "cpu"
+    if index is None:
         index = build_index(text, budget=budget)
     log.info("FM-index of %s: %d bases in %d segments, %.1f MB, built on the %s in %.1f s", reference,
              int(text.contig_offsets[-1]), len(text.seg_text), index.nbytes / 1e6, target.upper(),

@@ -19,6 +19,7 @@ flat arrays: every end's longest match, every end's seed count, the seeds writte
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 
 import numba
@@ -125,7 +126,9 @@ def seed_arrays(n: int) -> tuple[np.ndarray, ...]:
             np.empty(n, np.bool_))  # fmt: skip
 
 
-def _chunk_seeds(index: FMIndex, q, job_off, j0: int, j1: int, min_len: int, max_occ: int) -> tuple[np.ndarray, ...]:
+def chunk_seeds(index: FMIndex, q: np.ndarray, job_off: np.ndarray, j0: int, j1: int, min_len: int,
+                max_occ: int) -> tuple[np.ndarray, ...]:  # fmt: skip
+    """The seeds of jobs j0..j1-1 on the CPU, as (read, qpos, rpos, length, rc), ordered."""
     ix = index
     n_ends = int(job_off[j1] - job_off[j0])
     starts, lo, hi = np.empty(n_ends, np.int32), np.empty(n_ends, np.uint32), np.empty(n_ends, np.uint32)
@@ -146,19 +149,20 @@ def _chunk_seeds(index: FMIndex, q, job_off, j0: int, j1: int, min_len: int, max
 def find_seeds(index: FMIndex, codes: np.ndarray, offsets: np.ndarray, *, min_len: int = MIN_LEN,
                max_occ: int = MAX_OCC, target: str = "cpu", chunk_ends: int = CHUNK_ENDS) -> Seeds:
     """The seeds of reads `codes[offsets[i]:offsets[i+1]]` (`fmindex.encode`'s codes: A C G T 0-3, any
-    other base ends a match) on both strands, as one `Seeds` record; on the GPU for target "gpu"."""  # fmt: skip
+    other base ends a match) on both strands, as one `Seeds` record; on the GPU for target "gpu" (the
+    CPU where there is none, said once)."""  # fmt: skip
     if min_len < 1 or max_occ < 1:
         raise ValueError(f"min_len and max_occ must be at least 1, not {min_len} and {max_occ}")
     if len(offsets) > 1 and int(np.max(np.diff(offsets))) >= 1 << 29:
         raise ValueError("reads of 2^29 bases or more cannot be seeded")
     q, job_off = both_strands(np.asarray(codes, np.uint8), np.asarray(offsets, np.int64))
+    seeder = None
     if target == "gpu":
         from streamer.pipeline.gpu import gpu_package
 
-        run = gpu_package().fm_seeder(index).chunk_seeds
-    else:
-        run = _chunk_seeds
-    parts = [run(index, q, job_off, j0, j1, min_len, max_occ) for j0, j1 in chunks(job_off, chunk_ends)]
+        seeder = gpu_package().fm_seeder(index)
+    run = seeder.chunk_seeds if seeder is not None else functools.partial(chunk_seeds, index)
+    parts = [run(q, job_off, j0, j1, min_len, max_occ) for j0, j1 in chunks(job_off, chunk_ends)]
     if not parts:
         return Seeds(*seed_arrays(0))
     return Seeds(*(np.concatenate([p[i] for p in parts]) for i in range(5)))
