@@ -174,7 +174,7 @@ def seed_kernels():
             j = lower_bound(win_off, t + 1) - 1
             a = job_off[j]
             e_hi = job_off[j + 1] - a - WINDOW * (t - win_off[j])
-            e_lo = max(0, e_hi - WINDOW)
+            e_lo = e_hi - WINDOW if e_hi > WINDOW else 0  # (CUDA's max of two ints does not compile here)
             match_window(bwt, cum, sep_rows, kmer_lo, kmer_hi, k, q, a, e_lo, e_hi, min_len, starts, lo, hi, a, sizes)
 
     @cuda.jit

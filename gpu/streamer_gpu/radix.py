@@ -35,7 +35,8 @@ def kernels():
             tally[t] = 0
         cuda.syncthreads()
         first = b * TILE + t * ITEMS
-        for i in range(first, min(first + ITEMS, n)):
+        last = first + ITEMS if first + ITEMS < n else n  # (CUDA's min of two ints does not compile here)
+        for i in range(first, last):
             cuda.atomic.add(tally, np.int64((keys[i] >> shift) & np.uint64(DIGITS - 1)), 1)
         cuda.syncthreads()
         if t < DIGITS:
@@ -51,7 +52,7 @@ def kernels():
         for d in range(DIGITS):
             mine[d] = 0
         first = b * TILE + t * ITEMS
-        last = min(first + ITEMS, n)
+        last = first + ITEMS if first + ITEMS < n else n
         for i in range(first, last):
             mine[np.int64((keys[i] >> shift) & np.uint64(DIGITS - 1))] += 1
         for d in range(DIGITS):
