@@ -135,6 +135,7 @@ def bench(name: str, contigs, reads, truth, args) -> dict:
         t, gpu_seeds = timed(lambda: seed("gpu"), args.repeat)
         same = all(np.array_equal(a, b) for a, b in zip(seeds.__dict__.values(), gpu_seeds.__dict__.values()))
         res |= {"t_seed_gpu": t, "seed_mbps_gpu": res["read_mb"] / t, "same_seeds": same}
+        res |= {f"t_gpu_{k}": v / (args.repeat + 1) for k, v in gpu_package().fm_seeder(index).seconds.items()}
     return res
 
 

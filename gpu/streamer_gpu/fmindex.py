@@ -12,15 +12,16 @@ order within a bucket is the atomics', but every suffix ends in one place, so th
 CPU's. The host only turns counts into offsets (the checkpoints' running counts included).
 
 Seeding keeps the index on the device (one `CudaFmSeeder` per index and device) and runs a chunk of
-read ends as the CPU does: a thread per window of WINDOW ends, a thread per end for the counts, the
-host's running sum, a thread per seeding end for the locates, a thread per read strand for the
-order. A CUDA error seeds that chunk on the CPU, said in one line.
+read ends as the CPU does: a thread per window of WINDOW ends, a thread per end for the counts, a
+thread per seeding end for the locates, a thread per read strand for the order; the offsets are the counts' running sums, formed on the device (`streamer_gpu.scan`). A CUDA
+error seeds that chunk on the CPU, said in one line.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import time
 import weakref
 
 import numpy as np
@@ -32,6 +33,7 @@ from streamer.align.seeds import REACH, WINDOW, chunk_seeds, seed_arrays
 from streamer.align.suffixes import BUCKET_SHIFT, N_BUCKETS, plan_pieces
 from streamer_gpu.faults import from_env as fault_plan
 from streamer_gpu.radix import sort_pairs
+from streamer_gpu.scan import running_sums
 from streamer_gpu.target import CUDA_ERRORS, DEVICE
 
 log = logging.getLogger(__name__)
@@ -223,6 +225,8 @@ class CudaFmSeeder:
                    ("bwt", "cum", "sep_rows", "sep_sa", "ssa", "seg_text", "seg_ref", "kmer_lo", "kmer_hi")}  # fmt: skip
         self._kernels = seed_kernels()
         self._faults = fault_plan()
+        self.seconds: dict[str, float] = {}  # wall seconds of the chunks' copies in, matching (with the
+        # counts' running sums), locating and ordering, copies out
 
     def chunk_seeds(self, q: np.ndarray, job_off: np.ndarray, j0: int, j1: int, min_len: int,
                     max_occ: int) -> tuple[np.ndarray, ...]:  # fmt: skip
@@ -241,31 +245,39 @@ class CudaFmSeeder:
         n_ends, n_jobs = int(local_off[-1]), j1 - j0
         if n_ends == 0:
             return seed_arrays(0)
+        t0 = time.perf_counter()
         win_off = np.zeros(n_jobs + 1, np.int64)
         np.cumsum((np.diff(local_off) + WINDOW - 1) // WINDOW, out=win_off[1:])
-        d_q = cuda.to_device(q[job_off[j0] : job_off[j1]])
-        d_off = cuda.to_device(local_off)
+        n_win = int(win_off[-1])
+        d_q, d_off, d_win = (cuda.to_device(q[job_off[j0] : job_off[j1]]), cuda.to_device(local_off),
+                             cuda.to_device(win_off))  # fmt: skip
         starts, lo, hi = (cuda.device_array(n_ends, np.int32), cuda.device_array(n_ends, np.uint32),
                           cuda.device_array(n_ends, np.uint32))  # fmt: skip
-        n_win = int(win_off[-1])
-        windows[grid(n_win), BLOCK](d["bwt"], d["cum"], d["sep_rows"], d["kmer_lo"], d["kmer_hi"], self.index.kmer_len,
-                                    d_q, d_off, cuda.to_device(win_off), n_win, min_len, starts, lo, hi)  # fmt: skip
         counts = cuda.device_array(n_ends, np.int64)
+        cuda.synchronize()
+        t1 = time.perf_counter()
+        windows[grid(n_win), BLOCK](d["bwt"], d["cum"], d["sep_rows"], d["kmer_lo"], d["kmer_hi"], self.index.kmer_len,
+                                    d_q, d_off, d_win, n_win, min_len, starts, lo, hi)  # fmt: skip
         count[grid(n_ends), BLOCK](d_off, n_ends, starts, lo, hi, max_occ, counts)
-        at = np.zeros(n_ends + 1, np.int64)
-        np.cumsum(counts.copy_to_host(), out=at[1:])
-        n_seeds = int(at[-1])
-        if n_seeds == 0:
-            return seed_arrays(0)
-        d_at = cuda.to_device(at)
+        d_at, n_seeds = running_sums(counts)
+        cuda.synchronize()
+        t2 = time.perf_counter()
         out = [cuda.device_array(n_seeds, a.dtype) for a in seed_arrays(0)]
-        fill[grid(n_ends), BLOCK](d["bwt"], d["cum"], d["sep_rows"], d["sep_sa"], d["ssa"], d["seg_text"],
-                                  d["seg_ref"], d_off, j0, n_ends, starts, lo, hi, d_at, *out)  # fmt: skip
-        keys, perm = cuda.device_array(n_seeds, np.int64), cuda.device_array(n_seeds, np.int64)
-        order[grid(n_jobs), BLOCK](d_off, n_jobs, d_at, out[2], out[1], keys, perm)
-        ordered = [cuda.device_array(n_seeds, a.dtype) for a in out]
-        permute[grid(n_seeds), BLOCK](perm, n_seeds, *out, *ordered)
-        return tuple(a.copy_to_host() for a in ordered)
+        if n_seeds:
+            fill[grid(n_ends), BLOCK](d["bwt"], d["cum"], d["sep_rows"], d["sep_sa"], d["ssa"], d["seg_text"],
+                                      d["seg_ref"], d_off, j0, n_ends, starts, lo, hi, d_at, *out)  # fmt: skip
+            keys, perm = cuda.device_array(n_seeds, np.int64), cuda.device_array(n_seeds, np.int64)
+            order[grid(n_jobs), BLOCK](d_off, n_jobs, d_at, out[2], out[1], keys, perm)
+            ordered = [cuda.device_array(n_seeds, a.dtype) for a in out]
+            permute[grid(n_seeds), BLOCK](perm, n_seeds, *out, *ordered)
+            out = ordered
+        cuda.synchronize()
+        t3 = time.perf_counter()
+        host = tuple(a.copy_to_host() if n_seeds else np.zeros(0, a.dtype) for a in out)
+        t4 = time.perf_counter()
+        for key, dt in (("h2d", t1 - t0), ("match", t2 - t1), ("locate", t3 - t2), ("d2h", t4 - t3)):
+            self.seconds[key] = self.seconds.get(key, 0.0) + dt
+        return host
 
 
 _seeders: weakref.WeakKeyDictionary[FMIndex, dict[int, CudaFmSeeder]] = weakref.WeakKeyDictionary()

@@ -12,9 +12,9 @@ sampled suffix array). min_len defaults to 19, BWA-MEM's: a random 19-mer occurs
 with probability 3e9 / 4^19 = 1%, while a read with 5% errors still has an exact 19-mer about every
 50 bases. max_occ defaults to BWA-MEM's 500: more repetitive matches are left out (minimap2's -f).
 
-A batch goes in chunks of at most CHUNK_ENDS read ends (12 bytes an end), each in four steps over
-flat arrays: every end's longest match, every end's seed count, the seeds written at their offsets
-(counted first, so no buffer overflows), and each read strand's seeds ordered.
+A batch goes in chunks of at most CHUNK_ENDS read ends (GPU_CHUNK_ENDS on the GPU), each in four
+steps over flat arrays: every end's longest match, every end's seed count, the seeds written at
+their offsets (counted first, so no buffer overflows), and each read strand's seeds ordered.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from streamer.pipeline.targets import CPU
 MIN_LEN = 19
 MAX_OCC = 500
 CHUNK_ENDS = 1 << 22
+GPU_CHUNK_ENDS = 1 << 24  # on the GPU: about 450 MB of device memory with the seeds of a chunk
 WINDOW = 64  # read ends a thread searches, from the last: each but the last stops early where it is contained
 REACH = WINDOW + 64  # symbols back from a window's last end whose interval sizes a thread keeps
 
@@ -147,7 +148,7 @@ def chunk_seeds(index: FMIndex, q: np.ndarray, job_off: np.ndarray, j0: int, j1:
 
 
 def find_seeds(index: FMIndex, codes: np.ndarray, offsets: np.ndarray, *, min_len: int = MIN_LEN,
-               max_occ: int = MAX_OCC, target: str = "cpu", chunk_ends: int = CHUNK_ENDS) -> Seeds:
+               max_occ: int = MAX_OCC, target: str = "cpu", chunk_ends: int | None = None) -> Seeds:
     """The seeds of reads `codes[offsets[i]:offsets[i+1]]` (`fmindex.encode`'s codes: A C G T 0-3, any
     other base ends a match) on both strands, as one `Seeds` record; on the GPU for target "gpu" (the
     CPU where there is none, said once)."""  # fmt: skip
@@ -162,6 +163,8 @@ def find_seeds(index: FMIndex, codes: np.ndarray, offsets: np.ndarray, *, min_le
 
         seeder = gpu_package().fm_seeder(index)
     run = seeder.chunk_seeds if seeder is not None else functools.partial(chunk_seeds, index)
+    if chunk_ends is None:
+        chunk_ends = CHUNK_ENDS if seeder is None else GPU_CHUNK_ENDS
     parts = [run(q, job_off, j0, j1, min_len, max_occ) for j0, j1 in chunks(job_off, chunk_ends)]
     if not parts:
         return Seeds(*seed_arrays(0))
