@@ -244,6 +244,7 @@ def check_text(text: Text, source: str | Path) -> None:
 
 def build_index(text: Text, *, budget: int = BUILD_BYTES, kmer_len: int | None = None) -> FMIndex:
     """The index of `text`, on the CPU, its suffixes sorted in pieces of at most `budget` bytes."""
+    check_text(text, "reference")
     codes, ssa, seg_row = empty_parts(text)
     sort_suffixes(text.codes, text.seg_text, max_piece_for(budget), codes, ssa, seg_row)
     bwt = np.zeros(4 * (len(codes) // BLOCK_ROWS + 1), np.uint64)
