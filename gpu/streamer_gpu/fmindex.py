@@ -29,7 +29,7 @@ from numba import cuda
 
 from streamer.align.fm_cells import BLOCK_ROWS, KEY_SYMBOLS, fm_cells
 from streamer.align.fmindex import FMIndex, Text, checkpoint, empty_parts, kmer_len_for, max_piece_for, sep_order
-from streamer.align.seeds import REACH, WINDOW, chunk_seeds, seed_arrays
+from streamer.align.seeds import REACH, WINDOW, chunk_seeds, seed_arrays, window_offsets
 from streamer.align.suffixes import BUCKET_SHIFT, N_BUCKETS, plan_pieces
 from streamer_gpu.faults import from_env as fault_plan
 from streamer_gpu.radix import sort_pairs
@@ -164,36 +164,33 @@ def build(text: Text, budget: int, kmer_len: int | None = None) -> FMIndex:
 def seed_kernels():
     """Seeding's kernels, compiled on first use."""
     c = fm_cells(DEVICE)
-    match_window, smem_count, fill_smem, order_seeds, lower_bound = (c.match_window, c.smem_count, c.fill_smem,
-                                                                     c.order_seeds, c.lower_bound)  # fmt: skip
+    window_of, end_of, match_window = c.window_of, c.end_of, c.match_window
+    smem_count, fill_smem, order_seeds = c.smem_count, c.fill_smem, c.order_seeds
 
     @cuda.jit
     def windows(bwt, cum, sep_rows, kmer_lo, kmer_hi, k, q, job_off, win_off, n_win, min_len, starts, lo, hi):
-        """A thread per window of WINDOW ends, a job's last window first (as the CPU's loop goes)."""
-        t = cuda.grid(1)
-        if t < n_win:
+        """A thread per window of WINDOW ends."""
+        w = cuda.grid(1)
+        if w < n_win:
             sizes = cuda.local.array(REACH, np.int64)
-            j = lower_bound(win_off, t + 1) - 1
-            a = job_off[j]
-            e_hi = job_off[j + 1] - a - WINDOW * (t - win_off[j])
-            e_lo = e_hi - WINDOW if e_hi > WINDOW else 0  # (CUDA's max of two ints does not compile here)
+            a, e_lo, e_hi = window_of(job_off, win_off, w, WINDOW)
             match_window(bwt, cum, sep_rows, kmer_lo, kmer_hi, k, q, a, e_lo, e_hi, min_len, starts, lo, hi, a, sizes)
 
     @cuda.jit
     def count(job_off, n_ends, starts, lo, hi, max_occ, counts):
         g = cuda.grid(1)
         if g < n_ends:
-            j = lower_bound(job_off, g + 1) - 1
-            counts[g] = smem_count(starts, lo, hi, g, g - job_off[j] + 1, job_off[j + 1] - job_off[j], max_occ)
+            _, e, m = end_of(job_off, g)
+            counts[g] = smem_count(starts, lo, hi, g, e, m, max_occ)
 
     @cuda.jit
     def fill(bwt, cum, sep_rows, sep_sa, ssa, seg_text, seg_ref, job_off, j0, n_ends, starts, lo, hi, at, read, qpos,
              rpos, length, rc):  # fmt: skip
         g = cuda.grid(1)
         if g < n_ends and at[g + 1] > at[g]:
-            j = lower_bound(job_off, g + 1) - 1
-            fill_smem(bwt, cum, sep_rows, sep_sa, ssa, seg_text, seg_ref, starts, lo, hi, g, g - job_off[j] + 1,
-                      j0 + j, at[g], read, qpos, rpos, length, rc)  # fmt: skip
+            j, e, _ = end_of(job_off, g)
+            fill_smem(bwt, cum, sep_rows, sep_sa, ssa, seg_text, seg_ref, starts, lo, hi, g, e, j0 + j, at[g], read,
+                      qpos, rpos, length, rc)  # fmt: skip
 
     @cuda.jit
     def order(job_off, n_jobs, at, rpos, qpos, keys, perm):
@@ -246,8 +243,7 @@ class CudaFmSeeder:
         if n_ends == 0:
             return seed_arrays(0)
         t0 = time.perf_counter()
-        win_off = np.zeros(n_jobs + 1, np.int64)
-        np.cumsum((np.diff(local_off) + WINDOW - 1) // WINDOW, out=win_off[1:])
+        win_off = window_offsets(local_off)
         n_win = int(win_off[-1])
         d_q, d_off, d_win = (cuda.to_device(q[job_off[j0] : job_off[j1]]), cuda.to_device(local_off),
                              cuda.to_device(win_off))  # fmt: skip

@@ -53,6 +53,8 @@ class FmCells(NamedTuple):
     pack_block: Callable
     extend: Callable
     kmer_step: Callable
+    window_of: Callable
+    end_of: Callable
     match_window: Callable
     locate: Callable
     text_to_ref: Callable
@@ -245,6 +247,22 @@ def fm_cells(t: Target) -> FmCells:
         nxt_hi[x] = hi
 
     @t.jit
+    def window_of(job_off, win_off, w, window):
+        """Window w of the read strands: its strand's start a and its ends (e_lo, e_hi]; a strand of m
+        ends has ceil(m / window) windows (win_off: their running count), taken from its last end."""
+        j = lower_bound(win_off, w + 1) - 1
+        a = job_off[j]
+        e_hi = job_off[j + 1] - a - window * (w - win_off[j])
+        e_lo = e_hi - window if e_hi > window else 0  # (CUDA's max of two ints does not compile here)
+        return a, e_lo, e_hi
+
+    @t.jit
+    def end_of(job_off, g):
+        """Entry g's read strand j, its end e (1..m) and the strand's length m."""
+        j = lower_bound(job_off, g + 1) - 1
+        return j, g - job_off[j] + 1, job_off[j + 1] - job_off[j]
+
+    @t.jit
     def match_window(bwt, cum, sep_rows, kmer_lo, kmer_hi, k, q, a, e_lo, e_hi, min_len, starts, lo, hi, g0, sizes):
         """The longest match ending at each end e of the read strand q[a:] from e_hi down to e_lo + 1,
         reaching back no further than q[a]: its start relative to a into starts[g0 + e - 1] and its
@@ -382,5 +400,5 @@ def fm_cells(t: Target) -> FmCells:
             perm[i] = i
         heapsort(keys, perm, a, b)
 
-    return FmCells(suffix_key, refine_run, emit_row, pack_block, extend, kmer_step, match_window, locate,
+    return FmCells(suffix_key, refine_run, emit_row, pack_block, extend, kmer_step, window_of, end_of, match_window, locate,
                    text_to_ref, smem_count, fill_smem, order_seeds, heapsort, lower_bound)  # fmt: skip

@@ -38,8 +38,8 @@ WINDOW = 64  # read ends a thread searches, from the last: each but the last sto
 REACH = WINDOW + 64  # symbols back from a window's last end whose interval sizes a thread keeps
 
 _cells = fm_cells(CPU)
-_match_window, _smem_count, _fill_smem, _order_seeds = (_cells.match_window, _cells.smem_count, _cells.fill_smem,
-                                                         _cells.order_seeds)  # fmt: skip
+_window_of, _end_of, _match_window = _cells.window_of, _cells.end_of, _cells.match_window
+_smem_count, _fill_smem, _order_seeds = _cells.smem_count, _cells.fill_smem, _cells.order_seeds
 _COMPLEMENT = np.array([3, 2, 1, 0, 4], np.uint8)
 
 
@@ -74,51 +74,44 @@ def chunks(job_off: np.ndarray, cap: int) -> Iterator[tuple[int, int]]:
         j0 = j1
 
 
+def window_offsets(job_off: np.ndarray) -> np.ndarray:
+    """The running count of the read strands' windows of WINDOW ends (`fm_cells.window_of`)."""
+    win_off = np.zeros(len(job_off), np.int64)
+    np.cumsum((np.diff(job_off) + WINDOW - 1) // WINDOW, out=win_off[1:])
+    return win_off
+
+
 @numba.njit(nogil=True, cache=True, parallel=True)
-def match_ends(bwt, cum, sep_rows, kmer_lo, kmer_hi, k, q, job_off, j0, j1, min_len, starts, lo, hi):
-    """The longest match ending at every end of jobs j0..j1-1 (entry g = the end's base, from job j0's),
-    WINDOW ends at a time from each job's last."""
-    base = job_off[j0]
-    for j in numba.prange(j0, j1):
-        a = job_off[j]
+def match_windows(bwt, cum, sep_rows, kmer_lo, kmer_hi, k, q, job_off, win_off, min_len, starts, lo, hi):
+    """The longest match ending at every end of the read strands (entry g: the end's base), a window of
+    WINDOW ends at a time."""
+    for w in numba.prange(win_off[-1]):
         sizes = np.empty(REACH, np.int64)
-        e_hi = job_off[j + 1] - a
-        while e_hi > 0:
-            e_lo = max(0, e_hi - WINDOW)
-            _match_window(bwt, cum, sep_rows, kmer_lo, kmer_hi, k, q, a, e_lo, e_hi, min_len, starts, lo, hi,
-                          a - base, sizes)  # fmt: skip
-            e_hi = e_lo
+        a, e_lo, e_hi = _window_of(job_off, win_off, w, WINDOW)
+        _match_window(bwt, cum, sep_rows, kmer_lo, kmer_hi, k, q, a, e_lo, e_hi, min_len, starts, lo, hi, a, sizes)
 
 
 @numba.njit(nogil=True, cache=True, parallel=True)
-def count_seeds(job_off, j0, j1, starts, lo, hi, max_occ, counts):
-    base = job_off[j0]
-    for j in numba.prange(j0, j1):
-        a = job_off[j]
-        m = job_off[j + 1] - a
-        for e in range(1, m + 1):
-            g = a - base + e - 1
-            counts[g] = _smem_count(starts, lo, hi, g, e, m, max_occ)
+def count_seeds(job_off, starts, lo, hi, max_occ, counts):
+    for g in numba.prange(len(counts)):
+        _, e, m = _end_of(job_off, g)
+        counts[g] = _smem_count(starts, lo, hi, g, e, m, max_occ)
 
 
 @numba.njit(nogil=True, cache=True, parallel=True)
-def fill_seeds(bwt, cum, sep_rows, sep_sa, ssa, seg_text, seg_ref, job_off, j0, j1, starts, lo, hi, at, read, qpos,
-               rpos, length, rc):  # fmt: skip
-    base = job_off[j0]
-    for j in numba.prange(j0, j1):
-        a = job_off[j]
-        for e in range(1, job_off[j + 1] - a + 1):
-            g = a - base + e - 1
-            if at[g + 1] > at[g]:
-                _fill_smem(bwt, cum, sep_rows, sep_sa, ssa, seg_text, seg_ref, starts, lo, hi, g, e, j, at[g], read,
-                           qpos, rpos, length, rc)  # fmt: skip
+def fill_seeds(bwt, cum, sep_rows, sep_sa, ssa, seg_text, seg_ref, job_off, j0, starts, lo, hi, at, read, qpos, rpos,
+               length, rc):  # fmt: skip
+    for g in numba.prange(len(starts)):
+        if at[g + 1] > at[g]:
+            j, e, _ = _end_of(job_off, g)
+            _fill_smem(bwt, cum, sep_rows, sep_sa, ssa, seg_text, seg_ref, starts, lo, hi, g, e, j0 + j, at[g], read,
+                       qpos, rpos, length, rc)  # fmt: skip
 
 
 @numba.njit(nogil=True, cache=True, parallel=True)
-def order_jobs(job_off, j0, j1, at, rpos, qpos, keys, perm):
-    base = job_off[j0]
-    for j in numba.prange(j0, j1):
-        _order_seeds(rpos, qpos, keys, perm, at[job_off[j] - base], at[job_off[j + 1] - base])
+def order_jobs(job_off, at, rpos, qpos, keys, perm):
+    for j in numba.prange(len(job_off) - 1):
+        _order_seeds(rpos, qpos, keys, perm, at[job_off[j]], at[job_off[j + 1]])
 
 
 def seed_arrays(n: int) -> tuple[np.ndarray, ...]:
@@ -129,21 +122,23 @@ def seed_arrays(n: int) -> tuple[np.ndarray, ...]:
 
 def chunk_seeds(index: FMIndex, q: np.ndarray, job_off: np.ndarray, j0: int, j1: int, min_len: int,
                 max_occ: int) -> tuple[np.ndarray, ...]:  # fmt: skip
-    """The seeds of jobs j0..j1-1 on the CPU, as (read, qpos, rpos, length, rc), ordered."""
+    """The seeds of read strands j0..j1-1 on the CPU, as (read, qpos, rpos, length, rc), ordered."""
     ix = index
-    n_ends = int(job_off[j1] - job_off[j0])
+    off = job_off[j0 : j1 + 1] - job_off[j0]
+    q = q[job_off[j0] : job_off[j1]]
+    n_ends = int(off[-1])
     starts, lo, hi = np.empty(n_ends, np.int32), np.empty(n_ends, np.uint32), np.empty(n_ends, np.uint32)
-    match_ends(ix.bwt, ix.cum, ix.sep_rows, ix.kmer_lo, ix.kmer_hi, ix.kmer_len, q, job_off, j0, j1, min_len, starts,
-               lo, hi)  # fmt: skip
+    match_windows(ix.bwt, ix.cum, ix.sep_rows, ix.kmer_lo, ix.kmer_hi, ix.kmer_len, q, off, window_offsets(off),
+                  min_len, starts, lo, hi)  # fmt: skip
     counts = np.empty(n_ends, np.int64)
-    count_seeds(job_off, j0, j1, starts, lo, hi, max_occ, counts)
+    count_seeds(off, starts, lo, hi, max_occ, counts)
     at = np.zeros(n_ends + 1, np.int64)
     np.cumsum(counts, out=at[1:])
     out = seed_arrays(int(at[-1]))
-    fill_seeds(ix.bwt, ix.cum, ix.sep_rows, ix.sep_sa, ix.ssa, ix.seg_text, ix.seg_ref, job_off, j0, j1, starts, lo,
-               hi, at, *out)  # fmt: skip
+    fill_seeds(ix.bwt, ix.cum, ix.sep_rows, ix.sep_sa, ix.ssa, ix.seg_text, ix.seg_ref, off, j0, starts, lo, hi, at,
+               *out)  # fmt: skip
     keys, perm = np.empty(len(out[0]), np.int64), np.empty(len(out[0]), np.int64)
-    order_jobs(job_off, j0, j1, at, out[2], out[1], keys, perm)
+    order_jobs(off, at, out[2], out[1], keys, perm)
     return tuple(a[perm] for a in out)
 
 
