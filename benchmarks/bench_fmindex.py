@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import sys
 import time
 from pathlib import Path
@@ -118,7 +119,8 @@ def bench(name: str, contigs, reads, truth, args) -> dict:
     res["pieces"] = len(list(plan_pieces(bucket_counts(text.codes, len(text.codes)), F.max_piece_for(budget))))
     t0 = time.perf_counter()
     index = F.build_index(text, budget=budget)
-    res |= {"t_build_cpu": time.perf_counter() - t0, "index_mb": index.nbytes / 1e6, "kmer_len": index.kmer_len}
+    res |= {"t_build_cpu": time.perf_counter() - t0, "index_mb": index.nbytes / 1e6, "kmer_len": index.kmer_len,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3}
     codes, offsets = packed(reads)
     res |= {"reads": len(reads), "read_mb": int(offsets[-1]) / 1e6}
     seed = lambda target: find_seeds(index, codes, offsets, min_len=args.min_len, max_occ=args.max_occ, target=target)  # noqa: E731
