@@ -38,7 +38,6 @@ _M1 = np.uint64(0x5555555555555555)
 _M2 = np.uint64(0x3333333333333333)
 _M4 = np.uint64(0x0F0F0F0F0F0F0F0F)
 _LOW32 = np.uint64(0xFFFFFFFF)
-_ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
 _ONE = np.uint64(1)
 # the 3-bit key symbol of a text code: past the text's end 0 < SEP 1 < A 2 < C 3 < G 4 < T 5
 KEY_SYM = np.array([2, 3, 4, 5, 1], np.uint64)
@@ -51,18 +50,14 @@ class FmCells(NamedTuple):
     refine_run: Callable
     emit_row: Callable
     pack_block: Callable
-    extend: Callable
     kmer_step: Callable
     window_of: Callable
     end_of: Callable
     match_window: Callable
     locate: Callable
-    text_to_ref: Callable
     smem_count: Callable
     fill_smem: Callable
     order_seeds: Callable
-    heapsort: Callable
-    lower_bound: Callable
 
 
 @functools.cache
@@ -400,5 +395,5 @@ def fm_cells(t: Target) -> FmCells:
             perm[i] = i
         heapsort(keys, perm, a, b)
 
-    return FmCells(suffix_key, refine_run, emit_row, pack_block, extend, kmer_step, window_of, end_of, match_window, locate,
-                   text_to_ref, smem_count, fill_smem, order_seeds, heapsort, lower_bound)  # fmt: skip
+    return FmCells(suffix_key, refine_run, emit_row, pack_block, kmer_step, window_of, end_of, match_window, locate,
+                   smem_count, fill_smem, order_seeds)
