@@ -18,11 +18,13 @@ from streamer.pipeline.gpu import CudaOptions
 from streamer_gpu.device import probe_gpu
 
 if TYPE_CHECKING:
+    from streamer.align.fmindex import FMIndex, Text
     from streamer_gpu.abea import CudaAbea
     from streamer_gpu.events import CudaEvents
+    from streamer_gpu.fmindex import CudaFmSeeder
 
-__all__ = ["arena_bases", "count_gpus", "device_bytes", "device_context", "gpu_absent", "is_cuda_error", "open_events",
-           "open_gpu", "probe_gpu", "release_gpu"]
+__all__ = ["arena_bases", "build_fmindex", "count_gpus", "device_bytes", "device_context", "fm_seeder", "gpu_absent",
+           "is_cuda_error", "open_events", "open_gpu", "probe_gpu", "release_gpu"]
 
 log = logging.getLogger(__name__)
 _said: set[tuple[str, str]] = set()
@@ -71,6 +73,34 @@ def open_events(options: CudaOptions) -> CudaEvents | None:
         return CudaEvents(options.dev_id, stream_priority=options.stream_priority)
     except CUDA_ERRORS as exc:
         log.warning("could not start event detection on GPU %d (%s): it runs on the CPU", options.dev_id, exc)
+    return None
+
+
+def build_fmindex(text: Text, budget: int, kmer_len: int | None = None) -> FMIndex | None:
+    """The FM-index of text built on the current GPU, or None, said in one log line, where it cannot be."""
+    if gpu_absent("the FM-index build"):
+        return None
+    from streamer_gpu.fmindex import build
+    from streamer_gpu.target import CUDA_ERRORS
+
+    try:
+        return build(text, budget, kmer_len)
+    except CUDA_ERRORS as exc:
+        log.warning("could not build the FM-index on the GPU (%s): it is built on the CPU", exc)
+    return None
+
+
+def fm_seeder(index: FMIndex) -> CudaFmSeeder | None:
+    """Seeding against index on the current GPU, or None, said in one log line, where it cannot start."""
+    if gpu_absent("seeding"):
+        return None
+    from streamer_gpu.fmindex import seeder_for
+    from streamer_gpu.target import CUDA_ERRORS
+
+    try:
+        return seeder_for(index)
+    except CUDA_ERRORS as exc:
+        log.warning("could not copy the FM-index to the GPU (%s): seeding runs on the CPU", exc)
     return None
 
 

@@ -36,6 +36,13 @@ class GpuEvents(Protocol):
         """`streamer.pipeline.events.detect_events`' five arrays, plus the batch's measurements."""
 
 
+class GpuFmSeeder(Protocol):
+    """An FM-index on one device (`streamer_gpu.fmindex.CudaFmSeeder`) as `streamer.align.seeds` uses it."""
+
+    def chunk_seeds(self, q: Any, job_off: Any, j0: int, j1: int, min_len: int, max_occ: int) -> tuple[Any, ...]:
+        """`streamer.align.seeds.chunk_seeds` of read strands j0..j1-1."""
+
+
 class GpuPackage(Protocol):
     """What the GPU package (`streamer_gpu`, an install extra) offers the core."""
 
@@ -44,6 +51,12 @@ class GpuPackage(Protocol):
 
     def open_events(self, options: CudaOptions) -> GpuEvents | None:
         """Event detection on GPU options.dev_id (whose ABEA stage opened), or None (said in one line)."""
+
+    def build_fmindex(self, text: Any, budget: int, kmer_len: int | None = None) -> Any:
+        """`streamer.align.fmindex.build_index` of a `Text` on the current GPU, or None (said in one line)."""
+
+    def fm_seeder(self, index: Any) -> GpuFmSeeder | None:
+        """Seeding against index on the current GPU (its arrays copied there once), or None (said in one line)."""
 
     def count_gpus(self) -> int:
         """GPUs on this host (0 without numba-cuda or a GPU)."""
