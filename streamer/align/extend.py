@@ -4,7 +4,8 @@ One banded dynamic programme does both, with minimap2's map-ont scores (match 2,
 two-piece affine gaps costing min(4 + 2l, 24 + l)): global between two anchors (the band covers the
 two gaps' difference plus a margin), and from an anchor outwards to the read's end, stopping at the
 best-scoring cell (the rest is clipped) and giving up once a row falls `zdrop` below the best so far.
-Ties go to the diagonal, which places a gap at its leftmost position, as minimap2 does.
+Ties go to the diagonal, which places a gap at its leftmost position, as minimap2 does (the left end,
+extended on both sequences reversed, breaks ties the other way for the same result).
 
 Measured against edlib and parasail on the same jobs (`benchmarks/bench_extend.py`), this numba
 kernel was chosen: see docs/alignment.md for the numbers.
@@ -38,9 +39,10 @@ class ExtendParams:
     gap_extend: int = 2
     long_gap_open: int = 24
     long_gap_extend: int = 1
-    band: int = 500  # half-width of the band of an end extension
-    gap_band: int = 40  # margin of the band between anchors, beyond the gaps' difference
+    band: int = 200  # half-width of the band of an end extension
+    gap_band: int = 15  # margin of the band between anchors, beyond the gaps' difference
     zdrop: int = 400
+    anchor_trim: int = 8  # bases of each anchor's ends aligned by the DP too
 
 
 @dataclass(frozen=True)
@@ -58,10 +60,12 @@ class Alignments:
 
 
 @numba.njit(nogil=True, cache=True)
-def _align(q, r, mode, w, sc, ops):
+def _align(q, r, mode, w, sc, ops, rightmost=False):
     """Align q to r in a band of diagonals: whole of both (GLOBAL), or from their starts to the best cell
-    (EXTEND). sc: match, mismatch, ambiguous, q1, e1, q2, e2, zdrop. Writes one op per column into `ops`
-    from the end backwards (reversed) and returns (n ops, query used, reference used, score)."""
+    (EXTEND). sc: match, mismatch, ambiguous, q1, e1, q2, e2, zdrop. Ties go to the diagonal (gaps at
+    their leftmost place), or with `rightmost` to the gaps (for sequences given reversed). Writes one op per
+    column into `ops` from the end backwards (reversed) and returns (n ops, query used, reference used, score)."""
+    tie = 1 if rightmost else 0
     n, m = len(q), len(r)
     a, b, amb, q1, e1, q2, e2, zdrop = sc[0], sc[1], sc[2], sc[3], sc[4], sc[5], sc[6], sc[7]
     if mode == GLOBAL:
@@ -121,13 +125,13 @@ def _align(q, r, mode, w, sc, ops):
             f1[j], f2[j] = v1, v2
             h = h_diag + subst[qrow + r[j - 1]]
             src = 0
-            if e_1 > h:
+            if e_1 > h - tie:
                 h, src = e_1, 1
-            if e_2 > h:
+            if e_2 > h - tie:
                 h, src = e_2, 2
-            if v1 > h:
+            if v1 > h - tie:
                 h, src = v1, 3
-            if v2 > h:
+            if v2 > h - tie:
                 h, src = v2, 4
             h_cur[j] = h
             row[j - off] = t | src
@@ -238,6 +242,11 @@ def extend_chains(q_all, q_start, q_end, genome, ctg_start, ctg_end, a_qs, a_rs,
                 s_q, s_r, s_l = s_q + over, s_r + over, s_l - over
             qs[na], rs[na], ln[na] = s_q, s_r, s_l
             na += 1
+        # anchors split the work, not the alignment: all but their middle bases go to the DP, so that a
+        # gap at an anchor's edge may move left as the scores' ties place it
+        for t in range(na):
+            cut = min(sc[8], (ln[t] - 1) // 2)
+            qs[t], rs[t], ln[t] = qs[t] + cut, rs[t] + cut, ln[t] - 2 * cut
         # room for this chain's runs: at most one per aligned column
         left_q = qs[0]
         right_q = lq - (qs[na - 1] + ln[na - 1])
@@ -256,7 +265,7 @@ def extend_chains(q_all, q_start, q_end, genome, ctg_start, ctg_end, a_qs, a_rs,
         q_left = q[:left_q][::-1].copy()
         r_left = genome[rs[0] - lr:rs[0]][::-1].copy()
         ops = np.empty(len(q_left) + len(r_left) + 1, dtype=np.uint8)
-        k, qu, ru, s = _align(q_left, r_left, EXTEND, w, sc, ops)
+        k, qu, ru, s = _align(q_left, r_left, EXTEND, w, sc, ops, True)
         score += s
         # the ops of the reversed sequences, written from their end backwards, run forwards here
         qi, rj = left_q - qu, rs[0] - ru
@@ -312,7 +321,7 @@ def both_strands(codes: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 
 def _scores(p: ExtendParams) -> np.ndarray:
     return np.array([p.match, p.mismatch, p.ambiguous, p.gap_open, p.gap_extend, p.long_gap_open,
-                     p.long_gap_extend, p.zdrop], dtype=np.int64)
+                     p.long_gap_extend, p.zdrop, p.anchor_trim], dtype=np.int64)
 
 
 def extend(chains: Chains, seeds: Seeds, codes: np.ndarray, offsets: np.ndarray, genome: np.ndarray,
