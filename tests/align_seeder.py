@@ -74,6 +74,8 @@ class KmerSeeder:
         read, qpos, rpos, rc = (np.concatenate(x) for x in zip(*hits))
         order = np.lexsort((qpos, rpos - qpos, rc, read))
         read, qpos, rpos, rc = read[order], qpos[order], rpos[order], rc[order]
+        if not len(read):
+            return Seeds(*(np.zeros(0, t) for t in (np.int32, np.int32, np.int64, np.int32, bool)))
         diag = rpos - qpos
         cont = np.zeros(len(read), dtype=bool)
         cont[1:] = (read[1:] == read[:-1]) & (rc[1:] == rc[:-1]) & (diag[1:] == diag[:-1]) & (qpos[1:] == qpos[:-1] + 1)
