@@ -16,7 +16,8 @@ import mappy
 import pysam
 
 from streamer.align.records import judged, sam_records
-from streamer.errors import InputError
+from streamer.align.engine import SeedAligner, fm_aligner
+from streamer.errors import InputError, UsageError
 from streamer.io.alignments import AlignmentFilter
 from streamer.daemon.basecall_cache import Record
 
@@ -47,10 +48,26 @@ class ReadAligner:
         """Each record as the filter judges it; one unmapped record if minimap2 finds no hit."""
         return judged(read_id, self.records(read_id, seq), self._filt, "minimap2 (mappy)")
 
-    def align_all(self, reads: Sequence[tuple[str, str]]) -> list[tuple[Record, ...]]:
-        """`align` over (read id, sequence) pairs on `threads` threads (mappy releases the GIL)."""
+    def records_all(self, reads: Sequence[tuple[str, str]]) -> list[list[pysam.AlignedSegment]]:
+        """`records` over (read id, sequence) pairs on `threads` threads (mappy releases the GIL)."""
         if len(reads) < 2 or self.threads < 2:
-            return [self.align(rid, seq) for rid, seq in reads]
+            return [self.records(rid, seq) for rid, seq in reads]
         with ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="mappy") as pool:
-            return list(pool.map(lambda r: self.align(*r), reads))
+            return list(pool.map(lambda r: self.records(*r), reads))
 
+    def align_all(self, reads: Sequence[tuple[str, str]]) -> list[tuple[Record, ...]]:
+        """`align` over (read id, sequence) pairs on `threads` threads."""
+        return [judged(rid, recs, self._filt, "minimap2 (mappy)")
+                for (rid, _), recs in zip(reads, self.records_all(reads))]
+
+
+def open_aligner(engine: str, genome: Path, filt: AlignmentFilter, *, index: Path | None = None,
+                 preset: str = "map-ont", threads: int = 3) -> ReadAligner | SeedAligner:
+    """The aligner of `alignment.engine`: mappy (`index`, `preset`), or the FM-index engine seeding on the
+    `gpu` or the `cpu`."""
+    if engine == "mappy":
+        return ReadAligner(genome, filt, index=index, preset=preset, threads=threads)
+    try:
+        return fm_aligner(genome, filt, target=engine, threads=threads)
+    except ImportError as exc:
+        raise UsageError(f"the {engine} alignment engine cannot start: {exc} (use the mappy engine)") from None
