@@ -31,8 +31,8 @@ def _agrees(a, b) -> bool:
 
 def _on_truth(rec, rows) -> bool:
     return any(rec.reference_name == ctg and rec.is_reverse == (strand == "-") and
-               min(rec.reference_end, end) - max(rec.reference_start, start) > 0.5 * min(end - start, rec.reference_length)
-               for _, _, ctg, start, end, strand, _, _ in rows)
+               min(rec.reference_end, end) - max(rec.reference_start, start) >
+               0.5 * min(end - start, rec.reference_length) for _, _, ctg, start, end, strand, _, _ in rows)
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,9 @@ read are its primary, its supplementary parts (a chimera's other pieces) and its
 
 Chaining is minimap2's dynamic programme over anchors, written for seeds of any length: the anchors
 of one read and strand, in order of their end on the reference, each scored as the best of
-starting a chain (its length) or extending one of the `max_lookback` anchors before it, adding the
-bases it brings (min of the two gaps and its length) less a gap cost for the difference of the two
+starting a chain (its length) or extending one of the `max_lookback` anchors before it (the search
+stops after `max_skip` valid ones in a row that do not improve it, like minimap2's skip rule), adding
+the bases it brings (min of the two gaps and its length) less a gap cost for the difference of the two
 gaps g: `gap_scale * 0.01 * mean anchor length * g + 0.5 * log2(g)`. Two anchors join only on one
 contig, in order on both sequences, within `max_gap` bases and with gaps differing by at most
 `bandwidth`. Chains are read back best first, each stopping where it meets an anchor already used.
@@ -32,7 +33,8 @@ PRIMARY, SUPPLEMENTARY, SECONDARY = 0, 1, 2
 class ChainParams:
     max_gap: int = 5000
     bandwidth: int = 500
-    max_lookback: int = 50
+    max_lookback: int = 5000
+    max_skip: int = 25
     gap_scale: float = 1.0
     min_score: int = 40
     min_anchors: int = 2
@@ -76,7 +78,7 @@ def _gap_cost(g: int, avg_len: float, gap_scale: float) -> int:
 
 
 @numba.njit(nogil=True, cache=True)
-def _chain_group(qs, rs, ln, ctg, max_gap, bandwidth, max_lookback, gap_scale, min_score, min_anchors,
+def _chain_group(qs, rs, ln, ctg, max_gap, bandwidth, max_lookback, max_skip, gap_scale, min_score, min_anchors,
                  c_score, c_first, c_count, order_out):
     """Chains of one read and strand; anchors given in order of their reference end. Writes each chain's
     score, and its anchors (positions in the group, ascending) into `order_out[c_first:c_first+c_count]`;
@@ -88,6 +90,7 @@ def _chain_group(qs, rs, ln, ctg, max_gap, bandwidth, max_lookback, gap_scale, m
     for i in range(n):
         qe_i, re_i = qs[i] + ln[i], rs[i] + ln[i]
         best = np.int64(ln[i])
+        skipped = 0
         for j in range(i - 1, max(-1, i - 1 - max_lookback), -1):
             dr = re_i - (rs[j] + ln[j])
             if dr > max_gap:
@@ -102,6 +105,11 @@ def _chain_group(qs, rs, ln, ctg, max_gap, bandwidth, max_lookback, gap_scale, m
             if sc > best:
                 best = sc
                 p[i] = j
+                skipped = 0
+            else:
+                skipped += 1
+                if skipped > max_skip:
+                    break
         f[i] = best
     used = np.zeros(n, dtype=np.bool_)
     by_score = np.argsort(-f, kind="mergesort")
@@ -132,15 +140,16 @@ def _chain_group(qs, rs, ln, ctg, max_gap, bandwidth, max_lookback, gap_scale, m
     return n_chains
 
 
-@numba.njit(nogil=True, parallel=True, cache=True)
-def _chain_all(qs, rs, ln, ctg, grp_off, max_gap, bandwidth, max_lookback, gap_scale, min_score, min_anchors,
-               c_score, c_first, c_count, c_n, anchor_out):
+@numba.njit(nogil=True, cache=True)
+def _chain_all(qs, rs, ln, ctg, grp_off, max_gap, bandwidth, max_lookback, max_skip, gap_scale, min_score,
+               min_anchors, c_score, c_first, c_count, c_n, anchor_out):
     """`_chain_group` over every group (one read and strand; `grp_off` into anchors sorted by group,
     then by reference end); a group's chains are written in its own slots of the outputs."""
-    for g in numba.prange(len(grp_off) - 1):
+    for g in range(len(grp_off) - 1):
         a, b = grp_off[g], grp_off[g + 1]
-        c_n[g] = _chain_group(qs[a:b], rs[a:b], ln[a:b], ctg[a:b], max_gap, bandwidth, max_lookback, gap_scale,
-                              min_score, min_anchors, c_score[a:b], c_first[a:b], c_count[a:b], anchor_out[a:b])
+        c_n[g] = _chain_group(qs[a:b], rs[a:b], ln[a:b], ctg[a:b], max_gap, bandwidth, max_lookback, max_skip,
+                              gap_scale, min_score, min_anchors, c_score[a:b], c_first[a:b], c_count[a:b],
+                              anchor_out[a:b])
 
 
 @numba.njit(nogil=True, cache=True)
@@ -211,8 +220,8 @@ def chain(seeds: Seeds, read_lengths: np.ndarray, contig_offsets: np.ndarray,
     anchor_out = np.zeros(n, dtype=np.int64)
     c_n = np.zeros(len(grp_off) - 1, dtype=np.int64)
     p = params
-    _chain_all(qs, rs, ln, ctg, grp_off, p.max_gap, p.bandwidth, p.max_lookback, p.gap_scale, p.min_score,
-               p.min_anchors, c_score, c_first, c_count, c_n, anchor_out)
+    _chain_all(qs, rs, ln, ctg, grp_off, p.max_gap, p.bandwidth, p.max_lookback, p.max_skip, p.gap_scale,
+               p.min_score, p.min_anchors, c_score, c_first, c_count, c_n, anchor_out)
     # each group's chains sit at the start of its slots: gather them, and their anchors as batch indices
     slot = np.concatenate([np.arange(a, a + k) for a, k in zip(grp_off[:-1], c_n)]) if n else np.zeros(0, np.int64)
     grp_of_slot = np.repeat(grp_off[:-1], c_n)
