@@ -4,8 +4,8 @@ It has the interface of the mappy aligner (`streamer.daemon.aligner.ReadAligner`
 `align` for one read, `records_all` and `align_all` for a batch, `header`, `threads`. A batch goes
 through each step whole: its reads' bases laid end to end, seeded in one call (the seeder is given:
 the FM-index's, on the GPU or the CPU, or any callable of the same shape), chained in one call,
-extended on `threads` threads. Bases other than A, C, G, T reach the seeder as A (its alphabet has
-four letters) and the extension as N.
+extended on `threads` threads. A base other than A, C, G, T is code 4: no seed spans it, and the
+extension scores it as N.
 """
 
 from __future__ import annotations
@@ -31,14 +31,14 @@ from streamer.io.alignments import AlignmentFilter
 
 log = logging.getLogger(__name__)
 
-Seeder = Callable[[np.ndarray, np.ndarray], Seeds]  # (codes 0-3 laid end to end, offsets[n + 1]) -> Seeds
+Seeder = Callable[[np.ndarray, np.ndarray], Seeds]  # (base codes laid end to end, offsets[n + 1]) -> Seeds
 ENGINES = ("mappy", "cpu", "gpu")
 
 
 @dataclass(frozen=True)
 class EngineParams:
-    min_len: int = 17  # shortest seed
-    max_occ: int = 50  # seeds with more places on the reference than this are left out
+    min_len: int | None = None  # shortest seed (None: the seeding's default)
+    max_occ: int | None = None  # seeds with more places on the reference than this are left out (None: its default)
     chain: ChainParams = field(default_factory=ChainParams)
     extend: ExtendParams = field(default_factory=ExtendParams)
 
@@ -70,7 +70,7 @@ class SeedAligner:
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         codes = np.concatenate(codes)
         t0 = time.perf_counter()
-        seeds = self._seed(np.where(codes > 3, 0, codes).astype(np.uint8), offsets)
+        seeds = self._seed(codes, offsets)
         t1 = time.perf_counter()
         chains = chain(seeds, lengths, self.contig_offsets, self._params.chain)
         t2 = time.perf_counter()
@@ -116,22 +116,20 @@ def _primary_first(read: np.ndarray, role: np.ndarray, score: np.ndarray) -> np.
 
 def fm_aligner(genome: Path, filt: AlignmentFilter, *, target: str, params: EngineParams = EngineParams(),
                threads: int = 2) -> SeedAligner:
-    """The `cpu` or `gpu` engine: an FM-index of `genome` (loaded from beside it, or built and saved there)
-    and maximal exact match seeds on `target`."""
-    from streamer.align.fmindex import build_index, load_index
+    """The `cpu` or `gpu` engine: the FM-index of `genome` (loaded from beside it, or built there on
+    `target`) and its maximal exact match seeds on `target`."""
+    from streamer.align.fmindex import load_or_build
     from streamer.align.seeds import find_seeds
 
-    try:
-        index = load_index(genome)
-    except FileNotFoundError:
-        index = build_index(genome)
+    index = load_or_build(genome, target=target)
     contigs = read_fasta(genome)
-    aligner_offsets = np.concatenate([[0], np.cumsum([len(c) for _, c in contigs])])
-    if not np.array_equal(np.asarray(index.contig_offsets), aligner_offsets):
-        raise InputError(genome, "the FM-index beside it was built from other contigs: remove it to rebuild it")
+    offsets = np.concatenate([[0], np.cumsum([len(c) for _, c in contigs])])
+    if tuple(index.names) != tuple(n for n, _ in contigs) or not np.array_equal(index.contig_offsets, offsets):
+        raise InputError(genome, "its FM-index holds other contigs: remove the index to build it again")
+    limits = {k: v for k, v in (("min_len", params.min_len), ("max_occ", params.max_occ)) if v is not None}
 
     def seeder(codes: np.ndarray, offsets: np.ndarray) -> Seeds:
-        return find_seeds(index, codes, offsets, min_len=params.min_len, max_occ=params.max_occ, target=target)
+        return find_seeds(index, codes, offsets, target=target, **limits)
 
-    log.info("%s engine ready: FM-index of %s (%d contigs)", target, genome, len(contigs))
+    log.info("%s alignment engine ready: FM-index of %s (%d contigs)", target, genome, len(contigs))
     return SeedAligner(contigs, seeder, filt, params=params, threads=threads, source=f"streamer align ({target})")
