@@ -37,19 +37,28 @@ def _records(bam):
         return list(fh.fetch(until_eof=True))
 
 
-@needs_shared
-@pytest.mark.parametrize("engine", ["mappy", "cpu"])
-def test_sorted_indexed_bam_that_call_reads(tmp_path, engine, brute_force_engine):
-    bam = tmp_path / "aligned.bam"
+def _aligned(tmp_path, engine):
+    bam = tmp_path / f"{engine}.bam"
     assert cli.main(["align", "-r", str(SHARED / "reads.fasta"), "-g", str(REFERENCE), "-o", str(bam),
                      "--engine", engine, "-K", "50"]) == 0
+    return bam
+
+
+@needs_shared
+@pytest.mark.parametrize("engine", ["mappy", "cpu"])
+def test_sorted_indexed_bam(tmp_path, engine, brute_force_engine):
+    bam = _aligned(tmp_path, engine)
     recs = _records(bam)
     primaries = [r for r in recs if not r.is_secondary and not r.is_supplementary]
     assert len({r.query_name for r in primaries}) == len(primaries) == 112
     starts = [(r.reference_id, r.reference_start) for r in recs if not r.is_unmapped]
     assert starts == sorted(starts)
     assert subprocess.run(["samtools", "quickcheck", str(bam)]).returncode == 0
-    proc, out = call(tmp_path, SHARED / "reads.fasta", bam, SHARED / "fast5_files")
+
+
+@needs_shared
+def test_call_on_the_engines_bam_gives_f5cs_rows(tmp_path, brute_force_engine):
+    proc, out = call(tmp_path, SHARED / "reads.fasta", _aligned(tmp_path, "cpu"), SHARED / "fast5_files")
     assert proc.returncode == 0, proc.stderr
     ours, theirs = load_calls(out), load_calls(SHARED / "expected" / "f5c-1.1" / "meth.tsv")
     assert len(set(ours) & set(theirs)) >= 0.99 * len(theirs)
