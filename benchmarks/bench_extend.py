@@ -8,6 +8,7 @@ whole reads of 2-5 kb aligned end to end. Every CIGAR is then scored with minima
 (match 2, mismatch 4, gaps min(4 + 2l, 24 + l)), so the table says both how fast and how good.
 Times are of the aligning alone (each aligner's own output, not yet turned into runs).
 
+    pip install edlib parasail   # for the comparison only: neither is a dependency of streamer
     python benchmarks/bench_extend.py --jobs 20000 --profile r9
 """
 

@@ -8,7 +8,7 @@ import pytest
 
 from align_seeder import KmerSeeder
 from streamer.align.anchors import Seeds
-from streamer.align.chain import PRIMARY, SECONDARY, SUPPLEMENTARY, ChainParams, chain
+from streamer.align.chain import PRIMARY, SECONDARY, ChainParams, chain
 from streamer.align.genome import synth_genome
 from streamer.align.simulate import PROFILES, simulate_reads
 
