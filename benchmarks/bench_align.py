@@ -40,6 +40,13 @@ def _agrees(a, b) -> bool:
         overlap >= 0.9 * min(a.reference_length, b.reference_length)
 
 
+def _span(rec) -> str:
+    if rec is None:
+        return "unmapped"
+    strand = "-" if rec.is_reverse else "+"
+    return f"{rec.reference_name}:{rec.reference_start}-{rec.reference_end}{strand} q{rec.mapping_quality}"
+
+
 def _wrong(rec, rows) -> bool:
     """A confident primary on none of the read's true slices."""
     if rec is None or rec.mapping_quality < 20:
@@ -100,6 +107,7 @@ def main() -> None:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
     confident = agree = unmapped = 0
+    differ = []
     wrong_mine = wrong_theirs = 0
     for (rid, _), a, b in zip(reads, mine, theirs):
         pa, pb = _primary(a), _primary(b)
@@ -109,13 +117,18 @@ def main() -> None:
             wrong_theirs += _wrong(pb, truth.get(rid, []))
         if pb is not None and pb.mapping_quality >= 20:
             confident += 1
-            agree += pa is not None and _agrees(pa, pb)
+            same = pa is not None and _agrees(pa, pb)
+            agree += same
+            if not same and len(differ) < 10:
+                differ.append((rid, _span(pa), _span(pb), truth.get(rid) if truth is not None else None))
     engine = f"seeder {args.seeder}" if args.seeder else f"{args.engine} engine"
     print(f"reads {len(reads):,} ({bases / 1e6:.2f} Mbases) from {args.reads}; reference {args.genome}")
     print(f"mappy MAPQ >= 20: {confident:,}; {engine} agrees on {agree:,} ({agree / max(confident, 1):.4f}); "
           f"unmapped by the engine: {unmapped:,}")
     if truth is not None:
         print(f"wrong placements at MAPQ >= 20 (against the truth): mappy {wrong_theirs:,}, {engine} {wrong_mine:,}")
+    for rid, ours, theirs, true in differ:
+        print(f"  differs: {rid} engine {ours} mappy {theirs} truth {true}")
     print("| aligner | threads | index (s) | align (s) | Mbases/s | peak host memory (MB, process) |")
     print("| --- | --- | --- | --- | --- | --- |")
     print(f"| mappy map-ont | {args.mappy_threads} | {mm_build:.1f} | {mm_time:.1f} | {bases / 1e6 / mm_time:.2f} | "
