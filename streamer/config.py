@@ -26,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from streamer.align.engine import ENGINES
 from streamer.errors import ConfigError
 from streamer.pipeline.chemistry import DEFAULT, PORES, folder_models, models_by_pore
 from streamer.pore.motifs import CPG, MOTIFS
@@ -136,6 +137,11 @@ class AlignmentConfig:
     min_mapq: int = _key(20, "Minimum mapping quality of an alignment record.", type=int, flag="--min-mapq",
                          minimum=0)
     secondary: bool = _key(False, "Also call on secondary alignments.", type=bool, flag="--secondary")
+    engine: str = _key(
+        "mappy", "Aligner for basecalls that come without alignments: `mappy` (minimap2's map-ont, with "
+        "`reference.index` and `reference.preset`), or streamer's own FM-index seeds, chains and base-level "
+        "extension with its seeding on the `gpu` or the `cpu` (the index is built beside the reference once and "
+        "reused).", type=str, flag="--align-engine", choices=ENGINES)
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from streamer.align.bases import N_CODE
 from streamer.pipeline.targets import Target
 
-SEP = 4  # text code of a separator (contig end, N or any other non-ACGT base)
+SEP = N_CODE  # text code of a separator (contig end, N or any other non-ACGT base: `bases.encode`'s 4)
 KEY_SYMBOLS = 21  # symbols in one 63-bit suffix key, 3 bits each
 BLOCK_ROWS = 64  # rows per occurrence checkpoint
 SA_SAMPLE = 32  # rows per sampled suffix array entry

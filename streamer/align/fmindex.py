@@ -30,6 +30,7 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
+from streamer.align.bases import encode
 from streamer.align.fm_cells import BLOCK_ROWS, KEY_SYMBOLS, SA_SAMPLE, SEP, fm_cells
 from streamer.align.suffixes import PIECE_BYTES, sort_suffixes
 from streamer.errors import InputError
@@ -43,11 +44,6 @@ SUFFIX = ".fmi"
 BUILD_BYTES = 2 << 30  # memory for a piece of the suffix sort unless told: E. coli to a 60 Mb genome in one piece
 MAX_KMER = 12
 MAX_TEXT = (1 << 32) - 1
-
-# a base's code: A C G T (either case) 0-3, anything else SEP
-BASE_CODE = np.full(256, SEP, np.uint8)
-for _i, _b in enumerate("ACGT"):
-    BASE_CODE[ord(_b)] = BASE_CODE[ord(_b.lower())] = _i
 
 _cells = fm_cells(CPU)
 _pack_block, _kmer_step = _cells.pack_block, _cells.kmer_step
@@ -142,13 +138,6 @@ def _segment(bases, contig_offsets):
             text[t] = SEP
             t += 1
     return text, seg_text, seg_ref
-
-
-def encode(seq: bytes | str | np.ndarray) -> np.ndarray:
-    """Bases (ASCII) as codes: A C G T 0-3, anything else SEP (4), which no match crosses."""
-    if isinstance(seq, str):
-        seq = seq.encode("ascii", "replace")
-    return BASE_CODE[np.frombuffer(seq, np.uint8) if isinstance(seq, bytes) else np.asarray(seq, np.uint8)]
 
 
 def reference_text(contigs: Iterable[tuple[str, bytes | str | np.ndarray]]) -> Text:

@@ -144,7 +144,7 @@ def chunk_seeds(index: FMIndex, q: np.ndarray, job_off: np.ndarray, j0: int, j1:
 
 def find_seeds(index: FMIndex, codes: np.ndarray, offsets: np.ndarray, *, min_len: int = MIN_LEN,
                max_occ: int = MAX_OCC, target: str = "cpu", chunk_ends: int | None = None) -> Seeds:
-    """The seeds of reads `codes[offsets[i]:offsets[i+1]]` (`fmindex.encode`'s codes: A C G T 0-3, any
+    """The seeds of reads `codes[offsets[i]:offsets[i+1]]` (`bases.encode`'s codes: A C G T 0-3, any
     other base ends a match) on both strands, as one `Seeds` record; on the GPU for target "gpu" (the
     CPU where there is none, said once)."""  # fmt: skip
     if min_len < 1 or max_occ < 1:

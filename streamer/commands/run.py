@@ -14,7 +14,8 @@ import yaml
 
 from streamer import config as configuration
 from streamer import registry
-from streamer.daemon.aligner import ReadAligner
+from streamer.align.engine import SeedAligner
+from streamer.daemon.aligner import ReadAligner, open_aligner
 from streamer.daemon.shell import Daemon, PipelineLike
 from streamer.daemon.runs import RunSet, check_publishing, made_once, several_runs
 from streamer.errors import ConfigError, ModelError, StreamerError
@@ -56,9 +57,9 @@ def run(args: argparse.Namespace) -> int:
     filt = AlignmentFilter(min_mapq=cfg.alignment.min_mapq, secondary=cfg.alignment.secondary)
     threads = cfg.pipeline.threads
 
-    def make_aligner() -> ReadAligner:
-        return ReadAligner(cfg.reference.genome, filt, index=cfg.reference.index, preset=cfg.reference.preset,
-                           threads=threads)
+    def make_aligner() -> ReadAligner | SeedAligner:
+        return open_aligner(cfg.alignment.engine, cfg.reference.genome, filt, index=cfg.reference.index,
+                            preset=cfg.reference.preset, threads=threads)
 
     with ExitStack() as stack:
         stack.callback(notifier.close)

@@ -1,9 +1,8 @@
 """Base-space alignment of basecalls that come without one, with mappy (minimap2's own binding).
 
-Each hit becomes the BAM record minimap2 would write for it (flag, MAPQ, CIGAR with soft
-clips on the primary and hard clips on supplementary records), so the same filter and the
-same `Alignment` conversion apply as to an aligned BAM, and `streamer call` on a BAM of
-these records gives the same rows.
+Each hit becomes the BAM record minimap2 would write for it (`streamer.align.records`), so the
+same filter and the same `Alignment` conversion apply as to an aligned BAM, and `streamer call`
+on a BAM of these records gives the same rows.
 """
 
 from __future__ import annotations
@@ -16,11 +15,11 @@ from pathlib import Path
 import mappy
 import pysam
 
-from streamer.pipeline.batch import CIGAR_H, CIGAR_S
-from streamer.errors import InputError
+from streamer.align.records import judged, sam_records
+from streamer.align.engine import SeedAligner, fm_aligner
+from streamer.errors import InputError, UsageError
 from streamer.io.alignments import AlignmentFilter
-from streamer.daemon.basecall_cache import Record, record_of
-from streamer.skips import Skip, Skipped
+from streamer.daemon.basecall_cache import Record
 
 log = logging.getLogger(__name__)
 
@@ -43,39 +42,32 @@ class ReadAligner:
 
     def records(self, read_id: str, seq: str) -> list[pysam.AlignedSegment]:
         """The SAM records of one read: primary first, then supplementary and secondary."""
-        out = []
-        primary_seen = False
-        for hit in self._aligner.map(seq):
-            rec = pysam.AlignedSegment(self.header)
-            rec.query_name = read_id
-            rec.reference_id = self.header.get_tid(hit.ctg)
-            rec.reference_start = hit.r_st
-            rec.mapping_quality = hit.mapq if hit.is_primary else 0
-            reverse = hit.strand < 0
-            supplementary = hit.is_primary and primary_seen
-            primary_seen = primary_seen or hit.is_primary
-            rec.flag = (16 if reverse else 0) | (0 if hit.is_primary else 256) | (2048 if supplementary else 0)
-            lead, trail = (len(seq) - hit.q_en, hit.q_st) if reverse else (hit.q_st, len(seq) - hit.q_en)
-            clip = CIGAR_H if supplementary else CIGAR_S
-            cigar = [(op, n) for n, op in hit.cigar]
-            rec.cigartuples = ([(clip, lead)] if lead else []) + cigar + ([(clip, trail)] if trail else [])
-            rec.set_tag("NM", hit.NM, "i")
-            if hit.is_primary and not supplementary:
-                rec.query_sequence = mappy.revcomp(seq) if reverse else seq
-            out.append(rec)
-        return out
+        return sam_records(self.header, read_id, seq, self._aligner.map(seq))
 
     def align(self, read_id: str, seq: str) -> tuple[Record, ...]:
         """Each record as the filter judges it; one unmapped record if minimap2 finds no hit."""
-        recs = self.records(read_id, seq)
-        if not recs:
-            return (Skipped(read_id, Skip.UNMAPPED, "minimap2 (mappy) found no alignment"),)
-        return tuple(record_of(rec, self._filt, "minimap2 (mappy)") for rec in recs)
+        return judged(read_id, self.records(read_id, seq), self._filt, "minimap2 (mappy)")
+
+    def records_all(self, reads: Sequence[tuple[str, str]]) -> list[list[pysam.AlignedSegment]]:
+        """`records` over (read id, sequence) pairs on `threads` threads (mappy releases the GIL)."""
+        if len(reads) < 2 or self.threads < 2:
+            return [self.records(rid, seq) for rid, seq in reads]
+        with ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="mappy") as pool:
+            return list(pool.map(lambda r: self.records(*r), reads))
 
     def align_all(self, reads: Sequence[tuple[str, str]]) -> list[tuple[Record, ...]]:
-        """`align` over (read id, sequence) pairs on `threads` threads (mappy releases the GIL)."""
-        if len(reads) < 2 or self.threads < 2:
-            return [self.align(rid, seq) for rid, seq in reads]
-        with ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="mappy") as pool:
-            return list(pool.map(lambda r: self.align(*r), reads))
+        """`align` over (read id, sequence) pairs on `threads` threads."""
+        return [judged(rid, recs, self._filt, "minimap2 (mappy)")
+                for (rid, _), recs in zip(reads, self.records_all(reads))]
 
+
+def open_aligner(engine: str, genome: Path, filt: AlignmentFilter, *, index: Path | None = None,
+                 preset: str = "map-ont", threads: int = 3) -> ReadAligner | SeedAligner:
+    """The aligner of `alignment.engine`: mappy (`index`, `preset`), or the FM-index engine seeding on the
+    `gpu` or the `cpu`."""
+    if engine == "mappy":
+        return ReadAligner(genome, filt, index=index, preset=preset, threads=threads)
+    try:
+        return fm_aligner(genome, filt, target=engine, threads=threads)
+    except ImportError as exc:
+        raise UsageError(f"the {engine} alignment engine cannot start: {exc} (use the mappy engine)") from None

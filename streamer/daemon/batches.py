@@ -113,8 +113,9 @@ def _needs_signal(bc: ReadBasecalls) -> bool:
 
 
 class Aligning:
-    """Alignment records for basecalls that came without (FASTQ, unaligned BAM): mappy's index
-    built when first needed, or at start-up (`build`) where such basecalls are expected."""
+    """Alignment records for basecalls that came without (FASTQ, unaligned BAM): the aligner of
+    `alignment.engine`, its index built when first needed, or at start-up (`build`) where such
+    basecalls are expected."""
 
     def __init__(self, make_aligner: Callable[[], ReadAligner] | None):
         self._make = make_aligner
@@ -135,7 +136,7 @@ class Aligning:
             if self._make is None:
                 why = "basecalls without alignments, and no reference index to align them"
                 return out | {rid: (Skipped(rid, Skip.UNMAPPED, why),) for rid, _ in reads}
-            log.info("basecalls without alignments: building a minimap2 index")
+            log.info("basecalls without alignments: building the aligner's index")
             self.build()
         return out | dict(zip((rid for rid, _ in reads), self._aligner.align_all(reads)))
 

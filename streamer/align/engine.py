@@ -1,0 +1,135 @@
+"""The aligner of the `cpu` and `gpu` engines: seeds, chains, base-level extension, SAM records.
+
+It has the interface of the mappy aligner (`streamer.daemon.aligner.ReadAligner`): `records` and
+`align` for one read, `records_all` and `align_all` for a batch, `header`, `threads`. A batch goes
+through each step whole: its reads' bases laid end to end, seeded in one call (the seeder is given:
+the FM-index's, on the GPU or the CPU, or any callable of the same shape), chained in one call,
+extended on `threads` threads. A base other than A, C, G, T is code 4: no seed spans it, and the
+extension scores it as N.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pysam
+
+from streamer.align.anchors import Seeds
+from streamer.align.bases import encode
+from streamer.align.chain import SECONDARY, ChainParams, chain
+from streamer.align.extend import ExtendParams, extend
+from streamer.align.genome import read_fasta
+from streamer.align.records import Hit, judged, sam_records
+from streamer.daemon.basecall_cache import Record
+from streamer.errors import InputError
+from streamer.io.alignments import AlignmentFilter
+
+log = logging.getLogger(__name__)
+
+Seeder = Callable[[np.ndarray, np.ndarray], Seeds]  # (base codes laid end to end, offsets[n + 1]) -> Seeds
+ENGINES = ("mappy", "cpu", "gpu")
+
+
+@dataclass(frozen=True)
+class EngineParams:
+    min_len: int | None = None  # shortest seed (None: the seeding's default)
+    max_occ: int | None = None  # seeds with more places on the reference than this are left out (None: its default)
+    chain: ChainParams = field(default_factory=ChainParams)
+    extend: ExtendParams = field(default_factory=ExtendParams)
+
+
+class SeedAligner:
+    """Reads aligned to the contigs `(name, codes)` with seeds from `seeder`."""
+
+    def __init__(self, contigs: list[tuple[str, np.ndarray]], seeder: Seeder, filt: AlignmentFilter, *,
+                 params: EngineParams = EngineParams(), threads: int = 2, source: str = "streamer align"):
+        self.names = [name for name, _ in contigs]
+        lengths = [len(codes) for _, codes in contigs]
+        self.genome = np.concatenate([codes for _, codes in contigs]) if contigs else np.zeros(0, np.uint8)
+        self.contig_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        self.header = pysam.AlignmentHeader.from_references(self.names, lengths)
+        self.threads = threads
+        self._seed = seeder
+        self._params = params
+        self._filt = filt
+        self._source = source
+        self.seconds = dict.fromkeys(("seed", "chain", "extend"), 0.0)  # time spent in each step, summed
+
+    def hits_all(self, reads: Sequence[tuple[str, str]]) -> list[list[Hit]]:
+        """Each read's alignments: primary first, then supplementary parts, then secondaries."""
+        out: list[list[Hit]] = [[] for _ in reads]
+        if not reads:
+            return out
+        codes = [encode(seq) for _, seq in reads]
+        lengths = np.array([len(c) for c in codes], dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        codes = np.concatenate(codes)
+        t0 = time.perf_counter()
+        seeds = self._seed(codes, offsets)
+        t1 = time.perf_counter()
+        chains = chain(seeds, lengths, self.contig_offsets, self._params.chain)
+        t2 = time.perf_counter()
+        al = extend(chains, seeds, codes, offsets, self.genome, self.contig_offsets, self._params.extend,
+                    threads=self.threads)
+        t3 = time.perf_counter()
+        for step, dt in zip(self.seconds, (t1 - t0, t2 - t1, t3 - t2)):
+            self.seconds[step] += dt
+        ctg_start = self.contig_offsets[chains.contig]
+        rc = chains.rc
+        read_len = lengths[chains.read]
+        q_st = np.where(rc, read_len - al.qend, al.qstart)
+        q_en = np.where(rc, read_len - al.qstart, al.qend)
+        for c in _primary_first(chains.read, chains.role, al.score):
+            cig = al.cigar[al.cigar_off[c]:al.cigar_off[c + 1]]
+            out[chains.read[c]].append(Hit(
+                ctg=self.names[chains.contig[c]], r_st=int(al.rstart[c] - ctg_start[c]),
+                r_en=int(al.rend[c] - ctg_start[c]), q_st=int(q_st[c]), q_en=int(q_en[c]),
+                strand=-1 if rc[c] else 1, mapq=int(chains.mapq[c]), is_primary=bool(chains.role[c] != SECONDARY),
+                cigar=[(int(n), int(op)) for op, n in cig], NM=int(al.nm[c])))
+        return out
+
+    def records_all(self, reads: Sequence[tuple[str, str]]) -> list[list[pysam.AlignedSegment]]:
+        """The SAM records of each (read id, sequence): primary first, then supplementary and secondary."""
+        return [sam_records(self.header, rid, seq, hits) for (rid, seq), hits in zip(reads, self.hits_all(reads))]
+
+    def records(self, read_id: str, seq: str) -> list[pysam.AlignedSegment]:
+        return self.records_all([(read_id, seq)])[0]
+
+    def align_all(self, reads: Sequence[tuple[str, str]]) -> list[tuple[Record, ...]]:
+        """Each read's records as the filter judges them; one unmapped record for a read with none."""
+        return [judged(rid, recs, self._filt, self._source) for (rid, _), recs in zip(reads, self.records_all(reads))]
+
+    def align(self, read_id: str, seq: str) -> tuple[Record, ...]:
+        return self.align_all([(read_id, seq)])[0]
+
+
+def _primary_first(read: np.ndarray, role: np.ndarray, score: np.ndarray) -> np.ndarray:
+    """Chains in output order: by read, the read's parts that are not secondaries by their base-level score
+    (the best is the primary, as minimap2 ranks them after aligning), then its secondaries by score."""
+    return np.lexsort((-score, role == SECONDARY, read))
+
+
+def fm_aligner(genome: Path, filt: AlignmentFilter, *, target: str, params: EngineParams = EngineParams(),
+               threads: int = 2) -> SeedAligner:
+    """The `cpu` or `gpu` engine: the FM-index of `genome` (loaded from beside it, or built there on
+    `target`) and its maximal exact match seeds on `target`."""
+    from streamer.align.fmindex import load_or_build
+    from streamer.align.seeds import find_seeds
+
+    index = load_or_build(genome, target=target)
+    contigs = read_fasta(genome)
+    offsets = np.concatenate([[0], np.cumsum([len(c) for _, c in contigs])])
+    if tuple(index.names) != tuple(n for n, _ in contigs) or not np.array_equal(index.contig_offsets, offsets):
+        raise InputError(genome, "its FM-index holds other contigs: remove the index to build it again")
+    limits = {k: v for k, v in (("min_len", params.min_len), ("max_occ", params.max_occ)) if v is not None}
+
+    def seeder(codes: np.ndarray, offsets: np.ndarray) -> Seeds:
+        return find_seeds(index, codes, offsets, target=target, **limits)
+
+    log.info("%s alignment engine ready: FM-index of %s (%d contigs)", target, genome, len(contigs))
+    return SeedAligner(contigs, seeder, filt, params=params, threads=threads, source=f"streamer align ({target})")

@@ -1,0 +1,35 @@
+"""The daemon aligns FASTQ basecalls with the engine `alignment.engine` names: streamer's own gives the
+rows the run's BAM gives."""
+
+from __future__ import annotations
+
+from streamer.daemon.aligner import open_aligner
+from streamer.daemon.shell import Daemon
+from streamer.io.alignments import AlignmentFilter
+
+from daemon_support import FakePipeline, no_leaks, rows  # noqa: F401
+from test_align_command import brute_force_engine  # noqa: F401
+from test_daemon import make_config, reference, replay, run_to_end, source  # noqa: F401
+
+
+def test_fastq_without_bam_is_aligned_by_the_configured_engine(source, reference, reference_path, tmp_path,
+                                                               brute_force_engine, no_leaks):
+    replay(source, tmp_path / "with_bam")
+    bam_cfg = make_config(tmp_path, reference_path, **{"watch.dir": tmp_path / "with_bam",
+                                                       "output.dir": tmp_path / "out_bam"})
+    run_to_end(bam_cfg, FakePipeline(), reference)
+    replay(source, tmp_path / "live", bam=False)
+    cfg = make_config(tmp_path, reference_path, **{"alignment.engine": "cpu"})
+    made = []
+
+    def make_aligner():
+        made.append(open_aligner(cfg.alignment.engine, cfg.reference.genome, AlignmentFilter(), threads=2))
+        return made[-1]
+
+    d = Daemon(cfg, FakePipeline(), reference, make_aligner=make_aligner)
+    try:
+        assert d.run() == 0
+    finally:
+        d.close()
+    assert type(made[0]).__name__ == "SeedAligner"
+    assert rows(cfg.output.dir / "meth.tsv") == rows(bam_cfg.output.dir / "meth.tsv")
