@@ -24,20 +24,11 @@ from pathlib import Path
 
 from streamer.align.engine import SeedAligner, fm_aligner
 from streamer.align.genome import read_fasta
+from streamer.align.records import agree, primary_of
 from streamer.align.simulate import read_truth
 from streamer.daemon.aligner import ReadAligner
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.fastx import iter_fastx
-
-
-def _primary(recs):
-    return next((r for r in recs if not r.is_secondary and not r.is_supplementary), None)
-
-
-def _agrees(a, b) -> bool:
-    overlap = min(a.reference_end, b.reference_end) - max(a.reference_start, b.reference_start)
-    return a.reference_name == b.reference_name and a.is_reverse == b.is_reverse and \
-        overlap >= 0.9 * min(a.reference_length, b.reference_length)
 
 
 def _span(rec) -> str:
@@ -110,14 +101,14 @@ def main() -> None:
     differ = []
     wrong_mine = wrong_theirs = 0
     for (rid, _), a, b in zip(reads, mine, theirs):
-        pa, pb = _primary(a), _primary(b)
+        pa, pb = primary_of(a), primary_of(b)
         unmapped += pa is None
         if truth is not None:
             wrong_mine += _wrong(pa, truth.get(rid, []))
             wrong_theirs += _wrong(pb, truth.get(rid, []))
         if pb is not None and pb.mapping_quality >= 20:
             confident += 1
-            same = pa is not None and _agrees(pa, pb)
+            same = pa is not None and agree(pa, pb)
             agree += same
             if not same and len(differ) < 10:
                 differ.append((rid, _span(pa), _span(pb), truth.get(rid) if truth is not None else None))

@@ -12,21 +12,11 @@ from conftest import REFERENCE, SHARED, needs_shared
 from streamer.align.bases import decode
 from streamer.align.engine import SeedAligner
 from streamer.align.genome import read_fasta, synth_genome, write_fasta
+from streamer.align.records import agree, primary_of
 from streamer.align.simulate import PROFILES, simulate_reads
 from streamer.daemon.aligner import ReadAligner
 from streamer.io.alignments import AlignmentFilter, AlignmentRecord
 from streamer.skips import Skip, Skipped
-
-
-def _primary(recs):
-    return next((r for r in recs if not r.is_secondary and not r.is_supplementary), None)
-
-
-def _agrees(a, b) -> bool:
-    """Same contig and strand, overlapping by >= 90% of the shorter span."""
-    overlap = min(a.reference_end, b.reference_end) - max(a.reference_start, b.reference_start)
-    return a.reference_name == b.reference_name and a.is_reverse == b.is_reverse and \
-        overlap >= 0.9 * min(a.reference_length, b.reference_length)
 
 
 def _on_truth(rec, rows) -> bool:
@@ -56,13 +46,13 @@ def test_agrees_with_minimap2_on_simulated_reads(synthetic, profile):
         truth.setdefault(row[0], []).append(row)
     confident = agree = wrong_mine = wrong_theirs = 0
     for (rid, _), a, b in zip(pairs, mine, theirs):
-        pa, pb = _primary(a), _primary(b)
+        pa, pb = primary_of(a), primary_of(b)
         wrong_mine += pa is not None and pa.mapping_quality >= 20 and not _on_truth(pa, truth[rid])
         wrong_theirs += pb is not None and pb.mapping_quality >= 20 and not _on_truth(pb, truth[rid])
         if pb is None or pb.mapping_quality < 20:
             continue
         confident += 1
-        agree += pa is not None and _agrees(pa, pb)
+        agree += pa is not None and agree(pa, pb)
     assert confident >= 100
     assert agree >= 0.98 * confident
     assert wrong_mine <= wrong_theirs + 1
@@ -121,12 +111,12 @@ def test_agrees_with_minimap2_on_the_shared_ecoli_reads():
     mm = ReadAligner(REFERENCE, AlignmentFilter(), threads=1)
     confident = agree = same_cigar = 0
     for (rid, seq), recs in zip(reads, mine):
-        theirs = _primary(mm.records(rid, seq))
+        theirs = primary_of(mm.records(rid, seq))
         if theirs is None or theirs.mapping_quality < 20:
             continue
         confident += 1
-        ours = _primary(recs)
-        agree += _agrees(ours, theirs)
+        ours = primary_of(recs)
+        agree += agree(ours, theirs)
         same_cigar += ours.reference_start == theirs.reference_start and ours.cigartuples == theirs.cigartuples
     assert confident >= 100 and agree == confident
     assert same_cigar >= 0.85 * confident  # the same scores and gap placement: most CIGARs are minimap2's own

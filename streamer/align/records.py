@@ -84,3 +84,16 @@ def judged(read_id: str, recs: list[pysam.AlignedSegment], filt: AlignmentFilter
     if not recs:
         return (Skipped(read_id, Skip.UNMAPPED, f"{source} found no alignment"),)
     return tuple(record_of(rec, filt, source) for rec in recs)
+
+
+def primary_of(recs: Sequence[pysam.AlignedSegment]) -> pysam.AlignedSegment | None:
+    """A read's primary record (not secondary, not supplementary), if it has one."""
+    return next((r for r in recs if not r.is_secondary and not r.is_supplementary), None)
+
+
+def agree(a: pysam.AlignedSegment, b: pysam.AlignedSegment) -> bool:
+    """Two alignments agree (the rule the alignment benchmark and tests share): same contig and strand,
+    overlapping by at least 90% of the shorter reference span."""
+    overlap = min(a.reference_end, b.reference_end) - max(a.reference_start, b.reference_start)
+    return a.reference_name == b.reference_name and a.is_reverse == b.is_reverse and \
+        overlap >= 0.9 * min(a.reference_length, b.reference_length)
