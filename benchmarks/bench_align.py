@@ -97,7 +97,7 @@ def main() -> None:
     mine, time_mine = _timed(_in_batches, eng, reads, args.batchsize)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
-    confident = agree = unmapped = 0
+    confident = agreeing = unmapped = 0
     differ = []
     wrong_mine = wrong_theirs = 0
     for (rid, _), a, b in zip(reads, mine, theirs):
@@ -109,12 +109,12 @@ def main() -> None:
         if pb is not None and pb.mapping_quality >= 20:
             confident += 1
             same = pa is not None and agree(pa, pb)
-            agree += same
+            agreeing += same
             if not same and len(differ) < 10:
                 differ.append((rid, _span(pa), _span(pb), truth.get(rid) if truth is not None else None))
     engine = f"seeder {args.seeder}" if args.seeder else f"{args.engine} engine"
     print(f"reads {len(reads):,} ({bases / 1e6:.2f} Mbases) from {args.reads}; reference {args.genome}")
-    print(f"mappy MAPQ >= 20: {confident:,}; {engine} agrees on {agree:,} ({agree / max(confident, 1):.4f}); "
+    print(f"mappy MAPQ >= 20: {confident:,}; {engine} agrees on {agreeing:,} ({agreeing / max(confident, 1):.4f}); "
           f"unmapped by the engine: {unmapped:,}")
     if truth is not None:
         print(f"wrong placements at MAPQ >= 20 (against the truth): mappy {wrong_theirs:,}, {engine} {wrong_mine:,}")
