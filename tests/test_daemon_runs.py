@@ -3,20 +3,28 @@ output folder and ledger, each giving the rows of `streamer call` on its reads."
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
 import threading
 import time
 
-from conftest import REFERENCE
+from conftest import ECOLI, REFERENCE
 from daemon_support import rows
 from test_daemon_e2e import TIMEOUT, daemons, expected, fixture_copy, replay, summary  # noqa: F401
 
 from streamer import config
 from streamer.config import load
+from streamer.daemon.basecall_cache import read_basecall_file
+from streamer.daemon.batches import DaemonBatch, picked, signal_wanted
+from streamer.daemon.ledger import Pick
 from streamer.daemon.runs import check_publishing, made_once, run_config, run_folders
 from streamer.daemon.replay import Replayer, ReplayOptions, load_source
+from streamer.io.alignments import AlignmentFilter
+from streamer.io.reference import Reference
+from streamer.io.signal import signal_read_ids
+from streamer.pipeline.signal_pool import SignalReads
 
 
 def test_two_given_run_folders_give_each_the_rows_of_streamer_call(fixture_copy, expected, daemons,  # noqa: F811
@@ -84,6 +92,41 @@ def test_the_runs_share_one_aligner_made_by_the_first_that_needs_it():
     for t in threads:
         t.join()
     assert len(made) == 1 and get() is made[0]
+
+
+def test_runs_assembling_batches_at_once_give_each_record_its_own_reference_span(tmp_path):
+    """The runs share one `Reference` and assemble their batches on their own threads, at the same time
+    when their flow cells land files together. Each record must get its own span of an indexed FASTA:
+    htslib's one handle, read from several threads, gave reads another place's bases (rows changed,
+    added or lost in a 4-cell replay)."""
+    genome = tmp_path / "ref.fa"
+    genome.write_bytes(gzip.decompress(REFERENCE.read_bytes()))  # plain FASTA: read through its index
+    bam = ECOLI / "reads.bam"
+    found = read_basecall_file(bam, "bam", AlignmentFilter())
+    where = {rid: path for path in sorted((ECOLI / "fast5").glob("*.fast5")) for rid in signal_read_ids(path)}
+    picks = [Pick(rid, bc.n_bases, where[rid], bam, "bam", 0.0, i) for i, (rid, bc) in enumerate(found.items())]
+    with Reference(genome) as ref:
+        runs = [DaemonBatch(picks, *picked(picks, found, {}), SignalReads(None).take(signal_wanted(picks, found)),
+                            ref) for _ in range(4)]  # fmt: skip
+        alone = [(r.ref_seq, r.ref_next) for r in runs[0].assemble().reads]
+        wrong: list[object] = []
+
+        def assemble(batch: DaemonBatch) -> None:
+            for _ in range(2000):
+                try:
+                    spans = [(r.ref_seq, r.ref_next) for r in batch.assemble().reads]
+                except Exception as exc:  # noqa: BLE001 - a read of the shared handle that failed outright
+                    spans = exc
+                if spans != alone:
+                    wrong.append(spans)
+
+        threads = [threading.Thread(target=assemble, args=(b,)) for b in runs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert len(alone) >= len(picks) == 8 and all(seq for seq, _ in alone)
+    assert not wrong, f"{len(wrong)} of {2000 * len(runs)} batches assembled with other spans"
 
 
 def test_several_runs_publish_with_one_address_each_or_are_refused_with_one_line(tmp_path):

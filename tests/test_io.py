@@ -1,4 +1,6 @@
 import gzip
+import random
+import threading
 
 import pytest
 
@@ -46,6 +48,34 @@ def test_reference_from_plain_gzip_and_from_faidx(reference_path, tmp_path):
         ref.fetch("chrX", 0, 10)
     with pytest.raises(InputError, match="not found"):
         Reference(tmp_path / "missing.fa")
+
+
+def test_one_indexed_reference_read_from_several_threads_at_once(reference_path, tmp_path):
+    """The daemon's runs share one `Reference` and assemble their batches on their own threads: each
+    fetch must give its own span though htslib's faidx handle is not safe to share between threads."""
+    whole = Reference(reference_path).fetch("NC_000913.3", 0, 4641652)
+    plain = tmp_path / "ref.fa"
+    plain.write_bytes(gzip.decompress(reference_path.read_bytes()))
+    wrong: list[object] = []
+    with Reference(plain) as ref:
+
+        def fetch(seed: int) -> None:
+            rnd = random.Random(seed)
+            for _ in range(1500):
+                start = rnd.randrange(len(whole) - 20_000)
+                end = start + rnd.randrange(1_000, 15_000)
+                try:
+                    if ref.fetch("NC_000913.3", start, end) != whole[start:end]:
+                        wrong.append((start, end))
+                except Exception as exc:  # noqa: BLE001 - a read of the shared handle that failed outright
+                    wrong.append(exc)
+
+        threads = [threading.Thread(target=fetch, args=(seed,)) for seed in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not wrong, f"{len(wrong)} of 6000 fetches gave other bases: {wrong[:3]}"
 
 
 def test_alignment_filter_like_f5c(ecoli):

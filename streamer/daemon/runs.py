@@ -2,10 +2,12 @@
 
 A GPU server beside a GridION or PromethION sees one run folder per flow cell. Each run keeps
 what makes a lone daemon exactly-once: its own output folder (`OUTDIR/<run folder name>`), ledger
-and engine thread; only the pipeline is shared, and its batches are handed out fairly between
-the runs (`streamer.daemon.fair`), so that a flow cell that starts late or trickles is not held behind
-another's backlog. Runs are the folders given (`watch.dir` and `watch.also`) or, with
-`watch.each_run`, the folders of `watch.dir`, including those that appear while it runs.
+and engine thread. The pipeline is shared, its batches handed out fairly between the runs
+(`streamer.daemon.fair`), so that a flow cell that starts late or trickles is not held behind
+another's backlog; so are the reference, which every run's assembler thread reads at once
+(`streamer.io.reference` makes that safe), and the minimap2 index (`made_once`). Runs are the
+folders given (`watch.dir` and `watch.also`) or, with `watch.each_run`, the folders of `watch.dir`,
+including those that appear while it runs.
 """
 
 from __future__ import annotations

@@ -2,12 +2,16 @@
 
 Plain or bgzip-compressed FASTA is read through htslib's faidx (building the `.fai`
 when it can); a plain-gzip FASTA cannot be indexed and is loaded into memory once.
+One `Reference` may serve several threads at once (the daemon's runs assemble their batches
+each on its own thread): faidx's handle seeks and reads a shared file position, so its reads
+take turns on a lock, or one thread's span would come back with another's bases.
 """
 
 from __future__ import annotations
 
 import gzip
 import logging
+import threading
 from pathlib import Path
 
 import pysam
@@ -27,6 +31,7 @@ class Reference:
         if not self.path.is_file():
             raise InputError(self.path, "reference FASTA not found")
         self._faidx: pysam.FastaFile | None = None
+        self._reading = threading.Lock()  # faidx's reads, one at a time (see the module's docstring)
         self._seqs: dict[str, str] = {}
         quiet = pysam.set_verbosity(0)  # htslib would print its own errors for plain gzip
         try:
@@ -72,7 +77,9 @@ class Reference:
     def fetch(self, name: str, start: int, end: int) -> str:
         try:
             if self._faidx is not None:
-                return self._faidx.fetch(name, start, end).upper()
+                with self._reading:
+                    seq = self._faidx.fetch(name, start, end)
+                return seq.upper()
             return self._seqs[name][start:end]
         except KeyError:
             raise InputError(self.path, f"contig {name!r} is not in the reference") from None
