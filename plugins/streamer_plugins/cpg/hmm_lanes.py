@@ -30,7 +30,6 @@ from numba import prange
 from streamer.pipeline.targets import CPU
 from streamer_plugins.cpg.hmm_cells import hmm_cells
 from streamer_plugins.cpg.hmm_model import SLOTS, flank_table, read_transitions
-from streamer_plugins.cpg.logsum import flogsum
 
 LANES = 16  # windows in lockstep: one AVX-512 vector of float32 (two of AVX2); 8 and 32 measured slower
 # the row loop and its helpers, compiled into the parallel loop's body (see the module docstring)
