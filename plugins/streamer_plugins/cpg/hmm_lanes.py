@@ -43,9 +43,9 @@ window_ranks, block_level = _cpu.window_ranks, _cpu.block_level
 L_P, L_C, L_LEVEL, L_END, L_TRANS = 0, 3, 6, 7, 8
 LANE_ROWS = 18
 # rows of a group's job array `job`: job index, read, window start (in ref_seq), window length, first
-# event (in ev_mean), event stride, events, k-mers, first k-mer that differs between the hypotheses
-J_JOB, J_READ, J_W0, J_LEN, J_E1, J_STRIDE, J_EVENTS, J_KMERS, J_FIRST = range(9)
-JOB_ROWS = 9
+# event (in ev_mean), event stride, events, k-mers
+J_JOB, J_READ, J_W0, J_LEN, J_E1, J_STRIDE, J_EVENTS, J_KMERS = range(8)
+JOB_ROWS = 8
 U = np.uint64  # unsigned offsets: numba adds no negative-index wraparound, which would hide the stride from LLVM
 
 
@@ -104,8 +104,8 @@ def lane_jobs(g, n, order, job_read, job_w0, job_w1, job_e1, job_e2, ref_seq_off
 @CPU.jit
 def lane_ranks(ref_seq, rc, k, sites, marks, job, j0, ranks, r0, max_k):
     """Both hypotheses' k-mer ranks of each lane's window into ranks[r0:] (unmethylated, then methylated,
-    max_k * LANES each) and its first k-mer that differs into job[j0:] (at most its last: the methylated pass
-    needs a block of its own); returns the group's earliest."""
+    max_k * LANES each); returns the group's earliest first k-mer that differs between them (a lane's last
+    at most: its methylated pass needs a block of its own)."""
     first = max_k
     for x in range(LANES):
         n_kmers = job[j0 + J_KMERS * LANES + x]
@@ -118,7 +118,6 @@ def lane_ranks(ref_seq, rc, k, sites, marks, job, j0, ranks, r0, max_k):
             window_ranks(ref_seq, w0, length, k, strand, True, sites, marks, ranks, r0 + max_k * LANES + x, LANES)
             while f < n_kmers - 1 and ranks[r0 + f * LANES + x] == ranks[r0 + (max_k + f) * LANES + x]:
                 f += 1
-        job[j0 + J_FIRST * LANES + x] = f
         first = min(first, f)
     return first
 
