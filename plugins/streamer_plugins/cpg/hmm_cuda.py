@@ -5,10 +5,10 @@ The kernel lives with the CpG plugin, not in `streamer_gpu`, so that dependencie
 device as a compile target and the device buffers, knowing nothing of methylation motifs. One thread scores one
 (read, window) job under one hypothesis: threads 2j and 2j+1 take job order[j] unmethylated
 and methylated, so the two threads of a pair run the same number of rows and blocks in step.
-Each runs `streamer_plugins.cpg.hmm_cells`' one-window forward pass (the block update that the CPU runs in
-SIMD lanes) compiled for the device, with its row
-of the forward matrix and the window's scaled levels in local memory, which the hardware
-interleaves across the lanes of a warp (lanes at the same block touch adjacent words). log is
+Each runs `streamer_plugins.cpg.hmm_cells`' one-window forward pass (the block update that the CPU
+runs in SIMD lanes) compiled for the device, with its row of the forward matrix and the window's
+scaled levels in local memory, which the hardware interleaves across the lanes of a warp (lanes
+at the same block touch adjacent words). log is
 never evaluated on the device: the host passes each read's transition log probabilities and
 the clip flanks, computed by the CPU helpers themselves.
 
