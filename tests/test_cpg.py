@@ -305,6 +305,50 @@ def test_parallel_jobs_equal_single_windows(models):
             assert out[i] == one
 
 
+
+@pytest.mark.parametrize("nanopolish", [False, True])
+def test_lanes_equal_single_windows(models, nanopolish):
+    """`score_windows` runs its jobs sixteen to a group in SIMD lanes: groups of unlike windows (one k-mer to
+    forty, 1 to 60 events either way, both strands, some without a site), groups whose methylated pass starts
+    past their first blocks (no CpG in the reads' first 12 bases) and groups that start at block 0, a last
+    group padded with a repeated job; each log-likelihood is the one-window pass's bit for bit. No jobs, no
+    scores."""
+    _, meth = models
+    rng = np.random.default_rng(7 + nanopolish)
+    n_reads = 4
+    ref = ascii_("".join("".join(rng.choice(list("ACT"), 12)) + "".join(rng.choice(list("ACGTCG"), 48))
+                         for _ in range(n_reads)))  # fmt: skip
+    ref_off = np.arange(n_reads + 1) * 60
+    ev_off = np.arange(n_reads + 1) * 70
+    ev = rng.uniform(70, 110, ev_off[-1]).astype(np.float32)
+    rc = np.array([False, True, True, False])
+    epb = rng.uniform(1.2, 2.5, n_reads)
+    params = HmmParams().as_array()
+    scalings = pack_scalings(rng.uniform(0.9, 1.1, n_reads), rng.uniform(-2, 2, n_reads), rng.uniform(1, 1.5, n_reads))
+    model = pack_model(meth.level_mean, meth.level_stdv)
+    if nanopolish:  # its double model and scalings
+        model, scalings = model.astype(np.float64), scalings.astype(np.float64)
+    n = 37
+    read = rng.integers(0, n_reads, n)
+    w0 = rng.integers(0, 6, n)
+    w1 = w0 + rng.integers(6, 40, n)
+    e1 = rng.integers(0, 70, n)
+    e2 = np.clip(e1 + rng.integers(-60, 60, n), 0, 69)
+    w0[:2], w1[:2] = 0, [6, 7]  # one and two k-mers
+    args = (ref, ref_off, rc, ev, ev_off, scalings, epb, 6, model, *CPG_MOTIF, params, LOGSUM_TABLE, nanopolish)
+    ll_u, ll_m = score_windows(read, w0, w1, e1, e2, *args)
+    for i in range(n):
+        r = read[i]
+        for meth_flag, out in ((False, ll_u), (True, ll_m)):
+            one = profile_forward(
+                ref, ref_off[r] + w0[i], w1[i] - w0[i], rc[r], meth_flag, *CPG_MOTIF, ev[ev_off[r] : ev_off[r + 1]], e1[i],
+                e2[i], 6, model, scalings[r], nanopolish, block_transitions(epb[r], params), params, LOGSUM_TABLE,
+            )  # fmt: skip
+            assert out[i] == one
+    none = np.zeros(0, np.int64)
+    assert [len(a) for a in score_windows(none, none, none, none, none, *args)] == [0, 0]
+
+
 # ---------------------------------------------------------------- batch calls
 
 

@@ -18,7 +18,9 @@ from conftest import ECOLI, REFERENCE, SHARED, needs_shared
 from daemon_support import rows
 from streamer.pore.model import load_default_models
 from streamer.pore.motifs import CPG, DAM, DCM, GPC, MOTIFS, motif
+from streamer.pipeline.targets import CPU
 from streamer_plugins.cpg.hmm import window_kmer_rank
+from streamer_plugins.cpg.hmm_cells import hmm_cells
 from streamer_plugins.cpg.sites import motif_sites
 from streamer_plugins.outputs.bedmethyl import BedMethyl
 from streamer_plugins.outputs.methfreq import MethFreq
@@ -117,6 +119,11 @@ def test_kmer_ranks_are_nanopolish_methylated_strands(name):
             for ki in range(n - k + 1):
                 got = [window_kmer_rank(seq, 0, n, ki, k, rc, methylated, m.table(), m.marks()) for rc in (False, True)]
                 assert got == [rank(fwd[ki : ki + k]), rank(rev[n - ki - k : n - ki])]
+            for rc in (False, True):  # all k-mers at once, each from the one before (the CPU's lanes)
+                ranks = np.zeros(2 * (n - k + 1), np.int64)
+                hmm_cells(CPU).window_ranks(seq, 0, n, k, rc, methylated, m.table(), m.marks(), ranks, 1, 2)
+                want = [window_kmer_rank(seq, 0, n, ki, k, rc, methylated, m.table(), m.marks()) for ki in range(n - k + 1)]
+                assert ranks[1::2].tolist() == want
 
 
 def test_sites_count_the_base_after_the_aligned_span():

@@ -8,7 +8,7 @@ plain IEEE float32/float64 operations; CUDA would contract a multiply and an add
 fused multiply-add that rounds once, so there they are libdevice's round-to-nearest
 intrinsics, which are never fused. The same source, the same operations in the same order:
 the two targets agree to the bit. numba's on-disk cache is checked against the kernel's own file
-only: after editing a shared helper (here, `abea_cells.py`, `event_cells.py`, `cpg/hmm.py`,
+only: after editing a shared helper (here, `abea_cells.py`, `event_cells.py`, `cpg/hmm_cells.py`,
 `cpg/logsum.py`), delete the `*.nbi`/`*.nbc` files so the kernels that inline it are compiled again.
 """
 

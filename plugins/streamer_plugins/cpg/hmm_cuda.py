@@ -5,9 +5,10 @@ The kernel lives with the CpG plugin, not in `streamer_gpu`, so that dependencie
 device as a compile target and the device buffers, knowing nothing of methylation motifs. One thread scores one
 (read, window) job under one hypothesis: threads 2j and 2j+1 take job order[j] unmethylated
 and methylated, so the two threads of a pair run the same number of rows and blocks in step.
-Each runs `streamer_plugins.cpg.hmm`'s own forward pass compiled for the device, with its row
-of the forward matrix and the window's scaled levels in local memory, which the hardware
-interleaves across the lanes of a warp (lanes at the same block touch adjacent words). log is
+Each runs `streamer_plugins.cpg.hmm_cells`' one-window forward pass (the block update that the CPU
+runs in SIMD lanes) compiled for the device, with its row of the forward matrix and the window's
+scaled levels in local memory, which the hardware interleaves across the lanes of a warp (lanes
+at the same block touch adjacent words). log is
 never evaluated on the device: the host passes each read's transition log probabilities and
 the clip flanks, computed by the CPU helpers themselves.
 
@@ -39,7 +40,8 @@ from streamer_gpu.faults import from_env as fault_plan
 from streamer_gpu.streams import open_stream
 from streamer_gpu.target import CUDA_ERRORS, DEVICE
 from streamer_plugins.cpg import hmm as cpu_hmm
-from streamer_plugins.cpg.hmm import HmmInputs, HmmJobs, hmm_cells
+from streamer_plugins.cpg.hmm import HmmInputs, HmmJobs
+from streamer_plugins.cpg.hmm_cells import hmm_cells
 from streamer_plugins.cpg.hmm_model import SLOTS, flank_table, read_transitions
 from streamer_plugins.cpg.hmm_jobs import DEFAULT_MAX_KMERS, launch_order, pack_jobs
 

