@@ -31,13 +31,15 @@ PRIMARY, SUPPLEMENTARY, SECONDARY = 0, 1, 2
 
 @dataclass(frozen=True)
 class ChainParams:
-    max_gap: int = 5000
-    bandwidth: int = 500
-    max_lookback: int = 5000
-    max_skip: int = 25
-    gap_scale: float = 1.0
-    min_score: int = 40
-    min_anchors: int = 2
+    """Chaining's settings, minimap2's map-ont values (the module's docstring says how each is used)."""
+
+    max_gap: int = 5000  # bases between two joined anchors, on either sequence
+    bandwidth: int = 500  # how far the two gaps may differ
+    max_lookback: int = 5000  # anchors an anchor looks back over
+    max_skip: int = 25  # valid predecessors in a row that do not improve it before the search stops
+    gap_scale: float = 1.0  # weight of the gap cost
+    min_score: int = 40  # a chain's least score to be kept
+    min_anchors: int = 2  # and its fewest anchors
     mask_level: float = 0.5
     pri_ratio: float = 0.8
     best_n: int = 5

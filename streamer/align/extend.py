@@ -32,12 +32,14 @@ GLOBAL, EXTEND = 0, 1
 
 @dataclass(frozen=True)
 class ExtendParams:
-    match: int = 2
-    mismatch: int = 4
-    ambiguous: int = 1
-    gap_open: int = 4
+    """The DP's scores (minimap2's map-ont) and bands."""
+
+    match: int = 2  # score of a matching base
+    mismatch: int = 4  # cost of a mismatch
+    ambiguous: int = 1  # cost of a base against N
+    gap_open: int = 4  # a gap of l bases costs min(gap_open + gap_extend * l, long_gap_open + long_gap_extend * l)
     gap_extend: int = 2
-    long_gap_open: int = 24
+    long_gap_open: int = 24  # the second piece: long gaps cost less per base
     long_gap_extend: int = 1
     band: int = 200  # half-width of the band of an end extension
     gap_band: int = 15  # margin of the band between anchors, beyond the gaps' difference
@@ -194,6 +196,18 @@ def _emit(cig, first, nc, op, length):
 
 
 @numba.njit(nogil=True, cache=True)
+def _align_emit(qx, rx, mode, band, sc, cig, first, nc, q, genome, q0, r0):
+    """qx aligned against rx (GLOBAL, or EXTEND from their starts) at q0, r0 of the read and the genome, its
+    ops (which `_align` writes last column first) appended to the CIGAR begun at cig[first]; returns the
+    CIGAR's new end, the query and reference bases used, the score and the NM of those columns."""
+    ops = np.empty(len(qx) + len(rx) + 1, dtype=np.uint8)
+    k, qu, ru, s = _align(qx, rx, mode, band, sc, ops)
+    for u in range(k - 1, -1, -1):
+        nc = _emit(cig, first, nc, ops[u], 1)
+    return nc, qu, ru, s, _count_nm(ops[:k][::-1].copy(), k, q, genome, q0, r0, 1)
+
+
+@numba.njit(nogil=True, cache=True)
 def _count_nm(ops, k, q, r, qi, rj, step):
     """Mismatches and gap bases of `k` ops walked from (qi, rj) in direction `step` (+1 forwards, -1 back)."""
     nm = 0
@@ -285,12 +299,9 @@ def extend_chains(q_all, q_start, q_end, genome, ctg_start, ctg_end, a_qs, a_rs,
                         score -= min(sc[3] + sc[4] * gl, sc[5] + sc[6] * gl)
                         nm += gl
                 else:
-                    gops = np.empty(len(qg) + len(rg) + 1, dtype=np.uint8)
-                    k, qu, ru, s = _align(qg, rg, GLOBAL, gap_band, sc, gops)
+                    nc, _, _, s, gnm = _align_emit(qg, rg, GLOBAL, gap_band, sc, cig, first, nc, q, genome, gq0, gr0)
                     score += s
-                    for u in range(k - 1, -1, -1):
-                        nc = _emit(cig, first, nc, gops[u], 1)
-                    nm += _count_nm(gops[:k][::-1].copy(), k, q, genome, gq0, gr0, 1)
+                    nm += gnm
             nc = _emit(cig, first, nc, OP_M, ln[t])
             score += sc[0] * ln[t]
         # right end
@@ -298,12 +309,9 @@ def extend_chains(q_all, q_start, q_end, genome, ctg_start, ctg_end, a_qs, a_rs,
         rr = min(ctg_end[c] - e_r, right_q + w)
         q_right = q[e_q:].copy()
         r_right = genome[e_r:e_r + rr].copy()
-        ops = np.empty(len(q_right) + len(r_right) + 1, dtype=np.uint8)
-        k, qu, ru, s = _align(q_right, r_right, EXTEND, w, sc, ops)
+        nc, qu, ru, s, gnm = _align_emit(q_right, r_right, EXTEND, w, sc, cig, first, nc, q, genome, e_q, e_r)
         score += s
-        for u in range(k - 1, -1, -1):
-            nc = _emit(cig, first, nc, ops[u], 1)
-        nm += _count_nm(ops[:k][::-1].copy(), k, q, genome, e_q, e_r, 1)
+        nm += gnm
         out_q1[c], out_r1[c] = e_q + qu, e_r + ru
         out_score[c], out_nm[c] = score, nm
         cig_off[c + 1] = nc

@@ -99,45 +99,29 @@ class FMIndex:
             np.array_equal(getattr(self, f.name), getattr(other, f.name)) for f in fields(self) if f.name != "names")
 
 
-@numba.njit(nogil=True, cache=True)
-def _segment(bases, contig_offsets):
-    """The text of concatenated contig codes: each maximal run of codes 0-3 inside a contig, then a SEP."""
-    n_seg = 0
-    n = 0
-    for ci in range(len(contig_offsets) - 1):
-        inside = False
-        for i in range(contig_offsets[ci], contig_offsets[ci + 1]):
-            if bases[i] < SEP:
-                n += 1
-                if not inside:
-                    n_seg += 1
-                    inside = True
-            else:
-                inside = False
-    text = np.empty(n + n_seg, np.uint8)
-    seg_text = np.empty(n_seg, np.int64)
-    seg_ref = np.empty(n_seg, np.int64)
-    t = 0
-    s = 0
-    for ci in range(len(contig_offsets) - 1):
-        inside = False
-        for i in range(contig_offsets[ci], contig_offsets[ci + 1]):
-            if bases[i] < SEP:
-                if not inside:
-                    seg_text[s] = t
-                    seg_ref[s] = i
-                    s += 1
-                    inside = True
-                text[t] = bases[i]
-                t += 1
-            elif inside:
-                text[t] = SEP
-                t += 1
-                inside = False
-        if inside:
-            text[t] = SEP
-            t += 1
+def _segment(bases: np.ndarray, contig_offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The text of concatenated contig codes: each maximal run of codes 0-3 inside a contig, then a SEP;
+    and where each run starts in the text and in the contigs."""
+    base = bases < SEP
+    first, last = base.copy(), base.copy()  # a run's first and last base: a contig's ends break runs too
+    first[1:] &= ~base[:-1]
+    last[:-1] &= ~base[1:]
+    starts, ends = contig_offsets[:-1], contig_offsets[1:] - 1
+    starts, ends = starts[starts < len(bases)], ends[ends >= 0]
+    first[starts], last[ends] = base[starts], base[ends]
+    seg_ref = np.flatnonzero(first).astype(np.int64)
+    seg_end = np.flatnonzero(last).astype(np.int64) + 1
+    seg_text = np.zeros(len(seg_ref), np.int64)
+    np.cumsum(seg_end[:-1] - seg_ref[:-1] + 1, out=seg_text[1:])
+    text = np.full(int(np.sum(seg_end - seg_ref)) + len(seg_ref), SEP, np.uint8)
+    _copy_runs(bases, seg_ref, seg_end, seg_text, text)
     return text, seg_text, seg_ref
+
+
+@numba.njit(nogil=True, cache=True)
+def _copy_runs(bases, seg_ref, seg_end, seg_text, text):
+    for s in range(len(seg_ref)):
+        text[seg_text[s]:seg_text[s] + seg_end[s] - seg_ref[s]] = bases[seg_ref[s]:seg_end[s]]
 
 
 def reference_text(contigs: Iterable[tuple[str, bytes | str | np.ndarray]]) -> Text:

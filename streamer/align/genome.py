@@ -38,12 +38,12 @@ class Recipe:
 
     gc: float = 0.41
     cpg_odds: float = 0.25  # CpG observed/expected, as in mammalian genomes
-    sine: float = 0.10
-    line: float = 0.15
-    dna: float = 0.04
-    micro: float = 0.01
-    satellite: float = 0.02
-    segdup: float = 0.04
+    sine: float = 0.10  # short interspersed elements (Alu-like, about 300 bases)
+    line: float = 0.15  # long interspersed elements (L1-like, kilobases, mostly truncated)
+    dna: float = 0.04  # DNA transposons
+    micro: float = 0.01  # microsatellites (short tandem repeats)
+    satellite: float = 0.02  # satellite arrays (long tandem repeats of longer units)
+    segdup: float = 0.04  # segmental duplications (long near-identical copies)
 
 
 @numba.njit(nogil=True, cache=True)

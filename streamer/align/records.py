@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import pysam
 
@@ -19,27 +19,17 @@ from streamer.io.alignments import AlignmentFilter
 from streamer.pipeline.batch import CIGAR_H, CIGAR_S
 from streamer.skips import Skip, Skipped
 
+if TYPE_CHECKING:
+    import mappy
+
 _COMPLEMENT = str.maketrans("ACGTNacgtn", "TGCANtgcan")
-
-
-class HitLike(Protocol):
-    ctg: str
-    r_st: int
-    r_en: int
-    q_st: int
-    q_en: int
-    strand: int
-    mapq: int
-    is_primary: bool
-    cigar: Sequence[Sequence[int]]
-    NM: int
 
 
 @dataclass(frozen=True)
 class Hit:
     """One alignment of a read, in mappy's terms: query span on the read as basecalled, reference span
     on the contig, strand +1/-1, `is_primary` false for secondaries, CIGAR as [length, op] pairs in the
-    reference's direction."""
+    reference's direction. mappy's own `Alignment` has these attributes: `sam_records` takes either."""
 
     ctg: str
     r_st: int
@@ -54,7 +44,7 @@ class Hit:
 
 
 def sam_records(header: pysam.AlignmentHeader, read_id: str, seq: str,
-                hits: Iterable[HitLike]) -> list[pysam.AlignedSegment]:
+                hits: Iterable[Hit | mappy.Alignment]) -> list[pysam.AlignedSegment]:
     """The SAM records of one read: primary first, then supplementary and secondary."""
     out = []
     primary_seen = False

@@ -53,6 +53,12 @@ def _put_kmer(buf, pos, rank, k, write):
 
 
 @numba.njit(nogil=True, cache=True)
+def _tab_float(buf, pos, x, decimals, write):
+    """A tab, then float32 x to `decimals` places: most of the row's columns."""
+    return put_fixed(buf, put_byte(buf, pos, 9, write), x, decimals, FLOAT32_BITS, write)
+
+
+@numba.njit(nogil=True, cache=True)
 def _tsv_row(buf, pos, j, read, position, ref, kmer_at, k, event, mean, stdv, length, rank, mmean, mstdv, z, start,
              end, contig, contig_off, label, label_off, signal_index, write):  # fmt: skip
     r = read[j]
@@ -70,18 +76,13 @@ def _tsv_row(buf, pos, j, read, position, ref, kmer_at, k, event, mean, stdv, le
     pos = put_int(buf, pos, event[j], write)
     pos = put_byte(buf, pos, tab, write)
     pos = put_fixed(buf, pos, mean[j], 2, FLOAT32_BITS, write)
-    pos = put_byte(buf, pos, tab, write)
-    pos = put_fixed(buf, pos, stdv[j], 3, FLOAT32_BITS, write)
-    pos = put_byte(buf, pos, tab, write)
-    pos = put_fixed(buf, pos, length[j], 5, FLOAT32_BITS, write)
+    pos = _tab_float(buf, pos, stdv[j], 3, write)
+    pos = _tab_float(buf, pos, length[j], 5, write)
     pos = put_byte(buf, pos, tab, write)
     pos = _put_kmer(buf, pos, rank[j], k, write)
-    pos = put_byte(buf, pos, tab, write)
-    pos = put_fixed(buf, pos, mmean[j], 2, FLOAT32_BITS, write)
-    pos = put_byte(buf, pos, tab, write)
-    pos = put_fixed(buf, pos, mstdv[j], 2, FLOAT32_BITS, write)
-    pos = put_byte(buf, pos, tab, write)
-    pos = put_fixed(buf, pos, z[j], 2, FLOAT32_BITS, write)
+    pos = _tab_float(buf, pos, mmean[j], 2, write)
+    pos = _tab_float(buf, pos, mstdv[j], 2, write)
+    pos = _tab_float(buf, pos, z[j], 2, write)
     if signal_index:
         pos = put_byte(buf, pos, tab, write)
         pos = put_int(buf, pos, start[j], write)

@@ -34,13 +34,8 @@ def _rows_at(gp, block_row, dense, site_off, site_rel, site_bits, site_row):
         return base + 2 * rel, base + 2 * rel + 1
     lo = site_off[gp >> SHIFT]
     hi = site_off[(gp >> SHIFT) + 1]
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if site_rel[mid] < rel:
-            lo = mid + 1
-        else:
-            hi = mid
-    if lo >= site_off[(gp >> SHIFT) + 1] or site_rel[lo] != rel:
+    lo += np.searchsorted(site_rel[lo:hi], rel)
+    if lo >= hi or site_rel[lo] != rel:
         return -1, -1
     bits = site_bits[lo]
     first = base + site_row[lo]
