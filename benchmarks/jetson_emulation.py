@@ -131,8 +131,9 @@ def trial(args, root: Path, prep: dict, pace: float, out: Path, standin: dict | 
     log = open(out / "daemon.log", "w")
     daemon = subprocess.Popen([*pinned(args.daemon_cores, nice=True), *streamer(
         "run", *watch, "-g", root.parent / "ref.fa", "-o", results, "--profile", args.profile, "--threads",
-        args.threads, "--memory-budget", args.budget, "--gpu-memory", args.gpu_memory, "--basecalls", "bam",
-        "--status-interval", "1", "--grace", "2")], stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        args.threads, "--memory-budget", args.budget, *(["--gpu-memory", args.gpu_memory] if args.gpu_memory != "none"
+                                                         else []),
+        "--basecalls", "bam", "--status-interval", "1", "--grace", "2")], stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
     summaries = [results / n / "summary.json" for n in names]
     deadline = time.monotonic() + args.start_timeout
     while not all(p.exists() for p in summaries):  # written once the daemon watches its runs
@@ -294,7 +295,7 @@ def main() -> int:
     r.add_argument("--threads", type=int, default=4)
     r.add_argument("--profile", default="jetson-orin-nx")
     r.add_argument("--budget", default="6G", help="host and GPU together [%(default)s]")
-    r.add_argument("--gpu-memory", default="3G", help="the GPU cap [%(default)s]")
+    r.add_argument("--gpu-memory", default="3G", help="the GPU cap (`none`: no cap, the profile's share) [%(default)s]")
     r.add_argument("--standin-s", type=float, default=30.0,
                    help="seconds of the stand-in alone [%(default)s]; 0: no stand-in, the daemon alone on the GPU")
     r.add_argument("--size", type=int, default=1024, help="the stand-in's matrix side [%(default)s]")

@@ -175,6 +175,10 @@ class BatchConfig:
 class PipelineConfig:
     threads: int = _key(0, "CPU threads for the stages; 0 uses every core.", type=int, flag="--threads",
                         short="-t", minimum=0)
+    compute_threads: int = _key(
+        2, "Batches in the stages at once, so that CPU and GPU stages overlap (as `streamer call --compute-threads`); "
+        "with the batches read ahead they are the batches in flight, which the memory budget holds.", type=int,
+        flag="--compute-threads", minimum=1)
     pore: str = _key(
         "auto", "Pore chemistry of the watched runs; it picks the models that `kmer_model` and `meth_model` leave "
         f"unset: {models_by_pore()}; auto: from the signal files' run metadata (flow cell, kit), {DEFAULT.name} when they do not say. Without "

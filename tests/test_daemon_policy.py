@@ -30,6 +30,9 @@ def test_a_full_batch_goes_at_once_a_partial_one_when_nothing_comes_or_it_waited
     assert not batch_due(3, False, True, 1.0, 5.0)  # a file is on its way, and it is young
     assert batch_due(3, False, True, 5.0, 5.0)  # waited max_wait
     assert batch_due(3, False, False, 0.0, 5.0)  # nothing on its way
+    assert not batch_due(3, False, False, 1.0, 5.0, stages_busy=True)  # it grows while the stages are busy
+    assert batch_due(3, False, False, 5.0, 5.0, stages_busy=True)  # until its oldest read waited max_wait
+    assert batch_due(3, True, True, 0.0, 5.0, stages_busy=True)  # a full batch goes, busy or not
 
 
 def test_a_run_ends_on_every_final_summary_plus_grace_of_quiet():

@@ -70,6 +70,35 @@ def test_no_more_than_the_limit_in_flight():
         driver.close()
 
 
+def test_take_ready_waits_no_longer_than_asked_and_halt_lets_only_the_batches_in_the_stages_finish():
+    """The daemon's engine polls for done batches while it takes files (`take_ready`); on SIGTERM the
+    batches in the stages finish and the rest never start (`halt`), to be done again after a restart."""
+    entered, gate = threading.Semaphore(0), threading.Event()
+
+    def held(n: int) -> Done:
+        entered.release()
+        gate.wait(30)
+        return Done(BatchOutcome(records_in=n))
+
+    driver = BatchDriver(held, compute_threads=1, limit=4)
+    try:
+        assert driver.take_ready(0.0) is None and not driver.oldest_coming  # nothing in flight
+        for n in range(3):
+            driver.submit(Numbered(n, []))
+        assert entered.acquire(timeout=30)  # batch 0 is in the stages, 1 and 2 wait
+        t0 = time.monotonic()
+        assert driver.take_ready(0.1) is None and time.monotonic() - t0 < 10
+        driver.halt()
+        gate.set()
+        assert driver.oldest_coming and driver.take_ready(30).outcome.records_in == 0
+        time.sleep(0.1)
+        assert not driver.oldest_coming and driver.take_ready(0.0) is None and driver.in_flight == 2
+        assert not entered.acquire(timeout=0.2)  # batches 1 and 2 never entered the stages
+    finally:
+        gate.set()
+        driver.close()
+
+
 class Result:
     """What the driver reads of a pipeline's result."""
 

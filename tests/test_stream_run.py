@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -91,7 +92,11 @@ def test_subscribers_get_every_call_and_a_late_joiner_the_same_frequencies(ecoli
         runner = threading.Thread(target=lambda: codes.append(daemon.run()), name="daemon")
         runner.start()
         try:
-            assert held.holding.wait(60)  # the first batch is out, the second waits
+            assert held.holding.wait(60)  # the second batch waits; the first is published (its calls reach early)
+            deadline = time.monotonic() + 60
+            while not any(isinstance(m, Calls) for m in early.messages):
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
             late = _Collector(pub.endpoints[0], ["meth.freq"])
             late.start()
             assert late.synced.wait(30)

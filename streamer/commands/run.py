@@ -81,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
                 return Daemon(run_cfg, shared, reference, make_aligner=aligner, publisher=pub,
                               published_on=bound_addresses(pub), profile=plan.as_dict())
 
-            daemon = RunSet(cfg, pipeline, make_daemon, notifier, slots=max(1, len(pipeline.devices)))
+            slots = cfg.pipeline.compute_threads * max(1, len(pipeline.devices))  # as one run's batches overlap
+            daemon = RunSet(cfg, pipeline, make_daemon, notifier, slots=slots)
         else:
             tuner = AutoTuner.for_gpu(plan, gpu, autotune=cfg.gpu.autotune, state_dir=cfg.state_dir(),
                                       publish=publisher.publish_tuning if publisher is not None else None)
@@ -104,18 +105,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def budgeted(cfg: configuration.Config, plan: Plan) -> tuple[configuration.Config, Plan]:
-    """The daemon's batch cap B and reader kind within `pipeline.memory_budget` (`auto`: the profile's), as
-    `streamer call` sizes its own: one batch in the stages and one read ahead; on a Jetson the GPU part's
-    share of the budget too (`gpu.memory`). The plan comes back with the budget and that share."""
+    """The daemon's batch cap B, compute threads and reader kind within `pipeline.memory_budget` (`auto`: the
+    profile's), as `streamer call` sizes its own batches in flight; on a Jetson the GPU part's share of the
+    budget too (`gpu.memory`). The plan comes back with the budget and that share."""
     threads = cfg.pipeline.threads or os.cpu_count() or 1
-    memory = memory_plan(budget_bytes(cfg.pipeline.memory_budget, plan.profile, threads), cfg.batch.max_bases, 1,
-                         threads, cfg.pipeline.io_mode, plan.device_share(cuda_options(cfg)))  # fmt: skip
+    memory = memory_plan(budget_bytes(cfg.pipeline.memory_budget, plan.profile, threads), cfg.batch.max_bases,
+                         cfg.pipeline.compute_threads, threads, cfg.pipeline.io_mode,
+                         plan.device_share(cuda_options(cfg)))  # fmt: skip
     if memory.max_bases < cfg.batch.max_bases:
         log.debug("batches of at most %d bases to keep within the memory budget of %d MB", memory.max_bases,
                  memory.budget >> 20)
     plan = plan.budgeted(memory)
     return replace(cfg, batch=replace(cfg.batch, max_bases=memory.max_bases),
-                   pipeline=replace(cfg.pipeline, io_mode=memory.io_mode),
+                   pipeline=replace(cfg.pipeline, io_mode=memory.io_mode, compute_threads=memory.compute_threads),
                    gpu=replace(cfg.gpu, memory=plan.gpu.memory)), plan
 
 

@@ -265,17 +265,19 @@ class Ledger(SinkRecords):
 
     # ------------------------------------------------------------------ reads
 
-    def matched(self, max_reads: int, max_bases: int, offset: int = 0) -> tuple[list[Pick], bool]:
-        """The oldest matched reads (past the first `offset`), up to `max_reads` reads and (past
-        the first) `max_bases` bases; and whether that filled a batch."""
+    def matched(self, max_reads: int, max_bases: int, after: Pick | None = None) -> tuple[list[Pick], bool]:
+        """The oldest matched reads (those after the pick `after`, in the order reads are picked: the
+        batches in flight are passed over), up to `max_reads` reads and (past the first) `max_bases`
+        bases; and whether that filled a batch."""
         picks: list[Pick] = []
         bases = 0
+        key = (-1.0, -1) if after is None else (after.matched, after.number)
         rows = self._db.execute(
             "SELECT r.read_id, r.n_bases, s.path, b.path, b.fmt, r.matched, r.id, r.superseded, x.path, x.fmt "
             "FROM reads r JOIN files s ON s.id = r.signal_file JOIN files b ON b.id = r.basecall_file "
             "LEFT JOIN files x ON x.id = r.spare_file AND r.spare_file != r.basecall_file "
-            "WHERE r.outcome IS NULL AND r.matched IS NOT NULL ORDER BY r.matched, r.id LIMIT ? OFFSET ?",
-            (max_reads, offset))
+            "WHERE r.outcome IS NULL AND r.matched IS NOT NULL AND (r.matched, r.id) > (?, ?) "
+            "ORDER BY r.matched, r.id LIMIT ?", (*key, max_reads))
         for rid, n, sp, bp, fmt, matched, number, superseded, xp, xfmt in rows:
             if picks and bases + n > max_bases:
                 return picks, True

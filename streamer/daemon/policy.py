@@ -30,10 +30,12 @@ class Ending:
     run_over: bool
 
 
-def batch_due(n_matched: int, full: bool, files_pending: bool, oldest_wait: float, max_wait: float) -> bool:
-    """A full batch goes at once; a partial one when no file is on its way, or once its oldest read
-    has waited `max_wait`."""
-    return n_matched > 0 and (full or not files_pending or oldest_wait >= max_wait)
+def batch_due(n_matched: int, full: bool, files_pending: bool, oldest_wait: float, max_wait: float,
+              stages_busy: bool = False) -> bool:  # fmt: skip
+    """A full batch goes at once; a partial one when no file is on its way and the stages are free for
+    it (while they are busy with batches before it, it grows instead), or once its oldest read has
+    waited `max_wait`."""
+    return n_matched > 0 and (full or (not files_pending and not stages_busy) or oldest_wait >= max_wait)
 
 
 def files_to_account(final_dest: Mapping[str, int], left_alone: Mapping[str, int]) -> dict[str, int]:

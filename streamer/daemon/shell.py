@@ -8,14 +8,16 @@ reports complete go through `streamer.daemon.intake`.
 The engine thread does all the work in one loop: take the files the watcher reports complete,
 register them in the ledger (which joins signal and basecalls by read id), hand a batch to the
 batch driver `streamer call` uses (`streamer.pipeline.runner`, jobs from `streamer.daemon.batches`)
-when one is due, append its rows, commit the ledger, and check whether the run is over. One
-batch is in flight, the engine waiting for it on the driver's threads; while it computes, the
-signal of the next matched reads (one batch at most) is read on the reader pool `streamer call`
-uses (`streamer.pipeline.signal_pool.SignalReads`); nothing read ahead is committed, so a crash
-loses nothing.
+when one is due, append the rows of the batches it hands back (in the order they went in), commit
+the ledger, and check whether the run is over. Several batches are in flight, as many as the
+driver holds for `streamer call` with `pipeline.compute_threads` (within the memory budget): one
+is read while others are assembled and computed, so the GPU is not left waiting on the host; a
+partial batch grows while the stages are busy. The signal of the next matched reads (one batch at
+most) is read ahead on the reader pool `streamer call` uses
+(`streamer.pipeline.signal_pool.SignalReads`). Nothing in flight is committed, so a crash loses nothing.
 The main thread only supervises (`streamer.daemon.supervise`): it feeds systemd's watchdog while
 the engine makes progress, sends status, and on SIGTERM (which only sets an event) waits at most
-`drain_timeout` for the batch in hand.
+`drain_timeout` for the batches in hand (those in the stages; the others are dropped, uncommitted).
 
 A run ends on a `final_summary*.txt` in every run folder once every file it counts is in the
 ledger (registered or set aside), or a grace period after it; on an idle timeout; or on a STOP
@@ -36,9 +38,9 @@ import os
 import sqlite3
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from streamer.daemon.aligner import ReadAligner
@@ -58,7 +60,7 @@ from streamer.daemon import report
 from streamer.daemon.notify import Notifier
 from streamer.daemon.journal import SKIPPED_HEADER, Journal
 from streamer.publish.sink import PublishSink, PublisherLike
-from streamer.pipeline.runner import BatchDriver, Stages
+from streamer.pipeline.runner import BatchDriver, Done, RunnerOptions, Stages
 from streamer.pipeline.signal_pool import SignalReads, signal_readers
 from streamer.daemon.sink_set import EVENTALIGN, SinkSet
 from streamer.daemon.supervise import supervise
@@ -88,6 +90,15 @@ class PipelineLike(Protocol):
     """What the daemon needs of `streamer.pipeline.stages.Pipeline` (models loaded, kernels warm)."""
 
     def process(self, reads: list[ReadInput]) -> BatchResultLike: ...
+
+
+@dataclass
+class Flight:
+    """A batch the engine handed to the driver: its reads, its job, when it was picked (monotonic)."""
+
+    picks: list[Pick]
+    job: DaemonBatch
+    started: float
 
 
 class State(enum.Enum):
@@ -133,7 +144,8 @@ class Daemon:
         self.intake: FileIntake | None = None
         self.signal: SignalReads | None = None
         self.sinks = SinkSet([])  # opened with the ledger (`start`), from the configuration
-        self.driver: BatchDriver | None = None  # one batch in flight, the engine waiting on it
+        self.driver: BatchDriver | None = None  # the batches in flight, handed back in order
+        self._flights: deque[Flight] = deque()  # what the engine submitted, oldest first
         self.cache = BasecallCache(config.join.max_pending_bases, self._filter)
         end = config.end
         self.end = EndOfRun(end.final_summary_grace, end.idle_timeout, end.follow, end.stop_file)
@@ -172,7 +184,10 @@ class Daemon:
             workers = cfg.pipeline.threads or os.cpu_count() or 1
             pool = signal_readers(SIGNAL_SUFFIXES, workers, cfg.pipeline.io_mode) if cfg.batch.read_ahead else None
             self.signal = SignalReads(pool)
-            self.driver = BatchDriver(Stages(self.pipeline, self.sinks.render, self.sinks.count, isolate=True))
+            threads = cfg.pipeline.compute_threads
+            runner = RunnerOptions(compute_threads=threads, ahead=2 if threads > 1 else 1)  # as `memory_plan` sizes
+            self.driver = BatchDriver(Stages(self.pipeline, self.sinks.render, self.sinks.count, isolate=True),
+                                      compute_threads=threads, limit=runner.limit)
         except BaseException:
             self.close()
             raise
@@ -183,7 +198,7 @@ class Daemon:
         self._send("run", "start", {"watch_dir": str(cfg.watch.dir), "output_dir": str(cfg.output.dir)})
 
     def request_stop(self, why: str = "SIGTERM") -> None:
-        """SIGTERM (or SIGINT, `why`): stop taking files, finish the batch in hand, flush, exit. Safe from a
+        """SIGTERM (or SIGINT, `why`): stop taking files, finish the batches in the stages, flush, exit. Safe from a
         signal handler."""
         self._stop_why = why
         self._stop.set()
@@ -247,14 +262,12 @@ class Daemon:
             self._beat()
             if self._stop.is_set():
                 return Ending(f"stop requested ({self._stop_why})", run_over=False)
-            _, full = self.ledger.matched(self.config.batch.max_reads, self.config.batch.max_bases)
-            for outcome in self.watcher.poll(0.0 if full else 0.25):  # a full batch waits for no event
+            idle = not self._flights and not self._picks()[1]  # a full batch or one in flight waits for no event
+            for outcome in self.watcher.poll(0.25 if idle else 0.0):
                 self.intake.take(outcome)
                 self._beat()
-            picks, full = self.ledger.matched(self.config.batch.max_reads, self.config.batch.max_bases)
-            if picks and batch_due(len(picks), full, bool(self.watcher.pending), time.time() - picks[0].matched,
-                                   self.config.batch.max_wait):  # fmt: skip
-                self._process(picks)
+            self._submit_due(bool(self.watcher.pending))
+            self._harvest(0.05 if self._flights else 0.0)
             self._time_out_waiting()
             self._refresh_if_due()
             if time.monotonic() >= self._next_status:
@@ -275,13 +288,19 @@ class Daemon:
             self.intake.use_spares("by the end of the run")
             while not self._stop.is_set():
                 self._beat()
-                picks, _ = self.ledger.matched(self.config.batch.max_reads, self.config.batch.max_bases)
-                if not picks:
+                self._submit_due(files_pending=False)
+                if not self._flights:
                     break
-                self._process(picks)
-            if not self._stop.is_set():
-                self._close_waiting(self.ledger.waiting(), "by the end of the run")
-                self.state = State.FINISHED
+                self._harvest(1.0)
+        if self._stop.is_set():  # the batches in the stages are finished; those not yet in them wait for a restart
+            self.driver.halt()
+        while self._flights and self.driver.oldest_coming:
+            self._beat()
+            self._harvest(1.0)
+        self._flights.clear()
+        if ending.run_over and not self._stop.is_set():
+            self._close_waiting(self.ledger.waiting(), "by the end of the run")
+            self.state = State.FINISHED
         if self.state is not State.FINISHED:
             self.state = State.STOPPED
         self._refresh(final=True)
@@ -290,20 +309,44 @@ class Daemon:
 
     # ------------------------------------------------------------------ batches
 
-    def _process(self, picks: list[Pick]) -> None:
-        """One batch: assemble, call, append, commit; a read ends called or with its reasons."""
+    def _picks(self) -> tuple[list[Pick], bool]:
+        """The next batch's reads: the oldest matched reads not in a batch in flight."""
+        after = self._flights[-1].picks[-1] if self._flights else None
+        return self.ledger.matched(self.config.batch.max_reads, self.config.batch.max_bases, after=after)
+
+    def _submit_due(self, files_pending: bool) -> None:
+        """Hand the driver every batch that is due while it has room (see `batch_due`)."""
+        while self.driver.has_room:
+            picks, full = self._picks()
+            busy = len(self._flights) >= self.driver.compute_threads
+            if not picks or not batch_due(len(picks), full, files_pending, time.time() - picks[0].matched,
+                                          self.config.batch.max_wait, busy):  # fmt: skip
+                return
+            self._submit(picks)
+
+    def _submit(self, picks: list[Pick]) -> None:
+        """One batch to the driver: its basecalls taken, aligned where they came without, its signal begun."""
         t0 = time.monotonic()
         picks, found, failed = basecalls_of(picks, self.cache, self.ledger)
         unaligned = [(rid, bc.seq) for rid, bc in found.items() if bc.records is None]
         for rid, records in self.aligning.align(unaligned).items():
             found[rid] = replace(found[rid], records=records)
         signal = self.signal.take(signal_wanted(picks, found))
-        if self.signal.pool is not None:  # the next batch's signal is read while this one computes
-            ahead, _ = self.ledger.matched(self.config.batch.max_reads, self.config.batch.max_bases, offset=len(picks))
-            self.signal.ahead(signal_wanted(ahead))
         job = DaemonBatch(picks, *picked(picks, found, failed), signal, self.reference)
         self.driver.submit(job)
-        done = self.driver.take()
+        self._flights.append(Flight(picks, job, t0))
+        if self.signal.pool is not None:  # the next batch's signal is read while this one waits and computes
+            self.signal.ahead(signal_wanted(self._picks()[0]))
+
+    def _harvest(self, timeout: float) -> None:
+        """Commit the batches done, in the order they were submitted (the first waited for up to `timeout`)."""
+        while self._flights and (done := self.driver.take_ready(timeout)) is not None:
+            self._commit_batch(self._flights.popleft(), done)
+            timeout = 0.0
+
+    def _commit_batch(self, flight: Flight, done: Done) -> None:
+        """A batch through the stages: append, commit; each read ends called or with its reasons."""
+        picks, job = flight.picks, flight.job
         outcome, results = done.outcome, done.results
         if len(results) == 1 and not outcome.failed:
             self._tune(results[0])
@@ -323,7 +366,7 @@ class Daemon:
         counters["eventalign_rows"] = sum(len(rows) for rows, _, _, _ in aligned)
         latencies = [max(0.0, done_at - p.matched) for p in picks]
         batch = BatchRecord(len(picks), counters["records_in"], outcome.calls, counters["bases"],
-                            time.monotonic() - t0, sum(latencies), max(latencies))
+                            time.monotonic() - flight.started, sum(latencies), max(latencies))
         self._commit(read.outcomes, self.sinks.texts(done.rendered), skip_rows, counters, batch, results)
         if self.publish is not None:
             self.publish.on_batch(results, (columns for rows_, batch_, labels, text in aligned

@@ -105,6 +105,7 @@ class BatchDriver:
     def __init__(self, compute: Callable[[Any], Done], *, compute_threads: int = 1, limit: int = 1,
                  numba_threads: int | None = None):  # fmt: skip
         self.compute = compute
+        self.compute_threads = max(1, compute_threads)
         self.limit = max(1, limit)
         self.numba_threads = numba_threads  # set on each compute thread (numba's count is per thread)
         self.waits: Counter = Counter()  # seconds the compute threads waited for assembled batches
@@ -113,6 +114,8 @@ class BatchDriver:
         self._results: dict[int, Done] = {}
         self._changed = threading.Condition()
         self._submitted = self._taken = 0
+        self._running: set[int] = set()  # batches in the stages now
+        self._halted = False  # `halt`: no batch goes into the stages any more
         self._error: BaseException | None = None
         self._stopped = threading.Event()
         self._threads = [threading.Thread(target=self._assembler, name="assembler", daemon=True)]
@@ -177,14 +180,45 @@ class BatchDriver:
                 self._changed.notify_all()
             feeder.join()
 
+    def halt(self) -> None:
+        """Put no more batches through the stages: those in them finish and can be taken, the others never will."""
+        with self._changed:
+            self._halted = True
+            self._changed.notify_all()
+
+    @property
+    def oldest_coming(self) -> bool:
+        """Whether the oldest batch not yet taken is done or in the stages (after `halt`: whether one will come)."""
+        with self._changed:
+            return self._taken in self._results or self._taken in self._running or (
+                not self._halted and self._taken < self._submitted)
+
+    @property
+    def has_room(self) -> bool:
+        """Whether `submit` would start a batch now."""
+        return self.in_flight < self.limit
+
     def take(self) -> Done:
         """The oldest batch not yet taken, when it is done (a thread's failure is raised here)."""
+        if self._taken >= self._submitted:
+            raise RuntimeError("no batch in flight")
+        while (done := self.take_ready(1.0)) is None:
+            pass
+        return done
+
+    def take_ready(self, timeout: float = 0.0) -> Done | None:
+        """The oldest batch not yet taken if it is done within `timeout` seconds, else None (also when none
+        is in flight); a thread's failure is raised here."""
+        deadline = time.monotonic() + timeout
         with self._changed:
-            if self._taken >= self._submitted:
-                raise RuntimeError("no batch in flight")
-            while self._taken not in self._results and self._error is None:
-                self._changed.wait(timeout=1.0)
+            while self._taken < self._submitted and self._taken not in self._results and self._error is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._changed.wait(timeout=left)
             self._raise()
+            if self._taken not in self._results:
+                return None
             done = self._results.pop(self._taken)
             self._taken += 1
             self._changed.notify_all()
@@ -243,10 +277,15 @@ class BatchDriver:
                     idle += time.perf_counter() - t0
                     continue
                 idle += time.perf_counter() - t0
+                with self._changed:
+                    if self._halted:
+                        continue
+                    self._running.add(seq)
                 with timeline.span("batch", batch=seq):
                     done = self.compute(assembled)
                 done.job = job
                 with self._changed:
+                    self._running.discard(seq)
                     self._results[seq] = done
                     self.waits["stages_for_batches"] += idle
                     idle = 0.0

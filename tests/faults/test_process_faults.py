@@ -45,7 +45,8 @@ sys.exit(code)
 def start(tmp_path: Path) -> subprocess.Popen:
     flat = {"watch.dir": str(tmp_path / "live"), "reference.genome": str(REFERENCE), "output.dir": str(tmp_path / "out"),
             "watch.poll_interval": 0.05, "watch.settle": 0.2, "end.final_summary_grace": 0.2, "batch.max_wait": 0.1,
-            "batch.max_reads": 2, "service.status_interval": 0.1, "pipeline.io_mode": "threads"}
+            "batch.max_reads": 2, "service.status_interval": 0.1, "pipeline.io_mode": "threads",
+            "pipeline.compute_threads": 1}  # one batch in the stages at a time: a SIGTERM leaves some waiting
     roots = [str(ROOT / "tests"), str(ROOT / "plugins"), str(ROOT / "gpu"), str(ROOT)]
     return subprocess.Popen([sys.executable, "-c", _CHILD, json.dumps(flat), *roots], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
