@@ -134,7 +134,8 @@ def trial(args, root: Path, prep: dict, pace: float, out: Path, standin: dict | 
         args.threads, "--memory-budget", args.budget, *(["--gpu-memory", args.gpu_memory] if args.gpu_memory != "none"
                                                          else []),
         "--basecalls", "bam", "--status-interval", "1", "--grace", "2")], stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-    summaries = [results / n / "summary.json" for n in names]
+    outs = [results / n for n in names] if len(names) > 1 else [results]  # one run's outputs are not in a folder of its name
+    summaries = [o / "summary.json" for o in outs]
     deadline = time.monotonic() + args.start_timeout
     while not all(p.exists() for p in summaries):  # written once the daemon watches its runs
         if daemon.poll() is not None or time.monotonic() > deadline:
@@ -183,15 +184,15 @@ def trial(args, root: Path, prep: dict, pace: float, out: Path, standin: dict | 
     arena = [line.split("] ")[-1] for line in (out / "daemon.log").read_text().splitlines() if "arena" in line]
     series = backlog(samples, landed)
     files, batches = [], []
-    for name in names:
-        with contextlib.closing(sqlite3.connect(results / name / ".streamer" / "ledger.sqlite")) as db:
+    for o in outs:
+        with contextlib.closing(sqlite3.connect(o / ".streamer" / "ledger.sqlite")) as db:
             registered = dict(db.execute("SELECT id, at FROM files"))
             committed = dict(db.execute("SELECT id, at FROM batches"))
             files += file_latencies(db.execute("SELECT signal_file, basecall_file, batch FROM reads WHERE batch IS NOT "
                                                "NULL"), registered, committed)  # fmt: skip
             batches += db.execute("SELECT n_reads, latency_sum, latency_max FROM batches").fetchall()
     bases = sum(json.loads(p.read_text())["bases"] for p in summaries)
-    rows = sorted(line for n in names for line in (results / n / "meth.tsv").read_text().splitlines()[1:])
+    rows = sorted(line for o in outs for line in (o / "meth.tsv").read_text().splitlines()[1:])
     return {"pace": pace, "exit": code, "replays": paces, "replay_skew_s": skew, "arena": arena,
             "growth": growth(series, landed), "backlog": series,
             "latency": batch_latency(files, batches), "memory": peak_memory(samples, parse_size(args.budget)),
