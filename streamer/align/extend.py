@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol
 
 import numba
 import numpy as np
@@ -27,6 +26,7 @@ from streamer.align.anchors import Seeds
 from streamer.align.chain import Chains
 from streamer.align.extend_cells import (BAND, EXTEND, GLOBAL, JOB, MODE, N_RUNS, OP_D, OP_I, OP_M, Q0, Q_USED,
                                          QLEN, QSTEP, R0, R_USED, RESULT, RLEN, RSTEP, SCORE, TIE, NM, extend_cells)
+from streamer.pipeline.gpu import GpuExtender
 from streamer.pipeline.targets import CPU
 
 _band, _align_job = extend_cells(CPU).band, extend_cells(CPU).align_job
@@ -70,12 +70,6 @@ class JobResults:
     res: np.ndarray  # int64[n_jobs, RESULT]
     runs: np.ndarray  # int32: each job's runs, last column first, (length << 2 | op)
     start: np.ndarray  # int64[n_jobs]: where a job's runs begin in `runs`
-
-
-class GpuJobs(Protocol):
-    """The DP's jobs aligned on a GPU (`streamer_gpu.extend.CudaExtender`, holding the genome)."""
-
-    def align_jobs(self, q: np.ndarray, jobs: np.ndarray, sc: np.ndarray, threads: int) -> JobResults: ...
 
 
 @numba.njit(nogil=True, cache=True)
@@ -141,7 +135,7 @@ def align_jobs(q: np.ndarray, genome: np.ndarray, jobs: np.ndarray, sc: np.ndarr
     """Jobs `ids` (all by default) of the table on the CPU, in chunks over `threads` threads (the
     kernel releases the GIL); jobs not in ids have no results."""
     ids = np.arange(len(jobs), dtype=np.int64) if ids is None else ids
-    chunks = [c for c in np.array_split(ids, min(len(ids), 4 * max(1, threads))) if len(c)]
+    chunks = [c for c in np.array_split(ids, max(1, min(len(ids), 4 * threads))) if len(c)]
 
     def run(chunk: np.ndarray) -> tuple[np.ndarray, ...]:
         return (chunk, *_align_jobs(q, genome, jobs, chunk, sc))
@@ -286,7 +280,7 @@ def _scores(p: ExtendParams) -> np.ndarray:
 
 def extend(chains: Chains, seeds: Seeds, codes: np.ndarray, offsets: np.ndarray, genome: np.ndarray,
            contig_offsets: np.ndarray, params: ExtendParams = ExtendParams(), threads: int = 1,
-           gpu: GpuJobs | None = None) -> Alignments:
+           gpu: GpuExtender | None = None) -> Alignments:
     """Base-level alignments of the chains of reads `codes`/`offsets` (as basecalled) on `genome` (the
     contigs' codes laid end to end): the DP's jobs on `gpu` when given (holding the same genome), else
     in chunks over `threads` threads."""
