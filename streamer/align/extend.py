@@ -10,8 +10,11 @@ extended on both sequences reversed, breaks ties the other way for the same resu
 Measured against edlib and parasail on the same jobs (`benchmarks/bench_extend.py`), this numba
 kernel was chosen: see docs/alignment.md for the numbers.
 
-A batch's chains are aligned in chunks on threads (the kernel releases the GIL); each chunk's
-CIGARs come back laid end to end with offsets, as (op, length) in pysam's numbering.
+A batch's chains become one table of jobs (`plan_jobs`: the left end, the gaps between anchors,
+the right end of each); the jobs are aligned by the cells of `streamer.align.extend_cells`, on CPU
+threads (the kernel releases the GIL) or on the GPU (`streamer_gpu.extend`, the same cells), and
+`assemble` turns each chain's jobs and anchors into its CIGAR, laid end to end with offsets, as
+(op, length) in pysam's numbering.
 """
 
 from __future__ import annotations
