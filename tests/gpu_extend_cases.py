@@ -104,7 +104,7 @@ def main() -> None:
         cases[profile] = compared(batch, ext, repeat=1 if small else 3)
         if profile == "r9":
             # a tiny budget and job cap: several launches, and the largest jobs on the CPU alongside
-            split = CudaExtender(genome, budget=1 << 16, max_job_bytes=4000)
+            split = CudaExtender(genome, budget=1 << 16 if small else 1 << 26, max_job_bytes=4000)
             cases["split"] = compared(batch, split)
     os.environ["STREAMER_CUDA_FAULT"] = "extend:1"
     cases["fault"] = {"same": compared(batch, CudaExtender(genome))["same"]}

@@ -267,13 +267,18 @@ def assemble(job_off, tq, tr, tl, t_off, res, runs, start, sc, out_q0, out_q1, o
     return cig[:nc].copy(), cig_off
 
 
-def both_strands(codes: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+@numba.njit(nogil=True, cache=True)
+def both_strands(codes, offsets):
     """The reads' codes, then each read's reverse complement where the read is, shifted by len(codes)."""
-    lens = np.diff(offsets)
-    read_of = np.repeat(np.arange(len(lens)), lens)
-    mirror = offsets[read_of] + offsets[read_of + 1] - 1 - np.arange(len(codes))
-    rc = codes[mirror]
-    return np.concatenate([codes, np.where(rc < 4, 3 - rc, rc).astype(np.uint8)])
+    n = len(codes)
+    out = np.empty(2 * n, np.uint8)
+    out[:n] = codes
+    for read in range(len(offsets) - 1):
+        a, b = offsets[read], offsets[read + 1]
+        for i in range(a, b):
+            c = codes[a + b - 1 - i]
+            out[n + i] = 3 - c if c < 4 else c
+    return out
 
 
 def _scores(p: ExtendParams) -> np.ndarray:
