@@ -124,6 +124,8 @@ class CudaExtender:
 
     def _on_gpu(self, q, jobs, sc, threads, order, tb, scratch, cap) -> list[tuple[np.ndarray, ...]]:
         parts: list[tuple[np.ndarray, ...]] = []
+        if not len(order):
+            return parts
         spans = launches(tb, scratch, cap, self.budget)
         try:
             self._faults.check("extend")

@@ -189,7 +189,8 @@ def extend_cells(t: Target) -> ExtendCells:
     def align_job(q, r, jobs, jb, sc, tb, tb0, h, f1, f2, s0, ts, runs, run0, res, out):
         """Job jb of the table: filled (scratch at tb0 and s0, stride ts), traced into runs[run0:], and its
         results in res[out]."""
-        q0, qs, n, r0, rs, m = jobs[jb, Q0], jobs[jb, QSTEP], jobs[jb, QLEN], jobs[jb, R0], jobs[jb, RSTEP], jobs[jb, RLEN]
+        q0, qs, n = jobs[jb, Q0], jobs[jb, QSTEP], jobs[jb, QLEN]
+        r0, rs, m = jobs[jb, R0], jobs[jb, RSTEP], jobs[jb, RLEN]
         mode, w, tie = jobs[jb, MODE], jobs[jb, BAND], jobs[jb, TIE]
         bi, bj, best = fill(q, q0, qs, n, r, r0, rs, m, mode, w, tie, sc, tb, tb0, h, f1, f2, s0, ts)
         dlo, width = band(mode, w, n, m)
