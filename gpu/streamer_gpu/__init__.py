@@ -18,13 +18,16 @@ from streamer.pipeline.gpu import CudaOptions
 from streamer_gpu.device import probe_gpu
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from streamer.align.fmindex import FMIndex, Text
     from streamer_gpu.abea import CudaAbea
     from streamer_gpu.events import CudaEvents
+    from streamer_gpu.extend import CudaExtender
     from streamer_gpu.fmindex import CudaFmSeeder
 
-__all__ = ["arena_bases", "build_fmindex", "count_gpus", "device_bytes", "device_context", "fm_seeder", "gpu_absent",
-           "is_cuda_error", "open_events", "open_gpu", "probe_gpu", "release_gpu"]
+__all__ = ["arena_bases", "build_fmindex", "count_gpus", "device_bytes", "device_context", "extender", "fm_seeder",
+           "gpu_absent", "is_cuda_error", "open_events", "open_gpu", "probe_gpu", "release_gpu"]
 
 log = logging.getLogger(__name__)
 _said: set[tuple[str, str]] = set()
@@ -67,6 +70,7 @@ def open_events(options: CudaOptions) -> CudaEvents | None:
     """Event detection on GPU options.dev_id (whose ABEA stage opened), or None, said in one log line, where it
     cannot start."""
     from streamer_gpu.events import CudaEvents
+    from streamer_gpu.extend import CudaExtender
     from streamer_gpu.target import CUDA_ERRORS
 
     try:
@@ -101,6 +105,21 @@ def fm_seeder(index: FMIndex) -> CudaFmSeeder | None:
         return seeder_for(index)
     except CUDA_ERRORS as exc:
         log.warning("could not copy the FM-index to the GPU (%s): seeding runs on the CPU", exc)
+    return None
+
+
+def extender(genome: np.ndarray) -> CudaExtender | None:
+    """Extension's DP against genome (copied there once) on the current GPU, or None, said in one log line,
+    where it cannot start."""
+    if gpu_absent("extension"):
+        return None
+    from streamer_gpu.extend import CudaExtender
+    from streamer_gpu.target import CUDA_ERRORS
+
+    try:
+        return CudaExtender(genome)
+    except CUDA_ERRORS as exc:
+        log.warning("could not copy the genome to the GPU (%s): extension runs on the CPU", exc)
     return None
 
 

@@ -4,8 +4,8 @@ It has the interface of the mappy aligner (`streamer.daemon.aligner.ReadAligner`
 `align` for one read, `records_all` and `align_all` for a batch, `header`, `threads`. A batch goes
 through each step whole: its reads' bases laid end to end, seeded in one call (the seeder is given:
 the FM-index's, on the GPU or the CPU, or any callable of the same shape), chained in one call,
-extended on `threads` threads. A base other than A, C, G, T is code 4: no seed spans it, and the
-extension scores it as N.
+extended on the GPU for target "gpu" (the CPU where there is none), else on `threads` threads. A
+base other than A, C, G, T is code 4: no seed spans it, and the extension scores it as N.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from streamer.align.records import Hit, judged, sam_records
 from streamer.daemon.basecall_cache import Record
 from streamer.errors import InputError
 from streamer.io.alignments import AlignmentFilter
+from streamer.pipeline.gpu import gpu_package
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,8 @@ class SeedAligner:
     """Reads aligned to the contigs `(name, codes)` with seeds from `seeder`."""
 
     def __init__(self, contigs: list[tuple[str, np.ndarray]], seeder: Seeder, filt: AlignmentFilter, *,
-                 params: EngineParams = EngineParams(), threads: int = 2, source: str = "streamer align"):
+                 params: EngineParams = EngineParams(), threads: int = 2, source: str = "streamer align",
+                 target: str = "cpu"):
         self.names = [name for name, _ in contigs]
         lengths = [len(codes) for _, codes in contigs]
         self.genome = np.concatenate([codes for _, codes in contigs]) if contigs else np.zeros(0, np.uint8)
@@ -58,6 +60,7 @@ class SeedAligner:
         self._params = params
         self._filt = filt
         self._source = source
+        self._gpu = gpu_package().extender(self.genome) if target == "gpu" else None  # extension's DP there
         self.seconds = dict.fromkeys(("seed", "chain", "extend"), 0.0)  # time spent in each step, summed
 
     def hits_all(self, reads: Sequence[tuple[str, str]]) -> list[list[Hit]]:
@@ -75,7 +78,7 @@ class SeedAligner:
         chains = chain(seeds, lengths, self.contig_offsets, self._params.chain)
         t2 = time.perf_counter()
         al = extend(chains, seeds, codes, offsets, self.genome, self.contig_offsets, self._params.extend,
-                    threads=self.threads)
+                    threads=self.threads, gpu=self._gpu)
         t3 = time.perf_counter()
         for step, dt in zip(self.seconds, (t1 - t0, t2 - t1, t3 - t2)):
             self.seconds[step] += dt
@@ -132,4 +135,5 @@ def fm_aligner(genome: Path, filt: AlignmentFilter, *, target: str, params: Engi
         return find_seeds(index, codes, offsets, target=target, **limits)
 
     log.info("%s alignment engine ready: FM-index of %s (%d contigs)", target, genome, len(contigs))
-    return SeedAligner(contigs, seeder, filt, params=params, threads=threads, source=f"streamer align ({target})")
+    return SeedAligner(contigs, seeder, filt, params=params, threads=threads, source=f"streamer align ({target})",
+                       target=target)

@@ -10,8 +10,11 @@ extended on both sequences reversed, breaks ties the other way for the same resu
 Measured against edlib and parasail on the same jobs (`benchmarks/bench_extend.py`), this numba
 kernel was chosen: see docs/alignment.md for the numbers.
 
-A batch's chains are aligned in chunks on threads (the kernel releases the GIL); each chunk's
-CIGARs come back laid end to end with offsets, as (op, length) in pysam's numbering.
+A batch's chains become one table of jobs (`plan_jobs`: the left end, the gaps between anchors,
+the right end of each); the jobs are aligned by the cells of `streamer.align.extend_cells`, on CPU
+threads (the kernel releases the GIL) or on the GPU (`streamer_gpu.extend`, the same cells), and
+`assemble` turns each chain's jobs and anchors into its CIGAR, laid end to end with offsets, as
+(op, length) in pysam's numbering.
 """
 
 from __future__ import annotations
@@ -24,10 +27,12 @@ import numpy as np
 
 from streamer.align.anchors import Seeds
 from streamer.align.chain import Chains
+from streamer.align.extend_cells import (BAND, EXTEND, GLOBAL, JOB, MODE, N_RUNS, OP_D, OP_I, OP_M, Q0, Q_USED,
+                                         QLEN, QSTEP, R0, R_USED, RESULT, RLEN, RSTEP, SCORE, TIE, NM, extend_cells)
+from streamer.pipeline.gpu import GpuExtender
+from streamer.pipeline.targets import CPU
 
-OP_M, OP_I, OP_D = 0, 1, 2
-NEG = -(1 << 28)
-GLOBAL, EXTEND = 0, 1
+_band, _align_job = extend_cells(CPU).band, extend_cells(CPU).align_job
 
 
 @dataclass(frozen=True)
@@ -61,124 +66,142 @@ class Alignments:
     cigar_off: np.ndarray  # int64[n + 1]
 
 
+@dataclass(frozen=True)
+class JobResults:
+    """A batch's DP jobs aligned: each job's results (`extend_cells`' RESULT fields) and runs."""
+
+    res: np.ndarray  # int64[n_jobs, RESULT]
+    runs: np.ndarray  # int32: each job's runs, last column first, (length << 2 | op)
+    start: np.ndarray  # int64[n_jobs]: where a job's runs begin in `runs`
+
+
 @numba.njit(nogil=True, cache=True)
 def _align(q, r, mode, w, sc, ops, rightmost=False):
-    """Align q to r in a band of diagonals: whole of both (GLOBAL), or from their starts to the best cell
-    (EXTEND). sc: match, mismatch, ambiguous, q1, e1, q2, e2, zdrop. Ties go to the diagonal (gaps at
-    their leftmost place), or with `rightmost` to the gaps (for sequences given reversed). Writes one op per
-    column into `ops` from the end backwards (reversed) and returns (n ops, query used, reference used, score)."""
-    tie = 1 if rightmost else 0
-    n, m = len(q), len(r)
-    a, b, amb, q1, e1, q2, e2, zdrop = sc[0], sc[1], sc[2], sc[3], sc[4], sc[5], sc[6], sc[7]
-    if mode == GLOBAL:
-        dlo, dhi = min(0, m - n) - w, max(0, m - n) + w
+    """One job on its own: q aligned to r as `extend_cells`' fill does it, one op per column written into
+    `ops` last column first; returns (n ops, query used, reference used, score)."""
+    jobs = np.array([[0, 1, len(q), 0, 1, len(r), mode, w, 1 if rightmost else 0]], dtype=np.int64)
+    out = _align_jobs(q, r, jobs, np.zeros(1, np.int64), sc)
+    res, runs = out[0], out[1]
+    k = 0
+    for u in range(res[0, N_RUNS]):
+        for _ in range(runs[u] >> 2):
+            ops[k] = runs[u] & 3
+            k += 1
+    return k, res[0, Q_USED], res[0, R_USED], res[0, SCORE]
+
+
+@numba.njit(nogil=True, cache=True)
+def job_sizes(jobs):
+    """Each job's traceback bytes, entries of each scratch row and most runs, as the cells use them."""
+    n_jobs = len(jobs)
+    tb, scratch, cap = np.empty(n_jobs, np.int64), np.empty(n_jobs, np.int64), np.empty(n_jobs, np.int64)
+    for jb in range(n_jobs):
+        n, m = jobs[jb, QLEN], jobs[jb, RLEN]
+        _, width = _band(jobs[jb, MODE], jobs[jb, BAND], n, m)
+        tb[jb], scratch[jb], cap[jb] = (n + 1) * width, width + 1, n + m + 1
+    return tb, scratch, cap
+
+
+@numba.njit(nogil=True, cache=True)
+def _align_jobs(q, genome, jobs, ids, sc):
+    """Jobs `ids` of the table aligned one after another; their results, runs and runs' starts (in ids' order)."""
+    tb_size, scratch, cap = job_sizes(jobs[ids])
+    tb = np.empty(max(1, tb_size.max()) if len(ids) else 1, np.uint8)
+    width = max(1, scratch.max()) if len(ids) else 1
+    h, f1, f2 = np.empty(width, np.int32), np.empty(width, np.int32), np.empty(width, np.int32)
+    runs = np.empty(cap.sum(), np.int32)
+    res = np.zeros((len(ids), RESULT), np.int64)
+    start = np.zeros(len(ids), np.int64)
+    used = 0
+    for u in range(len(ids)):
+        start[u] = used
+        _align_job(q, genome, jobs, ids[u], sc, tb, 0, h, f1, f2, 0, 1, runs, used, res, u)
+        used += res[u, N_RUNS]
+    return res, runs[:used].copy(), start
+
+
+def gathered(n_jobs: int, parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]) -> JobResults:
+    """Parts (job ids, their results, runs, runs' starts) as one `JobResults` in job order."""
+    res = np.zeros((n_jobs, RESULT), np.int64)
+    start = np.zeros(n_jobs, np.int64)
+    base = 0
+    for ids, r, runs, st in parts:
+        res[ids] = r
+        start[ids] = st + base
+        base += len(runs)
+    runs = np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, np.int32)
+    return JobResults(res, runs.astype(np.int32, copy=False), start)
+
+
+def align_jobs(q: np.ndarray, genome: np.ndarray, jobs: np.ndarray, sc: np.ndarray, threads: int = 1,
+               ids: np.ndarray | None = None) -> JobResults:
+    """Jobs `ids` (all by default) of the table on the CPU, in chunks over `threads` threads (the
+    kernel releases the GIL); jobs not in ids have no results."""
+    ids = np.arange(len(jobs), dtype=np.int64) if ids is None else ids
+    chunks = [c for c in np.array_split(ids, max(1, min(len(ids), 4 * threads))) if len(c)]
+
+    def run(chunk: np.ndarray) -> tuple[np.ndarray, ...]:
+        return (chunk, *_align_jobs(q, genome, jobs, chunk, sc))
+
+    if threads > 1 and len(chunks) > 1:
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="extend") as pool:
+            parts = list(pool.map(run, chunks))
     else:
-        dlo, dhi = -w, w
-    width = dhi - dlo + 1
-    tb = np.zeros((n + 1, width), dtype=np.uint8)
-    h_prev = np.full(m + 1, NEG, dtype=np.int64)
-    f1 = np.full(m + 1, NEG, dtype=np.int64)
-    f2 = np.full(m + 1, NEG, dtype=np.int64)
-    h_cur = np.full(m + 1, NEG, dtype=np.int64)
-    best, bi, bj = np.int64(0), 0, 0
-    h_prev[0] = 0
-    for j in range(1, min(m, dhi) + 1):
-        e_1, e_2 = -(q1 + e1 * j), -(q2 + e2 * j)
-        h_prev[j] = max(e_1, e_2)
-        tb[0, j - dlo] = 1 if e_1 >= e_2 else 2
-        tb[0, j - dlo] |= (8 | 16) if j > 1 else 0
-    subst = np.empty(25, dtype=np.int64)  # score of query code x against reference code y at 5x + y
-    for x in range(5):
-        for y in range(5):
-            subst[5 * x + y] = -amb if x > 3 or y > 3 else (a if x == y else -b)
-    for i in range(1, n + 1):
-        lo, hi = max(0, i + dlo), min(m, i + dhi)
-        if lo > hi:
-            break
-        e_1 = e_2 = np.int64(NEG)
-        row_best = np.int64(NEG)
-        row = tb[i]
-        off = i + dlo
-        qrow = 5 * np.int64(q[i - 1])
-        if lo == 0:  # the first column: only insertions lead here
-            v1, v2 = max(h_prev[0] - q1 - e1, f1[0] - e1), max(h_prev[0] - q2 - e2, f2[0] - e2)
-            t = (32 if f1[0] - e1 > h_prev[0] - q1 - e1 else 0) | (64 if f2[0] - e2 > h_prev[0] - q2 - e2 else 0)
-            f1[0], f2[0] = v1, v2
-            h_left = max(v1, v2)
-            row[-off] = t | (3 if v1 >= v2 else 4)
-            h_cur[0] = h_left
-            row_best = h_left
-            h_diag = h_prev[0]
-            lo = 1
-        else:
-            h_left = np.int64(NEG)
-            h_diag = h_prev[lo - 1]
-        for j in range(lo, hi + 1):
-            hp = h_prev[j]
-            # vertical gaps (insertions: a query base against no reference base)
-            o1, x1 = hp - q1 - e1, f1[j] - e1
-            o2, x2 = hp - q2 - e2, f2[j] - e2
-            # horizontal gaps (deletions: a reference base against no query base)
-            p1, y1 = h_left - q1 - e1, e_1 - e1
-            p2, y2 = h_left - q2 - e2, e_2 - e2
-            t = (32 if x1 > o1 else 0) | (64 if x2 > o2 else 0) | (8 if y1 > p1 else 0) | (16 if y2 > p2 else 0)
-            v1, v2 = max(o1, x1), max(o2, x2)
-            e_1, e_2 = max(p1, y1), max(p2, y2)
-            f1[j], f2[j] = v1, v2
-            h = h_diag + subst[qrow + r[j - 1]]
-            src = 0
-            if e_1 > h - tie:
-                h, src = e_1, 1
-            if e_2 > h - tie:
-                h, src = e_2, 2
-            if v1 > h - tie:
-                h, src = v1, 3
-            if v2 > h - tie:
-                h, src = v2, 4
-            h_cur[j] = h
-            row[j - off] = t | src
-            h_diag = hp
-            h_left = h
-            if h > row_best:
-                row_best = h
-        if mode == EXTEND and row_best > best:
-            for j in range(lo if lo > 0 else 0, hi + 1):
-                if h_cur[j] > best:
-                    best, bi, bj = h_cur[j], i, j
-        if hi < m:
-            h_cur[hi + 1] = NEG
-            f1[hi + 1] = NEG
-            f2[hi + 1] = NEG
-        h_prev, h_cur = h_cur, h_prev
-        if mode == EXTEND and row_best < best - zdrop:
-            break
-    if mode == GLOBAL:
-        bi, bj, best = n, m, h_prev[m]
-    # trace back from (bi, bj)
-    i, j, state, k = bi, bj, 0, 0
-    while i > 0 or j > 0:
-        t = tb[i, j - i - dlo]
-        if state == 0:
-            src = t & 7
-            if src == 0:
-                ops[k] = OP_M
-                i -= 1
-                j -= 1
-                k += 1
-                continue
-            state = src
-        if state == 1 or state == 2:
-            ops[k] = OP_D
-            ext = (t & (8 if state == 1 else 16)) != 0
-            j -= 1
-        else:
-            ops[k] = OP_I
-            ext = (t & (32 if state == 3 else 64)) != 0
-            i -= 1
-        k += 1
-        if not ext:
-            state = 0
-    return k, bi, bj, best
+        parts = [run(c) for c in chunks]
+    return gathered(len(jobs), parts)
+
+
+@numba.njit(nogil=True, cache=True)
+def _add_job(jobs, nj, q0, qs, n, r0, rs, m, mode, w, tie):
+    jobs[nj, Q0], jobs[nj, QSTEP], jobs[nj, QLEN] = q0, qs, n
+    jobs[nj, R0], jobs[nj, RSTEP], jobs[nj, RLEN] = r0, rs, m
+    jobs[nj, MODE], jobs[nj, BAND], jobs[nj, TIE] = mode, w, tie
+    return nj + 1
+
+
+@numba.njit(nogil=True, cache=True)
+def plan_jobs(q_start, q_end, ctg_start, ctg_end, a_qs, a_rs, a_ln, a_off, w, gap_band, trim):
+    """Each chain c's anchors (query `q_start[c]:q_end[c]` of the strands, anchors `a_*[a_off[c]:a_off[c+1]]`)
+    trimmed, and its DP jobs: the left end (reversed), the gaps between anchors with bases on both
+    sides, the right end. Returns the jobs, their offsets by chain, the trimmed anchors (query
+    positions relative to the chain's query) and their offsets."""
+    n_chains = len(q_start)
+    total = a_off[n_chains]
+    tq, tr, tl = np.empty(total, np.int64), np.empty(total, np.int64), np.empty(total, np.int64)
+    t_off = np.zeros(n_chains + 1, np.int64)
+    jobs = np.zeros((total + n_chains, JOB), np.int64)
+    job_off = np.zeros(n_chains + 1, np.int64)
+    nt, nj = 0, 0
+    for c in range(n_chains):
+        base = nt
+        # anchors trimmed so that none overlaps the one before on either sequence
+        for t in range(a_off[c], a_off[c + 1]):
+            s_q, s_r, s_l = np.int64(a_qs[t]), np.int64(a_rs[t]), np.int64(a_ln[t])
+            if nt > base:
+                over = max(tq[nt - 1] + tl[nt - 1] - s_q, tr[nt - 1] + tl[nt - 1] - s_r, 0)
+                if over >= s_l:
+                    continue
+                s_q, s_r, s_l = s_q + over, s_r + over, s_l - over
+            tq[nt], tr[nt], tl[nt] = s_q, s_r, s_l
+            nt += 1
+        # anchors split the work, not the alignment: all but their middle bases go to the DP, so that a
+        # gap at an anchor's edge may move left as the scores' ties place it
+        for t in range(base, nt):
+            cut = min(trim, (tl[t] - 1) // 2)
+            tq[t], tr[t], tl[t] = tq[t] + cut, tr[t] + cut, tl[t] - 2 * cut
+        qa = q_start[c]
+        left_q, r_first = tq[base], tr[base]
+        lr = min(r_first - ctg_start[c], left_q + w)
+        nj = _add_job(jobs, nj, qa + left_q - 1, -1, left_q, r_first - 1, -1, lr, EXTEND, w, 1)
+        for t in range(base + 1, nt):
+            gq0, gr0 = tq[t - 1] + tl[t - 1], tr[t - 1] + tl[t - 1]
+            if tq[t] > gq0 and tr[t] > gr0:
+                nj = _add_job(jobs, nj, qa + gq0, 1, tq[t] - gq0, gr0, 1, tr[t] - gr0, GLOBAL, gap_band, 0)
+        e_q, e_r = tq[nt - 1] + tl[nt - 1], tr[nt - 1] + tl[nt - 1]
+        right_q = q_end[c] - q_start[c] - e_q
+        nj = _add_job(jobs, nj, qa + e_q, 1, right_q, e_r, 1, min(ctg_end[c] - e_r, right_q + w), EXTEND, w, 0)
+        t_off[c + 1], job_off[c + 1] = nt, nj
+    return jobs[:nj].copy(), job_off, tq[:nt].copy(), tr[:nt].copy(), tl[:nt].copy(), t_off
 
 
 @numba.njit(nogil=True, cache=True)
@@ -196,135 +219,66 @@ def _emit(cig, first, nc, op, length):
 
 
 @numba.njit(nogil=True, cache=True)
-def _align_emit(qx, rx, mode, band, sc, cig, first, nc, q, genome, q0, r0):
-    """qx aligned against rx (GLOBAL, or EXTEND from their starts) at q0, r0 of the read and the genome, its
-    ops (which `_align` writes last column first) appended to the CIGAR begun at cig[first]; returns the
-    CIGAR's new end, the query and reference bases used, the score and the NM of those columns."""
-    ops = np.empty(len(qx) + len(rx) + 1, dtype=np.uint8)
-    k, qu, ru, s = _align(qx, rx, mode, band, sc, ops)
-    for u in range(k - 1, -1, -1):
-        nc = _emit(cig, first, nc, ops[u], 1)
-    return nc, qu, ru, s, _count_nm(ops[:k][::-1].copy(), k, q, genome, q0, r0, 1)
+def _emit_runs(cig, first, nc, runs, at, k, forwards):
+    """Append k runs from runs[at]: in their order (forwards) or reversed (a job's runs come last first)."""
+    for u in range(k):
+        v = runs[at + u] if forwards else runs[at + k - 1 - u]
+        nc = _emit(cig, first, nc, v & 3, v >> 2)
+    return nc
 
 
 @numba.njit(nogil=True, cache=True)
-def _count_nm(ops, k, q, r, qi, rj, step):
-    """Mismatches and gap bases of `k` ops walked from (qi, rj) in direction `step` (+1 forwards, -1 back)."""
-    nm = 0
-    for t in range(k):
-        op = ops[t]
-        if op == OP_M:
-            if q[qi] != r[rj] or q[qi] > 3:
-                nm += 1
-            qi += step
-            rj += step
-        elif op == OP_I:
-            nm += 1
-            qi += step
-        else:
-            nm += 1
-            rj += step
-    return nm
-
-
-@numba.njit(nogil=True, cache=True)
-def extend_chains(q_all, q_start, q_end, genome, ctg_start, ctg_end, a_qs, a_rs, a_ln, a_off, w, gap_band, sc,
-                  out_q0, out_q1, out_r0, out_r1, out_score, out_nm):
-    """Align each chain c: query `q_all[q_start[c]:q_end[c]]` (the read as aligned), its anchors
-    `a_*[a_off[c]:a_off[c+1]]` (query and contig-end-to-end reference starts, lengths; forward on both),
-    reference limits [ctg_start[c], ctg_end[c]). Returns the CIGARs laid end to end and their offsets."""
-    n_chains = len(q_start)
-    cap = 1024
-    cig = np.zeros((cap, 2), dtype=np.int32)
-    cig_off = np.zeros(n_chains + 1, dtype=np.int64)
+def assemble(job_off, tq, tr, tl, t_off, res, runs, start, sc, out_q0, out_q1, out_r0, out_r1, out_score, out_nm):
+    """Each chain's CIGAR from its jobs' runs and its anchors, its span, score and NM; returns the CIGARs laid
+    end to end and their offsets."""
+    n_chains = len(job_off) - 1
+    cig = np.zeros((res[:, N_RUNS].sum() + 3 * len(tq) + 2 * n_chains + 1, 2), np.int32)
+    cig_off = np.zeros(n_chains + 1, np.int64)
     nc = 0
     for c in range(n_chains):
-        q = q_all[q_start[c]:q_end[c]]
-        lq = len(q)
-        a0, a1 = a_off[c], a_off[c + 1]
-        # anchors trimmed so that none overlaps the one before on either sequence
-        qs = np.empty(a1 - a0, dtype=np.int64)
-        rs = np.empty(a1 - a0, dtype=np.int64)
-        ln = np.empty(a1 - a0, dtype=np.int64)
-        na = 0
-        for t in range(a0, a1):
-            s_q, s_r, s_l = np.int64(a_qs[t]), np.int64(a_rs[t]), np.int64(a_ln[t])
-            if na > 0:
-                over = max(qs[na - 1] + ln[na - 1] - s_q, rs[na - 1] + ln[na - 1] - s_r, 0)
-                if over >= s_l:
-                    continue
-                s_q, s_r, s_l = s_q + over, s_r + over, s_l - over
-            qs[na], rs[na], ln[na] = s_q, s_r, s_l
-            na += 1
-        # anchors split the work, not the alignment: all but their middle bases go to the DP, so that a
-        # gap at an anchor's edge may move left as the scores' ties place it
-        for t in range(na):
-            cut = min(sc[8], (ln[t] - 1) // 2)
-            qs[t], rs[t], ln[t] = qs[t] + cut, rs[t] + cut, ln[t] - 2 * cut
-        # room for this chain's runs: at most one per aligned column
-        left_q = qs[0]
-        right_q = lq - (qs[na - 1] + ln[na - 1])
-        need = nc + 2 * (lq + rs[na - 1] + ln[na - 1] - rs[0] + 2 * w) + 8
-        if need > cap:
-            while cap < need:
-                cap *= 2
-            grown = np.zeros((cap, 2), dtype=np.int32)
-            grown[:nc] = cig[:nc]
-            cig = grown
-        first = nc
-        score = np.int64(0)
-        nm = 0
-        # left end: both sequences reversed, extended from the first anchor outwards
-        lr = min(rs[0] - ctg_start[c], left_q + w)
-        q_left = q[:left_q][::-1].copy()
-        r_left = genome[rs[0] - lr:rs[0]][::-1].copy()
-        ops = np.empty(len(q_left) + len(r_left) + 1, dtype=np.uint8)
-        k, qu, ru, s = _align(q_left, r_left, EXTEND, w, sc, ops, True)
-        score += s
-        # the ops of the reversed sequences, written from their end backwards, run forwards here
-        qi, rj = left_q - qu, rs[0] - ru
-        out_q0[c], out_r0[c] = qi, rj
-        for t in range(k):
-            nc = _emit(cig, first, nc, ops[t], 1)
-        nm += _count_nm(ops, k, q, genome, qi, rj, 1)
-        for t in range(na):
-            if t > 0:
-                gq0, gr0 = qs[t - 1] + ln[t - 1], rs[t - 1] + ln[t - 1]
-                qg, rg = q[gq0:qs[t]], genome[gr0:rs[t]]
-                if len(qg) == 0 or len(rg) == 0:
-                    nc = _emit(cig, first, nc, OP_I, len(qg))
-                    nc = _emit(cig, first, nc, OP_D, len(rg))
-                    gl = max(len(qg), len(rg))
+        first, jb, base = nc, job_off[c], t_off[c]
+        # left end: aligned reversed, so its runs, last column first, run forwards here
+        out_q0[c], out_r0[c] = tq[base] - res[jb, Q_USED], tr[base] - res[jb, R_USED]
+        nc = _emit_runs(cig, first, nc, runs, start[jb], res[jb, N_RUNS], True)
+        score, nm = res[jb, SCORE], res[jb, NM]
+        for t in range(base, t_off[c + 1]):
+            if t > base:
+                ql, rl = tq[t] - tq[t - 1] - tl[t - 1], tr[t] - tr[t - 1] - tl[t - 1]
+                if ql > 0 and rl > 0:
+                    jb += 1
+                    nc = _emit_runs(cig, first, nc, runs, start[jb], res[jb, N_RUNS], False)
+                    score += res[jb, SCORE]
+                    nm += res[jb, NM]
+                else:
+                    nc = _emit(cig, first, nc, OP_I, ql)
+                    nc = _emit(cig, first, nc, OP_D, rl)
+                    gl = max(ql, rl)
                     if gl > 0:
                         score -= min(sc[3] + sc[4] * gl, sc[5] + sc[6] * gl)
                         nm += gl
-                else:
-                    nc, _, _, s, gnm = _align_emit(qg, rg, GLOBAL, gap_band, sc, cig, first, nc, q, genome, gq0, gr0)
-                    score += s
-                    nm += gnm
-            nc = _emit(cig, first, nc, OP_M, ln[t])
-            score += sc[0] * ln[t]
-        # right end
-        e_q, e_r = qs[na - 1] + ln[na - 1], rs[na - 1] + ln[na - 1]
-        rr = min(ctg_end[c] - e_r, right_q + w)
-        q_right = q[e_q:].copy()
-        r_right = genome[e_r:e_r + rr].copy()
-        nc, qu, ru, s, gnm = _align_emit(q_right, r_right, EXTEND, w, sc, cig, first, nc, q, genome, e_q, e_r)
-        score += s
-        nm += gnm
-        out_q1[c], out_r1[c] = e_q + qu, e_r + ru
-        out_score[c], out_nm[c] = score, nm
+            nc = _emit(cig, first, nc, OP_M, tl[t])
+            score += sc[0] * tl[t]
+        jb += 1
+        last = t_off[c + 1] - 1
+        nc = _emit_runs(cig, first, nc, runs, start[jb], res[jb, N_RUNS], False)
+        out_q1[c], out_r1[c] = tq[last] + tl[last] + res[jb, Q_USED], tr[last] + tl[last] + res[jb, R_USED]
+        out_score[c], out_nm[c] = score + res[jb, SCORE], nm + res[jb, NM]
         cig_off[c + 1] = nc
     return cig[:nc].copy(), cig_off
 
 
-def both_strands(codes: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+@numba.njit(nogil=True, cache=True)
+def both_strands(codes, offsets):
     """The reads' codes, then each read's reverse complement where the read is, shifted by len(codes)."""
-    lens = np.diff(offsets)
-    read_of = np.repeat(np.arange(len(lens)), lens)
-    mirror = offsets[read_of] + offsets[read_of + 1] - 1 - np.arange(len(codes))
-    rc = codes[mirror]
-    return np.concatenate([codes, np.where(rc < 4, 3 - rc, rc).astype(np.uint8)])
+    n = len(codes)
+    out = np.empty(2 * n, np.uint8)
+    out[:n] = codes
+    for read in range(len(offsets) - 1):
+        a, b = offsets[read], offsets[read + 1]
+        for i in range(a, b):
+            c = codes[a + b - 1 - i]
+            out[n + i] = 3 - c if c < 4 else c
+    return out
 
 
 def _scores(p: ExtendParams) -> np.ndarray:
@@ -333,9 +287,11 @@ def _scores(p: ExtendParams) -> np.ndarray:
 
 
 def extend(chains: Chains, seeds: Seeds, codes: np.ndarray, offsets: np.ndarray, genome: np.ndarray,
-           contig_offsets: np.ndarray, params: ExtendParams = ExtendParams(), threads: int = 1) -> Alignments:
+           contig_offsets: np.ndarray, params: ExtendParams = ExtendParams(), threads: int = 1,
+           gpu: GpuExtender | None = None) -> Alignments:
     """Base-level alignments of the chains of reads `codes`/`offsets` (as basecalled) on `genome` (the
-    contigs' codes laid end to end), in chunks over `threads` threads."""
+    contigs' codes laid end to end): the DP's jobs on `gpu` when given (holding the same genome), else
+    in chunks over `threads` threads."""
     n = len(chains)
     strands = both_strands(codes, offsets)
     read = chains.read.astype(np.int64)
@@ -343,25 +299,13 @@ def extend(chains: Chains, seeds: Seeds, codes: np.ndarray, offsets: np.ndarray,
     q_end = q_start + np.diff(offsets)[read]
     ctg = chains.contig.astype(np.int64)
     a = chains.anchors
-    a_qs, a_rs, a_ln = seeds.qpos[a].astype(np.int64), seeds.rpos[a], seeds.length[a].astype(np.int64)
+    a_qs, a_rs, a_ln = seeds.qpos[a].astype(np.int64), seeds.rpos[a].astype(np.int64), seeds.length[a].astype(np.int64)
     sc = _scores(params)
+    jobs, job_off, tq, tr, tl, t_off = plan_jobs(q_start, q_end, contig_offsets[ctg], contig_offsets[ctg + 1], a_qs,
+                                                 a_rs, a_ln, chains.anchor_off.astype(np.int64), params.band,
+                                                 params.gap_band, params.anchor_trim)
+    done = gpu.align_jobs(strands, jobs, sc, threads) if gpu is not None else align_jobs(strands, genome, jobs, sc,
+                                                                                         threads)
     fields = [np.zeros(n, dtype=np.int64) for _ in range(6)]
-
-    def run(lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-        a0, a1 = chains.anchor_off[lo], chains.anchor_off[hi]
-        return extend_chains(strands, q_start[lo:hi], q_end[lo:hi], genome, contig_offsets[ctg[lo:hi]],
-                             contig_offsets[ctg[lo:hi] + 1], a_qs[a0:a1], a_rs[a0:a1], a_ln[a0:a1],
-                             chains.anchor_off[lo:hi + 1] - a0, params.band, params.gap_band, sc,
-                             *(f[lo:hi] for f in fields))
-
-    cuts = np.linspace(0, n, min(n, 4 * max(1, threads)) + 1).astype(np.int64) if n else np.zeros(1, np.int64)
-    spans = list(zip(cuts[:-1], cuts[1:]))
-    if threads > 1 and len(spans) > 1:
-        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="extend") as pool:
-            parts = list(pool.map(lambda s: run(*s), spans))
-    else:
-        parts = [run(*s) for s in spans]
-    cigar = np.concatenate([c for c, _ in parts]) if parts else np.zeros((0, 2), np.int32)
-    sizes = np.concatenate([np.diff(o) for _, o in parts]) if parts else np.zeros(0, np.int64)
-    q0, q1, r0, r1, score, nm = fields
-    return Alignments(q0, q1, r0, r1, score, nm, cigar, np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64))
+    cigar, cigar_off = assemble(job_off, tq, tr, tl, t_off, done.res, done.runs, done.start, sc, *fields)
+    return Alignments(*fields, cigar, cigar_off)

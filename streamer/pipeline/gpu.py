@@ -43,6 +43,13 @@ class GpuFmSeeder(Protocol):
         """`streamer.align.seeds.chunk_seeds` of read strands j0..j1-1."""
 
 
+class GpuExtender(Protocol):
+    """Extension's DP against one genome on one device (`streamer_gpu.extend.CudaExtender`)."""
+
+    def align_jobs(self, q: Any, jobs: Any, sc: Any, threads: int) -> Any:
+        """`streamer.align.extend.align_jobs` of a batch's jobs (`JobResults`)."""
+
+
 class GpuPackage(Protocol):
     """What the GPU package (`streamer_gpu`, an install extra) offers the core."""
 
@@ -57,6 +64,9 @@ class GpuPackage(Protocol):
 
     def fm_seeder(self, index: Any) -> GpuFmSeeder | None:
         """Seeding against index on the current GPU (its arrays copied there once), or None (said in one line)."""
+
+    def extender(self, genome: Any) -> GpuExtender | None:
+        """Extension's DP against genome on the current GPU (copied there once), or None (said in one line)."""
 
     def count_gpus(self) -> int:
         """GPUs on this host (0 without numba-cuda or a GPU)."""
