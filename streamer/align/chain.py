@@ -25,6 +25,8 @@ import numba
 import numpy as np
 
 from streamer.align.anchors import Seeds
+from streamer.align.chain_cells import FAR, JOIN, chain_cells, half_log2_table, table_size
+from streamer.pipeline.targets import CPU
 
 PRIMARY, SUPPLEMENTARY, SECONDARY = 0, 1, 2
 
@@ -72,86 +74,60 @@ class Chains:
         return len(self.read)
 
 
-@numba.njit(nogil=True, cache=True)
-def _gap_cost(g: int, avg_len: float, gap_scale: float) -> int:
-    if g == 0:
-        return 0
-    return int(gap_scale * 0.01 * avg_len * g + 0.5 * np.log2(g))
+@dataclass(frozen=True)
+class GroupChains:
+    """Each group's chains at the start of its slots (`chain_cells.read_back`): group g of [a, b) has c_n[g]
+    chains, chain k's score, first and count at a + k, its anchors (positions in the group) at
+    anchor_out[a + first:]."""
+
+    c_score: np.ndarray  # int64[n]
+    c_first: np.ndarray
+    c_count: np.ndarray
+    c_n: np.ndarray  # int64[groups]
+    anchor_out: np.ndarray  # int64[n]
 
 
-@numba.njit(nogil=True, cache=True)
-def _chain_group(qs, rs, ln, ctg, max_gap, bandwidth, max_lookback, max_skip, gap_scale, min_score, min_anchors,
-                 c_score, c_first, c_count, order_out):
-    """Chains of one read and strand; anchors given in order of their reference end. Writes each chain's
-    score, and its anchors (positions in the group, ascending) into `order_out[c_first:c_first+c_count]`;
-    returns the number of chains."""
-    n = len(qs)
-    f = np.empty(n, dtype=np.int64)
-    p = np.full(n, -1, dtype=np.int64)
-    avg = ln.mean() if n else 0.0
-    for i in range(n):
-        qe_i, re_i = qs[i] + ln[i], rs[i] + ln[i]
-        best = np.int64(ln[i])
-        skipped = 0
-        for j in range(i - 1, max(-1, i - 1 - max_lookback), -1):
-            dr = re_i - (rs[j] + ln[j])
-            if dr > max_gap:
-                break
-            dq = qe_i - (qs[j] + ln[j])
-            if dr <= 0 or dq <= 0 or dq > max_gap or ctg[j] != ctg[i] or qs[j] >= qs[i] or rs[j] >= rs[i]:
-                continue
-            g = abs(dq - dr)
-            if g > bandwidth:
-                continue
-            sc = f[j] + min(dq, dr, ln[i]) - _gap_cost(g, avg, gap_scale)
-            if sc > best:
-                best = sc
-                p[i] = j
-                skipped = 0
-            else:
-                skipped += 1
-                if skipped > max_skip:
-                    break
-        f[i] = best
-    used = np.zeros(n, dtype=np.bool_)
-    by_score = np.argsort(-f, kind="mergesort")
-    n_chains = 0
-    out = 0
-    path = np.empty(n, dtype=np.int64)
-    for t in range(n):
-        end = by_score[t]
-        if used[end]:
-            continue
-        k = 0
-        i = end
-        while i >= 0 and not used[i]:
-            used[i] = True
-            path[k] = i
-            k += 1
-            i = p[i]
-        score = f[end] - (f[i] if i >= 0 else 0)
-        if score < min_score or k < min_anchors:
-            continue
-        c_score[n_chains] = score
-        c_first[n_chains] = out
-        c_count[n_chains] = k
-        for m in range(k):
-            order_out[out + m] = path[k - 1 - m]
-        out += k
-        n_chains += 1
-    return n_chains
+_cells = chain_cells(CPU)
+_gap_slope, _candidate, _step, _read_back = _cells.gap_slope, _cells.candidate, _cells.step, _cells.read_back
 
 
-@numba.njit(nogil=True, cache=True)
-def _chain_all(qs, rs, ln, ctg, grp_off, max_gap, bandwidth, max_lookback, max_skip, gap_scale, min_score,
-               min_anchors, c_score, c_first, c_count, c_n, anchor_out):
-    """`_chain_group` over every group (one read and strand; `grp_off` into anchors sorted by group,
-    then by reference end); a group's chains are written in its own slots of the outputs."""
-    for g in range(len(grp_off) - 1):
+@numba.njit(nogil=True, cache=True, parallel=True)
+def _chain_all(qs, rs, ln, ctg, grp_off, max_gap, bandwidth, max_lookback, max_skip, gap_scale, half_log2, min_score,
+               min_anchors, f, p, order, used, path, c_score, c_first, c_count, c_n, anchor_out):
+    """The programme of every group (one read and strand; `grp_off` into anchors sorted by group, then by
+    reference end), a thread per group, the predecessors of each anchor tried one by one."""
+    for g in numba.prange(len(grp_off) - 1):
         a, b = grp_off[g], grp_off[g + 1]
-        c_n[g] = _chain_group(qs[a:b], rs[a:b], ln[a:b], ctg[a:b], max_gap, bandwidth, max_lookback, max_skip,
-                              gap_scale, min_score, min_anchors, c_score[a:b], c_first[a:b], c_count[a:b],
-                              anchor_out[a:b])
+        slope = _gap_slope(ln[a:b].sum(), b - a, gap_scale)
+        for i in range(a, b):
+            best, parent, skipped = np.int64(ln[i]), np.int64(-1), np.int64(0)
+            for j in range(i - 1, max(a, i - max_lookback) - 1, -1):
+                kind, score = _candidate(qs, rs, ln, ctg, f, i, j, max_gap, bandwidth, slope, half_log2)
+                if kind == FAR:
+                    break
+                if kind == JOIN:
+                    best, parent, skipped, stop = _step(score, j, best, parent, skipped, max_skip)
+                    if stop:
+                        break
+            f[i] = best
+            p[i] = parent
+        order[a:b] = a + np.argsort(-f[a:b], kind="mergesort")
+        c_n[g] = _read_back(f, p, order, used, path, a, b, min_score, min_anchors, c_score, c_first, c_count,
+                            anchor_out)
+
+
+def chain_groups(qs: np.ndarray, rs: np.ndarray, ln: np.ndarray, ctg: np.ndarray, grp_off: np.ndarray,
+                 params: ChainParams) -> GroupChains:
+    """The chains of each group of anchors (int64 arrays sorted by group, then by reference end) on the CPU."""
+    n = len(qs)
+    p = params
+    out = GroupChains(*(np.zeros(n, np.int64) for _ in range(3)), np.zeros(len(grp_off) - 1, np.int64),
+                      np.zeros(n, np.int64))
+    _chain_all(qs, rs, ln, ctg, grp_off, p.max_gap, p.bandwidth, p.max_lookback, p.max_skip, p.gap_scale,
+               half_log2_table(table_size(p.max_gap, p.bandwidth)), p.min_score, p.min_anchors, np.empty(n, np.int64),
+               np.empty(n, np.int64), np.empty(n, np.int64), np.zeros(n, np.bool_), np.empty(n, np.int64),
+               out.c_score, out.c_first, out.c_count, out.c_n, out.anchor_out)
+    return out
 
 
 @numba.njit(nogil=True, cache=True)
@@ -204,9 +180,10 @@ def _select(read, score, fq0, fq1, count, mask_level, pri_ratio, best_n, min_sco
 
 
 def chain(seeds: Seeds, read_lengths: np.ndarray, contig_offsets: np.ndarray,
-          params: ChainParams = ChainParams()) -> Chains:
+          params: ChainParams = ChainParams(), target: str = "cpu") -> Chains:
     """Chain a batch's seeds; `read_lengths` per read, `contig_offsets` the contigs' starts laid end to end
-    (and the total after the last)."""
+    (and the total after the last). The dynamic programme runs on the GPU for target "gpu" (the CPU where
+    there is none, said once); the roles and MAPQ after it on the CPU."""
     read = seeds.read.astype(np.int64)
     rc = seeds.rc.astype(np.int64)
     ln = seeds.length.astype(np.int64)
@@ -218,15 +195,18 @@ def chain(seeds: Seeds, read_lengths: np.ndarray, contig_offsets: np.ndarray,
     new = np.ones(n, dtype=bool)
     new[1:] = (read[1:] != read[:-1]) | (rc[1:] != rc[:-1])
     grp_off = np.concatenate([np.flatnonzero(new), [n]]).astype(np.int64)
-    c_score, c_first, c_count = (np.zeros(n, dtype=np.int64) for _ in range(3))
-    anchor_out = np.zeros(n, dtype=np.int64)
-    c_n = np.zeros(len(grp_off) - 1, dtype=np.int64)
     p = params
-    _chain_all(qs, rs, ln, ctg, grp_off, p.max_gap, p.bandwidth, p.max_lookback, p.max_skip, p.gap_scale,
-               p.min_score, p.min_anchors, c_score, c_first, c_count, c_n, anchor_out)
+    chainer = None
+    if target == "gpu":
+        from streamer.pipeline.gpu import gpu_package
+
+        chainer = gpu_package().chainer()
+    grouped = (chainer.chain_groups if chainer is not None else chain_groups)(qs, rs, ln, ctg, grp_off, p)
+    c_score, c_first, c_count, c_n, anchor_out = (grouped.c_score, grouped.c_first, grouped.c_count, grouped.c_n,
+                                                  grouped.anchor_out)  # fmt: skip
     # each group's chains sit at the start of its slots: gather them, and their anchors as batch indices
-    slot = np.concatenate([np.arange(a, a + k) for a, k in zip(grp_off[:-1], c_n)]) if n else np.zeros(0, np.int64)
     grp_of_slot = np.repeat(grp_off[:-1], c_n)
+    slot = grp_of_slot + np.arange(len(grp_of_slot)) - np.repeat(np.cumsum(c_n) - c_n, c_n)
     first = grp_of_slot + c_first[slot]
     count = c_count[slot]
     idx = np.repeat(first - np.cumsum(count) + count, count) + np.arange(count.sum())
