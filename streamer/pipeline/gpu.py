@@ -43,6 +43,13 @@ class GpuFmSeeder(Protocol):
         """`streamer.align.seeds.chunk_seeds` of read strands j0..j1-1."""
 
 
+class GpuChainer(Protocol):
+    """Chaining on one device (`streamer_gpu.chain.CudaChainer`) as `streamer.align.chain` uses it."""
+
+    def chain_groups(self, qs: Any, rs: Any, ln: Any, ctg: Any, grp_off: Any, params: Any) -> Any:
+        """`streamer.align.chain.chain_groups` of a batch's groups of anchors."""
+
+
 class GpuPackage(Protocol):
     """What the GPU package (`streamer_gpu`, an install extra) offers the core."""
 
@@ -57,6 +64,9 @@ class GpuPackage(Protocol):
 
     def fm_seeder(self, index: Any) -> GpuFmSeeder | None:
         """Seeding against index on the current GPU (its arrays copied there once), or None (said in one line)."""
+
+    def chainer(self) -> GpuChainer | None:
+        """Chaining on the current GPU, or None (said in one line) where there is none."""
 
     def count_gpus(self) -> int:
         """GPUs on this host (0 without numba-cuda or a GPU)."""
