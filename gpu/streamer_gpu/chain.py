@@ -41,7 +41,7 @@ SCORE_BITS = 32  # a score is at most its anchor's end on the read (int32 positi
 def kernels():
     """The programme's and the read-back's kernels, compiled on first use."""
     c = chain_cells(DEVICE)
-    gap_slope, candidate, step, read_back = c.gap_slope, c.candidate, c.step, c.read_back
+    gap_slope, candidate, joined, step, read_back = c.gap_slope, c.candidate, c.joined, c.step, c.read_back
 
     @cuda.jit
     def programme(qs, rs, ln, ctg, grp_off, max_gap, bandwidth, max_lookback, max_skip, gap_scale, half_log2, f,
@@ -74,7 +74,10 @@ def kernels():
                 j = top - t
                 kind, score = FAR, np.int64(0)
                 if j >= lo:
-                    kind, score = candidate(qs, rs, ln, ctg, f, i, j, max_gap, bandwidth, slope, half_log2)
+                    kind, gap, bases = candidate(qs[i], rs[i], ln[i], ctg[i], qs[j], rs[j], ln[j], ctg[j], max_gap,
+                                                 bandwidth)  # fmt: skip
+                    if kind == JOIN:
+                        score = joined(f[j], bases, gap, slope, half_log2[gap])
                 kinds[buf, t] = kind
                 scores[buf, t] = score
                 cuda.syncthreads()

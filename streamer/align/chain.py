@@ -88,7 +88,8 @@ class GroupChains:
 
 
 _cells = chain_cells(CPU)
-_gap_slope, _candidate, _step, _read_back = _cells.gap_slope, _cells.candidate, _cells.step, _cells.read_back
+_gap_slope, _candidate, _joined, _step, _read_back = (_cells.gap_slope, _cells.candidate, _cells.joined, _cells.step,
+                                                     _cells.read_back)  # fmt: skip
 
 
 @numba.njit(nogil=True, cache=True, parallel=True)
@@ -102,10 +103,12 @@ def _chain_all(qs, rs, ln, ctg, grp_off, max_gap, bandwidth, max_lookback, max_s
         for i in range(a, b):
             best, parent, skipped = np.int64(ln[i]), np.int64(-1), np.int64(0)
             for j in range(i - 1, max(a, i - max_lookback) - 1, -1):
-                kind, score = _candidate(qs, rs, ln, ctg, f, i, j, max_gap, bandwidth, slope, half_log2)
+                kind, gap, bases = _candidate(qs[i], rs[i], ln[i], ctg[i], qs[j], rs[j], ln[j], ctg[j], max_gap,
+                                              bandwidth)  # fmt: skip
                 if kind == FAR:
                     break
                 if kind == JOIN:
+                    score = _joined(f[j], bases, gap, slope, half_log2[gap])
                     best, parent, skipped, stop = _step(score, j, best, parent, skipped, max_skip)
                     if stop:
                         break
@@ -179,22 +182,35 @@ def _select(read, score, fq0, fq1, count, mask_level, pri_ratio, best_n, min_sco
         mapq[c] = int(min(60.0, max(0.0, q)))
 
 
+@numba.njit(nogil=True, cache=True, parallel=True)
+def _order_groups(rend, qend, grp_off, order):
+    """order[a:b] of each group [a, b), by rend, then qend, then as it was (two stable sorts)."""
+    for g in numba.prange(len(grp_off) - 1):
+        a, b = grp_off[g], grp_off[g + 1]
+        by_q = np.argsort(qend[a:b], kind="mergesort")
+        by_r = np.argsort(rend[a:b][by_q], kind="mergesort")
+        order[a:b] = order[a:b][by_q[by_r]]
+
+
 def chain(seeds: Seeds, read_lengths: np.ndarray, contig_offsets: np.ndarray,
           params: ChainParams = ChainParams(), target: str = "cpu") -> Chains:
     """Chain a batch's seeds; `read_lengths` per read, `contig_offsets` the contigs' starts laid end to end
     (and the total after the last). The dynamic programme runs on the GPU for target "gpu" (the CPU where
     there is none, said once); the roles and MAPQ after it on the CPU."""
-    read = seeds.read.astype(np.int64)
-    rc = seeds.rc.astype(np.int64)
-    ln = seeds.length.astype(np.int64)
-    qs, rs = seeds.qpos.astype(np.int64), seeds.rpos.astype(np.int64)
-    order = np.lexsort((qs + ln, rs + ln, rc, read))
-    read, rc, ln, qs, rs = read[order], rc[order], ln[order], qs[order], rs[order]
-    ctg = (np.searchsorted(contig_offsets, rs, side="right") - 1).astype(np.int64)
-    n = len(read)
+    # anchors by (read, strand, end on the reference, end on the read), ties as given: the seeds come by read
+    # and strand already, so a stable sort by strand is a pass, and each group is sorted apart
+    strand = seeds.read.astype(np.int64) * 2 + seeds.rc
+    order = np.argsort(strand, kind="stable")
+    strand = strand[order]
+    n = len(strand)
     new = np.ones(n, dtype=bool)
-    new[1:] = (read[1:] != read[:-1]) | (rc[1:] != rc[:-1])
+    new[1:] = strand[1:] != strand[:-1]
     grp_off = np.concatenate([np.flatnonzero(new), [n]]).astype(np.int64)
+    _order_groups(seeds.rpos[order] + seeds.length[order], seeds.qpos[order] + seeds.length[order], grp_off, order)
+    read, rc = strand >> 1, strand & 1
+    ln = seeds.length[order].astype(np.int64)
+    qs, rs = seeds.qpos[order].astype(np.int64), seeds.rpos[order].astype(np.int64)
+    ctg = (np.searchsorted(contig_offsets, rs, side="right") - 1).astype(np.int64)
     p = params
     chainer = None
     if target == "gpu":

@@ -1,12 +1,14 @@
 """Chaining's dynamic programme written once for the CPU kernel (`streamer.align.chain`) and the CUDA kernel
-(`streamer_gpu.chain`): a group's gap slope, one predecessor's candidate score, the skip rule's step, and the
-read-back of a group's chains.
+(`streamer_gpu.chain`): a group's gap slope, whether and how one anchor extends another's chain, the score
+it gets, the skip rule's step, and the read-back of a group's chains.
 
 `chain_cells(target)` compiles them for a target (`streamer.pipeline.targets`). Scores are integers; the
 one float in the programme, the gap cost `int(gap_scale * 0.01 * mean length * g + 0.5 * log2 g)`, takes
 its products and sum from the target's round-to-nearest operations (CUDA would fuse them into one
 multiply-add) and its logarithms from a table the CPU fills (`half_log2_table`: CUDA's log2 may differ from
 the C library's in the last bit), so the truncated cost, and every score after it, is the same on both.
+The cells of the predecessor search take scalars: an array handed to a CPU function called per
+predecessor costs its reference counts, which made the search 15x slower.
 
 A group is one read strand's anchors, in order of their end on the reference, at [a, b) of the batch's
 flat arrays; every index the cells take or write is the batch's.
@@ -46,6 +48,7 @@ class ChainCells(NamedTuple):
 
     gap_slope: Callable
     candidate: Callable
+    joined: Callable
     step: Callable
     read_back: Callable
 
@@ -61,28 +64,27 @@ def chain_cells(t: Target) -> ChainCells:
         return dmul(dmul(gap_scale, 0.01), ddiv(np.float64(total_len), np.float64(n)))
 
     @t.jit
-    def gap_cost(g, slope, half_log2):
-        if g == 0:
-            return 0
-        return int(dadd(dmul(slope, np.float64(g)), half_log2[g]))
-
-    @t.jit
-    def candidate(qs, rs, ln, ctg, f, i, j, max_gap, bandwidth, slope, half_log2):
-        """(kind, score) of anchor i extending anchor j's chain: FAR, NONE or JOIN (module constants)."""
-        qe, re = qs[i] + ln[i], rs[i] + ln[i]
-        dr = re - (rs[j] + ln[j])
+    def candidate(qs_i, rs_i, ln_i, ctg_i, qs_j, rs_j, ln_j, ctg_j, max_gap, bandwidth):
+        """(kind, g, bases) of anchor i extending anchor j's chain: kind FAR, NONE or JOIN (module constants),
+        g the difference of the two gaps, bases what i adds."""
+        dr = rs_i + ln_i - (rs_j + ln_j)
         if dr > max_gap:
-            return FAR, 0
-        dq = qe - (qs[j] + ln[j])
-        if dr <= 0 or dq <= 0 or dq > max_gap or ctg[j] != ctg[i] or qs[j] >= qs[i] or rs[j] >= rs[i]:
-            return NONE, 0
+            return FAR, 0, 0
+        dq = qs_i + ln_i - (qs_j + ln_j)
+        if dr <= 0 or dq <= 0 or dq > max_gap or ctg_j != ctg_i or qs_j >= qs_i or rs_j >= rs_i:
+            return NONE, 0, 0
         g = dq - dr if dq > dr else dr - dq
         if g > bandwidth:
-            return NONE, 0
-        add = dq if dq < dr else dr
-        if ln[i] < add:
-            add = ln[i]
-        return JOIN, f[j] + add - gap_cost(g, slope, half_log2)
+            return NONE, 0, 0
+        bases = dq if dq < dr else dr
+        return JOIN, g, ln_i if ln_i < bases else bases
+
+    @t.jit
+    def joined(f_j, bases, g, slope, half_log2_g):
+        """The score of a JOIN: j's, plus the bases added, less the gap cost (half_log2_g: `half_log2_table`[g])."""
+        if g == 0:
+            return f_j + bases
+        return f_j + bases - int(dadd(dmul(slope, np.float64(g)), half_log2_g))
 
     @t.jit
     def step(score, j, best, parent, skipped, max_skip):
@@ -123,4 +125,4 @@ def chain_cells(t: Target) -> ChainCells:
             n_chains += 1
         return n_chains
 
-    return ChainCells(gap_slope, candidate, step, read_back)
+    return ChainCells(gap_slope, candidate, joined, step, read_back)
