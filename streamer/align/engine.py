@@ -3,9 +3,9 @@
 It has the interface of the mappy aligner (`streamer.daemon.aligner.ReadAligner`): `records` and
 `align` for one read, `records_all` and `align_all` for a batch, `header`, `threads`. A batch goes
 through each step whole: its reads' bases laid end to end, seeded in one call (the seeder is given:
-the FM-index's, on the GPU or the CPU, or any callable of the same shape), chained in one call,
-extended on `threads` threads. A base other than A, C, G, T is code 4: no seed spans it, and the
-extension scores it as N.
+the FM-index's, on the GPU or the CPU, or any callable of the same shape), chained in one call (on
+the GPU for `target` "gpu"), extended on `threads` threads. A base other than A, C, G, T is code 4:
+no seed spans it, and the extension scores it as N.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ class SeedAligner:
     """Reads aligned to the contigs `(name, codes)` with seeds from `seeder`."""
 
     def __init__(self, contigs: list[tuple[str, np.ndarray]], seeder: Seeder, filt: AlignmentFilter, *,
-                 params: EngineParams = EngineParams(), threads: int = 2, source: str = "streamer align"):
+                 params: EngineParams = EngineParams(), threads: int = 2, source: str = "streamer align",
+                 target: str = "cpu"):
         self.names = [name for name, _ in contigs]
         lengths = [len(codes) for _, codes in contigs]
         self.genome = np.concatenate([codes for _, codes in contigs]) if contigs else np.zeros(0, np.uint8)
@@ -58,6 +59,7 @@ class SeedAligner:
         self._params = params
         self._filt = filt
         self._source = source
+        self._target = target  # where chaining runs: "cpu" or "gpu"
         self.seconds = dict.fromkeys(("seed", "chain", "extend"), 0.0)  # time spent in each step, summed
 
     def hits_all(self, reads: Sequence[tuple[str, str]]) -> list[list[Hit]]:
@@ -72,7 +74,7 @@ class SeedAligner:
         t0 = time.perf_counter()
         seeds = self._seed(codes, offsets)
         t1 = time.perf_counter()
-        chains = chain(seeds, lengths, self.contig_offsets, self._params.chain)
+        chains = chain(seeds, lengths, self.contig_offsets, self._params.chain, target=self._target)
         t2 = time.perf_counter()
         al = extend(chains, seeds, codes, offsets, self.genome, self.contig_offsets, self._params.extend,
                     threads=self.threads)
@@ -117,7 +119,7 @@ def _primary_first(read: np.ndarray, role: np.ndarray, score: np.ndarray) -> np.
 def fm_aligner(genome: Path, filt: AlignmentFilter, *, target: str, params: EngineParams = EngineParams(),
                threads: int = 2) -> SeedAligner:
     """The `cpu` or `gpu` engine: the FM-index of `genome` (loaded from beside it, or built there on
-    `target`) and its maximal exact match seeds on `target`."""
+    `target`), its maximal exact match seeds and their chains on `target`."""
     from streamer.align.fmindex import load_or_build
     from streamer.align.seeds import find_seeds
 
@@ -132,4 +134,5 @@ def fm_aligner(genome: Path, filt: AlignmentFilter, *, target: str, params: Engi
         return find_seeds(index, codes, offsets, target=target, **limits)
 
     log.info("%s alignment engine ready: FM-index of %s (%d contigs)", target, genome, len(contigs))
-    return SeedAligner(contigs, seeder, filt, params=params, threads=threads, source=f"streamer align ({target})")
+    return SeedAligner(contigs, seeder, filt, params=params, threads=threads, source=f"streamer align ({target})",
+                       target=target)
