@@ -55,13 +55,15 @@ def seeds_of(rows) -> Seeds:
 
 
 def crafted() -> dict:
-    """tests/test_align_chain.py's rules (contigs, the band, strands), and a tandem array: every read position
-    matching seven unit copies, whose chains tie on score all along."""
+    """tests/test_align_chain.py's rules (contigs, the band, strands), a tandem array: every read position
+    matching seven unit copies, whose chains tie on score all along, and anchors ending together on the
+    reference (ordered by their end on the read)."""
     rows = [(0, 0, 1000, 30, False), (0, 100, 1100, 30, False), (0, 200, 1205, 30, False), (0, 300, 5000, 20, False),
             (0, 400, 9_970, 25, False), (0, 450, 10_020, 25, False), (1, 50, 3000, 25, True),
             (1, 150, 3100, 25, True), (1, 250, 3200, 25, True)]  # fmt: skip
     rows += [(2, q, 40_000 + q + 7 * u, 15, False) for q in range(0, 900, 9) for u in range(-3, 4)]
-    return compare(seeds_of(rows), np.array([600, 400, 1000]), np.array([0, 10_000, 60_000]),
+    rows += [(3, 11 * k, 70_000 + 10 * (k // 2), 20, k % 3 == 0) for k in range(60)]  # pairs ending together
+    return compare(seeds_of(rows), np.array([600, 400, 1000, 700]), np.array([0, 10_000, 100_000]),
                    ChainParams(min_score=40, bandwidth=100))  # fmt: skip
 
 
@@ -81,9 +83,8 @@ def fault() -> dict:
     seeds = seeds_of(rows)
     failing = CudaChainer()
     del os.environ["STREAMER_CUDA_FAULT"]
-    qs, rs, ln = seeds.qpos.astype(np.int64), seeds.rpos.astype(np.int64), seeds.length.astype(np.int64)
-    ctg, grp_off = np.zeros(3, np.int64), np.array([0, 3], np.int64)
-    got = failing.chain_groups(qs, rs, ln, ctg, grp_off, ChainParams())
+    got = failing.chain_groups(seeds.qpos, seeds.rpos, seeds.length, np.array([0, 3]), np.array([0, 5000]),
+                               ChainParams())  # fmt: skip
     return {"same": int(got.c_n[0]) == 1 and int(got.c_score[0]) == 90 - 2 and list(got.anchor_out) == [0, 1, 2]}
 
 

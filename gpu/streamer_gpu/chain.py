@@ -23,7 +23,7 @@ import time
 import numpy as np
 from numba import cuda
 
-from streamer.align.chain import ChainParams, GroupChains, chain_groups
+from streamer.align.chain import REND_BITS, ChainParams, GroupChains, chain_groups
 from streamer.align.chain_cells import FAR, JOIN, chain_cells, half_log2_table, table_size
 from streamer_gpu.faults import from_env as fault_plan
 from streamer_gpu.radix import sort_pairs
@@ -102,6 +102,41 @@ def kernels():
                 vals[i] = i
 
     @cuda.jit
+    def by_read_end(grp_off, qpos, length, group, keys, vals):
+        """Block g: its anchors' group, and their end on the read as the first sort's keys."""
+        g = cuda.blockIdx.x
+        for i in range(grp_off[g] + cuda.threadIdx.x, grp_off[g + 1], THREADS):
+            group[i] = g
+            keys[i] = qpos[i] + length[i]
+            vals[i] = i
+
+    @cuda.jit
+    def by_group_ref_end(n, group, rpos, length, vals, keys):
+        """The second sort's keys: (group, end on the reference) of the anchors the first sort put at each place."""
+        k = cuda.grid(1)
+        if k < n:
+            i = vals[k]
+            keys[k] = (np.int64(group[i]) << REND_BITS) + rpos[i] + length[i]
+
+    @cuda.jit
+    def gather(n, order, qpos, rpos, length, contig_offsets, qs, rs, ln, ctg):
+        """The anchors in chaining's order, and the contig of each (the last contig start at or before it)."""
+        k = cuda.grid(1)
+        if k < n:
+            i = order[k]
+            qs[k] = qpos[i]
+            rs[k] = rpos[i]
+            ln[k] = length[i]
+            lo, hi = 0, contig_offsets.shape[0]
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if contig_offsets[mid] <= rpos[i]:
+                    lo = mid
+                else:
+                    hi = mid
+            ctg[k] = lo
+
+    @cuda.jit
     def chains(f, p, order, used, path, grp_off, n_groups, min_score, min_anchors, c_score, c_first, c_count, c_n,
                anchor_out):  # fmt: skip
         g = cuda.grid(1)
@@ -109,7 +144,7 @@ def kernels():
             c_n[g] = read_back(f, p, order, used, path, grp_off[g], grp_off[g + 1], min_score, min_anchors, c_score,
                                c_first, c_count, anchor_out)  # fmt: skip
 
-    return programme, chains
+    return by_read_end, by_group_ref_end, gather, programme, chains
 
 
 class CudaChainer:
@@ -121,46 +156,56 @@ class CudaChainer:
         self.seconds: dict[str, float] = {}  # wall seconds of the copies in, the programme, the sort, the read-back
         # and the copies out, summed
 
-    def chain_groups(self, qs: np.ndarray, rs: np.ndarray, ln: np.ndarray, ctg: np.ndarray, grp_off: np.ndarray,
-                     params: ChainParams) -> GroupChains:  # fmt: skip
+    def chain_groups(self, qpos: np.ndarray, rpos: np.ndarray, length: np.ndarray, grp_off: np.ndarray,
+                     contig_offsets: np.ndarray, params: ChainParams) -> GroupChains:  # fmt: skip
         try:
             self._faults.check("chain")
-            return self._run(qs, rs, ln, ctg, grp_off, params)
+            return self._run(qpos, rpos, length, grp_off, contig_offsets, params)
         except CUDA_ERRORS as exc:
             log.warning("GPU chaining failed on %d read strands (%s: %s): they are chained on the CPU",
                         len(grp_off) - 1, type(exc).__name__, exc)  # fmt: skip
-            return chain_groups(qs, rs, ln, ctg, grp_off, params)
+            return chain_groups(qpos, rpos, length, grp_off, contig_offsets, params)
 
-    def _run(self, qs, rs, ln, ctg, grp_off, params):
-        n, n_groups = len(qs), len(grp_off) - 1
+    def _run(self, qpos, rpos, length, grp_off, contig_offsets, params):
+        n, n_groups = len(qpos), len(grp_off) - 1
         if n == 0:
-            return chain_groups(qs, rs, ln, ctg, grp_off, params)
-        programme, chains = self._kernels
+            return chain_groups(qpos, rpos, length, grp_off, contig_offsets, params)
+        by_read_end, by_group_ref_end, gather, programme, chains = self._kernels
         prm = params
+        grid = (n + BLOCK - 1) // BLOCK
         t0 = time.perf_counter()
-        d_qs, d_rs, d_ln, d_ctg, d_off = (cuda.to_device(x) for x in (qs, rs, ln, ctg, grp_off))
+        d_qpos, d_rpos, d_length, d_off, d_ctg_off = (cuda.to_device(x) for x in (qpos, rpos, length, grp_off,
+                                                                                 contig_offsets))  # fmt: skip
         d_log = cuda.to_device(half_log2_table(table_size(prm.max_gap, prm.bandwidth)))
-        f, p, vals, tmp_vals, path = (cuda.device_array(n, np.int64) for _ in range(5))
+        qs, rs, ln, ctg, f, p, order, by_score, tmp_vals, path = (cuda.device_array(n, np.int64) for _ in range(10))
         keys, tmp_keys = cuda.device_array(n, np.uint64), cuda.device_array(n, np.uint64)
+        group = cuda.device_array(n, np.int32)
         used = cuda.to_device(np.zeros(n, np.bool_))
         out = [cuda.device_array(n, np.int64) for _ in range(3)]
         c_n, anchor_out = cuda.device_array(n_groups, np.int64), cuda.device_array(n, np.int64)
         cuda.synchronize()
         t1 = time.perf_counter()
-        programme[n_groups, THREADS](d_qs, d_rs, d_ln, d_ctg, d_off, prm.max_gap, prm.bandwidth, prm.max_lookback,
-                                     prm.max_skip, prm.gap_scale, d_log, f, p, keys, vals)  # fmt: skip
+        # each group by end on the reference, then on the read, then as given: two stable sorts, the minor first
+        by_read_end[n_groups, THREADS](d_off, d_qpos, d_length, group, keys, order)
+        sort_pairs(keys, order, tmp_keys, tmp_vals)
+        by_group_ref_end[grid, BLOCK](n, group, d_rpos, d_length, order, keys)
+        sort_pairs(keys, order, tmp_keys, tmp_vals)
+        gather[grid, BLOCK](n, order, d_qpos, d_rpos, d_length, d_ctg_off, qs, rs, ln, ctg)
         cuda.synchronize()
         t2 = time.perf_counter()
-        sort_pairs(keys, vals, tmp_keys, tmp_vals)
+        programme[n_groups, THREADS](qs, rs, ln, ctg, d_off, prm.max_gap, prm.bandwidth, prm.max_lookback,
+                                     prm.max_skip, prm.gap_scale, d_log, f, p, keys, by_score)  # fmt: skip
         cuda.synchronize()
         t3 = time.perf_counter()
-        chains[(n_groups + BLOCK - 1) // BLOCK, BLOCK](f, p, vals, used, path, d_off, n_groups, prm.min_score,
+        sort_pairs(keys, by_score, tmp_keys, tmp_vals)
+        chains[(n_groups + BLOCK - 1) // BLOCK, BLOCK](f, p, by_score, used, path, d_off, n_groups, prm.min_score,
                                                        prm.min_anchors, *out, c_n, anchor_out)  # fmt: skip
         cuda.synchronize()
         t4 = time.perf_counter()
-        host = GroupChains(*(a.copy_to_host() for a in out), c_n.copy_to_host(), anchor_out.copy_to_host())
+        host = GroupChains(order.copy_to_host(), *(a.copy_to_host() for a in out), c_n.copy_to_host(),
+                           anchor_out.copy_to_host())  # fmt: skip
         t5 = time.perf_counter()
-        for key, dt in (("h2d", t1 - t0), ("programme", t2 - t1), ("sort", t3 - t2), ("read_back", t4 - t3),
+        for key, dt in (("h2d", t1 - t0), ("order", t2 - t1), ("programme", t3 - t2), ("read_back", t4 - t3),
                         ("d2h", t5 - t4)):  # fmt: skip
             self.seconds[key] = self.seconds.get(key, 0.0) + dt
         return host

@@ -76,15 +76,35 @@ class Chains:
 
 @dataclass(frozen=True)
 class GroupChains:
-    """Each group's chains at the start of its slots (`chain_cells.read_back`): group g of [a, b) has c_n[g]
+    """Each group's anchors in chaining's order, and its chains at the start of its slots
+    (`chain_cells.read_back`): sorted anchor k is anchor order[k] as given; group g of [a, b) has c_n[g]
     chains, chain k's score, first and count at a + k, its anchors (positions in the group) at
     anchor_out[a + first:]."""
 
+    order: np.ndarray  # int64[n]
     c_score: np.ndarray  # int64[n]
     c_first: np.ndarray
     c_count: np.ndarray
     c_n: np.ndarray  # int64[groups]
     anchor_out: np.ndarray  # int64[n]
+
+
+REND_BITS = 33  # a reference of up to 2^33 bases (an FM-index holds under 2^32) ...
+QEND_BITS = 31  # ... and reads of up to 2^31 (int32 positions): a group's sort key fits 64 bits
+
+
+@numba.njit(nogil=True, cache=True, parallel=True)
+def _order_groups(rend, qend, grp_off, order):
+    """order[a:b] of each group [a, b): by end on the reference, then on the read, then as given."""
+    for g in numba.prange(len(grp_off) - 1):
+        a, b = grp_off[g], grp_off[g + 1]
+        if b == a:
+            continue
+        lo = rend[a:b].min()
+        key = np.empty(b - a, np.uint64)
+        for k in range(b - a):
+            key[k] = (np.uint64(rend[a + k] - lo) << np.uint64(QEND_BITS)) | np.uint64(qend[a + k])
+        order[a:b] = a + np.argsort(key, kind="mergesort")
 
 
 _cells = chain_cells(CPU)
@@ -119,13 +139,18 @@ def _chain_all(qs, rs, ln, ctg, grp_off, max_gap, bandwidth, max_lookback, max_s
                             anchor_out)
 
 
-def chain_groups(qs: np.ndarray, rs: np.ndarray, ln: np.ndarray, ctg: np.ndarray, grp_off: np.ndarray,
-                 params: ChainParams) -> GroupChains:
-    """The chains of each group of anchors (int64 arrays sorted by group, then by reference end) on the CPU."""
-    n = len(qs)
+def chain_groups(qpos: np.ndarray, rpos: np.ndarray, length: np.ndarray, grp_off: np.ndarray,
+                 contig_offsets: np.ndarray, params: ChainParams) -> GroupChains:
+    """Each group's anchors (`Seeds`' arrays, by group: `grp_off`) put in order and chained, on the CPU."""
+    n = len(qpos)
+    order = np.arange(n, dtype=np.int64)
+    _order_groups(rpos + length, qpos + length, grp_off, order)
+    ln = length[order].astype(np.int64)
+    qs, rs = qpos[order].astype(np.int64), rpos[order].astype(np.int64)
+    ctg = (np.searchsorted(contig_offsets, rs, side="right") - 1).astype(np.int64)
     p = params
-    out = GroupChains(*(np.zeros(n, np.int64) for _ in range(3)), np.zeros(len(grp_off) - 1, np.int64),
-                      np.zeros(n, np.int64))
+    out = GroupChains(order, *(np.zeros(n, np.int64) for _ in range(3)), np.zeros(len(grp_off) - 1, np.int64),
+                      np.zeros(n, np.int64))  # fmt: skip
     _chain_all(qs, rs, ln, ctg, grp_off, p.max_gap, p.bandwidth, p.max_lookback, p.max_skip, p.gap_scale,
                half_log2_table(table_size(p.max_gap, p.bandwidth)), p.min_score, p.min_anchors, np.empty(n, np.int64),
                np.empty(n, np.int64), np.empty(n, np.int64), np.zeros(n, np.bool_), np.empty(n, np.int64),
@@ -182,44 +207,31 @@ def _select(read, score, fq0, fq1, count, mask_level, pri_ratio, best_n, min_sco
         mapq[c] = int(min(60.0, max(0.0, q)))
 
 
-@numba.njit(nogil=True, cache=True, parallel=True)
-def _order_groups(rend, qend, grp_off, order):
-    """order[a:b] of each group [a, b), by rend, then qend, then as it was (two stable sorts)."""
-    for g in numba.prange(len(grp_off) - 1):
-        a, b = grp_off[g], grp_off[g + 1]
-        by_q = np.argsort(qend[a:b], kind="mergesort")
-        by_r = np.argsort(rend[a:b][by_q], kind="mergesort")
-        order[a:b] = order[a:b][by_q[by_r]]
-
-
 def chain(seeds: Seeds, read_lengths: np.ndarray, contig_offsets: np.ndarray,
           params: ChainParams = ChainParams(), target: str = "cpu") -> Chains:
     """Chain a batch's seeds; `read_lengths` per read, `contig_offsets` the contigs' starts laid end to end
     (and the total after the last). The dynamic programme runs on the GPU for target "gpu" (the CPU where
     there is none, said once); the roles and MAPQ after it on the CPU."""
-    # anchors by (read, strand, end on the reference, end on the read), ties as given: the seeds come by read
-    # and strand already, so a stable sort by strand is a pass, and each group is sorted apart
+    # the seeds come by read and strand (`Seeds`): then this stable sort is a pass
     strand = seeds.read.astype(np.int64) * 2 + seeds.rc
-    order = np.argsort(strand, kind="stable")
-    strand = strand[order]
+    first = np.argsort(strand, kind="stable")
+    strand = strand[first]
     n = len(strand)
     new = np.ones(n, dtype=bool)
     new[1:] = strand[1:] != strand[:-1]
     grp_off = np.concatenate([np.flatnonzero(new), [n]]).astype(np.int64)
-    _order_groups(seeds.rpos[order] + seeds.length[order], seeds.qpos[order] + seeds.length[order], grp_off, order)
-    read, rc = strand >> 1, strand & 1
-    ln = seeds.length[order].astype(np.int64)
-    qs, rs = seeds.qpos[order].astype(np.int64), seeds.rpos[order].astype(np.int64)
-    ctg = (np.searchsorted(contig_offsets, rs, side="right") - 1).astype(np.int64)
     p = params
     chainer = None
     if target == "gpu":
         from streamer.pipeline.gpu import gpu_package
 
         chainer = gpu_package().chainer()
-    grouped = (chainer.chain_groups if chainer is not None else chain_groups)(qs, rs, ln, ctg, grp_off, p)
+    grouped = (chainer.chain_groups if chainer is not None else chain_groups)(
+        seeds.qpos[first], seeds.rpos[first], seeds.length[first], grp_off, contig_offsets, p)
+    order = first[grouped.order]  # the seeds in chaining's order
     c_score, c_first, c_count, c_n, anchor_out = (grouped.c_score, grouped.c_first, grouped.c_count, grouped.c_n,
                                                   grouped.anchor_out)  # fmt: skip
+    read, rc = strand >> 1, strand & 1
     # each group's chains sit at the start of its slots: gather them, and their anchors as batch indices
     grp_of_slot = np.repeat(grp_off[:-1], c_n)
     slot = grp_of_slot + np.arange(len(grp_of_slot)) - np.repeat(np.cumsum(c_n) - c_n, c_n)
@@ -230,9 +242,11 @@ def chain(seeds: Seeds, read_lengths: np.ndarray, contig_offsets: np.ndarray,
     a_first = np.concatenate([[0], np.cumsum(count)])
     score = c_score[slot]
     c_read = read[grp_of_slot]
-    qstart, rstart = qs[members[a_first[:-1]]], rs[members[a_first[:-1]]]
-    last = members[a_first[1:] - 1] if len(slot) else members[:0]
-    qend, rend = qs[last] + ln[last], rs[last] + ln[last]
+    head = order[members[a_first[:-1]]]
+    last = order[members[a_first[1:] - 1]]
+    qstart, rstart = seeds.qpos[head].astype(np.int64), seeds.rpos[head].astype(np.int64)
+    qend = seeds.qpos[last].astype(np.int64) + seeds.length[last]
+    rend = seeds.rpos[last].astype(np.int64) + seeds.length[last]
     c_rc = rc[grp_of_slot].astype(bool)
     lens = read_lengths[c_read]
     fq0 = np.where(c_rc, lens - qend, qstart)
@@ -252,8 +266,9 @@ def chain(seeds: Seeds, read_lengths: np.ndarray, contig_offsets: np.ndarray,
     anchors_sorted = order[members]  # indices into the caller's seeds
     a_count = count[sel]
     a_idx = np.repeat(a_first[:-1][sel] - np.cumsum(a_count) + a_count, a_count) + np.arange(a_count.sum())
+    contig = np.searchsorted(contig_offsets, rstart[sel], side="right") - 1
     return Chains(read=c_read[sel].astype(np.int32), rc=c_rc[sel], score=score[sel].astype(np.int32),
                   qstart=qstart[sel], qend=qend[sel], rstart=rstart[sel], rend=rend[sel],
-                  contig=ctg[members[a_first[:-1]]][sel].astype(np.int32), role=role[out],
+                  contig=contig.astype(np.int32), role=role[out],
                   parent=ranks[parent[out]].astype(np.int32), mapq=mapq[out], anchors=anchors_sorted[a_idx],
                   anchor_off=np.concatenate([[0], np.cumsum(a_count)]).astype(np.int64))
