@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from streamer_gpu.events import CudaEvents
     from streamer_gpu.fmindex import CudaFmSeeder
 
-__all__ = ["arena_bases", "build_fmindex", "chainer", "count_gpus", "device_bytes", "device_context", "fm_seeder", "gpu_absent",
-           "is_cuda_error", "open_events", "open_gpu", "probe_gpu", "release_gpu"]
+__all__ = ["arena_bases", "build_fmindex", "chainer", "count_gpus", "device_bytes", "device_context", "fm_seeder",
+           "gpu_absent", "is_cuda_error", "open_events", "open_gpu", "probe_gpu", "release_gpu"]
 
 log = logging.getLogger(__name__)
 _said: set[tuple[str, str]] = set()
