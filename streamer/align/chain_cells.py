@@ -11,7 +11,9 @@ The cells of the predecessor search take scalars: an array handed to a CPU funct
 predecessor costs its reference counts, which made the search 15x slower.
 
 A group is one read strand's anchors, in order of their end on the reference, at [a, b) of the batch's
-flat arrays; every index the cells take or write is the batch's.
+flat arrays; every index the cells take or write is the batch's. numba's cache of the CPU kernels that
+call these cells is checked against their own file only: after editing this one, delete the `*.nbi`/`*.nbc`
+files of `streamer/align/__pycache__`.
 """
 
 from __future__ import annotations
