@@ -1,17 +1,19 @@
 """Chaining's dynamic programme on the GPU: the CPU's chains (`streamer.align.chain.chain_groups`), from the
 same cells (`streamer.align.chain_cells`) compiled for the device.
 
-A block of THREADS threads (one warp) per group, one read strand's anchors. The anchors go one after
-another, as each one's score needs those before it; for each, the block tries THREADS predecessors at a
-time, a thread each (`candidate`: the loads and the gap cost, the costly part), and then every thread runs
-the skip rule over the round's scores in order (`step`, reading shared memory: every lane the same
-instructions on the same values, so each knows where the search stopped without being told). Rounds go on
-until a predecessor lies more than max_gap back on the reference, the skip rule stops, or max_lookback is
-reached. Scores of two rounds in a row go to two buffers, so one barrier a round orders them; thread 0
-writes the anchor's score and parent, and its sort key. The anchors are then sorted by (group, score
-descending, position) with the device radix sort (`streamer_gpu.radix`), the CPU's stable argsort of each
-group, and a thread per group reads its chains back (`read_back`). A CUDA error chains the batch on the
-CPU, said in one line.
+Each group (one read strand's anchors) is first put in order, by end on the reference, then on the read,
+then as given: two stable passes of the device radix sort (`streamer_gpu.radix`), the minor key first,
+and a thread per anchor gathers it and finds its contig. Then a block of THREADS threads (one warp) per
+group runs the programme. The anchors go one after another, as each one's score needs those before it;
+for each, the block tries THREADS predecessors at a time, a thread each (`candidate` and `joined`: the
+loads and the gap cost, the costly part), and then every thread runs the skip rule over the round's
+scores in order (`step`, reading shared memory: every lane the same instructions on the same values, so
+each knows where the search stopped without being told). Rounds go on until a predecessor lies more
+than max_gap back on the reference, the skip rule stops, or max_lookback is reached. Scores of two
+rounds in a row go to two buffers, so one barrier a round orders them; thread 0 writes the anchor's
+score and parent, and its sort key. The anchors are then sorted by (group, score descending, position),
+the CPU's stable argsort of each group, and a thread per group reads its chains back (`read_back`). A
+CUDA error chains the batch on the CPU, said in one line.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ SCORE_BITS = 32  # a score is at most its anchor's end on the read (int32 positi
 
 @functools.cache
 def kernels():
-    """The programme's and the read-back's kernels, compiled on first use."""
+    """The ordering's, the programme's and the read-back's kernels, compiled on first use."""
     c = chain_cells(DEVICE)
     gap_slope, candidate, joined, step, read_back = c.gap_slope, c.candidate, c.joined, c.step, c.read_back
 
@@ -153,8 +155,8 @@ class CudaChainer:
     def __init__(self):
         self._kernels = kernels()
         self._faults = fault_plan()
-        self.seconds: dict[str, float] = {}  # wall seconds of the copies in, the programme, the sort, the read-back
-        # and the copies out, summed
+        self.seconds: dict[str, float] = {}  # wall seconds of the copies in, the ordering, the programme, the
+        # read-back (its sort included) and the copies out, summed
 
     def chain_groups(self, qpos: np.ndarray, rpos: np.ndarray, length: np.ndarray, grp_off: np.ndarray,
                      contig_offsets: np.ndarray, params: ChainParams) -> GroupChains:  # fmt: skip
