@@ -9,6 +9,7 @@ the bases it brings (min of the two gaps and its length) less a gap cost for the
 gaps g: `gap_scale * 0.01 * mean anchor length * g + 0.5 * log2(g)`. Two anchors join only on one
 contig, in order on both sequences, within `max_gap` bases and with gaps differing by at most
 `bandwidth`. Chains are read back best first, each stopping where it meets an anchor already used.
+The programme's cells are shared with the GPU (`chain_cells`; `chain(..., target="gpu")` runs it there).
 
 Of a read's chains (both strands), the best is the primary; a later one overlapping a kept
 primary on the read by more than `mask_level` of the shorter is its secondary (at most `best_n`,
@@ -214,8 +215,8 @@ def chain(seeds: Seeds, read_lengths: np.ndarray, contig_offsets: np.ndarray,
     there is none, said once); the roles and MAPQ after it on the CPU."""
     # the seeds come by read and strand (`Seeds`): then this stable sort is a pass
     strand = seeds.read.astype(np.int64) * 2 + seeds.rc
-    first = np.argsort(strand, kind="stable")
-    strand = strand[first]
+    by_strand = np.argsort(strand, kind="stable")
+    strand = strand[by_strand]
     n = len(strand)
     new = np.ones(n, dtype=bool)
     new[1:] = strand[1:] != strand[:-1]
@@ -227,8 +228,8 @@ def chain(seeds: Seeds, read_lengths: np.ndarray, contig_offsets: np.ndarray,
 
         chainer = gpu_package().chainer()
     grouped = (chainer.chain_groups if chainer is not None else chain_groups)(
-        seeds.qpos[first], seeds.rpos[first], seeds.length[first], grp_off, contig_offsets, p)
-    order = first[grouped.order]  # the seeds in chaining's order
+        seeds.qpos[by_strand], seeds.rpos[by_strand], seeds.length[by_strand], grp_off, contig_offsets, p)
+    order = by_strand[grouped.order]  # the seeds in chaining's order
     c_score, c_first, c_count, c_n, anchor_out = (grouped.c_score, grouped.c_first, grouped.c_count, grouped.c_n,
                                                   grouped.anchor_out)  # fmt: skip
     read, rc = strand >> 1, strand & 1
