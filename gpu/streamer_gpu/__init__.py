@@ -22,11 +22,13 @@ if TYPE_CHECKING:
 
     from streamer.align.fmindex import FMIndex, Text
     from streamer_gpu.abea import CudaAbea
+    from streamer_gpu.chain import CudaChainer
     from streamer_gpu.events import CudaEvents
     from streamer_gpu.extend import CudaExtender
     from streamer_gpu.fmindex import CudaFmSeeder
 
-__all__ = ["arena_bases", "build_fmindex", "count_gpus", "device_bytes", "device_context", "extender", "fm_seeder",
+__all__ = ["arena_bases", "build_fmindex", "chainer", "count_gpus", "device_bytes", "device_context", "extender",
+           "fm_seeder",
            "gpu_absent", "is_cuda_error", "open_events", "open_gpu", "probe_gpu", "release_gpu"]
 
 log = logging.getLogger(__name__)
@@ -121,6 +123,15 @@ def extender(genome: np.ndarray) -> CudaExtender | None:
     except CUDA_ERRORS as exc:
         log.warning("could not copy the genome to the GPU (%s): extension runs on the CPU", exc)
     return None
+
+
+def chainer() -> CudaChainer | None:
+    """Chaining on the current GPU, or None, said in one log line, where there is none."""
+    if gpu_absent("chaining"):
+        return None
+    from streamer_gpu.chain import chainer_for
+
+    return chainer_for()
 
 
 def count_gpus() -> int:

@@ -1,8 +1,9 @@
 """A CUDA error on demand, to show that a failing GPU loses no read: `STREAMER_CUDA_FAULT`.
 
 `STREAMER_CUDA_FAULT=abea:1,hmm:3` makes the first call of the GPU ABEA stage and the third
-of the GPU CpG HMM (`events:n`: GPU event detection; `seeds:n`: GPU seeding; `extend:n`: GPU
-extension) raise the device out-of-memory error a real launch raises (call 1 is the pipeline's warm-up batch, call 2 the first batch of reads). Read when a GPU stage opens; unset,
+of the GPU CpG HMM (`events:n`: GPU event detection; `seeds:n`: GPU seeding; `chain:n`: GPU
+chaining; `extend:n`: GPU extension) raise the device out-of-memory error a real launch raises (call 1
+is the pipeline's warm-up batch, call 2 the first batch of reads). Read when a GPU stage opens; unset,
 `check` costs a dictionary look-up.
 """
 

@@ -9,6 +9,7 @@ the bases it brings (min of the two gaps and its length) less a gap cost for the
 gaps g: `gap_scale * 0.01 * mean anchor length * g + 0.5 * log2(g)`. Two anchors join only on one
 contig, in order on both sequences, within `max_gap` bases and with gaps differing by at most
 `bandwidth`. Chains are read back best first, each stopping where it meets an anchor already used.
+The programme's cells are shared with the GPU (`chain_cells`; `chain(..., target="gpu")` runs it there).
 
 Of a read's chains (both strands), the best is the primary; a later one overlapping a kept
 primary on the read by more than `mask_level` of the shorter is its secondary (at most `best_n`,
@@ -25,6 +26,8 @@ import numba
 import numpy as np
 
 from streamer.align.anchors import Seeds
+from streamer.align.chain_cells import FAR, JOIN, chain_cells, half_log2_table, table_size
+from streamer.pipeline.targets import CPU
 
 PRIMARY, SUPPLEMENTARY, SECONDARY = 0, 1, 2
 
@@ -72,86 +75,88 @@ class Chains:
         return len(self.read)
 
 
-@numba.njit(nogil=True, cache=True)
-def _gap_cost(g: int, avg_len: float, gap_scale: float) -> int:
-    if g == 0:
-        return 0
-    return int(gap_scale * 0.01 * avg_len * g + 0.5 * np.log2(g))
+@dataclass(frozen=True)
+class GroupChains:
+    """Each group's anchors in chaining's order, and its chains at the start of its slots
+    (`chain_cells.read_back`): sorted anchor k is anchor order[k] as given; group g of [a, b) has c_n[g]
+    chains, chain k's score, first and count at a + k, its anchors (positions in the group) at
+    anchor_out[a + first:]."""
+
+    order: np.ndarray  # int64[n]
+    c_score: np.ndarray  # int64[n]
+    c_first: np.ndarray
+    c_count: np.ndarray
+    c_n: np.ndarray  # int64[groups]
+    anchor_out: np.ndarray  # int64[n]
 
 
-@numba.njit(nogil=True, cache=True)
-def _chain_group(qs, rs, ln, ctg, max_gap, bandwidth, max_lookback, max_skip, gap_scale, min_score, min_anchors,
-                 c_score, c_first, c_count, order_out):
-    """Chains of one read and strand; anchors given in order of their reference end. Writes each chain's
-    score, and its anchors (positions in the group, ascending) into `order_out[c_first:c_first+c_count]`;
-    returns the number of chains."""
-    n = len(qs)
-    f = np.empty(n, dtype=np.int64)
-    p = np.full(n, -1, dtype=np.int64)
-    avg = ln.mean() if n else 0.0
-    for i in range(n):
-        qe_i, re_i = qs[i] + ln[i], rs[i] + ln[i]
-        best = np.int64(ln[i])
-        skipped = 0
-        for j in range(i - 1, max(-1, i - 1 - max_lookback), -1):
-            dr = re_i - (rs[j] + ln[j])
-            if dr > max_gap:
-                break
-            dq = qe_i - (qs[j] + ln[j])
-            if dr <= 0 or dq <= 0 or dq > max_gap or ctg[j] != ctg[i] or qs[j] >= qs[i] or rs[j] >= rs[i]:
-                continue
-            g = abs(dq - dr)
-            if g > bandwidth:
-                continue
-            sc = f[j] + min(dq, dr, ln[i]) - _gap_cost(g, avg, gap_scale)
-            if sc > best:
-                best = sc
-                p[i] = j
-                skipped = 0
-            else:
-                skipped += 1
-                if skipped > max_skip:
-                    break
-        f[i] = best
-    used = np.zeros(n, dtype=np.bool_)
-    by_score = np.argsort(-f, kind="mergesort")
-    n_chains = 0
-    out = 0
-    path = np.empty(n, dtype=np.int64)
-    for t in range(n):
-        end = by_score[t]
-        if used[end]:
-            continue
-        k = 0
-        i = end
-        while i >= 0 and not used[i]:
-            used[i] = True
-            path[k] = i
-            k += 1
-            i = p[i]
-        score = f[end] - (f[i] if i >= 0 else 0)
-        if score < min_score or k < min_anchors:
-            continue
-        c_score[n_chains] = score
-        c_first[n_chains] = out
-        c_count[n_chains] = k
-        for m in range(k):
-            order_out[out + m] = path[k - 1 - m]
-        out += k
-        n_chains += 1
-    return n_chains
+REND_BITS = 33  # a reference of up to 2^33 bases (an FM-index holds under 2^32) ...
+QEND_BITS = 31  # ... and reads of up to 2^31 (int32 positions): a group's sort key fits 64 bits
 
 
-@numba.njit(nogil=True, cache=True)
-def _chain_all(qs, rs, ln, ctg, grp_off, max_gap, bandwidth, max_lookback, max_skip, gap_scale, min_score,
-               min_anchors, c_score, c_first, c_count, c_n, anchor_out):
-    """`_chain_group` over every group (one read and strand; `grp_off` into anchors sorted by group,
-    then by reference end); a group's chains are written in its own slots of the outputs."""
-    for g in range(len(grp_off) - 1):
+@numba.njit(nogil=True, cache=True, parallel=True)
+def _order_groups(rend, qend, grp_off, order):
+    """order[a:b] of each group [a, b): by end on the reference, then on the read, then as given."""
+    for g in numba.prange(len(grp_off) - 1):
         a, b = grp_off[g], grp_off[g + 1]
-        c_n[g] = _chain_group(qs[a:b], rs[a:b], ln[a:b], ctg[a:b], max_gap, bandwidth, max_lookback, max_skip,
-                              gap_scale, min_score, min_anchors, c_score[a:b], c_first[a:b], c_count[a:b],
-                              anchor_out[a:b])
+        if b == a:
+            continue
+        lo = rend[a:b].min()
+        key = np.empty(b - a, np.uint64)
+        for k in range(b - a):
+            key[k] = (np.uint64(rend[a + k] - lo) << np.uint64(QEND_BITS)) | np.uint64(qend[a + k])
+        order[a:b] = a + np.argsort(key, kind="mergesort")
+
+
+_cells = chain_cells(CPU)
+_gap_slope, _candidate, _joined, _step, _read_back = (_cells.gap_slope, _cells.candidate, _cells.joined, _cells.step,
+                                                     _cells.read_back)  # fmt: skip
+
+
+@numba.njit(nogil=True, cache=True, parallel=True)
+def _chain_all(qs, rs, ln, ctg, grp_off, max_gap, bandwidth, max_lookback, max_skip, gap_scale, half_log2, min_score,
+               min_anchors, f, p, order, used, path, c_score, c_first, c_count, c_n, anchor_out):
+    """The programme of every group (one read and strand; `grp_off` into anchors sorted by group, then by
+    reference end), a thread per group, the predecessors of each anchor tried one by one."""
+    for g in numba.prange(len(grp_off) - 1):
+        a, b = grp_off[g], grp_off[g + 1]
+        slope = _gap_slope(ln[a:b].sum(), b - a, gap_scale)
+        for i in range(a, b):
+            best, parent, skipped = np.int64(ln[i]), np.int64(-1), np.int64(0)
+            for j in range(i - 1, max(a, i - max_lookback) - 1, -1):
+                kind, gap, bases = _candidate(qs[i], rs[i], ln[i], ctg[i], qs[j], rs[j], ln[j], ctg[j], max_gap,
+                                              bandwidth)  # fmt: skip
+                if kind == FAR:
+                    break
+                if kind == JOIN:
+                    score = _joined(f[j], bases, gap, slope, half_log2[gap])
+                    best, parent, skipped, stop = _step(score, j, best, parent, skipped, max_skip)
+                    if stop:
+                        break
+            f[i] = best
+            p[i] = parent
+        order[a:b] = a + np.argsort(-f[a:b], kind="mergesort")
+        c_n[g] = _read_back(f, p, order, used, path, a, b, min_score, min_anchors, c_score, c_first, c_count,
+                            anchor_out)
+
+
+def chain_groups(qpos: np.ndarray, rpos: np.ndarray, length: np.ndarray, grp_off: np.ndarray,
+                 contig_offsets: np.ndarray, params: ChainParams) -> GroupChains:
+    """Each group's anchors (`Seeds`' arrays, by group: `grp_off`) put in order and chained, on the CPU."""
+    n = len(qpos)
+    order = np.arange(n, dtype=np.int64)
+    _order_groups(rpos + length, qpos + length, grp_off, order)
+    ln = length[order].astype(np.int64)
+    qs, rs = qpos[order].astype(np.int64), rpos[order].astype(np.int64)
+    ctg = (np.searchsorted(contig_offsets, rs, side="right") - 1).astype(np.int64)
+    p = params
+    out = GroupChains(order, *(np.zeros(n, np.int64) for _ in range(3)), np.zeros(len(grp_off) - 1, np.int64),
+                      np.zeros(n, np.int64))  # fmt: skip
+    _chain_all(qs, rs, ln, ctg, grp_off, p.max_gap, p.bandwidth, p.max_lookback, p.max_skip, p.gap_scale,
+               half_log2_table(table_size(p.max_gap, p.bandwidth)), p.min_score, p.min_anchors, np.empty(n, np.int64),
+               np.empty(n, np.int64), np.empty(n, np.int64), np.zeros(n, np.bool_), np.empty(n, np.int64),
+               out.c_score, out.c_first, out.c_count, out.c_n, out.anchor_out)
+    return out
 
 
 @numba.njit(nogil=True, cache=True)
@@ -204,29 +209,33 @@ def _select(read, score, fq0, fq1, count, mask_level, pri_ratio, best_n, min_sco
 
 
 def chain(seeds: Seeds, read_lengths: np.ndarray, contig_offsets: np.ndarray,
-          params: ChainParams = ChainParams()) -> Chains:
+          params: ChainParams = ChainParams(), target: str = "cpu") -> Chains:
     """Chain a batch's seeds; `read_lengths` per read, `contig_offsets` the contigs' starts laid end to end
-    (and the total after the last)."""
-    read = seeds.read.astype(np.int64)
-    rc = seeds.rc.astype(np.int64)
-    ln = seeds.length.astype(np.int64)
-    qs, rs = seeds.qpos.astype(np.int64), seeds.rpos.astype(np.int64)
-    order = np.lexsort((qs + ln, rs + ln, rc, read))
-    read, rc, ln, qs, rs = read[order], rc[order], ln[order], qs[order], rs[order]
-    ctg = (np.searchsorted(contig_offsets, rs, side="right") - 1).astype(np.int64)
-    n = len(read)
+    (and the total after the last). The dynamic programme runs on the GPU for target "gpu" (the CPU where
+    there is none, said once); the roles and MAPQ after it on the CPU."""
+    # the seeds come by read and strand (`Seeds`): then this stable sort is a pass
+    strand = seeds.read.astype(np.int64) * 2 + seeds.rc
+    by_strand = np.argsort(strand, kind="stable")
+    strand = strand[by_strand]
+    n = len(strand)
     new = np.ones(n, dtype=bool)
-    new[1:] = (read[1:] != read[:-1]) | (rc[1:] != rc[:-1])
+    new[1:] = strand[1:] != strand[:-1]
     grp_off = np.concatenate([np.flatnonzero(new), [n]]).astype(np.int64)
-    c_score, c_first, c_count = (np.zeros(n, dtype=np.int64) for _ in range(3))
-    anchor_out = np.zeros(n, dtype=np.int64)
-    c_n = np.zeros(len(grp_off) - 1, dtype=np.int64)
     p = params
-    _chain_all(qs, rs, ln, ctg, grp_off, p.max_gap, p.bandwidth, p.max_lookback, p.max_skip, p.gap_scale,
-               p.min_score, p.min_anchors, c_score, c_first, c_count, c_n, anchor_out)
+    chainer = None
+    if target == "gpu":
+        from streamer.pipeline.gpu import gpu_package
+
+        chainer = gpu_package().chainer()
+    grouped = (chainer.chain_groups if chainer is not None else chain_groups)(
+        seeds.qpos[by_strand], seeds.rpos[by_strand], seeds.length[by_strand], grp_off, contig_offsets, p)
+    order = by_strand[grouped.order]  # the seeds in chaining's order
+    c_score, c_first, c_count, c_n, anchor_out = (grouped.c_score, grouped.c_first, grouped.c_count, grouped.c_n,
+                                                  grouped.anchor_out)  # fmt: skip
+    read, rc = strand >> 1, strand & 1
     # each group's chains sit at the start of its slots: gather them, and their anchors as batch indices
-    slot = np.concatenate([np.arange(a, a + k) for a, k in zip(grp_off[:-1], c_n)]) if n else np.zeros(0, np.int64)
     grp_of_slot = np.repeat(grp_off[:-1], c_n)
+    slot = grp_of_slot + np.arange(len(grp_of_slot)) - np.repeat(np.cumsum(c_n) - c_n, c_n)
     first = grp_of_slot + c_first[slot]
     count = c_count[slot]
     idx = np.repeat(first - np.cumsum(count) + count, count) + np.arange(count.sum())
@@ -234,9 +243,11 @@ def chain(seeds: Seeds, read_lengths: np.ndarray, contig_offsets: np.ndarray,
     a_first = np.concatenate([[0], np.cumsum(count)])
     score = c_score[slot]
     c_read = read[grp_of_slot]
-    qstart, rstart = qs[members[a_first[:-1]]], rs[members[a_first[:-1]]]
-    last = members[a_first[1:] - 1] if len(slot) else members[:0]
-    qend, rend = qs[last] + ln[last], rs[last] + ln[last]
+    head = order[members[a_first[:-1]]]
+    last = order[members[a_first[1:] - 1]]
+    qstart, rstart = seeds.qpos[head].astype(np.int64), seeds.rpos[head].astype(np.int64)
+    qend = seeds.qpos[last].astype(np.int64) + seeds.length[last]
+    rend = seeds.rpos[last].astype(np.int64) + seeds.length[last]
     c_rc = rc[grp_of_slot].astype(bool)
     lens = read_lengths[c_read]
     fq0 = np.where(c_rc, lens - qend, qstart)
@@ -256,8 +267,9 @@ def chain(seeds: Seeds, read_lengths: np.ndarray, contig_offsets: np.ndarray,
     anchors_sorted = order[members]  # indices into the caller's seeds
     a_count = count[sel]
     a_idx = np.repeat(a_first[:-1][sel] - np.cumsum(a_count) + a_count, a_count) + np.arange(a_count.sum())
+    contig = np.searchsorted(contig_offsets, rstart[sel], side="right") - 1
     return Chains(read=c_read[sel].astype(np.int32), rc=c_rc[sel], score=score[sel].astype(np.int32),
                   qstart=qstart[sel], qend=qend[sel], rstart=rstart[sel], rend=rend[sel],
-                  contig=ctg[members[a_first[:-1]]][sel].astype(np.int32), role=role[out],
+                  contig=contig.astype(np.int32), role=role[out],
                   parent=ranks[parent[out]].astype(np.int32), mapq=mapq[out], anchors=anchors_sorted[a_idx],
                   anchor_off=np.concatenate([[0], np.cumsum(a_count)]).astype(np.int64))

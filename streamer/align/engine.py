@@ -3,9 +3,10 @@
 It has the interface of the mappy aligner (`streamer.daemon.aligner.ReadAligner`): `records` and
 `align` for one read, `records_all` and `align_all` for a batch, `header`, `threads`. A batch goes
 through each step whole: its reads' bases laid end to end, seeded in one call (the seeder is given:
-the FM-index's, on the GPU or the CPU, or any callable of the same shape), chained in one call,
-extended on the GPU for target "gpu" (the CPU where there is none), else on `threads` threads. A
-base other than A, C, G, T is code 4: no seed spans it, and the extension scores it as N.
+the FM-index's, on the GPU or the CPU, or any callable of the same shape), chained in one call and
+extended, both on the GPU for `target` "gpu" (the CPU where there is none), else chained on the CPU and
+extended on `threads` threads. A base other than A, C, G, T is code 4: no seed spans it, and the
+extension scores it as N.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class SeedAligner:
         self._params = params
         self._filt = filt
         self._source = source
+        self._target = target  # where chaining runs: "cpu" or "gpu"
         self._gpu = gpu_package().extender(self.genome) if target == "gpu" else None  # extension's DP there
         self.seconds = dict.fromkeys(("seed", "chain", "extend"), 0.0)  # time spent in each step, summed
 
@@ -75,7 +77,7 @@ class SeedAligner:
         t0 = time.perf_counter()
         seeds = self._seed(codes, offsets)
         t1 = time.perf_counter()
-        chains = chain(seeds, lengths, self.contig_offsets, self._params.chain)
+        chains = chain(seeds, lengths, self.contig_offsets, self._params.chain, target=self._target)
         t2 = time.perf_counter()
         al = extend(chains, seeds, codes, offsets, self.genome, self.contig_offsets, self._params.extend,
                     threads=self.threads, gpu=self._gpu)
@@ -120,7 +122,7 @@ def _primary_first(read: np.ndarray, role: np.ndarray, score: np.ndarray) -> np.
 def fm_aligner(genome: Path, filt: AlignmentFilter, *, target: str, params: EngineParams = EngineParams(),
                threads: int = 2) -> SeedAligner:
     """The `cpu` or `gpu` engine: the FM-index of `genome` (loaded from beside it, or built there on
-    `target`) and its maximal exact match seeds on `target`."""
+    `target`), its maximal exact match seeds and their chains on `target`."""
     from streamer.align.fmindex import load_or_build
     from streamer.align.seeds import find_seeds
 

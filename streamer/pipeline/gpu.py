@@ -50,6 +50,13 @@ class GpuExtender(Protocol):
         """`streamer.align.extend.align_jobs` of a batch's jobs (`JobResults`)."""
 
 
+class GpuChainer(Protocol):
+    """Chaining on one device (`streamer_gpu.chain.CudaChainer`) as `streamer.align.chain` uses it."""
+
+    def chain_groups(self, qs: Any, rs: Any, ln: Any, ctg: Any, grp_off: Any, params: Any) -> Any:
+        """`streamer.align.chain.chain_groups` of a batch's groups of anchors."""
+
+
 class GpuPackage(Protocol):
     """What the GPU package (`streamer_gpu`, an install extra) offers the core."""
 
@@ -67,6 +74,9 @@ class GpuPackage(Protocol):
 
     def extender(self, genome: Any) -> GpuExtender | None:
         """Extension's DP against genome on the current GPU (copied there once), or None (said in one line)."""
+
+    def chainer(self) -> GpuChainer | None:
+        """Chaining on the current GPU, or None (said in one line) where there is none."""
 
     def count_gpus(self) -> int:
         """GPUs on this host (0 without numba-cuda or a GPU)."""
