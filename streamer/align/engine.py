@@ -121,8 +121,8 @@ def fm_aligner(genome: Path, filt: AlignmentFilter, *, target: str, params: Engi
     from streamer.align.fmindex import load_or_build
     from streamer.align.seeds import find_seeds
 
-    index = load_or_build(genome, target=target)
-    contigs = read_fasta(genome)
+    contigs = read_fasta(genome)  # read once: the extension's reference, and the index's text if it is built
+    index = load_or_build(genome, target=target, contigs=contigs)
     offsets = np.concatenate([[0], np.cumsum([len(c) for _, c in contigs])])
     if tuple(index.names) != tuple(n for n, _ in contigs) or not np.array_equal(index.contig_offsets, offsets):
         raise InputError(genome, "its FM-index holds other contigs: remove the index to build it again")
