@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pysam
 
+from streamer.align.agreement import EngineChoice
 from streamer.align.anchors import Seeds
 from streamer.align.bases import encode
 from streamer.align.chain import SECONDARY, ChainParams, chain
@@ -32,7 +33,7 @@ from streamer.io.alignments import AlignmentFilter
 log = logging.getLogger(__name__)
 
 Seeder = Callable[[np.ndarray, np.ndarray], Seeds]  # (base codes laid end to end, offsets[n + 1]) -> Seeds
-ENGINES = ("mappy", "cpu", "gpu")
+ENGINES = ("auto", "mappy", "cpu", "gpu")  # auto: gpu where a GPU is there and agrees with mappy, else mappy
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,8 @@ class EngineParams:
 
 class SeedAligner:
     """Reads aligned to the contigs `(name, codes)` with seeds from `seeder`."""
+
+    choice: EngineChoice | None = None  # why this engine, where `streamer.daemon.aligner.open_aligner` chose it
 
     def __init__(self, contigs: list[tuple[str, np.ndarray]], seeder: Seeder, filt: AlignmentFilter, *,
                  params: EngineParams = EngineParams(), threads: int = 2, source: str = "streamer align"):
