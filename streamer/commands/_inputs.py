@@ -119,7 +119,8 @@ def open_read_aligner(args: argparse.Namespace, filt: AlignmentFilter) -> ReadAl
 
 
 def alignments(args: argparse.Namespace, filt: AlignmentFilter, basecalls: Mapping[str, str],
-               aligner: ReadAligner | SeedAligner | None, chunk: int) -> Iterator[AlignmentRecord | Skipped]:  # fmt: skip
+               aligner: ReadAligner | SeedAligner | None, chunk: int
+               ) -> Iterator[AlignmentRecord | Skipped]:  # fmt: skip
     """The records a run plans its batches from: -b's in file order, or the basecalls' own records in their
     order, aligned `chunk` reads at a time as the planning takes them (so a run holds one chunk's)."""
     if aligner is None:

@@ -292,8 +292,9 @@ class _Output:
 
 
 # the options whose change changes the output: a journal is resumed only under the same ones
-OUTPUT_OPTIONS = ("reads", "bam", "align_engine", "genome", "signal", "batchsize", "max_bases", "min_mapq", "secondary",
-                  "kmer_model", "model_dir", "pore", "meth_model", "methylation", "disable_cuda", "ultra_thresh")  # fmt: skip
+OUTPUT_OPTIONS = ("reads", "bam", "align_engine", "genome", "signal", "batchsize", "max_bases", "min_mapq",
+                  "secondary", "kmer_model", "model_dir", "pore", "meth_model", "methylation", "disable_cuda",
+                  "ultra_thresh")  # fmt: skip
 
 
 def _open_sinks(args: argparse.Namespace, filt: AlignmentFilter) -> list[Sink]:

@@ -109,22 +109,22 @@ def _auto(genome: Path, filt: AlignmentFilter, *, index: Path | None, preset: st
           ) -> ReadAligner | SeedAligner:  # fmt: skip
     """The gpu engine, checked against mappy once per index (the result kept beside it), or mappy."""
     mappy_aligner: ReadAligner | None = None
-    gpu, no_gpu, check, kept = None, _no_gpu(), None, None
+    gpu: SeedAligner | None = None
+    no_gpu, check, kept = _no_gpu(), None, None
     if not no_gpu:
-        try:
-            gpu = fm_aligner(genome, filt, target="gpu", threads=threads)
-        except ImportError as exc:
-            no_gpu = f"the gpu engine cannot start: {exc}"
-    if gpu is not None:
-        key = _check_key(genome, index, preset)
-        check = kept = _kept_check(genome, key)
-        if check is None:
+        check = kept = _kept_check(genome, _check_key(genome, index, preset))
+        if check is None or check.passed:  # a kept failure needs no gpu engine
+            try:
+                gpu = fm_aligner(genome, filt, target="gpu", threads=threads)
+            except ImportError as exc:
+                no_gpu = f"the gpu engine cannot start: {exc}"
+        if gpu is not None and check is None:
             mappy_aligner = ReadAligner(genome, filt, index=index, preset=preset, threads=threads)
             reads = check_reads(gpu.names, gpu.genome, gpu.contig_offsets)
             check = agreement(mappy_aligner.records_all(reads), gpu.records_all(reads))
-            _keep_check(genome, key, check)
+            _keep_check(genome, _check_key(genome, index, preset), check)  # the index is there now
     choice = choose_engine(no_gpu, check)
-    log.info("%s%s", choice.line(), f"; the check as kept in {check_path(genome)}" if gpu and kept else "")
+    log.info("%s%s", choice.line(), f"; checked before, as kept in {check_path(genome)}" if kept is not None else "")
     if choice.engine == "gpu" and gpu is not None:
         aligner: ReadAligner | SeedAligner = gpu
     else:

@@ -126,7 +126,7 @@ class Aligning:
             self._aligner = self._make()
 
     def choice(self) -> dict[str, Any] | None:
-        """Which engine aligns and why (`streamer.align.agreement.EngineChoice`), once one is built; for summary.json."""
+        """Which engine aligns and why (`streamer.align.agreement.EngineChoice`) once one is built, for summary.json."""
         choice = getattr(self._aligner, "choice", None)
         return choice.as_dict() if choice is not None else None
 
