@@ -83,7 +83,7 @@ def test_check_reads_come_from_windows_over_the_whole_reference():
 def test_auto_without_a_gpu_is_mappy_in_one_line(tmp_path, caplog):
     ref = tmp_path / REFERENCE.name
     ref.write_bytes(REFERENCE.read_bytes())
-    no_gpu = edge._no_gpu()
+    no_gpu = edge.why_no_gpu()
     with caplog.at_level(logging.INFO, logger="streamer.daemon.aligner"):
         aligner = open_aligner("auto", ref, AlignmentFilter(), threads=1)
     if not no_gpu:  # a GPU host: the gpu engine was checked against mappy
@@ -98,7 +98,7 @@ def test_auto_without_a_gpu_is_mappy_in_one_line(tmp_path, caplog):
 
 def test_the_check_runs_once_per_index_and_is_kept_beside_it(tmp_path, monkeypatch, caplog):
     """A GPU host, as far as `auto` can tell: the gpu engine seeds on the CPU here, the same seeds."""
-    monkeypatch.setattr(edge, "_no_gpu", lambda: "")
+    monkeypatch.setattr(edge, "why_no_gpu", lambda: "")
     ref = tmp_path / REFERENCE.name
     ref.write_bytes(REFERENCE.read_bytes())
     first = open_aligner("auto", ref, AlignmentFilter(), threads=2)

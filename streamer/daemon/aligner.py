@@ -110,7 +110,7 @@ def _auto(genome: Path, filt: AlignmentFilter, *, index: Path | None, preset: st
     """The gpu engine, checked against mappy once per index (the result kept beside it), or mappy."""
     mappy_aligner: ReadAligner | None = None
     gpu: SeedAligner | None = None
-    no_gpu, check, kept = _no_gpu(), None, None
+    no_gpu, check, kept = why_no_gpu(), None, None
     if not no_gpu:
         check = kept = _kept_check(genome, _check_key(genome, index, preset))
         if check is None or check.passed:  # a kept failure needs no gpu engine
@@ -133,7 +133,7 @@ def _auto(genome: Path, filt: AlignmentFilter, *, index: Path | None, preset: st
     return aligner
 
 
-def _no_gpu() -> str:
+def why_no_gpu() -> str:
     """Why the gpu engine has no GPU here ("" where there is one)."""
     try:
         found = gpu_package().count_gpus()
