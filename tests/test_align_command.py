@@ -11,7 +11,7 @@ import pysam
 import pytest
 
 import streamer.daemon.aligner
-from streamer.daemon.aligner import why_no_gpu
+from streamer.daemon.aligner import ReadAligner, aligned_records, why_no_gpu
 from align_seeder import KmerSeeder
 from conftest import ECOLI, REFERENCE, SHARED, needs_shared
 from streamer import cli
@@ -19,6 +19,8 @@ from streamer.align.engine import SeedAligner
 from streamer.align.genome import read_fasta
 from streamer.config import Config, load
 from streamer.errors import ConfigError
+from streamer.io.alignments import AlignmentFilter
+from streamer.io.fastx import iter_fastx
 from test_call import agreement, call, load_calls
 
 
@@ -141,3 +143,22 @@ def test_call_without_bam_and_outputs_that_copy_it(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "--modbam and --skip-ultra copy records of the -b BAM: give -b" in err
     assert "Traceback" not in err and not (tmp_path / "m.tsv").exists()
+
+
+def test_aligned_records_take_a_chunk_at_a_time():
+    """`call` without -b holds one chunk's alignments: the next chunk is aligned only when its records are taken."""
+    chunks = []
+
+    class Counted(ReadAligner):
+        def align_all(self, reads):
+            chunks.append([rid for rid, _ in reads])
+            return super().align_all(reads)
+
+    reads = list(iter_fastx(ECOLI / "reads.fasta"))
+    records = aligned_records(Counted(REFERENCE, AlignmentFilter(), threads=1), iter(reads), 3)
+    first = next(records)
+    assert chunks == [[rid for rid, _ in reads[:3]]] and first.read_id == reads[0][0]
+    rest = [first, *records]
+    assert [len(c) for c in chunks] == [3, 3, 2]
+    assert [r.read_id for r in rest] == sorted((r.read_id for r in rest), key=[rid for rid, _ in reads].index)
+    assert {r.read_id for r in rest} == {rid for rid, _ in reads}
