@@ -25,7 +25,7 @@ import streamer
 from streamer.align.agreement import Agreement, EngineChoice, agreement, asked_for, check_reads, choose_engine
 from streamer.align.fmindex import index_path
 from streamer.align.records import judged, sam_records
-from streamer.align.engine import SeedAligner, fm_aligner
+from streamer.align.engine import ENGINE_VERSION, SeedAligner, fm_aligner
 from streamer.errors import InputError, StreamerError, UsageError
 from streamer.pipeline.gpu import gpu_package
 from streamer.io.alignments import AlignmentFilter
@@ -155,7 +155,7 @@ def _check_key(genome: Path, index: Path | None, preset: str) -> dict | None:
         st = index_path(genome).stat()
     except OSError:
         return None
-    return {"index_size": st.st_size, "index_mtime_ns": st.st_mtime_ns, "engine": streamer.__version__,
+    return {"index_size": st.st_size, "index_mtime_ns": st.st_mtime_ns, "engine": f"{streamer.__version__}/{ENGINE_VERSION}",
             "mappy": getattr(mappy, "__version__", ""), "preset": preset, "mm_index": str(index or "")}
 
 
