@@ -138,10 +138,12 @@ class AlignmentConfig:
                          minimum=0)
     secondary: bool = _key(False, "Also call on secondary alignments.", type=bool, flag="--secondary")
     engine: str = _key(
-        "mappy", "Aligner for basecalls that come without alignments: `mappy` (minimap2's map-ont, with "
+        "auto", "Aligner for basecalls that come without alignments: `mappy` (minimap2's map-ont, with "
         "`reference.index` and `reference.preset`), or streamer's own FM-index seeds, chains and base-level "
         "extension with its seeding on the `gpu` or the `cpu` (the index is built beside the reference once and "
-        "reused).", type=str, flag="--align-engine", choices=ENGINES)
+        "reused); `auto`: the gpu engine where a GPU is there and it agrees with mappy on reads simulated from "
+        "the reference (checked once per index, kept beside it), else mappy; the log and summary.json say "
+        "which and why.", type=str, flag="--align-engine", choices=ENGINES)
 
 
 @dataclass(frozen=True)

@@ -3,19 +3,24 @@ streamer's own engine; the `alignment.engine` key; one clear line when an engine
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 
 import pysam
 import pytest
 
 import streamer.daemon.aligner
+from streamer.daemon.aligner import ReadAligner, aligned_records, why_no_gpu
 from align_seeder import KmerSeeder
-from conftest import REFERENCE, SHARED, needs_shared
+from conftest import ECOLI, REFERENCE, SHARED, needs_shared
 from streamer import cli
 from streamer.align.engine import SeedAligner
 from streamer.align.genome import read_fasta
 from streamer.config import Config, load
 from streamer.errors import ConfigError
+from streamer.io.alignments import AlignmentFilter
+from streamer.io.fastx import iter_fastx
 from test_call import agreement, call, load_calls
 
 
@@ -80,7 +85,80 @@ def test_engine_that_cannot_start_is_one_line(tmp_path, capsys):
 
 
 def test_alignment_engine_key():
-    assert Config().alignment.engine == "mappy"
+    assert Config().alignment.engine == "auto"
+    assert load(None, {"alignment.engine": "mappy"}, require=()).alignment.engine == "mappy"
     assert load(None, {"alignment.engine": "cpu"}, require=()).alignment.engine == "cpu"
     with pytest.raises(ConfigError, match="alignment.engine"):
         load(None, {"alignment.engine": "bwa"}, require=())
+
+
+FIXTURE = (ECOLI / "reads.fasta", ECOLI / "fast5", 700)  # reads, signal, calls at least (790 from the BAM)
+SHARED_READS = (SHARED / "reads.fasta", SHARED / "fast5_files", 10_000)
+
+
+@pytest.mark.parametrize("inputs, engine", [
+    (FIXTURE, "mappy"), (FIXTURE, "cpu"),
+    pytest.param(SHARED_READS, "auto", marks=needs_shared),
+])  # fmt: skip
+def test_call_without_bam_gives_the_rows_of_align_then_call(tmp_path, inputs, engine, capsys):
+    """`streamer call` with no -b aligns the basecalls itself (chunk by chunk, -K reads at a time): the
+    rows of `streamer align` and `streamer call -b` on the same reads, whichever engine."""
+    source, signal, at_least = inputs
+    ref = tmp_path / REFERENCE.name  # the FM-index is written beside it
+    ref.write_bytes(REFERENCE.read_bytes())
+    reads = tmp_path / "reads.fasta"
+    shutil.copy(source, reads)
+    bam = tmp_path / "aligned.bam"
+    assert cli.main(["align", "-r", str(reads), "-g", str(ref), "-o", str(bam), "--engine", engine]) == 0
+    common = ["call", "-r", str(reads), "-g", str(ref), "--signal", str(signal), "-t", "2", "-K", "16"]
+    assert cli.main([*common, "-b", str(bam), "-o", str(tmp_path / "via_bam.tsv")]) == 0
+    via_bam = capsys.readouterr().err
+    assert cli.main([*common, "--align-engine", engine, "-o", str(tmp_path / "direct.tsv"), "--stats-json",
+                     str(tmp_path / "stats.json")]) == 0
+    direct = capsys.readouterr().err
+    ours, theirs = ((tmp_path / name).read_text().splitlines() for name in ("direct.tsv", "via_bam.tsv"))
+    assert ours[0] == theirs[0] and len(ours) > at_least
+    assert sorted(ours[1:]) == sorted(theirs[1:])
+    assert _report(direct) == _report(via_bam) and len(_report(direct)) == 4
+    chosen = json.loads((tmp_path / "stats.json").read_text())["alignment_engine"]
+    if engine != "auto":
+        assert chosen == {"asked": engine, "engine": engine, "why": "as asked", "check": None, "passed": None}
+    elif why_no_gpu():  # this host: mappy, and why
+        assert chosen == {"asked": "auto", "engine": "mappy", "why": why_no_gpu(), "check": None, "passed": None}
+    else:
+        assert chosen["check"] is not None and chosen["engine"] == ("gpu" if chosen["passed"] else "mappy")
+
+
+def _report(stderr: str) -> list[str]:
+    """The counts of a run's report: records considered, called, skipped and why."""
+    keys = ("alignment records considered", "records called", "records skipped", "calls written")
+    return [line for line in stderr.splitlines() if line.strip().startswith(keys)]
+
+
+def test_call_without_bam_and_outputs_that_copy_it(tmp_path, capsys):
+    reads = tmp_path / "reads.fasta"
+    shutil.copy(ECOLI / "reads.fasta", reads)
+    code = cli.main(["call", "-r", str(reads), "-g", str(REFERENCE), "--signal", str(ECOLI / "fast5"),
+                     "--modbam", str(tmp_path / "mod.bam"), "-o", str(tmp_path / "m.tsv")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--modbam and --skip-ultra copy records of the -b BAM: give -b" in err
+    assert "Traceback" not in err and not (tmp_path / "m.tsv").exists()
+
+
+def test_aligned_records_take_a_chunk_at_a_time():
+    """`call` without -b holds one chunk's alignments: the next chunk is aligned only when its records are taken."""
+    chunks = []
+
+    class Counted(ReadAligner):
+        def align_all(self, reads):
+            chunks.append([rid for rid, _ in reads])
+            return super().align_all(reads)
+
+    reads = list(iter_fastx(ECOLI / "reads.fasta"))
+    records = aligned_records(Counted(REFERENCE, AlignmentFilter(), threads=1), iter(reads), 3)
+    first = next(records)
+    assert chunks == [[rid for rid, _ in reads[:3]]] and first.read_id == reads[0][0]
+    rest = [first, *records]
+    assert [len(c) for c in chunks] == [3, 3, 2]
+    assert [r.read_id for r in rest] == sorted((r.read_id for r in rest), key=[rid for rid, _ in reads].index)
+    assert {r.read_id for r in rest} == {rid for rid, _ in reads}

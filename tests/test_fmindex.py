@@ -136,3 +136,27 @@ def test_saved_beside_the_reference_and_reused(tmp_path, caplog):
     caplog.clear()
     assert F.load_or_build(ref).same_as(other)
     assert "cannot read FM-index" in caplog.text
+
+
+def test_the_engine_reads_the_reference_once(tmp_path, monkeypatch):
+    """fm_aligner reads the FASTA once, for the extension and for the index it builds."""
+    import streamer.align.genome
+    from streamer.align.engine import fm_aligner
+    from streamer.io.alignments import AlignmentFilter
+    from streamer.io.reference import Reference
+
+    opened = []
+
+    class Counted(Reference):
+        def __init__(self, path, *args, **kwargs):
+            opened.append(path)
+            super().__init__(path, *args, **kwargs)
+
+    monkeypatch.setattr(streamer.align.genome, "Reference", Counted)
+    monkeypatch.setattr(F, "Reference", Counted)
+    ref = tmp_path / "ref.fa"
+    rng = np.random.default_rng(5)
+    ref.write_text("".join(f">{name}\n{seq.decode()}\n" for name, seq in random_contigs(rng, 2, 4000, True)))
+    aligner = fm_aligner(ref, AlignmentFilter(), target="cpu", threads=1)
+    assert F.index_path(ref).is_file() and len(opened) == 1
+    assert aligner.names == list(F.load(F.index_path(ref))[0].names)

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pysam
 
+from streamer.align.agreement import EngineChoice
 from streamer.align.anchors import Seeds
 from streamer.align.bases import encode
 from streamer.align.chain import SECONDARY, ChainParams, chain
@@ -34,7 +35,10 @@ from streamer.pipeline.gpu import gpu_package
 log = logging.getLogger(__name__)
 
 Seeder = Callable[[np.ndarray, np.ndarray], Seeds]  # (base codes laid end to end, offsets[n + 1]) -> Seeds
-ENGINES = ("mappy", "cpu", "gpu")
+ENGINES = ("auto", "mappy", "cpu", "gpu")  # auto: gpu where a GPU is there and agrees with mappy, else mappy
+# raised with any change to the seeding, chaining or extension that can move an alignment, so that the `auto`
+# engine's checks kept beside FM-indexes (`streamer.daemon.aligner`) are run again
+ENGINE_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,8 @@ class EngineParams:
 
 class SeedAligner:
     """Reads aligned to the contigs `(name, codes)` with seeds from `seeder`."""
+
+    choice: EngineChoice | None = None  # why this engine, where `streamer.daemon.aligner.open_aligner` chose it
 
     def __init__(self, contigs: list[tuple[str, np.ndarray]], seeder: Seeder, filt: AlignmentFilter, *,
                  params: EngineParams = EngineParams(), threads: int = 2, source: str = "streamer align",
@@ -126,8 +132,8 @@ def fm_aligner(genome: Path, filt: AlignmentFilter, *, target: str, params: Engi
     from streamer.align.fmindex import load_or_build
     from streamer.align.seeds import find_seeds
 
-    index = load_or_build(genome, target=target)
-    contigs = read_fasta(genome)
+    contigs = read_fasta(genome)  # read once: the extension's reference, and the index's text if it is built
+    index = load_or_build(genome, target=target, contigs=contigs)
     offsets = np.concatenate([[0], np.cumsum([len(c) for _, c in contigs])])
     if tuple(index.names) != tuple(n for n, _ in contigs) or not np.array_equal(index.contig_offsets, offsets):
         raise InputError(genome, "its FM-index holds other contigs: remove the index to build it again")

@@ -126,10 +126,15 @@ def _copy_runs(bases, seg_ref, seg_end, seg_text, text):
 
 def reference_text(contigs: Iterable[tuple[str, bytes | str | np.ndarray]]) -> Text:
     """The index's text of (name, bases) contigs."""
+    return codes_text((name, encode(seq)) for name, seq in contigs)
+
+
+def codes_text(contigs: Iterable[tuple[str, np.ndarray]]) -> Text:
+    """The index's text of (name, base codes) contigs, as `bases.encode` and `genome.read_fasta` give them."""
     names, parts = [], []
-    for name, seq in contigs:
+    for name, codes in contigs:
         names.append(name)
-        parts.append(encode(seq))
+        parts.append(codes)
     offsets = np.zeros(len(parts) + 1, np.int64)
     np.cumsum([len(p) for p in parts], out=offsets[1:])
     text, seg_text, seg_ref = _segment(np.concatenate(parts) if parts else np.zeros(0, np.uint8), offsets)
@@ -268,9 +273,11 @@ def load(path: str | Path) -> tuple[FMIndex, dict]:
     return FMIndex(names=tuple(meta["names"]), **arrays), meta["stamp"]
 
 
-def load_or_build(reference: str | Path, *, budget: int = BUILD_BYTES, target: str = "cpu") -> FMIndex:
+def load_or_build(reference: str | Path, *, budget: int = BUILD_BYTES, target: str = "cpu",
+                  contigs: list[tuple[str, np.ndarray]] | None = None) -> FMIndex:
     """The index of a FASTA file: REF.fmi when it was built from this very file, else built (on the
-    GPU for target "gpu"), saved there (when the folder is writable) and returned."""
+    GPU for target "gpu"), saved there (when the folder is writable) and returned. `contigs`: the file
+    already read as codes (`genome.read_fasta`), which a build then takes rather than reading it again."""
     reference = Path(reference)
     path = index_path(reference)
     stamp = _stamp(reference)
@@ -283,7 +290,7 @@ def load_or_build(reference: str | Path, *, budget: int = BUILD_BYTES, target: s
         except InputError as exc:
             log.warning("%s: building it again", exc)
     t0 = time.perf_counter()
-    text = fasta_text(reference)
+    text = codes_text(contigs) if contigs is not None else fasta_text(reference)
     check_text(text, reference)
     index = None
     if target == "gpu":

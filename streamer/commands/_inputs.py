@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -18,7 +19,10 @@ from typing import Any
 from streamer.pipeline.batching import BatchLimits
 from streamer.commands._checks import check_bam, check_files, check_writable, numeric
 from streamer.errors import ModelError, StreamerError
-from streamer.io.alignments import AlignmentFilter
+from streamer.align.engine import ENGINES, SeedAligner
+from streamer.config import AlignmentConfig
+from streamer.daemon.aligner import ReadAligner, aligned_records, open_aligner
+from streamer.io.alignments import AlignmentFilter, AlignmentRecord, iter_alignments
 from streamer.io.bamreads import open_basecalls
 from streamer.io.index import SignalIndex, open_index
 from streamer.io.reference import Reference
@@ -26,6 +30,7 @@ from streamer.pipeline.gpu import CudaOptions
 from streamer.pipeline.runner import RunnerOptions
 from streamer.pipeline.signal_pool import reader_pool
 from streamer.pipeline.stages import Pipeline, PipelineOptions
+from streamer.skips import Skipped
 from streamer.pore.motifs import motif
 from streamer.tuning.profiles import MemoryPlan, parse_size
 from streamer.pipeline.chemistry import (DEFAULT, PORES, as_rna, chemistry, default_models, folder_models, pore_models,
@@ -34,11 +39,21 @@ from streamer.pipeline.chemistry import (DEFAULT, PORES, as_rna, chemistry, defa
 log = logging.getLogger(__name__)
 
 
-def add_input_arguments(p: argparse.ArgumentParser, output: str) -> None:
-    """The input files, batching and filtering flags; `output` describes what -o receives."""
+def add_input_arguments(p: argparse.ArgumentParser, output: str, *, align: bool = False) -> None:
+    """The input files, batching and filtering flags; `output` describes what -o receives. With `align`,
+    -b may be left out: the basecalls are then aligned with `--align-engine`."""
     p.add_argument("-r", "--reads", required=True, type=Path,
                    help="basecalls: FASTA/FASTQ (plain or gzip) or dorado/MinKNOW BAM (unaligned or aligned)")
-    p.add_argument("-b", "--bam", required=True, type=Path, help="reads aligned to the reference (BAM)")
+    if align:
+        p.add_argument("-b", "--bam", type=Path,
+                       help="reads aligned to the reference (BAM) [none: the basecalls are aligned with "
+                            "--align-engine]")
+        p.add_argument("--align-engine", choices=ENGINES, default=AlignmentConfig.engine,
+                       help="without -b, the aligner of the basecalls: mappy (minimap2 map-ont), streamer's own "
+                            "FM-index engine seeding on the gpu or the cpu, or auto: gpu where a GPU is there and "
+                            "it agrees with mappy (checked once per reference), else mappy [%(default)s]")
+    else:
+        p.add_argument("-b", "--bam", required=True, type=Path, help="reads aligned to the reference (BAM)")
     p.add_argument("-g", "--genome", required=True, type=Path, help="reference FASTA")
     p.add_argument("--signal", nargs="+", metavar="DIR_OR_FILE",
                    help="signal files or folders (default: the index cached beside --reads)")
@@ -87,12 +102,30 @@ def check_inputs(args: argparse.Namespace, *outputs: str) -> None:
     args.threads = args.threads or os.cpu_count() or 1
     check_files(**{"-g/--genome": args.genome, "--kmer-model": args.kmer_model,
                    "--meth-model": getattr(args, "meth_model", None)})
-    check_bam(args.bam)
+    if args.bam is not None:
+        check_bam(args.bam)
     check_writable(**{f"--{name.replace('_', '-')}": getattr(args, name) for name in outputs})
 
 
 def alignment_filter(args: argparse.Namespace) -> AlignmentFilter:
     return AlignmentFilter(min_mapq=args.min_mapq, secondary=args.secondary == "yes")
+
+
+def open_read_aligner(args: argparse.Namespace, filt: AlignmentFilter) -> ReadAligner | SeedAligner | None:
+    """Without -b, the aligner of `--align-engine` for the basecalls (its choice said in the log); None with -b."""
+    if args.bam is not None:
+        return None
+    return open_aligner(args.align_engine, args.genome, filt, threads=args.threads)
+
+
+def alignments(args: argparse.Namespace, filt: AlignmentFilter, basecalls: Mapping[str, str],
+               aligner: ReadAligner | SeedAligner | None, chunk: int
+               ) -> Iterator[AlignmentRecord | Skipped]:  # fmt: skip
+    """The records a run plans its batches from: -b's in file order, or the basecalls' own records in their
+    order, aligned `chunk` reads at a time as the planning takes them (so a run holds one chunk's)."""
+    if aligner is None:
+        return iter_alignments(args.bam, filt)
+    return aligned_records(aligner, ((rid, basecalls[rid]) for rid in basecalls), chunk)
 
 
 def signal_index(args: argparse.Namespace) -> SignalIndex:

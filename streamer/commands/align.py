@@ -15,6 +15,7 @@ from pathlib import Path
 import pysam
 
 from streamer.align.engine import ENGINES
+from streamer.config import AlignmentConfig
 from streamer.commands._checks import check_files, check_writable, numeric, removed_on_failure
 from streamer.daemon.aligner import open_aligner
 from streamer.errors import InputError
@@ -31,9 +32,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-r", "--reads", type=Path, required=True, help="basecalls, FASTA or FASTQ (plain or gzip)")
     p.add_argument("-g", "--genome", type=Path, required=True, help="reference FASTA (plain, bgzip or gzip)")
     p.add_argument("-o", "--output", type=Path, required=True, help="the sorted BAM to write (and its .bai)")
-    p.add_argument("--engine", choices=ENGINES, default="mappy",
+    p.add_argument("--engine", choices=ENGINES, default=AlignmentConfig.engine,
                    help="mappy (minimap2 map-ont), or streamer's FM-index seeds, chains and extension with its "
-                        "seeding on the gpu or the cpu [%(default)s]")
+                        "seeding on the gpu or the cpu; auto: gpu where a GPU is there and it agrees with mappy "
+                        "(checked once per reference), else mappy [%(default)s]")
     p.add_argument("--preset", default="map-ont", help="minimap2 preset of the mappy engine [%(default)s]")
     numeric(p, "-t", "--threads", type=int, minimum=1, default=2, help="CPU threads [%(default)s]")
     numeric(p, "-K", "--batchsize", type=int, minimum=1, default=4000, help="reads aligned at a time [%(default)s]")
@@ -86,6 +88,6 @@ def _run(args: argparse.Namespace, index: Path) -> int:
     finally:
         unsorted.unlink(missing_ok=True)
     log.info("%s engine: index ready in %.1f s; %d reads (%d mapped, %.2f Mbases) aligned in %.1f s (%.2f Mbases/s) "
-             "-> %s", args.engine, built, n_reads, n_mapped, n_bases / 1e6, aligned,
+             "-> %s", aligner.choice.engine, built, n_reads, n_mapped, n_bases / 1e6, aligned,
              n_bases / 1e6 / max(aligned, 1e-9), args.output)
     return 0

@@ -11,7 +11,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from itertools import islice
@@ -27,6 +27,8 @@ from streamer.commands._inputs import (
     add_input_arguments,
     add_memory_argument,
     alignment_filter,
+    alignments,
+    open_read_aligner,
     size_arg,
     check_inputs,
     open_host,
@@ -34,7 +36,9 @@ from streamer.commands._inputs import (
     runner_options,
     signal_index,
 )
-from streamer.io.alignments import AlignmentFilter, iter_alignments, write_records
+from streamer.io.alignments import AlignmentFilter, AlignmentRecord, write_records
+from streamer.align.engine import SeedAligner
+from streamer.daemon.aligner import ReadAligner
 from streamer.io.bamreads import open_basecalls
 from streamer.io.index import SignalIndex
 from streamer.pipeline.planned import run_batches
@@ -47,7 +51,7 @@ from streamer.pipeline.signal_pool import IO_MODES
 from streamer import registry
 from streamer.config import Config, OutputConfig, PipelineConfig
 from streamer.sinks import Sink, SinkContext, open_sinks, row_sinks
-from streamer.skips import log_skipped
+from streamer.skips import Skipped, log_skipped
 from streamer.summary import RunSummary
 from streamer.tuning.profiles import MemoryPlan, budget_bytes, memory_plan
 from streamer.tuning.session import CallTuning, add_call_arguments
@@ -59,7 +63,7 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_input_arguments(p, "call-methylation TSV")
+    add_input_arguments(p, "call-methylation TSV", align=True)
     p.add_argument("--bedmethyl", type=Path, metavar="FILE",
                    help="also write per-CpG, per-strand counts as bedMethyl (modkit)")
     p.add_argument("--modbam", type=Path, metavar="FILE",
@@ -191,6 +195,7 @@ def _run(args: argparse.Namespace, compiling: bool) -> int:
             stack.callback(sink.close)
         index = signal_index(args)
         options = pipeline_options(args, index, cuda, methylation=True)
+        aligner = open_read_aligner(args, filt)
         output = _Output.open(args, row_sinks(sinks)[0].header, [options.kmer_model, options.meth_model])
         stack.callback(output.close)
         summary.batches_resumed = output.resumed
@@ -200,7 +205,7 @@ def _run(args: argparse.Namespace, compiling: bool) -> int:
             if progress:
                 print(f"\r{summary.progress_line()}", end="", file=sys.stderr, flush=True)
 
-        run = _CallRun(args, stack, options, index, limits, filt, summary, output, written)
+        run = _CallRun(args, stack, options, index, limits, filt, summary, output, written, aligner)
         if args.dask:
             _on_cluster(run)
         else:
@@ -212,7 +217,9 @@ def _run(args: argparse.Namespace, compiling: bool) -> int:
         print(file=sys.stderr)
     print(summary.report(), file=sys.stderr)
     if args.stats_json:
-        args.stats_json.write_text(json.dumps({**summary.as_dict(), "tuning": tuning.summary()}, indent=2) + "\n")
+        engine = aligner.choice.as_dict() if aligner is not None and aligner.choice is not None else None
+        args.stats_json.write_text(json.dumps({**summary.as_dict(), "tuning": tuning.summary(),
+                                               "alignment_engine": engine}, indent=2) + "\n")
     if args.trace:
         timeline.write(args.trace)
     return 0
@@ -224,6 +231,8 @@ def _check_combinations(args: argparse.Namespace) -> None:
                          "--skip-ultra")
     if args.modbam and args.methylation != CPG.name:
         raise UsageError(f"--modbam carries CpG calls (C+m) only: leave it out with --methylation {args.methylation}")
+    if args.bam is None and (args.modbam or args.skip_ultra):
+        raise UsageError("--modbam and --skip-ultra copy records of the -b BAM: give -b (streamer align writes one)")
     if args.resume and (args.output is None or args.autotune):
         raise UsageError("--resume needs -o FILE and fixed batch sizes (no --autotune): the plan must be the same")
 
@@ -241,7 +250,8 @@ class _Output:
     def open(cls, args: argparse.Namespace, header: str, models: list[Path | None]) -> _Output:
         if args.output is None:
             return cls(sys.stdout, None, Resumed(0, 0, 0))
-        identity = run_identity([args.reads, args.bam, args.genome, *(m for m in models if m is not None)],
+        inputs = [args.reads, args.bam, args.genome, *models]
+        identity = run_identity([path for path in inputs if path is not None],
                                 {k: v for k, v in vars(args).items() if k in OUTPUT_OPTIONS})  # fmt: skip
         journal = CallJournal(args.output, identity)
         resumed = journal.resume(args.output) if args.resume else Resumed(0, 0, 0)
@@ -282,8 +292,9 @@ class _Output:
 
 
 # the options whose change changes the output: a journal is resumed only under the same ones
-OUTPUT_OPTIONS = ("reads", "bam", "genome", "signal", "batchsize", "max_bases", "min_mapq", "secondary", "kmer_model",
-                  "model_dir", "pore", "meth_model", "methylation", "disable_cuda", "ultra_thresh")  # fmt: skip
+OUTPUT_OPTIONS = ("reads", "bam", "align_engine", "genome", "signal", "batchsize", "max_bases", "min_mapq",
+                  "secondary", "kmer_model", "model_dir", "pore", "meth_model", "methylation", "disable_cuda",
+                  "ultra_thresh")  # fmt: skip
 
 
 def _open_sinks(args: argparse.Namespace, filt: AlignmentFilter) -> list[Sink]:
@@ -300,7 +311,8 @@ def _open_sinks(args: argparse.Namespace, filt: AlignmentFilter) -> list[Sink]:
 @dataclass(frozen=True)
 class _CallRun:
     """What either host of a run needs: the command line, what closes at its end, the pipeline's
-    options, the signal index, batch caps, the alignment filter, the counts and the call TSV."""
+    options, the signal index, batch caps, the alignment filter, the counts, the call TSV, and without
+    -b the aligner of the basecalls."""
 
     args: argparse.Namespace
     stack: ExitStack
@@ -311,6 +323,10 @@ class _CallRun:
     summary: RunSummary
     output: _Output
     written: Callable[[int, int], None]
+    aligner: ReadAligner | SeedAligner | None
+
+    def alignments(self, basecalls: Mapping[str, str]) -> Iterator[AlignmentRecord | Skipped]:
+        return alignments(self.args, self.filt, basecalls, self.aligner, self.limits.max_reads)
 
 
 def _here(run: _CallRun, tuning: CallTuning, sinks: list[Sink], memory: MemoryPlan) -> None:
@@ -325,8 +341,7 @@ def _here(run: _CallRun, tuning: CallTuning, sinks: list[Sink], memory: MemoryPl
     run.summary.startup_s = run.summary.elapsed
     # as f5c does, ultra-long reads wait for the end of the run only when the GPU aligns the rest
     ultra = UltraLong(run.args.ultra_thresh, run.args.skip_ultra) if pipeline.gpu is not None else None
-    plans = plan_batches(iter_alignments(run.args.bam, run.filt), basecalls, run.index, run.limits, str(run.args.reads),
-                         ultra)  # fmt: skip
+    plans = plan_batches(run.alignments(basecalls), basecalls, run.index, run.limits, str(run.args.reads), ultra)
 
     def on_done(done: Done) -> None:
         log_skipped(log, done.outcome.skipped)
@@ -363,7 +378,7 @@ def _on_cluster(run: _CallRun) -> None:
     cluster.check_paths(client, [run.args.reads, run.args.genome, *models, *sorted(set(run.index.paths.values()))])
     basecalls = run.stack.enter_context(open_basecalls(run.args.reads))
     run.summary.startup_s = run.summary.elapsed
-    plans = plan_batches(iter_alignments(run.args.bam, run.filt), basecalls, run.index, run.limits, str(run.args.reads))
+    plans = plan_batches(run.alignments(basecalls), basecalls, run.index, run.limits, str(run.args.reads))
     numbered = ((seq, pending, skipped) for seq, (pending, skipped) in enumerate(plans) if seq >= run.output.resumed)
 
     def on_done(done: Done) -> None:

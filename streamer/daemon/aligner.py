@@ -1,23 +1,33 @@
-"""Base-space alignment of basecalls that come without one, with mappy (minimap2's own binding).
+"""Base-space alignment of basecalls that come without one, with mappy (minimap2's own binding), or
+the engine `alignment.engine` names.
 
 Each hit becomes the BAM record minimap2 would write for it (`streamer.align.records`), so the
 same filter and the same `Alignment` conversion apply as to an aligned BAM, and `streamer call`
-on a BAM of these records gives the same rows.
+on a BAM of these records gives the same rows. `auto` is decided here, at the edge: whether a GPU is
+there, the check of `streamer.align.agreement` run once per FM-index and kept beside it.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Sequence
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict
+from itertools import islice
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import mappy
 import pysam
 
+import streamer
+from streamer.align.agreement import Agreement, EngineChoice, agreement, asked_for, check_reads, choose_engine
+from streamer.align.fmindex import index_path
 from streamer.align.records import judged, sam_records
-from streamer.align.engine import SeedAligner, fm_aligner
-from streamer.errors import InputError, UsageError
+from streamer.align.engine import ENGINE_VERSION, SeedAligner, fm_aligner
+from streamer.errors import InputError, StreamerError, UsageError
+from streamer.pipeline.gpu import gpu_package
 from streamer.io.alignments import AlignmentFilter
 from streamer.daemon.basecall_cache import Record
 
@@ -26,6 +36,8 @@ log = logging.getLogger(__name__)
 
 class ReadAligner:
     """A minimap2 index, built once from the reference (or loaded from a `.mmi`)."""
+
+    choice: EngineChoice | None = None  # why this engine, where `open_aligner` chose it
 
     def __init__(self, genome: Path, filt: AlignmentFilter, *, index: Path | None = None, preset: str = "map-ont",
                  threads: int = 3):
@@ -61,13 +73,113 @@ class ReadAligner:
                 for (rid, _), recs in zip(reads, self.records_all(reads))]
 
 
+def aligned_records(aligner: ReadAligner | SeedAligner, reads: Iterable[tuple[str, str]], chunk: int
+                    ) -> Iterator[Record]:  # fmt: skip
+    """Each (read id, sequence)'s records as the aligner's filter judges them (`align_all`), in read order,
+    `chunk` reads aligned at a time as the records are taken: millions of reads, one chunk in memory."""
+    reads = iter(reads)
+    while batch := list(islice(reads, chunk)):
+        for records in aligner.align_all(batch):
+            yield from records
+
+
 def open_aligner(engine: str, genome: Path, filt: AlignmentFilter, *, index: Path | None = None,
                  preset: str = "map-ont", threads: int = 3) -> ReadAligner | SeedAligner:
-    """The aligner of `alignment.engine`: mappy (`index`, `preset`), or the FM-index engine seeding on the
-    `gpu` or the `cpu`."""
+    """The aligner of `alignment.engine`: mappy (`index`, `preset`), the FM-index engine seeding on the
+    `gpu` or the `cpu`, or for `auto` the gpu engine where a GPU is there and it passes the check against
+    mappy, else mappy (said in one line). The aligner's `choice` says which and why."""
+    if engine == "auto":
+        return _auto(genome, filt, index=index, preset=preset, threads=threads)
+    aligner = _opened(engine, genome, filt, index=index, preset=preset, threads=threads)
+    aligner.choice = asked_for(engine)
+    return aligner
+
+
+def _opened(engine: str, genome: Path, filt: AlignmentFilter, *, index: Path | None, preset: str,
+            threads: int) -> ReadAligner | SeedAligner:  # fmt: skip
     if engine == "mappy":
         return ReadAligner(genome, filt, index=index, preset=preset, threads=threads)
     try:
         return fm_aligner(genome, filt, target=engine, threads=threads)
     except ImportError as exc:
         raise UsageError(f"the {engine} alignment engine cannot start: {exc} (use the mappy engine)") from None
+
+
+def _auto(genome: Path, filt: AlignmentFilter, *, index: Path | None, preset: str, threads: int
+          ) -> ReadAligner | SeedAligner:  # fmt: skip
+    """The gpu engine, checked against mappy once per index (the result kept beside it), or mappy."""
+    mappy_aligner: ReadAligner | None = None
+    gpu: SeedAligner | None = None
+    no_gpu, check, kept = why_no_gpu(), None, None
+    if not no_gpu:
+        check = kept = _kept_check(genome, _check_key(genome, index, preset))
+        if check is None or check.passed:  # a kept failure needs no gpu engine
+            try:
+                gpu = fm_aligner(genome, filt, target="gpu", threads=threads)
+            except ImportError as exc:
+                no_gpu = f"the gpu engine cannot start: {exc}"
+        if gpu is not None and check is None:
+            mappy_aligner = ReadAligner(genome, filt, index=index, preset=preset, threads=threads)
+            reads = check_reads(gpu.names, gpu.genome, gpu.contig_offsets)
+            check = agreement(mappy_aligner.records_all(reads), gpu.records_all(reads))
+            _keep_check(genome, _check_key(genome, index, preset), check)  # the index is there now
+    choice = choose_engine(no_gpu, check)
+    log.info("%s%s", choice.line(), f"; checked before, as kept in {check_path(genome)}" if kept is not None else "")
+    if choice.engine == "gpu" and gpu is not None:
+        aligner: ReadAligner | SeedAligner = gpu
+    else:
+        aligner = mappy_aligner or ReadAligner(genome, filt, index=index, preset=preset, threads=threads)
+    aligner.choice = choice
+    return aligner
+
+
+def why_no_gpu() -> str:
+    """Why the gpu engine has no GPU here ("" where there is one)."""
+    try:
+        found = gpu_package().count_gpus()
+    except (StreamerError, ImportError) as exc:
+        return f"no GPU package: {exc}"
+    return "" if found else "no GPU on this host"
+
+
+def check_path(genome: Path) -> Path:
+    """Where the `auto` engine's check of a reference's FM-index is kept: beside the index."""
+    fmi = index_path(genome)
+    return fmi.with_name(fmi.name + ".check.json")
+
+
+def _check_key(genome: Path, index: Path | None, preset: str) -> dict | None:
+    """What the check's result holds for: this index file, this engine's and mappy's versions, mappy's
+    settings; None where the index could not be kept (nor then the check)."""
+    try:
+        st = index_path(genome).stat()
+    except OSError:
+        return None
+    return {"index_size": st.st_size, "index_mtime_ns": st.st_mtime_ns, "engine": f"{streamer.__version__}/{ENGINE_VERSION}",
+            "mappy": getattr(mappy, "__version__", ""), "preset": preset, "mm_index": str(index or "")}
+
+
+def _kept_check(genome: Path, key: dict | None) -> Agreement | None:
+    """The check kept for this key, if any."""
+    if key is None:
+        return None
+    try:
+        kept = json.loads(check_path(genome).read_text())
+        return Agreement(**kept["result"]) if kept["key"] == key else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _keep_check(genome: Path, key: dict | None, check: Agreement) -> None:
+    if key is None:
+        return
+    path = check_path(genome)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps({"key": key, "result": asdict(check)}, indent=1) + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("could not keep the alignment engine's check beside %s (%s): it runs again next time", genome,
+                    exc)  # fmt: skip
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -125,6 +125,11 @@ class Aligning:
         if self._make is not None and self._aligner is None:
             self._aligner = self._make()
 
+    def choice(self) -> dict[str, Any] | None:
+        """Which engine aligns and why (`streamer.align.agreement.EngineChoice`) once one is built, for summary.json."""
+        choice = getattr(self._aligner, "choice", None)
+        return choice.as_dict() if choice is not None else None
+
     def align(self, reads: list[tuple[str, str]]) -> dict[str, tuple[Record, ...]]:
         """(read id, sequence) -> the read's records, or its skip."""
         out = {rid: (Skipped(rid, Skip.NO_BASECALL, "its basecall record has no sequence"),)

@@ -28,6 +28,7 @@ class Reported(Protocol):
     published_on: dict[str, Any] | None
     cache: Any  # `streamer.daemon.basecall_cache.BasecallCache`
     tuner: Any
+    aligning: Any  # `streamer.daemon.batches.Aligning`
     profile: dict[str, Any] | None  # `streamer.tuning.Plan.as_dict`
     started_at: float  # wall clock
     started: float  # monotonic
@@ -72,6 +73,7 @@ def summary(d: Reported) -> dict[str, Any]:
             "max": round(totals["latency_max"], 3),
         },
         "basecall_reloads": d.cache.reloads,
+        "alignment_engine": d.aligning.choice(),
         "tuning": d.tuner.summary() if d.tuner is not None else None,
         "profile": d.profile,
         "config": d.config.as_dict(),
