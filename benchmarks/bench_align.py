@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import resource
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -55,6 +57,18 @@ def _seeded(spec: str, genome: Path, threads: int) -> SeedAligner:
         make = getattr(make, part)
     contigs = read_fasta(genome)
     return SeedAligner(contigs, make(contigs), AlignmentFilter(), threads=threads)
+
+
+def _gpu_mb() -> float | None:
+    """Device memory this process holds (nvidia-smi), or None where it cannot say."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    mine = [float(mb) for pid, mb in (line.split(",") for line in out.splitlines() if "," in line)
+            if int(pid) == os.getpid()]  # fmt: skip
+    return sum(mine) if mine else None
 
 
 def _timed(fn, *args, **kwargs):
@@ -96,6 +110,7 @@ def main() -> None:
     eng.seconds = dict.fromkeys(eng.seconds, 0.0)
     mine, time_mine = _timed(_in_batches, eng, reads, args.batchsize)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    gpu = _gpu_mb() if args.engine == "gpu" else None
 
     confident = agreeing = unmapped = 0
     differ = []
@@ -125,6 +140,8 @@ def main() -> None:
     print(f"| mappy map-ont | {args.mappy_threads} | {mm_build:.1f} | {mm_time:.1f} | {bases / 1e6 / mm_time:.2f} | "
           f"{rss_mappy:.0f} |")
     print(f"| {engine} | {args.threads} | {build:.1f} | {time_mine:.1f} | {bases / 1e6 / time_mine:.2f} | {rss:.0f} |")
+    if gpu is not None:
+        print(f"\nGPU memory held by this process after the run: {gpu:.0f} MB")
     steps = ", ".join(f"{step} {dt:.1f} s ({bases / 1e6 / max(dt, 1e-9):.2f} Mbases/s)"
                       for step, dt in eng.seconds.items())
     print(f"\n{engine}, by step: {steps}")
