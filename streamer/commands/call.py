@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from itertools import islice
@@ -50,7 +51,7 @@ from streamer.sinks import Sink, SinkContext, open_sinks, row_sinks
 from streamer.skips import log_skipped
 from streamer.summary import RunSummary
 from streamer.tuning.profiles import MemoryPlan, budget_bytes, memory_plan
-from streamer.tuning.session import CallTuning, add_call_arguments
+from streamer.tuning.session import CallTuning, add_call_arguments, first_gpu, probe_ahead
 
 NAME = "call"
 HELP = "call CpG (or GpC, dam, dcm) methylation on finished signal, basecall and alignment files"
@@ -131,12 +132,13 @@ OUTPUTS = ("output", "bedmethyl", "modbam", "stats_json", "skip_ultra", "trace")
 
 def run(args: argparse.Namespace) -> int:
     _check_combinations(args)
+    probed = None if args.disable_cuda else probe_ahead(first_gpu(args))  # while the inputs are checked and indexed
     check_inputs(args, *OUTPUTS)
     compiling = getattr(args, "compiling_kernels", False)  # announced by streamer.cli before the imports
     journal = journal_path(args.output) if args.output is not None else None
     with _ends_on_ctrl_c(args, journal is not None and not args.autotune):
         with removed_on_failure(*(getattr(args, name) for name in OUTPUTS), journal):
-            return _run(args, compiling)
+            return _run(args, compiling, probed)
 
 
 @contextmanager
@@ -163,8 +165,9 @@ def _ends_on_ctrl_c(args: argparse.Namespace, resumable: bool) -> Iterator[None]
         signal.signal(signal.SIGINT, old)
 
 
-def _run(args: argparse.Namespace, compiling: bool) -> int:
-    tuning = CallTuning.from_args(args)
+def _run(args: argparse.Namespace, compiling: bool, probed: Future | None) -> int:
+    index = signal_index(args)
+    tuning = CallTuning.from_args(args, probed)
     cuda = CudaOptions(disable=args.disable_cuda, mem_frac=args.cuda_mem_frac, avg_epk=args.cuda_avg_epk,
                        max_lf=args.cuda_max_lf, max_epk=args.cuda_max_epk, ultra_thresh=args.ultra_thresh,
                        max_reads=args.batchsize, hmm=not args.disable_cuda_hmm, events=args.cuda_events,
@@ -189,7 +192,6 @@ def _run(args: argparse.Namespace, compiling: bool) -> int:
         sinks = _open_sinks(args, filt)
         for sink in sinks:
             stack.callback(sink.close)
-        index = signal_index(args)
         options = pipeline_options(args, index, cuda, methylation=True)
         output = _Output.open(args, row_sinks(sinks)[0].header, [options.kmer_model, options.meth_model])
         stack.callback(output.close)
