@@ -1,2 +1,4 @@
 """Base-space alignment of basecalls that arrive without one: an FM-index of the reference, maximal
 exact match seeds, chains and base-level extension, written once for the CPU (numba) and the GPU."""
+
+ENGINES = ("mappy", "cpu", "gpu")  # `alignment.engine`: mappy, or this package on the CPU or the GPU

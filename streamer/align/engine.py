@@ -32,7 +32,6 @@ from streamer.io.alignments import AlignmentFilter
 log = logging.getLogger(__name__)
 
 Seeder = Callable[[np.ndarray, np.ndarray], Seeds]  # (base codes laid end to end, offsets[n + 1]) -> Seeds
-ENGINES = ("mappy", "cpu", "gpu")
 
 
 @dataclass(frozen=True)
