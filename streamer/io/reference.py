@@ -24,7 +24,7 @@ from streamer.errors import InputError
 log = logging.getLogger(__name__)
 
 TELL_IN_MEMORY_BYTES = 64 << 20  # a compressed FASTA this large costs real memory held whole (a human one: ~3 GB)
-SPAN_GAP = 1 << 16  # spans further apart than this are read in windows of their own
+SPAN_GAP = 1 << 10  # spans further apart are read in windows of their own: at most this is read in vain a span
 
 
 class Spans(NamedTuple):

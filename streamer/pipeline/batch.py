@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numba
 import numpy as np
+from numba.typed import List
 
 from streamer.io.fast5 import SignalRecord
 from streamer.skips import Skip
@@ -27,8 +28,6 @@ if TYPE_CHECKING:
 
 # CIGAR operation codes as pysam/htslib number them.
 CIGAR_M, CIGAR_I, CIGAR_D, CIGAR_N, CIGAR_S, CIGAR_H, CIGAR_P, CIGAR_EQ, CIGAR_X = range(9)
-
-NO_SAMPLES = np.zeros(0, np.int16)
 
 
 @dataclass
@@ -130,13 +129,11 @@ class Samples:
 
     @classmethod
     def of(cls, signals: Sequence[SignalRecord]) -> Samples:
-        """Records' samples copied end to end into one source."""
-        length = np.fromiter((len(s.raw) for s in signals), np.int64, len(signals))
-        start = np.zeros(len(signals), np.int64)
-        np.cumsum(length[:-1], out=start[1:])
-        raw = np.concatenate([s.raw for s in signals]).astype(np.int16, copy=False) if signals else NO_SAMPLES
+        """Records' samples where they are: each record's raw array a source."""
+        n = len(signals)
+        length = np.fromiter((len(s.raw) for s in signals), np.int64, n)
         cal = np.array([(s.digitisation, s.offset, s.range, s.sample_rate) for s in signals], np.float64).reshape(-1, 4)
-        return cls.calibrated([raw], np.zeros(len(signals), np.int64), start, length, cal)
+        return cls.calibrated([s.raw for s in signals], np.arange(n, dtype=np.int64), np.zeros(n, np.int64), length, cal)
 
     @classmethod
     def calibrated(cls, sources: list[np.ndarray], source: np.ndarray, start: np.ndarray, length: np.ndarray,
@@ -163,13 +160,14 @@ class RefBases:
 
 
 @numba.njit(nogil=True, cache=True)
-def _pa_into(raw, start, length, dst, unit, offset, out):
-    """out[dst[i]:][:length[i]] = (float32(raw[start[i]:][:length[i]]) + offset[i]) * unit[i], as
-    `SignalRecord.to_pa` rounds it. `out` comes from numpy, which asks the kernel for huge pages:
-    an array made here faulted its pages in one by one, five times the time of the arithmetic."""
-    for i in range(start.shape[0]):
+def _pa_into(raws, source, start, length, dst, unit, offset, out):
+    """out[dst[i]:][:length[i]] = (float32(raws[source[i]][start[i]:][:length[i]]) + offset[i]) * unit[i], as
+    `SignalRecord.to_pa` rounds it. One call a batch (the GIL let go and taken back once); `out` comes from
+    numpy, which asks the kernel for huge pages: an array made here faulted its pages in one by one, five
+    times the time of the arithmetic."""
+    for i in range(source.shape[0]):
         n = length[i]
-        src = raw[start[i] : start[i] + n]
+        src = raws[source[i]][start[i] : start[i] + n]
         to = out[dst[i] : dst[i] + n]
         u, o = unit[i], offset[i]
         for t in range(n):
@@ -195,13 +193,12 @@ def encode_all(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _pack_signal(samples: Samples) -> tuple[np.ndarray, np.ndarray]:
-    """Every record's samples in pA, end to end: one pass over each source's samples, straight into the batch."""
+    """Every record's samples in pA, end to end: read where the readers left them, written straight into the batch."""
     off = _offsets(samples.length)
     out = np.empty(off[-1], np.float32)
-    for k, raw in enumerate(samples.sources):
-        i = np.flatnonzero(samples.source == k)
-        if len(i):
-            _pa_into(raw, samples.start[i], samples.length[i], off[i], samples.unit[i], samples.offset[i], out)
+    if len(samples.source):
+        raws = List([np.ascontiguousarray(raw, np.int16) for raw in samples.sources])
+        _pa_into(raws, samples.source, samples.start, samples.length, off[:-1], samples.unit, samples.offset, out)
     return out, off
 
 

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from streamer.pipeline.batch import NO_SAMPLES, ReadBatch, ReadInput, RefBases, Samples, pack_records
+from streamer.pipeline.batch import ReadBatch, ReadInput, RefBases, Samples, pack_records
 from streamer.errors import InputError
 from streamer.io.alignments import AlignmentRecord
 from streamer.io.fast5 import SignalRecord
@@ -236,6 +236,9 @@ def _starts(length: np.ndarray) -> np.ndarray:
     return first
 
 
+_NO_SAMPLES = np.zeros(0, np.int16)
+
+
 @dataclass
 class SignalChunk:
     """One reader task's reads as columns: their samples end to end in `raw`, where each read's lie,
@@ -258,7 +261,7 @@ def load_chunk(wanted: Mapping[Path, list[str]]) -> SignalChunk:
     signals, errors = load_signals(wanted)
     recs = list(signals.values())
     length = np.fromiter((len(r.raw) for r in recs), np.int64, len(recs))
-    raw = np.concatenate([r.raw for r in recs]).astype(np.int16, copy=False) if recs else NO_SAMPLES
+    raw = np.concatenate([r.raw for r in recs]).astype(np.int16, copy=False) if recs else _NO_SAMPLES
     cal = np.array([(r.digitisation, r.offset, r.range, r.sample_rate) for r in recs], np.float64).reshape(-1, 4)
     return SignalChunk(list(signals), _starts(length), length, cal, raw, errors, time.perf_counter() - t0, t0,
                        f"{os.getpid()} {threading.current_thread().name}")
