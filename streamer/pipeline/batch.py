@@ -103,7 +103,7 @@ class ReadBatch:
 
 
 class Aligned(Protocol):
-    """What packing reads of an alignment record (`AlignmentRecord`, `ReadInput`)."""
+    """The fields of an alignment record that packing reads (`AlignmentRecord` and `ReadInput` have them)."""
 
     read_id: str
     ref_name: str
@@ -119,7 +119,7 @@ class Samples:
     """Raw samples of a batch's records, wherever they lie: record i's are `length[i]` samples of
     `sources[source[i]]` from `start[i]`, turned into pA with its `unit` and `offset` (float32, as f5c)."""
 
-    sources: list[np.ndarray]  # int16: a reader task's samples, end to end
+    sources: list[np.ndarray]  # int16: a reader task's samples end to end, or one read's
     source: np.ndarray  # int64
     start: np.ndarray  # int64
     length: np.ndarray  # int64
@@ -176,6 +176,7 @@ def _pa_into(raws, source, start, length, dst, unit, offset, out):
 
 @numba.njit(nogil=True, cache=True)
 def _bytes_into(text, at, length, dst, out):
+    """out[dst[i]:][:length[i]] = text[at[i]:][:length[i]]: each record's reference bases, end to end."""
     for i in range(at.shape[0]):
         out[dst[i] : dst[i] + length[i]] = text[at[i] : at[i] + length[i]]
 
