@@ -160,25 +160,24 @@ class RefBases:
 
 
 @numba.njit(nogil=True, cache=True)
-def _pa_into(raws, source, start, length, dst, unit, offset, out):
-    """out[dst[i]:][:length[i]] = (float32(raws[source[i]][start[i]:][:length[i]]) + offset[i]) * unit[i], as
-    `SignalRecord.to_pa` rounds it. One call a batch (the GIL let go and taken back once); `out` comes from
-    numpy, which asks the kernel for huge pages: an array made here faulted its pages in one by one, five
-    times the time of the arithmetic."""
+def _gather(raws, source, start, unit, offset, signal_off, signal, text, at, ref_off, ref_seq):
+    """Each record's samples in pA, (float32(raws[source[i]][start[i]:]) + offset[i]) * unit[i] as
+    `SignalRecord.to_pa` rounds them, into signal[signal_off[i]:signal_off[i + 1]], and its reference
+    bases, text[at[i]:], into ref_seq[ref_off[i]:ref_off[i + 1]].
+
+    One call a batch: the GIL let go and taken back once (taking it back can wait a switch interval,
+    5 ms, for a thread busy in Python). The outputs come from numpy, which asks the kernel for huge
+    pages: an array made here faulted its pages in one by one, five times the time of the arithmetic."""
     for i in range(source.shape[0]):
-        n = length[i]
+        o = signal_off[i]
+        n = signal_off[i + 1] - o
         src = raws[source[i]][start[i] : start[i] + n]
-        to = out[dst[i] : dst[i] + n]
-        u, o = unit[i], offset[i]
+        to = signal[o : o + n]
+        u, z = unit[i], offset[i]
         for t in range(n):
-            to[t] = (np.float32(src[t]) + o) * u
-
-
-@numba.njit(nogil=True, cache=True)
-def _bytes_into(text, at, length, dst, out):
-    """out[dst[i]:][:length[i]] = text[at[i]:][:length[i]]: each record's reference bases, end to end."""
-    for i in range(at.shape[0]):
-        out[dst[i] : dst[i] + length[i]] = text[at[i] : at[i] + length[i]]
+            to[t] = (np.float32(src[t]) + z) * u
+        r = ref_off[i]
+        ref_seq[r : ref_off[i + 1]] = text[at[i] : at[i] + ref_off[i + 1] - r]
 
 
 def _offsets(length: np.ndarray) -> np.ndarray:
@@ -193,21 +192,16 @@ def encode_all(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     return np.frombuffer("".join(texts).encode("ascii"), np.uint8), off
 
 
-def _pack_signal(samples: Samples) -> tuple[np.ndarray, np.ndarray]:
-    """Every record's samples in pA, end to end: read where the readers left them, written straight into the batch."""
-    off = _offsets(samples.length)
-    out = np.empty(off[-1], np.float32)
+def _gather_all(samples: Samples, ref: RefBases) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every record's samples in pA and reference bases, end to end, with their offsets: read where the
+    readers and the reference left them, written straight into the batch."""
+    signal_off, ref_off = _offsets(samples.length), _offsets(ref.length)
+    signal, ref_seq = np.empty(signal_off[-1], np.float32), np.empty(ref_off[-1], np.uint8)
     if len(samples.source):
         raws = List([np.ascontiguousarray(raw, np.int16) for raw in samples.sources])
-        _pa_into(raws, samples.source, samples.start, samples.length, off[:-1], samples.unit, samples.offset, out)
-    return out, off
-
-
-def _pack_ref(ref: RefBases) -> tuple[np.ndarray, np.ndarray]:
-    off = _offsets(ref.length)
-    out = np.empty(off[-1], np.uint8)
-    _bytes_into(ref.text, ref.at, ref.length, off[:-1], out)
-    return out, off
+        _gather(raws, samples.source, samples.start, samples.unit, samples.offset, signal_off, signal, ref.text, ref.at,
+                ref_off, ref_seq)  # fmt: skip
+    return signal, signal_off, ref_seq, ref_off
 
 
 def pack_records(alns: Sequence[Aligned], seqs: Sequence[str], samples: Samples, ref: RefBases, numbers: np.ndarray,
@@ -216,10 +210,9 @@ def pack_records(alns: Sequence[Aligned], seqs: Sequence[str], samples: Samples,
     reference bases the i-th of `samples` and `ref`, its `number` and the path of its signal file."""
     n = len(alns)
     seq, seq_off = encode_all(seqs)
-    signal, signal_off = _pack_signal(samples)
+    signal, signal_off, ref_seq, ref_seq_off = _gather_all(samples, ref)
     cigars = [np.asarray(a.cigar, dtype=np.int32).reshape(-1, 2) for a in alns]
     cigar_off = _offsets(np.fromiter(map(len, cigars), np.int64, n))
-    ref_seq, ref_seq_off = _pack_ref(ref)
     return ReadBatch(
         read_ids=[a.read_id for a in alns],
         ref_names=[a.ref_name for a in alns],
