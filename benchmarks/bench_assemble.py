@@ -3,7 +3,7 @@ by the reader tasks (`load_chunk`) in this process, then each batch assembled (`
 the join with the reference and the packing into a `ReadBatch`) again and again on one thread,
 best of --reps. The same batches for every tree the script runs from, so two checkouts compare.
 
-    python benchmarks/bench_assemble.py --rep bench-work/e2e/x8 --genome bench-work/e2e/ref.fa --format pod5 -K 512 -B 2500000
+    python benchmarks/bench_assemble.py --rep bench-work/e2e/x8 --genome bench-work/e2e/ref.fa -K 512 -B 2500000
 
 `--rep` is a folder `bench_end_to_end.py --copies N` replicated (reads.bam, reads.fasta, pod5/, blow5/, fast5/).
 """

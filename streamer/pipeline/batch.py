@@ -133,7 +133,8 @@ class Samples:
         n = len(signals)
         length = np.fromiter((len(s.raw) for s in signals), np.int64, n)
         cal = np.array([(s.digitisation, s.offset, s.range, s.sample_rate) for s in signals], np.float64).reshape(-1, 4)
-        return cls.calibrated([s.raw for s in signals], np.arange(n, dtype=np.int64), np.zeros(n, np.int64), length, cal)
+        return cls.calibrated([s.raw for s in signals], np.arange(n, dtype=np.int64), np.zeros(n, np.int64), length,
+                              cal)
 
     @classmethod
     def calibrated(cls, sources: list[np.ndarray], source: np.ndarray, start: np.ndarray, length: np.ndarray,
@@ -180,7 +181,8 @@ def _gather(raws, source, start, unit, offset, signal_off, signal, text, at, ref
         ref_seq[r : ref_off[i + 1]] = text[at[i] : at[i] + ref_off[i + 1] - r]
 
 
-def _offsets(length: np.ndarray) -> np.ndarray:
+def offsets_of(length: np.ndarray) -> np.ndarray:
+    """Offsets of runs of these lengths laid end to end: n + 1 of them, from 0 to the total."""
     off = np.zeros(len(length) + 1, np.int64)
     np.cumsum(length, out=off[1:])
     return off
@@ -188,14 +190,14 @@ def _offsets(length: np.ndarray) -> np.ndarray:
 
 def encode_all(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """ASCII strings end to end (one join, one encode) and where each starts."""
-    off = _offsets(np.fromiter(map(len, texts), np.int64, len(texts)))
+    off = offsets_of(np.fromiter(map(len, texts), np.int64, len(texts)))
     return np.frombuffer("".join(texts).encode("ascii"), np.uint8), off
 
 
 def _gather_all(samples: Samples, ref: RefBases) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Every record's samples in pA and reference bases, end to end, with their offsets: read where the
     readers and the reference left them, written straight into the batch."""
-    signal_off, ref_off = _offsets(samples.length), _offsets(ref.length)
+    signal_off, ref_off = offsets_of(samples.length), offsets_of(ref.length)
     signal, ref_seq = np.empty(signal_off[-1], np.float32), np.empty(ref_off[-1], np.uint8)
     if len(samples.source):
         raws = List([np.ascontiguousarray(raw, np.int16) for raw in samples.sources])
@@ -212,7 +214,7 @@ def pack_records(alns: Sequence[Aligned], seqs: Sequence[str], samples: Samples,
     seq, seq_off = encode_all(seqs)
     signal, signal_off, ref_seq, ref_seq_off = _gather_all(samples, ref)
     cigars = [np.asarray(a.cigar, dtype=np.int32).reshape(-1, 2) for a in alns]
-    cigar_off = _offsets(np.fromiter(map(len, cigars), np.int64, n))
+    cigar_off = offsets_of(np.fromiter(map(len, cigars), np.int64, n))
     return ReadBatch(
         read_ids=[a.read_id for a in alns],
         ref_names=[a.ref_name for a in alns],

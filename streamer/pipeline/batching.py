@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from streamer.pipeline.batch import ReadBatch, ReadInput, RefBases, Samples, pack_records
+from streamer.pipeline.batch import ReadBatch, ReadInput, RefBases, Samples, offsets_of, pack_records
 from streamer.errors import InputError
 from streamer.io.alignments import AlignmentRecord
 from streamer.io.fast5 import SignalRecord
@@ -218,7 +218,7 @@ def assemble_batch(pending: Sequence[Pending], chunks: Sequence[SignalChunk], re
     if not j.kept:
         return None, j.skipped
     source, row = np.array([where[pending[i].aln.read_id] for i in j.kept], np.int64).reshape(-1, 2).T
-    flat = _starts(np.fromiter((len(c.read_ids) for c in chunks), np.int64, len(chunks)))[source] + row
+    flat = offsets_of(np.fromiter((len(c.read_ids) for c in chunks), np.int64, len(chunks)))[source] + row
     samples = Samples.calibrated([c.raw for c in chunks], source, np.concatenate([c.start for c in chunks])[flat],
                                  np.concatenate([c.length for c in chunks])[flat],
                                  np.concatenate([c.calibration for c in chunks])[flat])  # fmt: skip
@@ -227,13 +227,6 @@ def assemble_batch(pending: Sequence[Pending], chunks: Sequence[SignalChunk], re
                          np.fromiter((p.number for p in kept), np.int64, len(kept)),
                          [str(p.signal_path) for p in kept])  # fmt: skip
     return batch, j.skipped
-
-
-def _starts(length: np.ndarray) -> np.ndarray:
-    """Where each of runs of these lengths starts, laid end to end."""
-    first = np.zeros(len(length), np.int64)
-    np.cumsum(length[:-1], out=first[1:])
-    return first
 
 
 _NO_SAMPLES = np.zeros(0, np.int16)
@@ -263,7 +256,7 @@ def load_chunk(wanted: Mapping[Path, list[str]]) -> SignalChunk:
     length = np.fromiter((len(r.raw) for r in recs), np.int64, len(recs))
     raw = np.concatenate([r.raw for r in recs]).astype(np.int16, copy=False) if recs else _NO_SAMPLES
     cal = np.array([(r.digitisation, r.offset, r.range, r.sample_rate) for r in recs], np.float64).reshape(-1, 4)
-    return SignalChunk(list(signals), _starts(length), length, cal, raw, errors, time.perf_counter() - t0, t0,
+    return SignalChunk(list(signals), offsets_of(length)[:-1], length, cal, raw, errors, time.perf_counter() - t0, t0,
                        f"{os.getpid()} {threading.current_thread().name}")
 
 
