@@ -210,11 +210,12 @@ def _run(args: argparse.Namespace, compiling: bool, probed: Future | None) -> in
         output.finish()
         closing = time.perf_counter()
     timeline.record("closing", closing, time.perf_counter())  # the readers, the GPU and the sinks let go
-    if progress:
-        print(file=sys.stderr)
-    print(summary.report(), file=sys.stderr)
-    if args.stats_json:
-        args.stats_json.write_text(json.dumps({**summary.as_dict(), "tuning": tuning.summary()}, indent=2) + "\n")
+    with timeline.span("report"):  # so that what follows the trace's last span is the process's exit alone
+        if progress:
+            print(file=sys.stderr)
+        print(summary.report(), file=sys.stderr)
+        if args.stats_json:
+            args.stats_json.write_text(json.dumps({**summary.as_dict(), "tuning": tuning.summary()}, indent=2) + "\n")
     if args.trace:
         timeline.write(args.trace)
     return 0
