@@ -153,7 +153,7 @@ def measure(files: list[Path], procs: int, n_random: int, repeat: int, pool: Pro
         with ThreadPoolExecutor(procs) as threads:
             chunks = list(threads.map(load_chunk, tasks))
         cpu.append(time.process_time() - c0)
-        return sum(len(c.where) for c in chunks), sum(len(c.raw) for c in chunks)
+        return sum(len(c.read_ids) for c in chunks), sum(len(c.raw) for c in chunks)
 
     result = {"files": len(files), "disk_mb": sum(p.stat().st_size for p in files) / 1e6, "list_s": list_s}
     for name, fn in (("iter1", serial), (f"iter{procs}", parallel), ("random", random_access),

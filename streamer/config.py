@@ -26,11 +26,10 @@ from typing import Any
 
 import yaml
 
-from streamer.align.engine import ENGINES
+from streamer.align import ENGINES
 from streamer.errors import ConfigError
 from streamer.pipeline.chemistry import DEFAULT, PORES, folder_models, models_by_pore
 from streamer.pore.motifs import CPG, MOTIFS
-from streamer.publish.security import is_loopback
 from streamer.tuning.profiles import PROFILE_NAMES, parse_size
 
 REQUIRED_FOR_RUN = ("watch.dir", "reference.genome", "output.dir")
@@ -637,6 +636,9 @@ def is_endpoint(text: str) -> bool:
 def _check_endpoints(values: dict[str, dict[str, Any]], problems: list[str]) -> None:
     """ZeroMQ endpoint syntax, and the rule the publisher applies before binding: beyond loopback
     only with CURVE keys or insecure_bind, so `run` never fails on what validation passed."""
+    from streamer.publish.security import is_loopback  # here: the publisher's package imports ZeroMQ, which a
+    # command that reads no daemon configuration (`call`) need not load
+
     pub = values["publish"]
     for path in ENDPOINT_KEYS:
         given = pub.get(path.split(".")[1])

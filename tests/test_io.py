@@ -2,6 +2,7 @@ import gzip
 import random
 import threading
 
+import numpy as np
 import pytest
 
 from streamer.errors import InputError
@@ -48,6 +49,25 @@ def test_reference_from_plain_gzip_and_from_faidx(reference_path, tmp_path):
         ref.fetch("chrX", 0, 10)
     with pytest.raises(InputError, match="not found"):
         Reference(tmp_path / "missing.fa")
+
+
+def test_spans_read_in_windows_are_what_fetch_gives(reference_path, tmp_path):
+    """A batch's spans are read a few windows at a time: each span's bases as its own fetch gives them,
+    overlapping, far apart (a window each), past the contig's end, through faidx and held in memory."""
+    plain = tmp_path / "ref.fa"
+    plain.write_bytes(gzip.decompress(reference_path.read_bytes()))
+    n = 4641652
+    starts = np.array([521678, 900, 521600, 3_000_000, n - 5, n, 10], np.int64)
+    ends = np.array([521990, 1400, 521700, 3_000_050, n + 1, n + 1, 10], np.int64)
+    for ref in (Reference(reference_path), Reference(plain)):
+        for gap in (0, 100, 1 << 30):
+            spans = ref.spans("NC_000913.3", starts, ends, gap=gap)
+            got = [spans.text[a : a + k].tobytes().decode() for a, k in zip(spans.at, spans.length)]
+            assert got == [ref.fetch("NC_000913.3", int(a), int(b)) for a, b in zip(starts, ends)]
+        assert len(ref.spans("NC_000913.3", starts[:0], ends[:0]).at) == 0
+        with pytest.raises(InputError, match="not in the reference"):
+            ref.spans("chrX", starts, ends)
+        ref.close()
 
 
 def test_one_indexed_reference_read_from_several_threads_at_once(reference_path, tmp_path):

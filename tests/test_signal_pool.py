@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import replace
 import signal
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
@@ -15,7 +16,8 @@ import pytest
 from conftest import ECOLI, REFERENCE
 from streamer.pipeline import planned
 from streamer.pipeline import signal_pool
-from streamer.pipeline.batching import BatchLimits, batch_inputs, chunk_records, load_chunk, load_signals, plan_batches, signal_requests
+from streamer.pipeline.batching import (BatchLimits, assemble_batch, batch_inputs, chunk_records, load_chunk,
+                                        load_signals, plan_batches, signal_requests)
 from streamer.pipeline.batch import pack
 from streamer.pipeline.gpu import CudaOptions
 from streamer.io.alignments import AlignmentRecord, AlignmentFilter, iter_alignments
@@ -24,6 +26,7 @@ from streamer.io.index import SignalIndex, open_index
 from streamer.io.reference import Reference
 from streamer.pipeline.stages import Pipeline, PipelineOptions
 from streamer_plugins.cpg.caller import CpgCaller
+from streamer.skips import Skip
 from streamer.summary import RunSummary
 from test_call import streamer
 
@@ -41,20 +44,35 @@ def plans(tmp_path_factory):
 
 
 def test_signal_packed_from_chunks_is_packs_signal(plans):
+    """`streamer call`'s batches packed straight from the reader tasks' columns are the batches of the
+    `ReadInput`s of the same records, field for field (a read twice, one whose signal is missing, one
+    on a contig the reference lacks: skipped with why, in record order)."""
     pending = [p for ps, _ in plans for p in ps]
+    pending.insert(3, pending[0])
+    missing = pending[5]._replace(aln=replace(pending[5].aln, read_id="no-such-read"))
+    elsewhere = pending[7]._replace(aln=replace(pending[7].aln, ref_name="chrX"))
+    pending[5:5] = [missing, elsewhere]
     wanted = signal_requests(pending)
     half = dict(list(wanted.items())[: len(wanted) // 2])
     rest = dict(list(wanted.items())[len(wanted) // 2 :])
     chunks = [load_chunk(half), load_chunk(rest)]
     with Reference(REFERENCE) as ref:
-        ours = pack(batch_inputs(pending, *chunk_records(chunks), ref)[0])
-        signals, _ = load_signals(wanted)
-        reads = batch_inputs(pending, signals, {}, ref)[0]
+        packed, skipped = assemble_batch(pending, chunks, ref)
+        via_reads = pack(batch_inputs(pending, *chunk_records(chunks), ref)[0])
+        signals, errors = load_signals(wanted)
+        reads, skipped_reads = batch_inputs(pending, signals, errors, ref)
         theirs = pack(reads)
-    assert ours.signal.tobytes() == np.concatenate([r.signal.to_pa() for r in reads]).tobytes()
-    assert ours.signal.tobytes() == theirs.signal.tobytes()
-    assert np.array_equal(ours.signal_off, theirs.signal_off)
-    assert ours.read_ids == theirs.read_ids and np.array_equal(ours.seq, theirs.seq)
+    assert [(s.read_id, s.reason) for s in skipped] == [("no-such-read", Skip.BAD_SIGNAL_FILE),
+                                                        (elsewhere.aln.read_id, Skip.ALIGNMENT_FAILED)]
+    assert skipped == skipped_reads and len(reads) == len(pending) - 2
+    assert packed.signal.tobytes() == np.concatenate([r.signal.to_pa() for r in reads]).tobytes()
+    for ours in (packed, via_reads):
+        for name, value in vars(theirs).items():
+            got = getattr(ours, name)
+            if isinstance(value, np.ndarray):
+                assert got.dtype == value.dtype and got.tobytes() == value.tobytes(), name
+            elif isinstance(value, list):
+                assert got == value, name
 
 
 def test_readers_are_threads_for_slow5_processes_otherwise():

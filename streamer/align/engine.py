@@ -35,7 +35,6 @@ from streamer.pipeline.gpu import gpu_package
 log = logging.getLogger(__name__)
 
 Seeder = Callable[[np.ndarray, np.ndarray], Seeds]  # (base codes laid end to end, offsets[n + 1]) -> Seeds
-ENGINES = ("auto", "mappy", "cpu", "gpu")  # auto: gpu where a GPU is there and agrees with mappy, else mappy
 # raised with any change to the seeding, chaining or extension that can move an alignment, so that the `auto`
 # engine's checks kept beside FM-indexes (`streamer.daemon.aligner`) are run again
 ENGINE_VERSION = 1

@@ -14,14 +14,13 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streamer.pipeline.batching import BatchLimits
 from streamer.commands._checks import check_bam, check_files, check_writable, numeric
 from streamer.errors import ModelError, StreamerError
-from streamer.align.engine import ENGINES, SeedAligner
+from streamer.align import ENGINES
 from streamer.config import AlignmentConfig
-from streamer.daemon.aligner import ReadAligner, aligned_records, open_aligner
 from streamer.io.alignments import AlignmentFilter, AlignmentRecord, iter_alignments
 from streamer.io.bamreads import open_basecalls
 from streamer.io.index import SignalIndex, open_index
@@ -107,6 +106,11 @@ def check_inputs(args: argparse.Namespace, *outputs: str) -> None:
     check_writable(**{f"--{name.replace('_', '-')}": getattr(args, name) for name in outputs})
 
 
+if TYPE_CHECKING:  # the aligners are imported when a run without -b needs one: `call` starts sooner
+    from streamer.align.engine import SeedAligner
+    from streamer.daemon.aligner import ReadAligner
+
+
 def alignment_filter(args: argparse.Namespace) -> AlignmentFilter:
     return AlignmentFilter(min_mapq=args.min_mapq, secondary=args.secondary == "yes")
 
@@ -115,6 +119,8 @@ def open_read_aligner(args: argparse.Namespace, filt: AlignmentFilter) -> ReadAl
     """Without -b, the aligner of `--align-engine` for the basecalls (its choice said in the log); None with -b."""
     if args.bam is not None:
         return None
+    from streamer.daemon.aligner import open_aligner
+
     return open_aligner(args.align_engine, args.genome, filt, threads=args.threads)
 
 
@@ -125,6 +131,8 @@ def alignments(args: argparse.Namespace, filt: AlignmentFilter, basecalls: Mappi
     order, aligned `chunk` reads at a time as the planning takes them (so a run holds one chunk's)."""
     if aligner is None:
         return iter_alignments(args.bam, filt)
+    from streamer.daemon.aligner import aligned_records
+
     return aligned_records(aligner, ((rid, basecalls[rid]) for rid in basecalls), chunk)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pysam
 
-from streamer.align.engine import ENGINES
+from streamer.align import ENGINES
 from streamer.config import AlignmentConfig
 from streamer.commands._checks import check_files, check_writable, numeric, removed_on_failure
 from streamer.daemon.aligner import open_aligner

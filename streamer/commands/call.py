@@ -12,11 +12,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from itertools import islice
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from streamer.pipeline import timeline
 from streamer.pipeline.batching import BatchLimits, UltraLong, plan_batches
@@ -37,8 +38,6 @@ from streamer.commands._inputs import (
     signal_index,
 )
 from streamer.io.alignments import AlignmentFilter, AlignmentRecord, write_records
-from streamer.align.engine import SeedAligner
-from streamer.daemon.aligner import ReadAligner
 from streamer.io.bamreads import open_basecalls
 from streamer.io.index import SignalIndex
 from streamer.pipeline.planned import run_batches
@@ -54,10 +53,14 @@ from streamer.sinks import Sink, SinkContext, open_sinks, row_sinks
 from streamer.skips import Skipped, log_skipped
 from streamer.summary import RunSummary
 from streamer.tuning.profiles import MemoryPlan, budget_bytes, memory_plan
-from streamer.tuning.session import CallTuning, add_call_arguments
+from streamer.tuning.session import CallTuning, add_call_arguments, first_gpu, probe_ahead
 
 NAME = "call"
 HELP = "call CpG (or GpC, dam, dcm) methylation on finished signal, basecall and alignment files"
+
+if TYPE_CHECKING:  # imported where a run without -b needs an aligner (`open_read_aligner`)
+    from streamer.align.engine import SeedAligner
+    from streamer.daemon.aligner import ReadAligner
 
 log = logging.getLogger(__name__)
 
@@ -135,12 +138,13 @@ OUTPUTS = ("output", "bedmethyl", "modbam", "stats_json", "skip_ultra", "trace")
 
 def run(args: argparse.Namespace) -> int:
     _check_combinations(args)
+    probed = None if args.disable_cuda else probe_ahead(first_gpu(args))  # while the inputs are checked and indexed
     check_inputs(args, *OUTPUTS)
     compiling = getattr(args, "compiling_kernels", False)  # announced by streamer.cli before the imports
     journal = journal_path(args.output) if args.output is not None else None
     with _ends_on_ctrl_c(args, journal is not None and not args.autotune):
         with removed_on_failure(*(getattr(args, name) for name in OUTPUTS), journal):
-            return _run(args, compiling)
+            return _run(args, compiling, probed)
 
 
 @contextmanager
@@ -167,8 +171,9 @@ def _ends_on_ctrl_c(args: argparse.Namespace, resumable: bool) -> Iterator[None]
         signal.signal(signal.SIGINT, old)
 
 
-def _run(args: argparse.Namespace, compiling: bool) -> int:
-    tuning = CallTuning.from_args(args)
+def _run(args: argparse.Namespace, compiling: bool, probed: Future | None) -> int:
+    index = signal_index(args)
+    tuning = CallTuning.from_args(args, probed)
     cuda = CudaOptions(disable=args.disable_cuda, mem_frac=args.cuda_mem_frac, avg_epk=args.cuda_avg_epk,
                        max_lf=args.cuda_max_lf, max_epk=args.cuda_max_epk, ultra_thresh=args.ultra_thresh,
                        max_reads=args.batchsize, hmm=not args.disable_cuda_hmm, events=args.cuda_events,
@@ -193,7 +198,6 @@ def _run(args: argparse.Namespace, compiling: bool) -> int:
         sinks = _open_sinks(args, filt)
         for sink in sinks:
             stack.callback(sink.close)
-        index = signal_index(args)
         options = pipeline_options(args, index, cuda, methylation=True)
         aligner = open_read_aligner(args, filt)
         output = _Output.open(args, row_sinks(sinks)[0].header, [options.kmer_model, options.meth_model])
@@ -213,13 +217,14 @@ def _run(args: argparse.Namespace, compiling: bool) -> int:
         output.finish()
         closing = time.perf_counter()
     timeline.record("closing", closing, time.perf_counter())  # the readers, the GPU and the sinks let go
-    if progress:
-        print(file=sys.stderr)
-    print(summary.report(), file=sys.stderr)
-    if args.stats_json:
-        engine = aligner.choice.as_dict() if aligner is not None and aligner.choice is not None else None
-        args.stats_json.write_text(json.dumps({**summary.as_dict(), "tuning": tuning.summary(),
-                                               "alignment_engine": engine}, indent=2) + "\n")
+    with timeline.span("report"):  # so that what follows the trace's last span is the process's exit alone
+        if progress:
+            print(file=sys.stderr)
+        print(summary.report(), file=sys.stderr)
+        if args.stats_json:
+            engine = aligner.choice.as_dict() if aligner is not None and aligner.choice is not None else None
+            args.stats_json.write_text(json.dumps({**summary.as_dict(), "tuning": tuning.summary(),
+                                                   "alignment_engine": engine}, indent=2) + "\n")
     if args.trace:
         timeline.write(args.trace)
     return 0

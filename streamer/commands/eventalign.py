@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from concurrent.futures import Future
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
@@ -24,7 +25,7 @@ from streamer.sinks import SinkContext, open_sinks, row_sinks
 from streamer.skips import log_skipped
 from streamer.summary import RunSummary
 from streamer.tuning.profiles import budget_bytes, memory_plan
-from streamer.tuning.session import prepare
+from streamer.tuning.session import first_gpu, prepare, probe_ahead
 
 NAME = "eventalign"
 HELP = "align events to reference k-mers and write the eventalign TSV"
@@ -63,15 +64,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    probed = None if args.disable_cuda else probe_ahead(first_gpu(args))  # while the inputs are checked and indexed
     check_inputs(args, "output", "summary")
     compiling = getattr(args, "compiling_kernels", False)  # announced by streamer.cli before the imports
     with removed_on_failure(args.output, args.summary):
-        return _run(args, compiling)
+        return _run(args, compiling, probed)
 
 
-def _run(args: argparse.Namespace, compiling: bool) -> int:
-    dev_id = CudaOptions().with_devices(args.cuda_dev_id).dev_id
-    plan = prepare({}, dev_id=dev_id, disable_cuda=args.disable_cuda)
+def _run(args: argparse.Namespace, compiling: bool, probed: Future | None) -> int:
+    index = signal_index(args)
+    plan = prepare({}, dev_id=first_gpu(args), disable_cuda=args.disable_cuda, probed=probed)
     cuda = CudaOptions(disable=args.disable_cuda, max_reads=args.batchsize, hmm=False, reserve=plan.gpu.reserve,
                        stream_priority=plan.gpu.stream_priority).with_devices(args.cuda_dev_id)
     memory = memory_plan(budget_bytes(args.memory_budget, plan.profile, args.threads), args.max_bases,
@@ -83,7 +85,6 @@ def _run(args: argparse.Namespace, compiling: bool) -> int:
     summary = RunSummary(compiled=compiling, memory_budget=memory.budget)
     with ExitStack() as stack:
         stack.enter_context(summary.watching_memory())
-        index = signal_index(args)
         options = pipeline_options(args, index, cuda, methylation=False)
         host = open_host(stack, args, index, options, runner,
                          registry.analysis("eventalign", args.scale_events, args.compat))

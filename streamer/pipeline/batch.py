@@ -1,17 +1,20 @@
 """The batch record: reads packed into flat arrays, filled in stage by stage.
 
-`ReadInput` is what a source hands over for one alignment record (Python objects,
-built once per read at the edge); `pack`, the one packer of every command, turns a list
-of them into a `ReadBatch` whose arrays the numba stages work on, converting the raw
-samples to pA straight into the batch's flat array. The stages then fill the batch in:
+`pack_records`, the one packer of every command, turns alignment records, their basecalls, their
+raw samples where the readers left them (`Samples`) and their reference bases (`RefBases`) into a
+`ReadBatch` whose arrays the numba stages work on, converting the samples to pA straight into the
+batch's flat array. `streamer call`'s batches go to it from the reader tasks' arrays
+(`streamer.pipeline.batching.assemble_batch`); `pack` takes `ReadInput`s, one alignment record's
+Python objects, which the daemon keeps for its read-by-read retry. The stages then fill the batch in:
 events, scalings, the ABEA pairs, the recalibration (`post`), and what each analysis
 made of it (`products`). Field meanings: docs/design.md.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numba
 import numpy as np
@@ -44,20 +47,6 @@ class ReadInput:
     number: int = -1  # the record's number where it came from (BAM record index, ledger read number)
     mapq: int = 0
     ref_next: str = ""  # reference[ref_end], fetched by nanopolish and f5c too; "" at the end
-
-
-def _concat(parts, dtype):
-    off = np.zeros(len(parts) + 1, dtype=np.int64)
-    if parts:
-        np.cumsum([len(p) for p in parts], out=off[1:])
-        flat = np.concatenate(parts).astype(dtype, copy=False) if off[-1] else np.zeros(0, dtype)
-    else:
-        flat = np.zeros(0, dtype)
-    return flat, off
-
-
-def _ascii(s: str) -> np.ndarray:
-    return np.frombuffer(s.encode("ascii"), dtype=np.uint8)
 
 
 @dataclass
@@ -113,58 +102,144 @@ class ReadBatch:
             self.status[i] = reason
 
 
-@numba.njit(nogil=True, cache=True, parallel=True)
-def _gather_pa(raws, off, unit, offset):
-    """pA of every read, end to end: (float32(raw) + offset) * unit, as `SignalRecord.to_pa` rounds it."""
-    n = off.shape[0] - 1
-    out = np.empty(off[n], np.float32)
-    for i in numba.prange(n):
-        src = raws[np.int64(i)]  # a typed list takes a signed index
-        o = off[i]
-        for t in range(off[i + 1] - o):
-            out[o + t] = (np.float32(src[t]) + offset[i]) * unit[i]
-    return out
+class Aligned(Protocol):
+    """The fields of an alignment record that packing reads (`AlignmentRecord` and `ReadInput` have them)."""
+
+    read_id: str
+    ref_name: str
+    ref_start: int
+    ref_end: int
+    rc: bool
+    mapq: int
+    cigar: np.ndarray
 
 
-def _pack_signal(signals: list[SignalRecord]) -> tuple[np.ndarray, np.ndarray]:
-    """Every read's samples in pA in one flat array (the raw arrays may be views of a reader's chunk)."""
-    off = np.zeros(len(signals) + 1, np.int64)
-    np.cumsum([len(s.raw) for s in signals], out=off[1:])
-    if not off[-1]:
-        return np.zeros(0, np.float32), off
-    unit = np.array([np.float32(s.range) / np.float32(s.digitisation) for s in signals], np.float32)
-    offset = np.array([s.offset for s in signals], np.float32)
-    raws = List([np.asarray(s.raw, np.int16) for s in signals])
-    return _gather_pa(raws, off, unit, offset), off
+@dataclass(frozen=True)
+class Samples:
+    """Raw samples of a batch's records, wherever they lie: record i's are `length[i]` samples of
+    `sources[source[i]]` from `start[i]`, turned into pA with its `unit` and `offset` (float32, as f5c)."""
+
+    sources: list[np.ndarray]  # int16: a reader task's samples end to end, or one read's
+    source: np.ndarray  # int64
+    start: np.ndarray  # int64
+    length: np.ndarray  # int64
+    unit: np.ndarray  # float32: range / digitisation, divided in float32
+    offset: np.ndarray  # float32
+    sample_rate: np.ndarray  # float64
+
+    @classmethod
+    def of(cls, signals: Sequence[SignalRecord]) -> Samples:
+        """Records' samples where they are: each record's raw array a source."""
+        n = len(signals)
+        length = np.fromiter((len(s.raw) for s in signals), np.int64, n)
+        cal = np.array([(s.digitisation, s.offset, s.range, s.sample_rate) for s in signals], np.float64).reshape(-1, 4)
+        return cls.calibrated([s.raw for s in signals], np.arange(n, dtype=np.int64), np.zeros(n, np.int64), length,
+                              cal)
+
+    @classmethod
+    def calibrated(cls, sources: list[np.ndarray], source: np.ndarray, start: np.ndarray, length: np.ndarray,
+                   cal: np.ndarray) -> Samples:  # fmt: skip
+        """From each record's calibration as columns: digitisation, offset, range, sample rate (float64)."""
+        unit = cal[:, 2].astype(np.float32) / cal[:, 0].astype(np.float32)
+        return cls(sources, source, start, length, unit, cal[:, 1].astype(np.float32), cal[:, 3].copy())
 
 
-def pack(reads: list[ReadInput]) -> ReadBatch:
-    """Pack reads into one batch of flat arrays."""
-    seq, seq_off = _concat([_ascii(r.seq) for r in reads], np.uint8)
-    signal, signal_off = _pack_signal([r.signal for r in reads])
-    cigar_parts = [np.asarray(r.cigar, dtype=np.int32).reshape(-1, 2) for r in reads]
-    cigar_off = np.zeros(len(reads) + 1, dtype=np.int64)
-    np.cumsum([len(c) for c in cigar_parts], out=cigar_off[1:])
-    cigar = np.concatenate(cigar_parts) if cigar_parts else np.zeros((0, 2), np.int32)
-    ref_seq, ref_seq_off = _concat([_ascii(r.ref_seq) for r in reads], np.uint8)
+@dataclass(frozen=True)
+class RefBases:
+    """The reference under a batch's records: record i's bases are `length[i]` bytes of `text` from
+    `at[i]` (upper-case ASCII), the base after them `next[i]` (0 where the contig ends)."""
+
+    text: np.ndarray  # uint8
+    at: np.ndarray  # int64
+    length: np.ndarray  # int64
+    next: np.ndarray  # uint8
+
+    @classmethod
+    def of(cls, spans: Sequence[str], after: Sequence[str]) -> RefBases:
+        text, off = encode_all(spans)
+        return cls(text, off[:-1], np.diff(off), np.array([ord(c) if c else 0 for c in after], np.uint8))
+
+
+@numba.njit(nogil=True, cache=True)
+def _gather(raws, source, start, unit, offset, signal_off, signal, text, at, ref_off, ref_seq):
+    """Each record's samples in pA, (float32(raws[source[i]][start[i]:]) + offset[i]) * unit[i] as
+    `SignalRecord.to_pa` rounds them, into signal[signal_off[i]:signal_off[i + 1]], and its reference
+    bases, text[at[i]:], into ref_seq[ref_off[i]:ref_off[i + 1]].
+
+    One call a batch: the GIL let go and taken back once (taking it back can wait a switch interval,
+    5 ms, for a thread busy in Python). The outputs come from numpy, which asks the kernel for huge
+    pages: an array made here faulted its pages in one by one, five times the time of the arithmetic."""
+    for i in range(source.shape[0]):
+        o = signal_off[i]
+        n = signal_off[i + 1] - o
+        src = raws[source[i]][start[i] : start[i] + n]
+        to = signal[o : o + n]
+        u, z = unit[i], offset[i]
+        for t in range(n):
+            to[t] = (np.float32(src[t]) + z) * u
+        r = ref_off[i]
+        ref_seq[r : ref_off[i + 1]] = text[at[i] : at[i] + ref_off[i + 1] - r]
+
+
+def offsets_of(length: np.ndarray) -> np.ndarray:
+    """Offsets of runs of these lengths laid end to end: n + 1 of them, from 0 to the total."""
+    off = np.zeros(len(length) + 1, np.int64)
+    np.cumsum(length, out=off[1:])
+    return off
+
+
+def encode_all(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """ASCII strings end to end (one join, one encode) and where each starts."""
+    off = offsets_of(np.fromiter(map(len, texts), np.int64, len(texts)))
+    return np.frombuffer("".join(texts).encode("ascii"), np.uint8), off
+
+
+def _gather_all(samples: Samples, ref: RefBases) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every record's samples in pA and reference bases, end to end, with their offsets: read where the
+    readers and the reference left them, written straight into the batch."""
+    signal_off, ref_off = offsets_of(samples.length), offsets_of(ref.length)
+    signal, ref_seq = np.empty(signal_off[-1], np.float32), np.empty(ref_off[-1], np.uint8)
+    if len(samples.source):
+        raws = List([np.ascontiguousarray(raw, np.int16) for raw in samples.sources])
+        _gather(raws, samples.source, samples.start, samples.unit, samples.offset, signal_off, signal, ref.text, ref.at,
+                ref_off, ref_seq)  # fmt: skip
+    return signal, signal_off, ref_seq, ref_off
+
+
+def pack_records(alns: Sequence[Aligned], seqs: Sequence[str], samples: Samples, ref: RefBases, numbers: np.ndarray,
+                 signal_paths: list[str]) -> ReadBatch:  # fmt: skip
+    """Records into one batch of flat arrays: record i is `alns[i]`, its basecalls `seqs[i]`, its signal and
+    reference bases the i-th of `samples` and `ref`, its `number` and the path of its signal file."""
+    n = len(alns)
+    seq, seq_off = encode_all(seqs)
+    signal, signal_off, ref_seq, ref_seq_off = _gather_all(samples, ref)
+    cigars = [np.asarray(a.cigar, dtype=np.int32).reshape(-1, 2) for a in alns]
+    cigar_off = offsets_of(np.fromiter(map(len, cigars), np.int64, n))
     return ReadBatch(
-        read_ids=[r.read_id for r in reads],
-        ref_names=[r.ref_name for r in reads],
-        signal_paths=[r.signal_path for r in reads],
+        read_ids=[a.read_id for a in alns],
+        ref_names=[a.ref_name for a in alns],
+        signal_paths=signal_paths,
         seq=seq,
         seq_off=seq_off,
         signal=signal,
         signal_off=signal_off,
-        sample_rate=np.array([r.signal.sample_rate for r in reads], dtype=np.float64),
-        ref_start=np.array([r.ref_start for r in reads], dtype=np.int64),
-        ref_end=np.array([r.ref_end for r in reads], dtype=np.int64),
-        rc=np.array([r.rc for r in reads], dtype=np.bool_),
-        cigar=cigar.astype(np.int32, copy=False),
+        sample_rate=samples.sample_rate,
+        ref_start=np.fromiter((a.ref_start for a in alns), np.int64, n),
+        ref_end=np.fromiter((a.ref_end for a in alns), np.int64, n),
+        rc=np.fromiter((a.rc for a in alns), np.bool_, n),
+        cigar=np.concatenate(cigars) if cigars else np.zeros((0, 2), np.int32),
         cigar_off=cigar_off,
         ref_seq=ref_seq,
         ref_seq_off=ref_seq_off,
-        status=np.zeros(len(reads), dtype=np.int8),
-        numbers=np.array([r.number for r in reads], dtype=np.int64),
-        mapq=np.array([r.mapq for r in reads], dtype=np.int64),
-        ref_next=np.array([ord(r.ref_next) if r.ref_next else 0 for r in reads], dtype=np.uint8),
+        status=np.zeros(n, dtype=np.int8),
+        numbers=np.asarray(numbers, np.int64),
+        mapq=np.fromiter((a.mapq for a in alns), np.int64, n),
+        ref_next=ref.next,
     )
+
+
+def pack(reads: Sequence[ReadInput]) -> ReadBatch:
+    """Pack reads into one batch of flat arrays."""
+    return pack_records(reads, [r.seq for r in reads], Samples.of([r.signal for r in reads]),
+                        RefBases.of([r.ref_seq for r in reads], [r.ref_next for r in reads]),
+                        np.fromiter((r.number for r in reads), np.int64, len(reads)), [r.signal_path for r in reads])

@@ -3,28 +3,28 @@
 Batches are capped by K reads and B bases, counted over the records that go on, as f5c
 does. Every command goes through here: `streamer call` and `streamer eventalign` plan their
 batches from the BAM in file order without reading signal (`plan_batches`), so that reader
-workers can load it (`load_chunk`, one task); the daemon's batches come from its ledger.
-All of them hand their `Pending` records and the loaded signal to `batch_inputs`, the one
-function that makes batch inputs (or skips, each with its reason) of them, and its reads to
-`streamer.pipeline.batch.pack`.
+workers can load it (`load_chunk`, one task, handed back as columns); the daemon's batches come
+from its ledger. All of them join their `Pending` records with the loaded signal and the
+reference in one place (`_join`: the records that go on, the others skipped with their reasons):
+`assemble_batch` packs them straight from the reader tasks' columns (`streamer call`,
+`eventalign`), `batch_inputs` makes `ReadInput`s of them, which the daemon keeps for its
+read-by-read retry.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Container, Iterable, Iterator, Mapping
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
-from typing import NamedTuple
-
-from streamer.pipeline.batch import ReadInput
+from streamer.pipeline.batch import ReadBatch, ReadInput, RefBases, Samples, offsets_of, pack_records
 from streamer.errors import InputError
 from streamer.io.alignments import AlignmentRecord
 from streamer.io.fast5 import SignalRecord
@@ -142,32 +142,91 @@ def signal_requests(pending: list[Pending]) -> dict[Path, list[str]]:
     return wanted
 
 
-def batch_inputs(pending: Iterable[Pending], signals: Mapping[str, SignalRecord], errors: Mapping[str, str],
+class _Joined(NamedTuple):
+    """A batch's records that go on (their places in it, their reference bases) and those that cannot."""
+
+    kept: list[int]
+    ref: RefBases
+    skipped: list[Skipped]
+
+
+def _join(pending: Sequence[Pending], held: Container[str], errors: Mapping[str, str], ref: Reference) -> _Joined:
+    """The records whose signal is `held` and whose reference span can be read, with their bases (each
+    span read with the base after it, as nanopolish and f5c fetch it: `ReadInput.ref_next`; a contig's
+    spans in a few windows); the others skipped with why, in the order given."""
+    why: dict[int, Skipped] = {}
+    by_contig: dict[str, list[int]] = defaultdict(list)
+    for i, p in enumerate(pending):
+        if p.aln.read_id in held:
+            by_contig[p.aln.ref_name].append(i)
+        else:
+            reason = errors.get(p.aln.read_id) or f"{p.signal_path}: read not found in this signal file"
+            why[i] = Skipped(p.aln.read_id, Skip.BAD_SIGNAL_FILE, reason)
+    at, length = np.zeros(len(pending), np.int64), np.zeros(len(pending), np.int64)
+    texts, base = [], 0
+    for name, rows in by_contig.items():
+        start = np.fromiter((pending[i].aln.ref_start for i in rows), np.int64, len(rows))
+        end = np.fromiter((pending[i].aln.ref_end for i in rows), np.int64, len(rows))
+        try:
+            spans = ref.spans(name, start, end + 1)
+        except InputError as exc:
+            why.update((i, Skipped(pending[i].aln.read_id, Skip.ALIGNMENT_FAILED, str(exc))) for i in rows)
+            continue
+        at[rows], length[rows] = spans.at + base, spans.length
+        texts.append(spans.text)
+        base += len(spans.text)
+    kept = [i for i in range(len(pending)) if i not in why]
+    text = np.concatenate(texts) if texts else np.zeros(0, np.uint8)
+    n = np.fromiter((pending[i].aln.ref_end - pending[i].aln.ref_start for i in kept), np.int64, len(kept))
+    at, length = at[kept], length[kept]
+    after = np.zeros(len(kept), np.uint8)
+    has_next = length > n
+    after[has_next] = text[(at + n)[has_next]]
+    return _Joined(kept, RefBases(text, at, np.minimum(length, n), after), [why[i] for i in sorted(why)])
+
+
+def batch_inputs(pending: Sequence[Pending], signals: Mapping[str, SignalRecord], errors: Mapping[str, str],
                  ref: Reference) -> tuple[list[ReadInput], list[Skipped]]:  # fmt: skip
-    """The records ready for the stages, in the order given, and those that are not, with why.
+    """The records ready for the stages as `ReadInput`s (what a read-by-read retry needs), in the order
+    given, and those that are not, with why.
 
     `signals` holds the records' loaded signal by read id, `errors` why a read's did not load.
     """
-    reads: list[ReadInput] = []
-    skipped: list[Skipped] = []
-    for p in pending:
-        aln = p.aln
-        sig = signals.get(aln.read_id)
-        if sig is None:
-            why = errors.get(aln.read_id) or f"{p.signal_path}: read not found in this signal file"
-            skipped.append(Skipped(aln.read_id, Skip.BAD_SIGNAL_FILE, why))
-            continue
-        try:  # with the base after the span, as nanopolish and f5c fetch it (`ReadInput.ref_next`)
-            span = ref.fetch(aln.ref_name, aln.ref_start, aln.ref_end + 1)
-        except InputError as exc:
-            skipped.append(Skipped(aln.read_id, Skip.ALIGNMENT_FAILED, str(exc)))
-            continue
-        n = aln.ref_end - aln.ref_start
-        reads.append(ReadInput(read_id=aln.read_id, seq=p.seq, signal=sig, ref_name=aln.ref_name,
+    j = _join(pending, signals, errors, ref)
+    reads = []
+    for k, i in enumerate(j.kept):
+        p, aln = pending[i], pending[i].aln
+        a, n = j.ref.at[k], j.ref.length[k]
+        reads.append(ReadInput(read_id=aln.read_id, seq=p.seq, signal=signals[aln.read_id], ref_name=aln.ref_name,
                                ref_start=aln.ref_start, ref_end=aln.ref_end, rc=aln.rc, cigar=aln.cigar,
-                               ref_seq=span[:n], ref_next=span[n:], signal_path=str(p.signal_path), number=p.number,
-                               mapq=aln.mapq))  # fmt: skip
-    return reads, skipped
+                               ref_seq=j.ref.text[a : a + n].tobytes().decode("ascii"),
+                               ref_next=chr(j.ref.next[k]) if j.ref.next[k] else "", signal_path=str(p.signal_path),
+                               number=p.number, mapq=aln.mapq))  # fmt: skip
+    return reads, j.skipped
+
+
+def assemble_batch(pending: Sequence[Pending], chunks: Sequence[SignalChunk], ref: Reference
+                   ) -> tuple[ReadBatch | None, list[Skipped]]:  # fmt: skip
+    """The records ready for the stages packed straight from the reader tasks' columns (no object per
+    read between them), in the order given, and those that are not, with why."""
+    where: dict[str, tuple[int, int]] = {}
+    errors: dict[str, str] = {}
+    for k, c in enumerate(chunks):
+        where.update((rid, (k, j)) for j, rid in enumerate(c.read_ids))
+        errors.update(c.errors)
+    j = _join(pending, where, errors, ref)
+    if not j.kept:
+        return None, j.skipped
+    source, row = np.array([where[pending[i].aln.read_id] for i in j.kept], np.int64).reshape(-1, 2).T
+    flat = offsets_of(np.fromiter((len(c.read_ids) for c in chunks), np.int64, len(chunks)))[source] + row
+    samples = Samples.calibrated([c.raw for c in chunks], source, np.concatenate([c.start for c in chunks])[flat],
+                                 np.concatenate([c.length for c in chunks])[flat],
+                                 np.concatenate([c.calibration for c in chunks])[flat])  # fmt: skip
+    kept = [pending[i] for i in j.kept]
+    batch = pack_records([p.aln for p in kept], [p.seq for p in kept], samples, j.ref,
+                         np.fromiter((p.number for p in kept), np.int64, len(kept)),
+                         [str(p.signal_path) for p in kept])  # fmt: skip
+    return batch, j.skipped
 
 
 _NO_SAMPLES = np.zeros(0, np.int16)
@@ -175,10 +234,13 @@ _NO_SAMPLES = np.zeros(0, np.int16)
 
 @dataclass
 class SignalChunk:
-    """One reader task's reads: records with their samples moved to `raw`, where each read's are, failures."""
+    """One reader task's reads as columns: their samples end to end in `raw`, where each read's lie,
+    their calibration, and the reads that failed, with why."""
 
-    records: dict[str, SignalRecord]  # raw left empty
-    where: dict[str, tuple[int, int]]  # read id -> (start, length) in raw
+    read_ids: list[str]
+    start: np.ndarray  # int64: each read's first sample in raw
+    length: np.ndarray  # int64
+    calibration: np.ndarray  # float64[n, 4]: digitisation, offset, range, sample rate
     raw: np.ndarray  # int16
     errors: dict[str, str]
     seconds: float  # busy time of the task
@@ -187,17 +249,14 @@ class SignalChunk:
 
 
 def load_chunk(wanted: Mapping[Path, list[str]]) -> SignalChunk:
-    """`load_signals` as a reader task (a worker process or thread), the samples laid end to end."""
+    """`load_signals` as a reader task (a worker process or thread), handed back as columns."""
     t0 = time.perf_counter()
     signals, errors = load_signals(wanted)
-    where: dict[str, tuple[int, int]] = {}
-    at = 0
-    for rid, rec in signals.items():
-        where[rid] = (at, len(rec.raw))
-        at += len(rec.raw)
-    raw = np.concatenate([rec.raw for rec in signals.values()]) if signals else _NO_SAMPLES
-    records = {rid: dataclasses.replace(rec, raw=_NO_SAMPLES) for rid, rec in signals.items()}
-    return SignalChunk(records, where, raw.astype(np.int16, copy=False), errors, time.perf_counter() - t0, t0,
+    recs = list(signals.values())
+    length = np.fromiter((len(r.raw) for r in recs), np.int64, len(recs))
+    raw = np.concatenate([r.raw for r in recs]).astype(np.int16, copy=False) if recs else _NO_SAMPLES
+    cal = np.array([(r.digitisation, r.offset, r.range, r.sample_rate) for r in recs], np.float64).reshape(-1, 4)
+    return SignalChunk(list(signals), offsets_of(length)[:-1], length, cal, raw, errors, time.perf_counter() - t0, t0,
                        f"{os.getpid()} {threading.current_thread().name}")
 
 
@@ -207,9 +266,10 @@ def chunk_records(chunks: Iterable[SignalChunk], read_ids: Container[str] | None
     records: dict[str, SignalRecord] = {}
     errors: dict[str, str] = {}
     for c in chunks:
-        for rid, (s, n) in c.where.items():
+        for j, rid in enumerate(c.read_ids):
             if read_ids is None or rid in read_ids:
-                records[rid] = dataclasses.replace(c.records[rid], raw=c.raw[s : s + n])
+                s, n = int(c.start[j]), int(c.length[j])
+                records[rid] = SignalRecord(rid, c.raw[s : s + n], *c.calibration[j].tolist())
         errors.update((rid, why) for rid, why in c.errors.items() if read_ids is None or rid in read_ids)
     return records, errors
 

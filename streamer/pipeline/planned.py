@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING
 
 from streamer.io.reference import Reference
 from streamer.pipeline import timeline
-from streamer.pipeline.batch import pack
-from streamer.pipeline.batching import Pending, batch_inputs, chunk_records, load_chunk, signal_requests
+from streamer.pipeline.batching import Pending, assemble_batch, load_chunk, signal_requests
 from streamer.pipeline.runner import Assembled, BatchDriver, Done, RunnerOptions, Stages
 from streamer.pipeline.signal_pool import READS_PER_TASK, read_tasks
 from streamer.skips import Skipped
@@ -77,12 +76,11 @@ class Planned:
         self.tasks = []
         r.read_seconds += sum(c.seconds for c in chunks)
         for c in chunks:
-            timeline.record("read", c.started, c.started + c.seconds, where=c.worker, reads=len(c.records))
-        reads, failed = batch_inputs(self.pending, *chunk_records(chunks), r.ref)
-        batch = pack(reads) if reads else None
+            timeline.record("read", c.started, c.started + c.seconds, where=c.worker, reads=len(c.read_ids))
+        batch, failed = assemble_batch(self.pending, chunks, r.ref)
         r.signal_wait += t1 - t0
         r.assemble_seconds += time.perf_counter() - t1
-        return Assembled([], batch, self.skipped + failed, len(reads) + len(self.skipped) + len(failed))
+        return Assembled([], batch, self.skipped + failed, len(self.pending) + len(self.skipped))
 
 
 def run_batches(

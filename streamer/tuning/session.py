@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import threading
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -60,10 +62,32 @@ def probe_gpu(dev_id: int = 0) -> GpuInfo | None:
     return gpu_package().probe_gpu(dev_id)
 
 
+def first_gpu(args: argparse.Namespace) -> int:
+    """The GPU of `--cuda-dev-id` the profiles plan for: the first it names."""
+    return CudaOptions().with_devices(args.cuda_dev_id).dev_id
+
+
+def probe_ahead(dev_id: int = 0) -> Future:
+    """`probe_gpu` begun now on a thread of its own, for `prepare`: the driver's start and the device's
+    context (most of a second on a GPU box, with the GIL let go) overlap what a command reads before it
+    plans."""
+    probed: Future = Future()
+
+    def probe() -> None:
+        try:
+            probed.set_result(probe_gpu(dev_id))
+        except BaseException as exc:  # noqa: BLE001 - raised where the answer is taken
+            probed.set_exception(exc)
+
+    threading.Thread(target=probe, name="gpu-probe", daemon=True).start()
+    return probed
+
+
 def prepare(given: Mapping[str, Any], profile: str = "auto", *, dev_id: int = 0, disable_cuda: bool = False,
-            state_dir: Path | None = None) -> Plan:  # fmt: skip
-    """Probe the GPU, read what was learned on it (when state_dir is given), and plan the start."""
-    gpu = None if disable_cuda else probe_gpu(dev_id)
+            state_dir: Path | None = None, probed: Future | None = None) -> Plan:  # fmt: skip
+    """Probe the GPU (or take the answer of `probed`, a `probe_ahead` of dev_id), read what was learned on
+    it (when state_dir is given), and plan the start."""
+    gpu = None if disable_cuda else probed.result() if probed is not None else probe_gpu(dev_id)
     learned = TuningStore(state_dir).load(gpu) if state_dir is not None and gpu is not None else {}
     p = plan(Machine.this(gpu), profile, given, learned)
     if gpu is not None or p.machine.board is not None:
@@ -232,12 +256,13 @@ class CallTuning:
                                              state_dir=state_dir)  # fmt: skip
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> CallTuning:
-        """Plan from the profile, learned values (--autotune) and the flags given; the flags' values become the plan's."""
+    def from_args(cls, args: argparse.Namespace, probed: Future | None = None) -> CallTuning:
+        """Plan from the profile, learned values (--autotune) and the flags given; the flags' values become the
+        plan's. `probed`: the GPU probed ahead (`probe_ahead(first_gpu(args))`)."""
         given = {k: getattr(args, dest) for k, dest in CALL_ARGS.items() if getattr(args, dest) is not None}
         state_dir = (args.state_dir or user_state_dir()) if args.autotune else None
-        dev_id = CudaOptions().with_devices(args.cuda_dev_id).dev_id  # the profiles plan for the first GPU
-        p = prepare(given, args.profile, dev_id=dev_id, disable_cuda=args.disable_cuda, state_dir=state_dir)
+        p = prepare(given, args.profile, dev_id=first_gpu(args), disable_cuda=args.disable_cuda, state_dir=state_dir,
+                    probed=probed)  # fmt: skip
         resolved = p.limits()
         for k, dest in CALL_ARGS.items():
             setattr(args, dest, resolved[k])
