@@ -252,3 +252,16 @@ def test_write_atomic(tmp_path):
     write_atomic(p, "{}\n")
     write_atomic(p, '{"a": 1}\n')
     assert p.read_text() == '{"a": 1}\n' and sorted(x.name for x in tmp_path.iterdir()) == ["summary.json"]
+
+
+def test_matched_after_a_pick_passes_over_the_batches_in_flight_and_sees_every_write(ledger, tmp_path):
+    ledger.register_signal_file(tmp_path / "a.fast5", "fast5", 1, 1, [f"r{i}" for i in range(6)])
+    ledger.register_basecall_file(tmp_path / "a.fastq", "fastq", 1, 1, [(f"r{i}", 10) for i in range(4)])
+    first, _ = ledger.matched(2, 10_000)
+    second, _ = ledger.matched(2, 10_000, after=first[-1])  # the first batch is in flight
+    assert [p.read_id for p in first + second] == ["r0", "r1", "r2", "r3"]
+    assert ledger.matched(2, 10_000, after=second[-1]) == ([], False)
+    ledger.clock.t += 1
+    ledger.register_basecall_file(tmp_path / "b.fastq", "fastq", 1, 1, [("r4", 10), ("r5", 10)])  # a write: asked anew
+    third, full = ledger.matched(2, 10_000, after=second[-1])
+    assert [p.read_id for p in third] == ["r4", "r5"] and full

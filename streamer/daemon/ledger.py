@@ -100,6 +100,7 @@ class Ledger(SinkRecords):
         self.path = self.state_dir / "ledger.sqlite"
         self._db = connect(self.path)
         check_meta(self._db, self.path, Path(watch_dir), clock)
+        self._last_matched: tuple[tuple, tuple[list[Pick], bool]] | None = None  # `matched`'s last question and answer
 
     def close(self) -> None:
         if self._db is not None:
@@ -269,9 +270,20 @@ class Ledger(SinkRecords):
         """The oldest matched reads (those after the pick `after`, in the order reads are picked: the
         batches in flight are passed over), up to `max_reads` reads and (past the first) `max_bases`
         bases; and whether that filled a batch."""
+        key = (-1.0, -1) if after is None else (after.matched, after.number)
+        # the engine asks again and again while batches are in flight: the same question of an unchanged
+        # database (`total_changes` counts every row written) has the same answer
+        asked = (max_reads, max_bases, key, self._db.total_changes)
+        if self._last_matched is not None and self._last_matched[0] == asked:
+            picks, full = self._last_matched[1]
+            return list(picks), full
+        picks, full = self._matched(max_reads, max_bases, key)
+        self._last_matched = (asked, (picks, full))
+        return list(picks), full
+
+    def _matched(self, max_reads: int, max_bases: int, key: tuple[float, int]) -> tuple[list[Pick], bool]:
         picks: list[Pick] = []
         bases = 0
-        key = (-1.0, -1) if after is None else (after.matched, after.number)
         rows = self._db.execute(
             "SELECT r.read_id, r.n_bases, s.path, b.path, b.fmt, r.matched, r.id, r.superseded, x.path, x.fmt "
             "FROM reads r JOIN files s ON s.id = r.signal_file JOIN files b ON b.id = r.basecall_file "
