@@ -90,6 +90,8 @@ def main() -> None:
     ap.add_argument("--seeder", help="MODULE:FACTORY making a seeder from the contigs, instead of the FM-index")
     ap.add_argument("--threads", type=int, default=2, help="CPU threads of streamer's engine [2]")
     ap.add_argument("--mappy-threads", type=int, default=16, help="threads of mappy [16]")
+    ap.add_argument("--same-as-cpu", action="store_true",
+                    help="also align with the cpu engine and count the reads whose SAM records differ")
     ap.add_argument("-K", "--batchsize", type=int, default=4000, help="reads per batch [4000]")
     args = ap.parse_args()
     reads = list(iter_fastx(args.reads))
@@ -112,6 +114,12 @@ def main() -> None:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     gpu = _gpu_mb() if args.engine == "gpu" else None
 
+    if args.same_as_cpu:
+        cpu = fm_aligner(args.genome, AlignmentFilter(), target="cpu", threads=args.threads)
+        theirs_cpu, cpu_time = _timed(_in_batches, cpu, reads, args.batchsize)
+        differ_cpu = sum([r.to_string() for r in a] != [r.to_string() for r in b] for a, b in zip(mine, theirs_cpu))
+        print(f"cpu engine ({args.threads} threads, {cpu_time:.1f} s): reads whose SAM records differ from the "
+              f"{args.engine} engine's: {differ_cpu:,} of {len(reads):,}")
     confident = agreeing = unmapped = 0
     differ = []
     wrong_mine = wrong_theirs = 0
