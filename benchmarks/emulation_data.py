@@ -3,8 +3,9 @@
 Each flow cell's reads are copies of the shared E. coli reads under fresh read ids (`common.new_id`;
 copies never repeat across cells), written as a finished run (one POD5, the basecalls as FASTA, the
 aligned BAM) and then staged by `streamer replay --stage-only` into batch files of `file_reads`
-reads (POD5, FASTQ and BAM per batch, as MinKNOW writes them), to be moved into a live folder at a
-pace later. `all/` holds every cell's reads as one `streamer call` input. `prep.json` records what
+reads (POD5, FASTQ and BAM per batch, as MinKNOW writes them; with `basecalls="fastq"` POD5 and FASTQ
+only, a run basecalled without alignment, which the daemon aligns itself), to be moved into a live
+folder at a pace later. `all/` holds every cell's reads as one `streamer call` input. `prep.json` records what
 the pace needs: each cell's staged run folder and its batches' bases and reads.
 
 Preparing is CPU work (about 3 Mbases/s of POD5 written on 5 cores, twice): it can run on any
@@ -30,9 +31,9 @@ from streamer.io.fastx import load_basecalls
 PREP = "prep.json"
 
 
-def prepared(work: Path, cells: int, copies: int, file_reads: int) -> Path:
+def prepared(work: Path, cells: int, copies: int, file_reads: int, basecalls: str = "bam") -> Path:
     """The folder of one preparation (its parameters in its name)."""
-    return work / f"cells{cells}_copies{copies}_reads{file_reads}"
+    return work / f"cells{cells}_copies{copies}_reads{file_reads}{'' if basecalls == 'bam' else '_' + basecalls}"
 
 
 def _cell_source(job: tuple[Path, Path, int, int]) -> None:
@@ -48,9 +49,10 @@ def _cell_source(job: tuple[Path, Path, int, int]) -> None:
     replicate_bam(data / "reads.mg1655.sorted.bam", run / "reads.bam", copies, first=first)
 
 
-def prepare(data: Path, work: Path, cells: int, copies: int, file_reads: int) -> Path:
-    """Write (once) `cells` staged runs of `copies` copies each and the joint input; the folder holding them."""
-    root = prepared(work, cells, copies, file_reads)
+def prepare(data: Path, work: Path, cells: int, copies: int, file_reads: int, basecalls: str = "bam") -> Path:
+    """Write (once) `cells` staged runs of `copies` copies each and the joint input; the folder holding them.
+    `basecalls`: bam (the batches' aligned BAMs staged) or fastq (none: FASTQ beside the POD5 only)."""
+    root = prepared(work, cells, copies, file_reads, basecalls)
     if (root / PREP).is_file():
         return root
     t0 = time.perf_counter()
@@ -59,7 +61,8 @@ def prepare(data: Path, work: Path, cells: int, copies: int, file_reads: int) ->
         list(pool.map(_cell_source, [(data, run, c * copies, copies) for c, run in enumerate(sources)]))
     stagers = [subprocess.Popen([sys.executable, "-m", "streamer", "replay", str(run), str(root / "staged"),
                                  "--stage-only", "--signal-format", "pod5", "--batch-size", str(file_reads),
-                                 "--flowcell", f"FAK{c:05d}"], stdout=subprocess.PIPE,
+                                 "--flowcell", f"FAK{c:05d}", *(["--no-bam"] if basecalls == "fastq" else [])],
+                                stdout=subprocess.PIPE,
                                 stderr=open(root / f"stage-fc{c}.log", "w"), text=True)
                for c, run in enumerate(sources)]  # fmt: skip
     staged = []

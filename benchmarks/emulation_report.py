@@ -1,11 +1,12 @@
 """What `jetson_emulation.py` makes of a trial's samples: the backlog over time and whether it grows, the
-latency per batch file, peak memory against the budget, and the markdown table. Pure functions over
-plain data, so they are tested without a GPU (tests/test_jetson_emulation.py).
+latency per batch file, the time per batch, peak memory against the budget, and the markdown table. Pure
+functions over plain data, so they are tested without a GPU (tests/test_jetson_emulation.py).
 """
 
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -106,6 +107,27 @@ def batch_latency(files: Sequence[float], batches: Sequence[tuple[int, float, fl
             "batch_max_s": max((m for _, _, m in batches), default=0.0)}  # fmt: skip
 
 
+def batch_times(batches: Sequence[tuple[int, int, float]]) -> dict[str, Any]:
+    """The daemon's seconds per batch, from taking its basecalls (and aligning those that came without) to
+    its commit: batches as the ledger's (n_reads, bases, seconds) rows; each kept, and their spread."""
+    secs = sorted(s for _, _, s in batches)
+    total = sum(secs)
+
+    def rank(q: float) -> float:
+        return secs[min(len(secs) - 1, int(q * len(secs)))] if secs else 0.0
+
+    return {"batches": len(secs), "reads": sum(n for n, _, _ in batches), "total_s": total,
+            "mean_s": total / len(secs) if secs else 0.0, "p50_s": rank(0.5), "p90_s": rank(0.9), "max_s": rank(1.0),
+            "mbases_per_s": sum(b for _, b, _ in batches) / 1e6 / total if total > 0 else 0.0,
+            "per_batch": [[n, b, s] for n, b, s in batches]}  # fmt: skip
+
+
+def row_difference(rows: Sequence[str], reference: Sequence[str]) -> dict[str, int]:
+    """Rows of the daemon not in the reference's (`streamer call` with the BAM), and the reverse, as multisets."""
+    mine, theirs = Counter(rows), Counter(reference)
+    return {"daemon_only": sum((mine - theirs).values()), "call_only": sum((theirs - mine).values())}
+
+
 def peak_memory(samples: Sequence[Mapping[str, Any]], budget: int) -> dict[str, Any]:
     """The largest host PSS, GPU memory and their sum over the samples, against the budget (bytes)."""
     host = max((s["pss"] for s in samples), default=0)
@@ -129,6 +151,7 @@ def markdown(res: Mapping[str, Any]) -> str:
         "",
         f"Daemon on cores {res['daemon_cores']} (4 x86 cores standing for 6-8 slower Arm cores), profile "
         f"`{res['profile']}`, budget {res['budget']}, GPU cap {res['gpu_memory']}; {res['device']}.",
+        *_basecalls(res, m),
         "",
         "| measure | value |",
         "| --- | --- |",
@@ -142,8 +165,13 @@ def markdown(res: Mapping[str, Any]) -> str:
         "batches; reads' files registered to commit) |",
         f"| peak host PSS + GPU | {mem['host_pss_mb']:.0f} + {mem['gpu_mb']:.0f} MB (largest sum "
         f"{mem['sum_mb']:.0f} MB of {mem['budget_mb']:.0f}: {'within' if mem['within_budget'] else 'OVER'}) |",
-        f"| rows identical to `streamer call` | {m['rows_identical']} ({m['rows']} rows) |",
+        f"| rows identical to `streamer call` | {m['rows_identical']} ({m['rows']} rows{_diff(m.get('rows_diff'))}) |",
     ]
+    if m.get("batch_times"):
+        b = m["batch_times"]
+        lines.insert(-1, f"| time per batch (ledger) | mean {b['mean_s']:.2f} s, p50 {b['p50_s']:.2f}, p90 "
+                         f"{b['p90_s']:.2f}, max {b['max_s']:.2f} s ({b['batches']} batches, {b['reads']} reads; "
+                         f"{b['mbases_per_s']:.2f} Mbases per batch-second) |")
     if res.get("standin"):
         s = res["standin"]
         lines += ["", "| stand-in basecaller | period mean | p50 | p99 | max | work mean |",
@@ -164,6 +192,19 @@ def markdown(res: Mapping[str, Any]) -> str:
                          f"{tl['mean_s']:.1f} / {tl['max_s']:.1f} s | {period} | {'yes' if t['sustained'] else 'no'} |")
         lines.append(f"\nLargest pace kept: {res['largest_pace']} Mbases/s.")
     return "\n".join(lines) + "\n"
+
+
+def _basecalls(res: Mapping[str, Any], m: Mapping[str, Any]) -> list[str]:
+    """The line saying how the daemon got its alignments, where it aligned FASTQ itself."""
+    if res.get("basecalls", "bam") == "bam":
+        return []
+    chosen = m.get("alignment_engine") or {}
+    return ["", f"Basecalls as FASTQ, aligned by the daemon: `--align-engine {res.get('align_engine') or 'auto'}`, "
+                f"engine {chosen.get('engine', '?')} ({chosen.get('why', '?')}); `streamer call` took the BAM."]
+
+
+def _diff(d: Mapping[str, int] | None) -> str:
+    return f"; {d['daemon_only']} only the daemon's, {d['call_only']} only call's" if d and any(d.values()) else ""
 
 
 def _s(seconds: float | None) -> str:

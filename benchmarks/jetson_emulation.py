@@ -29,6 +29,16 @@ less of the 6 GB than a board would.
     python benchmarks/jetson_emulation.py run --data .devdata/ecoli_2kb_region --duration 60 \
         --search 2,4,8 --out bench-work/jetson
 
+With `--basecalls fastq` (to `prepare` and `run` alike: its data are a folder of their own) the runs
+are staged as MinKNOW writes them basecalled without alignment, POD5 and FASTQ per batch file and no
+BAM, and the daemon aligns the reads itself with `--align-engine` (mappy, cpu, gpu; auto by default);
+the rows are still compared with `streamer call` on the BAM, their differences counted. Each trial
+reports the daemon's time per batch from its ledger (taking the basecalls, aligning them, the stages,
+the commit), every batch's kept in results.json:
+
+    python benchmarks/jetson_emulation.py run --data .devdata/ecoli_2kb_region --duration 66 \
+        --basecalls fastq --align-engine gpu --out bench-work/jetson-fastq-gpu   # and mappy
+
 `--data` is a copy of the shared `ecoli_2kb_region` folder. The data take about 17 MB per Mbase
 (60 Mbases: 1 GB; 300: 5 GB) and were written at 0.4 Mbases/s on 2 busy cores: `run` prepares
 whatever is not in `--work` yet itself (in parallel, a process per flow cell), so on a machine with
@@ -58,8 +68,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from streamer.summary import tree_pss  # noqa: E402
 from emulation_data import PREP, copies_for, prepare  # noqa: E402
-from emulation_report import (backlog, batch_latency, file_latencies, growth, landings, markdown,  # noqa: E402
-                               peak_memory, period_change, stagger, sustained)
+from emulation_report import (backlog, batch_latency, batch_times, file_latencies, growth, landings,  # noqa: E402
+                               markdown, peak_memory, period_change, row_difference, stagger, sustained)
+from streamer.align import ENGINES  # noqa: E402
 from streamer.tuning.profiles import parse_size  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -133,7 +144,8 @@ def trial(args, root: Path, prep: dict, pace: float, out: Path, standin: dict | 
         "run", *watch, "-g", root.parent / "ref.fa", "-o", results, "--profile", args.profile, "--threads",
         args.threads, "--memory-budget", args.budget, *(["--gpu-memory", args.gpu_memory] if args.gpu_memory != "none"
                                                          else []),
-        "--basecalls", "bam", "--status-interval", "1", "--grace", "2")], stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        "--basecalls", args.basecalls, *(["--align-engine", args.align_engine] if args.align_engine else []),
+        "--status-interval", "1", "--grace", "2")], stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
     outs = [results / n for n in names] if len(names) > 1 else [results]  # one run's outputs are not in a folder of its name
     summaries = [o / "summary.json" for o in outs]
     deadline = time.monotonic() + args.start_timeout
@@ -183,7 +195,7 @@ def trial(args, root: Path, prep: dict, pace: float, out: Path, standin: dict | 
     samples = [{**x, "t": x["t"] - skew} for x in samples]
     arena = [line.split("] ")[-1] for line in (out / "daemon.log").read_text().splitlines() if "arena" in line]
     series = backlog(samples, landed)
-    files, batches = [], []
+    files, batches, times = [], [], []
     for o in outs:
         with contextlib.closing(sqlite3.connect(o / ".streamer" / "ledger.sqlite")) as db:
             registered = dict(db.execute("SELECT id, at FROM files"))
@@ -191,11 +203,14 @@ def trial(args, root: Path, prep: dict, pace: float, out: Path, standin: dict | 
             files += file_latencies(db.execute("SELECT signal_file, basecall_file, batch FROM reads WHERE batch IS NOT "
                                                "NULL"), registered, committed)  # fmt: skip
             batches += db.execute("SELECT n_reads, latency_sum, latency_max FROM batches").fetchall()
+            times += db.execute("SELECT n_reads, bases, seconds FROM batches ORDER BY id").fetchall()
     bases = sum(json.loads(p.read_text())["bases"] for p in summaries)
     rows = sorted(line for o in outs for line in (o / "meth.tsv").read_text().splitlines()[1:])
     return {"pace": pace, "exit": code, "replays": paces, "replay_skew_s": skew, "arena": arena,
             "growth": growth(series, landed), "backlog": series,
-            "latency": batch_latency(files, batches), "memory": peak_memory(samples, parse_size(args.budget)),
+            "latency": batch_latency(files, batches), "batch_times": batch_times(times),
+            "alignment_engine": json.loads(summaries[0].read_text()).get("alignment_engine"),
+            "memory": peak_memory(samples, parse_size(args.budget)),
             "limits": json.loads(summaries[0].read_text())["profile"], "rows": len(rows), "rows_list": rows,
             "read_latency_s": [json.loads(p.read_text())["latency_s"] for p in summaries],
             "mbases": bases / 1e6,
@@ -221,14 +236,15 @@ def call_tsv(root: Path) -> Path:
 def run(args) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     res: dict = {"cells": args.cells, "daemon_cores": args.daemon_cores, "profile": args.profile,
-                 "budget": args.budget, "gpu_memory": args.gpu_memory, "device": _device()}  # fmt: skip
+                 "budget": args.budget, "gpu_memory": args.gpu_memory, "device": _device(),
+                 "basecalls": args.basecalls, "align_engine": args.align_engine}  # fmt: skip
 
     def save() -> None:
         (args.out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
 
     t0 = time.perf_counter()
     root = prepare(args.data, args.work, args.cells, copies_for(args.pace * args.duration, args.cells, args.data),
-                   args.file_reads)  # fmt: skip
+                   args.file_reads, args.basecalls)  # fmt: skip
     prep = json.loads((root / PREP).read_text())
     res["prepare_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -241,7 +257,8 @@ def run(args) -> dict:
         alone = stop_standin(proc, args.out / "standin_alone.json")
     save()
     main = trial(args, root, prep, args.pace, args.out / "main", alone)
-    main["rows_identical"] = main.pop("rows_list") == call_rows
+    rows = main.pop("rows_list")
+    main["rows_identical"], main["rows_diff"] = rows == call_rows, row_difference(rows, call_rows)
     beside = main.pop("standin")
     res["standin"] = {"alone": alone, "beside": beside, "change": period_change(alone, beside)} if alone else None
     res["main"] = main
@@ -283,6 +300,9 @@ def main() -> int:
         p.add_argument("--work", type=Path, default=WORK, help="where the replay data goes [%(default)s]")
         p.add_argument("--cells", type=int, default=5, help="flow cells [%(default)s: a GridION]")
         p.add_argument("--file-reads", type=int, default=400, help="reads per batch file [%(default)s]")
+        p.add_argument("--basecalls", choices=("bam", "fastq"), default="bam",
+                       help="bam: aligned BAMs staged beside the POD5 and FASTQ, the daemon reads them; fastq: FASTQ "
+                            "only, the daemon aligns the reads itself (--align-engine) [%(default)s]")
     prep = sub.choices["prepare"]
     prep.add_argument("--mbases", type=float, default=300.0, help="Mbases in all [%(default)s: 300 s at 1 Mbases/s]")
     r = sub.choices["run"]
@@ -294,6 +314,7 @@ def main() -> int:
     r.add_argument("--daemon-cores", default="0-3")
     r.add_argument("--other-cores", default="4-15", help="the replays' and the stand-in's [%(default)s]")
     r.add_argument("--threads", type=int, default=4)
+    r.add_argument("--align-engine", choices=ENGINES, help="the daemon's `--align-engine` [its default]")
     r.add_argument("--profile", default="jetson-orin-nx")
     r.add_argument("--budget", default="6G", help="host and GPU together [%(default)s]")
     r.add_argument("--gpu-memory", default="3G", help="the GPU cap (`none`: no cap, the profile's share) [%(default)s]")
@@ -310,7 +331,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.step == "prepare":
         copies = copies_for(args.mbases, args.cells, args.data)
-        root = prepare(args.data, args.work, args.cells, copies, args.file_reads)
+        root = prepare(args.data, args.work, args.cells, copies, args.file_reads, args.basecalls)
         call_tsv(root)
         print(root)
         return 0

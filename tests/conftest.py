@@ -33,6 +33,15 @@ def reference_path() -> Path:
     return REFERENCE
 
 
+@pytest.fixture
+def reference_copy(tmp_path) -> Path:
+    """The reference with its FM-index, copied into tmp_path: for a test whose aligner may write beside the
+    reference (an index built again, the `auto` engine's kept check), as none may write into tests/data."""
+    for src in (REFERENCE, REFERENCE.with_name(REFERENCE.name + ".fmi")):
+        (tmp_path / src.name).write_bytes(src.read_bytes())
+    return tmp_path / REFERENCE.name
+
+
 @pytest.fixture(autouse=True)
 def _logging_as_it_was():
     """`streamer.cli.main` sets up logging for a process; in tests one call must not leave its

@@ -126,9 +126,17 @@ def test_the_check_runs_once_per_index_and_is_kept_beside_it(tmp_path, monkeypat
         m.setattr(edge, "fm_aligner", lambda *a, **k: pytest.fail("a kept failure needs no gpu engine"))
         fell_back = open_aligner("auto", ref, AlignmentFilter(), threads=2)
     assert isinstance(fell_back, ReadAligner) and fell_back.choice == choose_engine("", Agreement(**failed))
-    # another index (built again): checked again
+    # the reference touched (a fresh clone): the same content, the index and the kept result still hold
     fmi = ref.with_name(ref.name + ".fmi")
-    os.utime(fmi, ns=(fmi.stat().st_mtime_ns + 10**9,) * 2)
+    built = fmi.stat().st_mtime_ns
+    os.utime(ref, ns=(ref.stat().st_mtime_ns + 10**9,) * 2)
+    with caplog.at_level(logging.INFO, logger="streamer.daemon.aligner"):
+        caplog.clear()
+        open_aligner("auto", ref, AlignmentFilter(), threads=2)
+    assert "checked before" in caplog.text and fmi.stat().st_mtime_ns == built
+    # a result kept for another index: checked again
+    other = {**kept["key"], "index": {**kept["key"]["index"], "blake2b": "0" * 32}}
+    check_path(ref).write_text(json.dumps({"key": other, "result": failed}))
     checked = open_aligner("auto", ref, AlignmentFilter(), threads=2)
     assert checked.choice == first.choice
-    assert json.loads(check_path(ref).read_text())["key"]["index_mtime_ns"] == fmi.stat().st_mtime_ns
+    assert json.loads(check_path(ref).read_text())["key"] == kept["key"]

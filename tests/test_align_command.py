@@ -100,12 +100,11 @@ SHARED_READS = (SHARED / "reads.fasta", SHARED / "fast5_files", 10_000)
     (FIXTURE, "mappy"), (FIXTURE, "cpu"),
     pytest.param(SHARED_READS, "auto", marks=needs_shared),
 ])  # fmt: skip
-def test_call_without_bam_gives_the_rows_of_align_then_call(tmp_path, inputs, engine, capsys):
+def test_call_without_bam_gives_the_rows_of_align_then_call(tmp_path, reference_copy, inputs, engine, capsys):
     """`streamer call` with no -b aligns the basecalls itself (chunk by chunk, -K reads at a time): the
     rows of `streamer align` and `streamer call -b` on the same reads, whichever engine."""
     source, signal, at_least = inputs
-    ref = tmp_path / REFERENCE.name  # the FM-index is written beside it
-    ref.write_bytes(REFERENCE.read_bytes())
+    ref = reference_copy  # auto keeps its check beside it
     reads = tmp_path / "reads.fasta"
     shutil.copy(source, reads)
     bam = tmp_path / "aligned.bam"

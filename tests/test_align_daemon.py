@@ -12,14 +12,14 @@ from test_align_command import brute_force_engine  # noqa: F401
 from test_daemon import make_config, reference, replay, run_to_end, source, summary  # noqa: F401
 
 
-def test_fastq_without_bam_is_aligned_by_the_configured_engine(source, reference, reference_path, tmp_path,
+def test_fastq_without_bam_is_aligned_by_the_configured_engine(source, reference, reference_copy, tmp_path,
                                                                brute_force_engine, no_leaks):
     replay(source, tmp_path / "with_bam")
-    bam_cfg = make_config(tmp_path, reference_path, **{"watch.dir": tmp_path / "with_bam",
+    bam_cfg = make_config(tmp_path, reference_copy, **{"watch.dir": tmp_path / "with_bam",
                                                        "output.dir": tmp_path / "out_bam"})
     run_to_end(bam_cfg, FakePipeline(), reference)
     replay(source, tmp_path / "live", bam=False)
-    cfg = make_config(tmp_path, reference_path, **{"alignment.engine": "cpu"})
+    cfg = make_config(tmp_path, reference_copy, **{"alignment.engine": "cpu"})
     made = []
 
     def make_aligner():
@@ -36,16 +36,16 @@ def test_fastq_without_bam_is_aligned_by_the_configured_engine(source, reference
     assert rows(cfg.output.dir / "meth.tsv") == rows(bam_cfg.output.dir / "meth.tsv")
 
 
-def test_auto_engine_in_the_daemon(source, reference, reference_path, tmp_path, no_leaks):
+def test_auto_engine_in_the_daemon(source, reference, reference_copy, tmp_path, no_leaks):
     """The default `alignment.engine`, auto: mappy where there is no GPU, said in summary.json, with the rows
     the run's BAM gives."""
     replay(source, tmp_path / "with_bam")
-    bam_cfg = make_config(tmp_path, reference_path, **{"watch.dir": tmp_path / "with_bam",
+    bam_cfg = make_config(tmp_path, reference_copy, **{"watch.dir": tmp_path / "with_bam",
                                                        "output.dir": tmp_path / "out_bam"})
     run_to_end(bam_cfg, FakePipeline(), reference)
     assert summary(bam_cfg)["alignment_engine"] is None  # the BAM's alignments: no aligner was needed
     replay(source, tmp_path / "live", bam=False)
-    cfg = make_config(tmp_path, reference_path)
+    cfg = make_config(tmp_path, reference_copy)
     assert cfg.alignment.engine == "auto"
     made = []
 

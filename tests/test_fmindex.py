@@ -124,6 +124,15 @@ def test_saved_beside_the_reference_and_reused(tmp_path, caplog):
     mtime = path.stat().st_mtime_ns
     again = F.load_or_build(ref)
     assert again.same_as(built) and path.stat().st_mtime_ns == mtime
+    # the same bytes at another time (a fresh clone): reused, the index untouched
+    os.utime(ref, ns=(mtime + 10**9, mtime + 10**9))
+    assert F.load_or_build(ref).same_as(built) and path.stat().st_mtime_ns == mtime
+    assert F.index_stamp(ref)["blake2b"] == F.content_digest(ref)
+    # other bytes of the same size: built again
+    text = ref.read_text()
+    ref.write_text(text[:-2] + ("C" if text[-2] == "A" else "A") + "\n")  # the last base
+    assert F.index_stamp(ref) is None
+    assert not F.load_or_build(ref).same_as(built) and path.stat().st_mtime_ns != mtime
     # another reference under the same name: built again
     ref.write_text(">x\nACGTACGTTTGACCA\n")
     ref.with_name("ref.fa.fai").unlink()  # htslib's index of the old file

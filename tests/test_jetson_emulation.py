@@ -17,8 +17,8 @@ from conftest import ROOT, SHARED, needs_shared
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from emulation_data import PREP, copies_for, prepare  # noqa: E402
-from emulation_report import (backlog, batch_latency, file_latencies, growth, landings, markdown,  # noqa: E402
-                              peak_memory, period_change, stagger, sustained)
+from emulation_report import (backlog, batch_latency, batch_times, file_latencies, growth, landings,  # noqa: E402
+                              markdown, peak_memory, period_change, row_difference, stagger, sustained)
 
 CELLS = [{"name": f"fc{c}", "bases": [500_000] * 10, "reads": [100] * 10} for c in range(2)]
 
@@ -44,6 +44,18 @@ def test_prepare_writes_staged_cells_and_the_joint_input_once(tmp_path):
     assert prepare(SHARED, tmp_path, cells=2, copies=1, file_reads=50) == root  # in place: not written again
     assert (root / PREP).stat().st_mtime_ns == stamp
     assert copies_for(60, 5, SHARED) == 20  # 60 Mbases of 0.62-Mbase copies over five cells
+
+
+@needs_shared
+def test_prepare_fastq_stages_no_bams(tmp_path):
+    """`--basecalls fastq`: a folder of its own, POD5 and FASTQ per batch file, no BAM (the daemon aligns)."""
+    root = prepare(SHARED, tmp_path, cells=1, copies=1, file_reads=50, basecalls="fastq")
+    assert root.name.endswith("_fastq")
+    staged = Path(json.loads((root / PREP).read_text())["cells"][0]["staged"])
+    manifest = json.loads((staged / ".replay.json").read_text())
+    assert not manifest["bam"] and all(set(b["files"]) == {"signal", "fastq"} for b in manifest["batches"])
+    assert not (staged / "bam_pass").exists() and len(list((staged / "fastq_pass").iterdir())) == 3
+    assert (root / "all" / "reads.bam").is_file()  # `streamer call`'s input, the reference rows
 
 
 def test_landings_follow_the_replay_pace():
@@ -87,6 +99,12 @@ def test_latency_memory_and_period_summaries():
     mem = peak_memory(samples, 6 << 30)
     assert (mem["host_pss_mb"], mem["gpu_mb"], mem["sum_mb"], mem["within_budget"]) == (3072, 3072, 5120, True)
     assert not peak_memory(samples, 4 << 30)["within_budget"]
+    times = batch_times([(100, 400_000, 2.0), (50, 200_000, 1.0), (100, 400_000, 4.0), (10, 40_000, 1.0)])
+    assert {k: times[k] for k in ("batches", "reads", "total_s", "mean_s", "p50_s", "p90_s", "max_s")} == {
+        "batches": 4, "reads": 260, "total_s": 8.0, "mean_s": 2.0, "p50_s": 2.0, "p90_s": 4.0, "max_s": 4.0}
+    assert times["mbases_per_s"] == pytest.approx(0.13) and times["per_batch"][1] == [50, 200_000, 1.0]
+    assert batch_times([])["batches"] == 0 and batch_times([])["mbases_per_s"] == 0.0
+    assert row_difference(["a", "b", "b"], ["b", "c"]) == {"daemon_only": 2, "call_only": 1}
     alone = {"period": {"mean_ms": 100.0, "p50_ms": 100.0, "p99_ms": 110.0}}
     beside = {"period": {"mean_ms": 105.0, "p50_ms": 100.0, "p99_ms": 132.0}}
     assert period_change(alone, beside) == pytest.approx({"mean": 0.05, "p50": 0.0, "p99": 0.2})
@@ -111,7 +129,15 @@ def test_markdown_table_of_a_run():
     assert "| latency per batch | mean 2.5 s, max 6.0 s (8 batches;" in text
     assert "does not grow" in text and "| rows identical to `streamer call` | True (1234 rows) |" in text
     assert "| beside the daemon | 100.0 ms |" in text and "Largest pace kept: 1.0 Mbases/s." in text
-    assert "| 2 | " in text and "| no |" in text
+    assert "| 2 | " in text and "| no |" in text and "FASTQ" not in text
+    fastq = {**res, "basecalls": "fastq", "align_engine": "mappy",
+             "main": {**trial, "rows_identical": False, "rows_diff": {"daemon_only": 3, "call_only": 2},
+                      "batch_times": batch_times([(400, 1_000_000, 2.0)]),
+                      "alignment_engine": {"engine": "mappy", "why": "as asked"}}}  # fmt: skip
+    text = markdown(fastq)
+    assert "`--align-engine mappy`, engine mappy (as asked)" in text
+    assert "| time per batch (ledger) | mean 2.00 s, p50 2.00, p90 2.00, max 2.00 s (1 batches, 400 reads;" in text
+    assert "| rows identical to `streamer call` | False (1234 rows; 3 only the daemon's, 2 only call's) |" in text
 
 
 def test_standin_basecaller_loop_under_the_simulator(tmp_path):

@@ -1,5 +1,6 @@
 """The FM-index of a reference: built on the CPU (here) or the GPU (`streamer_gpu.fmindex`, the same
-bytes), saved beside the reference as REF.fmi and reused while the reference is unchanged.
+bytes), saved beside the reference as REF.fmi and reused while the reference is unchanged: keyed by
+its size and a digest of its bytes, so a copy or a fresh clone (a new modification time) keeps it.
 
 The text is the reference's contigs laid end to end over A, C, G and T, split into segments at every
 other base (N and the other IUPAC codes, which are in no seed) and at contig ends, each segment
@@ -17,6 +18,7 @@ a human genome: about 2.1 GB. Texts of 2^32 symbols or more are refused (uint32 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -44,6 +46,8 @@ SUFFIX = ".fmi"
 BUILD_BYTES = 2 << 30  # memory for a piece of the suffix sort unless told: E. coli to a 60 Mb genome in one piece
 MAX_KMER = 12
 MAX_TEXT = (1 << 32) - 1
+DIGEST_CHUNK = 1 << 20
+LAYOUT = {"format": FORMAT, "block_rows": BLOCK_ROWS, "sa_sample": SA_SAMPLE, "key_symbols": KEY_SYMBOLS}
 
 _cells = fm_cells(CPU)
 _pack_block, _kmer_step = _cells.pack_block, _cells.kmer_step
@@ -240,10 +244,43 @@ def index_path(reference: str | Path) -> Path:
     return reference.with_name(reference.name + SUFFIX)
 
 
+def content_digest(path: str | Path) -> str:
+    """blake2b of a file's bytes, read 1 MB at a time."""
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as fh:
+        while chunk := fh.read(DIGEST_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def _stamp(reference: Path) -> dict:
+    """What an index is kept with: this layout, and the reference's size, digest and modification time
+    (the time only a fast path: `_built_from`)."""
     st = reference.stat()
-    return {"format": FORMAT, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "block_rows": BLOCK_ROWS,
-            "sa_sample": SA_SAMPLE, "key_symbols": KEY_SYMBOLS}  # fmt: skip
+    return {**LAYOUT, "size": st.st_size, "blake2b": content_digest(reference), "mtime_ns": st.st_mtime_ns}
+
+
+def _built_from(saved: dict, reference: Path) -> bool:
+    """Whether an index saved with `saved` is this reference's: this layout and size, then the same
+    modification time (trusted, nothing read) or else the same digest."""
+    st = reference.stat()
+    if any(saved.get(k) != v for k, v in LAYOUT.items()) or saved.get("size") != st.st_size:
+        return False
+    return saved.get("mtime_ns") == st.st_mtime_ns or saved.get("blake2b") == content_digest(reference)
+
+
+def index_stamp(reference: str | Path) -> dict | None:
+    """The stamp REF.fmi was saved with where it is this reference's index (its arrays not read), less
+    the modification time: what the index's content depends on. None where there is none or it is stale."""
+    reference = Path(reference)
+    try:
+        with np.load(index_path(reference)) as z:
+            saved = json.loads(z["meta"].tobytes())["stamp"]
+        if not _built_from(saved, reference):
+            return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return {k: v for k, v in saved.items() if k != "mtime_ns"}
 
 
 def save(index: FMIndex, path: str | Path, stamp: dict | None = None) -> None:
@@ -280,11 +317,10 @@ def load_or_build(reference: str | Path, *, budget: int = BUILD_BYTES, target: s
     already read as codes (`genome.read_fasta`), which a build then takes rather than reading it again."""
     reference = Path(reference)
     path = index_path(reference)
-    stamp = _stamp(reference)
     if path.is_file():
         try:
             index, saved = load(path)
-            if saved == stamp:
+            if _built_from(saved, reference):
                 return index
             log.info("%s was built from another %s: building it again", path, reference.name)
         except InputError as exc:
@@ -304,7 +340,7 @@ def load_or_build(reference: str | Path, *, budget: int = BUILD_BYTES, target: s
              int(text.contig_offsets[-1]), len(text.seg_text), index.nbytes / 1e6, target.upper(),
              time.perf_counter() - t0)  # fmt: skip
     try:
-        save(index, path, stamp)
+        save(index, path, _stamp(reference))
     except OSError as exc:
         log.warning("could not save the FM-index beside %s (%s): it is built again next time", reference, exc)
     return index

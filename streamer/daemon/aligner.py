@@ -23,7 +23,7 @@ import pysam
 
 import streamer
 from streamer.align.agreement import Agreement, EngineChoice, agreement, asked_for, check_reads, choose_engine
-from streamer.align.fmindex import index_path
+from streamer.align.fmindex import index_path, index_stamp
 from streamer.align.records import judged, sam_records
 from streamer.align.engine import ENGINE_VERSION, SeedAligner, fm_aligner
 from streamer.errors import InputError, StreamerError, UsageError
@@ -149,13 +149,13 @@ def check_path(genome: Path) -> Path:
 
 
 def _check_key(genome: Path, index: Path | None, preset: str) -> dict | None:
-    """What the check's result holds for: this index file, this engine's and mappy's versions, mappy's
-    settings; None where the index could not be kept (nor then the check)."""
-    try:
-        st = index_path(genome).stat()
-    except OSError:
+    """What the check's result holds for: this index's content (the reference's digest and the index's
+    layout, so a fresh clone's copy holds), this engine's and mappy's versions, mappy's settings; None
+    where no index of this reference is kept (nor then the check)."""
+    stamp = index_stamp(genome)
+    if stamp is None:
         return None
-    return {"index_size": st.st_size, "index_mtime_ns": st.st_mtime_ns, "engine": f"{streamer.__version__}/{ENGINE_VERSION}",
+    return {"index": stamp, "engine": f"{streamer.__version__}/{ENGINE_VERSION}",
             "mappy": getattr(mappy, "__version__", ""), "preset": preset, "mm_index": str(index or "")}
 
 
