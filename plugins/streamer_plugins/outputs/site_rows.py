@@ -1,0 +1,137 @@
+"""What the frequency tables (`methfreq`, `bedmethyl`) share: a batch's calls as flat arrays,
+site rows kept in a numpy array keyed by a numba dict, and the calls' thresholds as exact bounds.
+
+The tables count each call in compiled code (no Python per call: the daemon's engine thread adds
+hundreds of thousands of calls a minute while it holds the GIL). A site is a row of int64 columns,
+found through a typed dict from its int64 key triple to the row; rows only ever grow.
+
+Both tables compare the log-likelihood ratio as the calls TSV prints it, `round(llr, 2)`. Rounding
+is monotonic and odd, so `|round(x, 2)| >= t` is `x >= b or x <= -b` for the least double `b` with
+`round(b, 2) >= t`, and `round(x, 2) > 0` is `x >= b0` likewise: the bounds are found once per
+threshold by bisection over doubles with Python's own `round`, and the kernels never round.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from functools import lru_cache
+
+import numba
+import numpy as np
+from numba import types
+from numba.typed import Dict
+
+from streamer_plugins.cpg.calls import MethCalls
+from streamer_plugins.cpg.hmm import site_at
+
+KEY = types.UniTuple(types.int64, 3)
+
+
+def _ordered(x: float) -> int:
+    """An integer that orders doubles as their values do."""
+    bits = struct.unpack("<q", struct.pack("<d", x))[0]
+    return bits if bits >= 0 else -(bits & 0x7FFF_FFFF_FFFF_FFFF)
+
+
+def _double(key: int) -> float:
+    bits = key if key >= 0 else (-key) | -0x8000_0000_0000_0000
+    return struct.unpack("<d", struct.pack("<q", bits))[0]
+
+
+def _least(holds, lo: float, hi: float) -> float:
+    """The least double in (lo, hi] where the monotonic `holds` is true (false at lo, true at hi)."""
+    a, b = _ordered(lo), _ordered(hi)
+    while b - a > 1:
+        mid = (a + b) // 2
+        if holds(_double(mid)):
+            b = mid
+        else:
+            a = mid
+    return _double(b)
+
+
+@lru_cache(maxsize=None)
+def called_bound(threshold: float) -> float:
+    """The least x with round(x, 2) >= threshold: a call counts when x >= it or x <= -it."""
+    return _least(lambda x: round(x, 2) >= threshold, threshold - 1.0, threshold + 1.0)
+
+
+@lru_cache(maxsize=1)
+def methylated_bound() -> float:
+    """The least x with round(x, 2) > 0."""
+    return _least(lambda x: round(x, 2) > 0, -1.0, 1.0)
+
+
+def new_index() -> Dict:
+    return Dict.empty(key_type=KEY, value_type=types.int64)
+
+
+def grown(array: np.ndarray, size: int) -> np.ndarray:
+    """`array`, or a copy with room for `size` rows (doubling), its first rows kept."""
+    if array.shape[0] >= size:
+        return array
+    out = np.zeros((max(size, 2 * array.shape[0]), *array.shape[1:]), array.dtype)
+    out[: array.shape[0]] = array
+    return out
+
+
+class Contigs:
+    """Contig names as indices, in order of first sight."""
+
+    def __init__(self) -> None:
+        self.index: dict[str, int] = {}
+        self.names = np.empty(0, object)
+
+    def ids(self, calls: MethCalls, ref_names: Sequence[str]) -> np.ndarray:
+        """int64: the contig of each call."""
+        new = [name for name in dict.fromkeys(ref_names) if name not in self.index]
+        if new:
+            self.index.update(zip(new, range(len(self.index), len(self.index) + len(new))))
+            self.names = np.array(list(self.index), object)
+        per_record = np.fromiter(map(self.index.__getitem__, ref_names), np.int64, len(ref_names))
+        return per_record[calls.read]
+
+    def order(self, contig: np.ndarray, *then: np.ndarray) -> np.ndarray:
+        """Row order by contig name (byte order), then by `then` in turn."""
+        rank = np.empty(len(self.names), np.int64)
+        rank[sorted(range(len(self.names)), key=lambda i: self.names[i].encode())] = np.arange(len(self.names))
+        return np.lexsort((*reversed(then), rank[contig]))
+
+
+def sequences(seqs: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The calls' context sequences as one uint8 array (ASCII) and int64 offsets."""
+    off = np.zeros(len(seqs) + 1, np.int64)
+    np.cumsum(np.fromiter(map(len, seqs), np.int64, len(seqs)), out=off[1:])
+    return np.frombuffer("".join(seqs).encode("ascii"), np.uint8), off
+
+
+@numba.njit(nogil=True, cache=True)
+def row_of(index, rows, n, a, b, c):
+    """The row of key (a, b, c), added with its key in columns 0-2 when new; returns (row, n)."""
+    key = (a, b, c)
+    if key in index:
+        return index[key], n
+    index[key] = n
+    rows[n, 0], rows[n, 1], rows[n, 2] = a, b, c
+    return n, n + 1
+
+
+@numba.njit(nogil=True, cache=True)
+def next_site(blob, o, length, j, motif):
+    """The first site of the motif (`Motif.table`) at or after j in blob[o:o+length]; -1 if none."""
+    while j < length:
+        if site_at(blob, o, length, j, motif):
+            return j
+        j += 1
+    return -1
+
+
+@numba.njit(nogil=True, cache=True)
+def lookup(index, a, b, c):
+    """The rows of keys (a[i], b[i], c[i]); -1 where absent."""
+    out = np.empty(a.shape[0], np.int64)
+    for i in range(a.shape[0]):
+        key = (a[i], b[i], c[i])
+        out[i] = index[key] if key in index else -1
+    return out
