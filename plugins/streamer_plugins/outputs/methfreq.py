@@ -35,7 +35,7 @@ import numpy as np
 from streamer.pore.motifs import CPG, Motif
 from streamer_plugins.cpg.calls import MethCalls
 from streamer_plugins.outputs.site_rows import (Contigs, called_bound, grown, lookup, methylated_bound, new_index,
-                                                next_site, row_of, sequences)
+                                                next_site, one_call, row_of, sequences)
 
 CALL_THRESHOLD = 2.5
 SPLIT_SEQUENCE = "split-group"
@@ -46,7 +46,6 @@ _FREQ_HEADER = (
 
 
 SiteKey = tuple[str, int, int]
-_ONE = MethCalls(*(np.zeros(1, np.int64),) * 8, [""])  # a single call of record 0, for `add`
 
 
 class SiteStats(NamedTuple):
@@ -145,9 +144,7 @@ class MethFreq:
     def add(self, chrom: str, start: int, end: int, llr: float, num_motifs: int, sequence: str,
             changed: set | None = None) -> None:
         """Add one call (llr as printed in the calls TSV); the keys it credits go into `changed`."""
-        contig = self.contigs.ids(_ONE, [chrom])
-        self._add_calls(contig, np.array([start]), np.array([end]), np.array([llr]), np.array([num_motifs]),
-                        [sequence], changed)  # fmt: skip
+        self.add_calls(one_call(start, end, 1, llr, num_motifs, sequence), [chrom], changed)
 
     def add_calls(self, calls: MethCalls, ref_names: Sequence[str], changed: set | None = None) -> None:
         """Add a batch's calls; `ref_names` is the batch's contig per record."""

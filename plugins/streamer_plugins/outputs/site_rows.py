@@ -99,6 +99,13 @@ class Contigs:
         return np.lexsort((*reversed(then), rank[contig]))
 
 
+def one_call(start: int, end: int, strand: int, llr: float, num_motifs: int, sequence: str) -> MethCalls:
+    """A single call, of record 0."""
+    return MethCalls(np.zeros(1, np.int64), np.array([start], np.int64), np.array([end], np.int64),
+                     np.array([strand], np.int8), np.array([llr]), np.zeros(1), np.zeros(1),
+                     np.array([num_motifs], np.int32), [sequence])
+
+
 def sequences(seqs: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """The calls' context sequences as one uint8 array (ASCII) and int64 offsets."""
     off = np.zeros(len(seqs) + 1, np.int64)
