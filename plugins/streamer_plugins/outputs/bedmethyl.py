@@ -49,20 +49,24 @@ _STRANDS = "+-"
 
 
 @numba.njit(nogil=True, cache=True)
-def _add(index, rows, n, contig, strand, start, llr, blob, off, bound, meth_bound, motif, marks):
-    """Count each call at every site of its group; returns the rows used."""
-    for i in range(llr.shape[0]):
+def _add(index, rows, n, contig, strand, start, llr, blob, off, bound, meth_bound, motif, marks, i):
+    """Count each call from the i-th on at every site of its group; stops at a call whose sites may not fit
+    `rows`. Returns that call (or the count) and the rows used."""
+    while i < llr.shape[0]:
+        o, length = off[i], off[i + 1] - off[i]
+        if n + length // motif.shape[1] > rows.shape[0]:
+            break
         x = llr[i]
         outcome = 5 if x < bound and x > -bound else (3 if x >= meth_bound else 4)  # column: fail, mod, canonical
         reverse = strand[i] != 1
         shift = marks[1] if reverse else marks[0]
-        o, length = off[i], off[i + 1] - off[i]
         first = j = next_site(blob, o, length, 0, motif)
         while j >= 0:
             row, n = row_of(index, rows, n, contig[i], start[i] + j - first + shift, np.int64(reverse))
             rows[row, outcome] += 1
             j = next_site(blob, o, length, j + 1, motif)
-    return n
+        i += 1
+    return i, n
 
 
 class BedMethyl:
@@ -83,10 +87,13 @@ class BedMethyl:
     def add_calls(self, calls: MethCalls, ref_names: Sequence[str]) -> None:
         """Add a batch's calls; `ref_names` is the batch's contig per record."""
         blob, off = sequences(calls.sequence)
-        self._rows = grown(self._rows, self._n + len(blob))
-        self._n = _add(self._index, self._rows, self._n, self.contigs.ids(calls, ref_names), calls.strand,
-                       calls.start.astype(np.int64), calls.llr.astype(np.float64), blob, off,
-                       called_bound(self.call_threshold), methylated_bound(), self.motif.table(), self.motif.marks())
+        args = (self.contigs.ids(calls, ref_names), calls.strand, calls.start.astype(np.int64),
+                calls.llr.astype(np.float64), blob, off, called_bound(self.call_threshold), methylated_bound(),
+                self.motif.table(), self.motif.marks())
+        i = 0
+        while i < len(calls):
+            self._rows = grown(self._rows, self._n + max(off[i + 1] - off[i], 2 * (len(calls) - i)))
+            i, self._n = _add(self._index, self._rows, self._n, *args, i)
 
     @property
     def sites(self) -> dict[tuple[str, int, str], SiteCounts]:

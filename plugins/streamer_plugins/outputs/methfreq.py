@@ -74,30 +74,35 @@ def _credit(index, rows, n, key, n_sites, methylated, seq, seq_len, touched, t):
 
 @numba.njit(nogil=True, cache=True)
 def _add(index, rows, n, arena, n_bytes, contig, start, end, llr, num, blob, off, bound, meth_bound, split, motif,
-         touched):  # fmt: skip
-    """Credit each called call to its site(s) (the module's rules); returns the rows, bytes and credits used."""
-    t = 0
-    for i in range(llr.shape[0]):
+         touched, t, i):  # fmt: skip
+    """Credit each called call from the i-th on to its site(s) (the module's rules), the rows it credits into
+    `touched`; stops at a call that may not fit the arrays. Returns that call (or the count), rows, bytes, credits."""
+    while i < llr.shape[0]:
         x, b = llr[i], bound[num[i]]
-        if x < b and x > -b:
-            continue
-        methylated = x >= meth_bound
         o, length = off[i], off[i + 1] - off[i]
-        if not (split and num[i] > 1):
+        group = split and num[i] > 1
+        credits = length // motif.shape[1] if group else 1
+        if n + credits > rows.shape[0] or t + credits > touched.shape[0] or n_bytes + length > arena.shape[0]:
+            break
+        methylated = x >= meth_bound
+        if (x < b and x > -b) or credits == 0:
+            pass
+        elif not group:
             seen = n
             n = _credit(index, rows, n, (contig[i], start[i], end[i]), num[i], methylated, n_bytes, length, touched, t)
             t += 1
             if n > seen:
                 arena[n_bytes : n_bytes + length] = blob[o : o + length]
                 n_bytes += length
-            continue
-        first = j = next_site(blob, o, length, 0, motif)
-        while j >= 0:
-            site = start[i] + j - first
-            n = _credit(index, rows, n, (contig[i], site, site), 1, methylated, 0, -1, touched, t)
-            t += 1
-            j = next_site(blob, o, length, j + 1, motif)
-    return n, n_bytes, t
+        else:
+            first = j = next_site(blob, o, length, 0, motif)
+            while j >= 0:
+                site = start[i] + j - first
+                n = _credit(index, rows, n, (contig[i], site, site), 1, methylated, 0, -1, touched, t)
+                t += 1
+                j = next_site(blob, o, length, j + 1, motif)
+        i += 1
+    return i, n, n_bytes, t
 
 
 class MethFreq:
@@ -124,32 +129,30 @@ class MethFreq:
         return np.array([called_bound(self.call_threshold * k if self.per_motif else self.call_threshold)
                          for k in sizes])  # fmt: skip
 
-    def _add_calls(self, contig: np.ndarray, start: np.ndarray, end: np.ndarray, llr: np.ndarray, num: np.ndarray,
-                   seqs: Sequence[str], changed: set | None) -> None:  # fmt: skip
-        blob, off = sequences(seqs)
-        num = num.astype(np.int64)
-        bound = self._bounds(num)
-        with self.lock:
-            self._rows = grown(self._rows, self._n + len(num) + len(blob))
-            self._arena = grown(self._arena, self._n_bytes + len(blob))
-            touched = np.empty(len(num) + len(blob), np.int64)
-            self._n, self._n_bytes, t = _add(
-                self._index, self._rows, self._n, self._arena, self._n_bytes, contig, start.astype(np.int64),
-                end.astype(np.int64), llr.astype(np.float64), num, blob, off, bound, methylated_bound(),
-                self.split_groups, self.motif.table(), touched,
-            )  # fmt: skip
-        if changed is not None and t:
-            changed.update(self._keys(self._rows[np.unique(touched[:t])]))
-
     def add(self, chrom: str, start: int, end: int, llr: float, num_motifs: int, sequence: str,
             changed: set | None = None) -> None:
         """Add one call (llr as printed in the calls TSV); the keys it credits go into `changed`."""
         self.add_calls(one_call(start, end, 1, llr, num_motifs, sequence), [chrom], changed)
 
     def add_calls(self, calls: MethCalls, ref_names: Sequence[str], changed: set | None = None) -> None:
-        """Add a batch's calls; `ref_names` is the batch's contig per record."""
-        self._add_calls(self.contigs.ids(calls, ref_names), calls.start, calls.end, calls.llr, calls.num_motifs,
-                        calls.sequence, changed)  # fmt: skip
+        """Add a batch's calls; `ref_names` is the batch's contig per record; the keys credited go into `changed`."""
+        contig = self.contigs.ids(calls, ref_names)
+        blob, off = sequences(calls.sequence)
+        num = calls.num_motifs.astype(np.int64)
+        args = (contig, calls.start.astype(np.int64), calls.end.astype(np.int64), calls.llr.astype(np.float64), num,
+                blob, off, self._bounds(num), methylated_bound(), self.split_groups, self.motif.table())
+        touched = np.empty(len(num), np.int64)
+        i = t = 0
+        with self.lock:
+            while i < len(num):
+                more = off[i + 1] - off[i] + 1  # room for the call it stopped at, at least
+                self._rows = grown(self._rows, self._n + max(more, len(num) - i))
+                self._arena = grown(self._arena, self._n_bytes + more)
+                touched = grown(touched, t + more)
+                i, self._n, self._n_bytes, t = _add(self._index, self._rows, self._n, self._arena, self._n_bytes,
+                                                    *args, touched, t, i)  # fmt: skip
+        if changed is not None and t:
+            changed.update(self._keys(self._rows[np.unique(touched[:t])]))
 
     def _keys(self, rows: np.ndarray) -> zip:
         return zip(self.contigs.names[rows[:, _CONTIG]].tolist(), rows[:, _START].tolist(), rows[:, _END].tolist())
