@@ -3,7 +3,8 @@ sinks pay it on each batch's calls.
 
 The calls of a calls TSV (default: the E. coli fixture's f5c calls) are replicated `--copies` times,
 each copy shifted along the contig so that sites stay about as many as calls (low coverage, the
-daemon's usual case), and fed in blocks of `--batch` calls; reports microseconds per call for
+daemon's usual case), and fed in blocks of `--batch` calls, one record per read as in the daemon's
+batches (`--per-row`: one record per row, as calls read back from a TSV are); reports microseconds per call for
 `MethFreq.add_calls` (with and without the publisher's changed keys, and with split groups) and
 `BedMethyl.add_calls`. The first block of each is a warm-up (compilation) and is not timed.
 
@@ -14,10 +15,13 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 from streamer_plugins.outputs.bedmethyl import BedMethyl
-from streamer_plugins.outputs.calls_tsv import read_calls
+from streamer_plugins.outputs.calls_tsv import CallBlock, read_calls
 from streamer_plugins.outputs.methfreq import MethFreq
 
 FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "data" / "ecoli" / "meth.f5c-1.1.tsv"
@@ -33,6 +37,15 @@ def shifted_rows(path: Path, copies: int, shift: int = 10_000_000) -> tuple[str,
             f[2], f[3] = str(int(f[2]) + i * shift), str(int(f[3]) + i * shift)
             out.append("\t".join(f))
     return header, out
+
+
+def per_read(block: CallBlock) -> CallBlock:
+    """The block's calls as a batch holds them: one record per (read, contig)."""
+    records: dict[tuple[str, str], int] = {}
+    calls = block.products["calls"]
+    read = [records.setdefault(key, len(records)) for key in zip(block.read_ids, block.ref_names)]
+    calls = replace(calls, read=np.array(read, np.int64)[calls.read])
+    return CallBlock([r for r, _ in records], [c for _, c in records], {"calls": calls})
 
 
 def timed(tables, blocks) -> float:
@@ -52,9 +65,12 @@ def main() -> None:
     ap.add_argument("--calls", type=Path, default=FIXTURE)
     ap.add_argument("--copies", type=int, default=400)
     ap.add_argument("--batch", type=int, default=20_000, help="calls per batch")
+    ap.add_argument("--per-row", action="store_true", help="one record per row, as calls read back are")
     args = ap.parse_args()
     header, rows = shifted_rows(args.calls, args.copies)
     blocks = list(read_calls([header, *rows], block=args.batch))
+    if not args.per_row:
+        blocks = [per_read(b) for b in blocks]
     n = sum(len(b.products["calls"]) for b in blocks[1:])
     plain, freq, split, bed, changed = MethFreq(), MethFreq(), MethFreq(split_groups=True), BedMethyl(), set()
     cases = {

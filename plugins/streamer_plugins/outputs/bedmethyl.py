@@ -10,7 +10,7 @@ counts agree with `streamer meth-freq -s`): modified if positive, canonical othe
 threshold it counts as Nfail. Only the motif's sites of the reference are called, so Ndelete, Ndiff, Nnocall and
 Nother_mod are 0. As in modkit, rows with no valid coverage are not written; rows are sorted by
 contig (byte order), position and strand. Calls are counted in compiled code over the batch's
-arrays (`site_rows`): a site is a row of (contig, position, strand: 0 +, 1 -, modified, canonical,
+arrays (`site_rows`): a site is a row of (contig, position, strand: 0 +, 1 -, chain, modified, canonical,
 failed).
 """
 
@@ -57,7 +57,7 @@ def _add(index, rows, n, contig, strand, start, llr, blob, off, bound, meth_boun
         if n + length // motif.shape[1] > rows.shape[0]:
             break
         x = llr[i]
-        outcome = 5 if x < bound and x > -bound else (3 if x >= meth_bound else 4)  # column: fail, mod, canonical
+        outcome = 6 if x < bound and x > -bound else (4 if x >= meth_bound else 5)  # column: fail, mod, canonical
         reverse = strand[i] != 1
         shift = marks[1] if reverse else marks[0]
         first = j = next_site(blob, o, length, 0, motif)
@@ -77,7 +77,7 @@ class BedMethyl:
         self.motif = motif
         self.contigs = Contigs()
         self._index = new_index()
-        self._rows = np.zeros((0, 6), np.int64)
+        self._rows = np.zeros((0, 7), np.int64)
         self._n = 0
 
     def add(self, chrom: str, strand: str, start: int, llr: float, sequence: str) -> None:
@@ -102,12 +102,12 @@ class BedMethyl:
 
     def _listed(self, rows: np.ndarray) -> list[tuple[str, int, str, SiteCounts]]:
         return list(zip(self.contigs.names[rows[:, 0]].tolist(), rows[:, 1].tolist(),
-                        [_STRANDS[k] for k in rows[:, 2].tolist()], map(SiteCounts, *rows[:, 3:6].T.tolist())))
+                        [_STRANDS[k] for k in rows[:, 2].tolist()], map(SiteCounts, *rows[:, 4:7].T.tolist())))
 
     def rows(self) -> list[tuple[str, int, str, SiteCounts]]:
         """Sites with valid coverage, in output order."""
         rows = self._rows[: self._n]
-        rows = rows[rows[:, 3] + rows[:, 4] > 0]
+        rows = rows[rows[:, 4] + rows[:, 5] > 0]
         return self._listed(rows[self.contigs.order(rows[:, 0], rows[:, 1], rows[:, 2])])
 
     def write(self, fh: TextIO) -> None:

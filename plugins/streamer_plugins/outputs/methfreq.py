@@ -14,7 +14,7 @@ from records are rounded the same way before the threshold applies; a calls TSV 
 records by `streamer_plugins.outputs.calls_tsv`.
 
 Calls are counted in compiled code over the batch's arrays (`site_rows`): a site is a row of
-(contig, start, end, group size, called, methylated, sequence offset, sequence length) with its
+(contig, start, end, chain, group size, called, methylated, sequence offset, sequence length) with its
 first call's sequence in a byte arena (length -1: "split-group").
 
 The daemon's table is also the one the publisher serves snapshots from (one table for a
@@ -57,7 +57,7 @@ class SiteStats(NamedTuple):
     sequence: str
 
 
-_CONTIG, _START, _END, _GROUP, _CALLED, _METH, _SEQ, _LEN = range(8)
+_CONTIG, _START, _END, _NEXT, _GROUP, _CALLED, _METH, _SEQ, _LEN = range(9)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -118,7 +118,7 @@ class MethFreq:
         self.lock = threading.Lock()
         self.contigs = Contigs()
         self._index = new_index()
-        self._rows = np.zeros((0, 8), np.int64)
+        self._rows = np.zeros((0, 9), np.int64)
         self._arena = np.zeros(0, np.uint8)
         self._n = self._n_bytes = 0
         """Rows and arena are written only under `lock`; read freely by the writer's own thread."""
@@ -174,7 +174,7 @@ class MethFreq:
             return {}
         chrom, start, end = zip(*keys)
         contig = np.fromiter(map(self.contigs.index.__getitem__, chrom), np.int64, len(keys))
-        found = lookup(self._index, contig, np.array(start, np.int64), np.array(end, np.int64))
+        found = lookup(self._index, self._rows, contig, np.array(start, np.int64), np.array(end, np.int64))
         return self._sites(self._rows[found], self._arena[: self._n_bytes])
 
     def snapshot(self) -> dict[SiteKey, SiteStats]:

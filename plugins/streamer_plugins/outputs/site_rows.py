@@ -3,7 +3,9 @@ site rows kept in a numpy array keyed by a numba dict, and the calls' thresholds
 
 The tables count each call in compiled code (no Python per call: the daemon's engine thread adds
 hundreds of thousands of calls a minute while it holds the GIL). A site is a row of int64 columns,
-found through a typed dict from its int64 key triple to the row; rows only ever grow.
+keyed by a triple (contig, position, third: a strand or an end) in columns 0-2: a typed dict maps
+contig and position to the first row of that pair, whose column 3 chains the rows of other thirds
+(-1 ends the chain); the tables' counts follow. Rows only ever grow.
 
 Both tables compare the log-likelihood ratio as the calls TSV prints it, `round(llr, 2)`. Rounding
 is monotonic and odd, so `|round(x, 2)| >= t` is `x >= b or x <= -b` for the least double `b` with
@@ -25,7 +27,7 @@ from numba.typed import Dict
 from streamer_plugins.cpg.calls import MethCalls
 from streamer_plugins.cpg.hmm import site_at
 
-KEY = types.UniTuple(types.int64, 3)
+_POSITION_BITS = 33  # positions below 2**33: an index key is contig << 33 | position
 
 
 def _ordered(x: float) -> int:
@@ -64,7 +66,7 @@ def methylated_bound() -> float:
 
 
 def new_index() -> Dict:
-    return Dict.empty(key_type=KEY, value_type=types.int64)
+    return Dict.empty(key_type=types.int64, value_type=types.int64)
 
 
 def grown(array: np.ndarray, size: int) -> np.ndarray:
@@ -114,13 +116,30 @@ def sequences(seqs: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
 
 
 @numba.njit(nogil=True, cache=True)
+def _find(index, rows, a, b, c):
+    """The row of key (a, b, c), else -(1 + the last row of (a, b)) or -1 when (a, b) has none."""
+    key = a << _POSITION_BITS | b
+    if key not in index:
+        return -1
+    row = index[key]
+    while rows[row, 2] != c:
+        if rows[row, 3] < 0:
+            return -(1 + row)
+        row = rows[row, 3]
+    return row
+
+
+@numba.njit(nogil=True, cache=True)
 def row_of(index, rows, n, a, b, c):
     """The row of key (a, b, c), added with its key in columns 0-2 when new; returns (row, n)."""
-    key = (a, b, c)
-    if key in index:
-        return index[key], n
-    index[key] = n
-    rows[n, 0], rows[n, 1], rows[n, 2] = a, b, c
+    row = _find(index, rows, a, b, c)
+    if row >= 0:
+        return row, n
+    if row == -1:
+        index[a << _POSITION_BITS | b] = n
+    else:
+        rows[-(1 + row), 3] = n
+    rows[n, 0], rows[n, 1], rows[n, 2], rows[n, 3] = a, b, c, -1
     return n, n + 1
 
 
@@ -135,10 +154,9 @@ def next_site(blob, o, length, j, motif):
 
 
 @numba.njit(nogil=True, cache=True)
-def lookup(index, a, b, c):
+def lookup(index, rows, a, b, c):
     """The rows of keys (a[i], b[i], c[i]); -1 where absent."""
     out = np.empty(a.shape[0], np.int64)
     for i in range(a.shape[0]):
-        key = (a[i], b[i], c[i])
-        out[i] = index[key] if key in index else -1
+        out[i] = max(_find(index, rows, a[i], b[i], c[i]), -1)
     return out
