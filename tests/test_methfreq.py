@@ -145,3 +145,21 @@ def test_malformed_input_names_the_line(lines, line_no):
     with pytest.raises(InputError) as err:
         freq_of(lines)
     assert err.value.line == line_no
+
+
+def test_batch_counts_round_the_ratio_as_printed():
+    """Ratios at the rounding edges (2.495 -> 2.5 counts, 0.005 -> 0.01 methylated, 0.125 -> 0.12): the
+    compiled counts match Python's round(llr, 2) rule, for the tables and the publisher's changed keys."""
+    edges = [2.495, np.nextafter(2.495, 0), 2.4949999, -2.495, np.nextafter(-2.495, 0), 0.005, -0.005, 0.125,
+             -0.125, 2.5, -2.5, 5.0, np.nextafter(2.505, 3)]
+    rng = np.random.default_rng(3)
+    llr = np.array(edges + list(rng.uniform(-4, 4, 200)))
+    n = len(llr)
+    calls = MethCalls(np.zeros(n, np.int64), np.arange(n) * 10, np.arange(n) * 10, np.ones(n, np.int8), llr,
+                      np.zeros(n), np.zeros(n), np.ones(n, np.int32), ["AACGT"] * n)
+    freq, changed = MethFreq(), set()
+    freq.add_calls(calls, ["c"], changed)
+    want = {("c", 10 * i, 10 * i): (1, int(round(x, 2) > 0))
+            for i, x in enumerate(llr.tolist()) if abs(round(x, 2)) >= 2.5}
+    assert {k: (s.called_sites, s.called_sites_methylated) for k, s in freq.sites.items()} == want
+    assert changed == set(want) and freq.select(sorted(want)) == {k: freq.sites[k] for k in sorted(want)}

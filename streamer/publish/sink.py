@@ -141,4 +141,4 @@ class PublishSink:
         """The current counts of the sites changed since the last time."""
         keys = sorted(self.changed)
         self.changed.clear()
-        self.send("freq", hmm_update({k: self.table.sites[k] for k in keys}))
+        self.send("freq", hmm_update(self.table.select(keys)))

@@ -9,7 +9,9 @@ strand, as modkit reports strands separately (other motifs likewise at their `Mo
 counts agree with `streamer meth-freq -s`): modified if positive, canonical otherwise; below the
 threshold it counts as Nfail. Only the motif's sites of the reference are called, so Ndelete, Ndiff, Nnocall and
 Nother_mod are 0. As in modkit, rows with no valid coverage are not written; rows are sorted by
-contig (byte order), position and strand.
+contig (byte order), position and strand. Calls are counted in compiled code over the batch's
+arrays (`site_rows`): a site is a row of (contig, position, strand: 0 +, 1 -, chain, modified, canonical,
+failed).
 """
 
 from __future__ import annotations
@@ -18,12 +20,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
+import numba
+import numpy as np
+
 from streamer.pore.motifs import CPG, Motif
 from streamer_plugins.cpg.calls import MethCalls
 from streamer_plugins.outputs.methfreq import CALL_THRESHOLD
+from streamer_plugins.outputs.site_rows import (Contigs, called_bound, grown, methylated_bound, new_index, next_site,
+                                                one_call, row_of, sequences)
 
 COLOUR = "255,0,0"
-_STRAND = {1: "+", -1: "-"}
 
 
 @dataclass
@@ -39,40 +45,70 @@ class SiteCounts:
         return self.n_mod + self.n_canonical
 
 
+_STRANDS = "+-"
+
+
+@numba.njit(nogil=True, cache=True)
+def _add(index, rows, n, contig, strand, start, llr, blob, off, bound, meth_bound, motif, marks, i):
+    """Count each call from the i-th on at every site of its group; stops at a call whose sites may not fit
+    `rows`. Returns that call (or the count) and the rows used."""
+    while i < llr.shape[0]:
+        o, length = off[i], off[i + 1] - off[i]
+        if n + length // motif.shape[1] > rows.shape[0]:
+            break
+        x = llr[i]
+        outcome = 6 if x < bound and x > -bound else (4 if x >= meth_bound else 5)  # column: fail, mod, canonical
+        reverse = strand[i] != 1
+        shift = marks[1] if reverse else marks[0]
+        first = j = next_site(blob, o, length, 0, motif)
+        while j >= 0:
+            row, n = row_of(index, rows, n, contig[i], start[i] + j - first + shift, np.int64(reverse))
+            rows[row, outcome] += 1
+            j = next_site(blob, o, length, j + 1, motif)
+        i += 1
+    return i, n
+
+
 class BedMethyl:
     """Accumulates group calls into per-site, per-strand counts; `write()` prints the table."""
 
     def __init__(self, call_threshold: float = CALL_THRESHOLD, motif: Motif = CPG) -> None:
         self.call_threshold = call_threshold
         self.motif = motif
-        self.sites: dict[tuple[str, int, str], SiteCounts] = {}
+        self.contigs = Contigs()
+        self._index = new_index()
+        self._rows = np.zeros((0, 7), np.int64)
+        self._n = 0
 
     def add(self, chrom: str, strand: str, start: int, llr: float, sequence: str) -> None:
         """Add one group call: `start` is the group's first site, `sequence` the TSV's context (llr as printed)."""
-        shift = self.motif.forward if strand == "+" else self.motif.reverse
-        sites = self.motif.find(sequence)
-        for pos in sites:
-            key = (chrom, start + pos - sites[0] + shift, strand)
-            site = self.sites.get(key)
-            if site is None:
-                site = self.sites[key] = SiteCounts()
-            if abs(llr) < self.call_threshold:
-                site.n_fail += 1
-            elif llr > 0:
-                site.n_mod += 1
-            else:
-                site.n_canonical += 1
+        self.add_calls(one_call(start, start, 1 if strand == "+" else -1, llr, 1, sequence), [chrom])
 
     def add_calls(self, calls: MethCalls, ref_names: Sequence[str]) -> None:
         """Add a batch's calls; `ref_names` is the batch's contig per record."""
-        for read, strand, start, llr, seq in zip(calls.read.tolist(), calls.strand.tolist(), calls.start.tolist(),
-                                                 calls.llr.tolist(), calls.sequence):
-            self.add(ref_names[read], _STRAND[strand], start, round(llr, 2), seq)
+        blob, off = sequences(calls.sequence)
+        args = (self.contigs.ids(calls, ref_names), calls.strand, calls.start.astype(np.int64),
+                calls.llr.astype(np.float64), blob, off, called_bound(self.call_threshold), methylated_bound(),
+                self.motif.table(), self.motif.marks())
+        i = 0
+        while i < len(calls):
+            self._rows = grown(self._rows, self._n + max(off[i + 1] - off[i], 2 * (len(calls) - i)))
+            i, self._n = _add(self._index, self._rows, self._n, *args, i)
+
+    @property
+    def sites(self) -> dict[tuple[str, int, str], SiteCounts]:
+        """Every site (a copy, built on each call: for readers, not for the batch path)."""
+        return {(c, p, s): SiteCounts(*k) for c, p, s, k in self._listed(self._rows[: self._n])}
+
+    def _listed(self, rows: np.ndarray) -> list[tuple[str, int, str, SiteCounts]]:
+        return list(zip(self.contigs.names[rows[:, 0]].tolist(), rows[:, 1].tolist(),
+                        [_STRANDS[k] for k in rows[:, 2].tolist()], map(SiteCounts, *rows[:, 4:7].T.tolist())))
 
     def rows(self) -> list[tuple[str, int, str, SiteCounts]]:
         """Sites with valid coverage, in output order."""
-        keys = sorted(self.sites, key=lambda k: (k[0].encode(), k[1], k[2] != "+"))
-        return [(*k, self.sites[k]) for k in keys if self.sites[k].n_valid > 0]
+        rows = self._rows[: self._n]
+        rows = rows[rows[:, 4] + rows[:, 5] > 0]
+        return self._listed(rows[self.contigs.order(rows[:, 0], rows[:, 1], rows[:, 2])])
 
     def write(self, fh: TextIO) -> None:
         for chrom, pos, strand, s in self.rows():

@@ -1,0 +1,162 @@
+"""What the frequency tables (`methfreq`, `bedmethyl`) share: a batch's calls as flat arrays,
+site rows kept in a numpy array keyed by a numba dict, and the calls' thresholds as exact bounds.
+
+The tables count each call in compiled code (no Python per call: the daemon's engine thread adds
+hundreds of thousands of calls a minute while it holds the GIL). A site is a row of int64 columns,
+keyed by a triple (contig, position, third: a strand or an end) in columns 0-2: a typed dict maps
+contig and position to the first row of that pair, whose column 3 chains the rows of other thirds
+(-1 ends the chain); the tables' counts follow. Rows only ever grow.
+
+Both tables compare the log-likelihood ratio as the calls TSV prints it, `round(llr, 2)`. Rounding
+is monotonic and odd, so `|round(x, 2)| >= t` is `x >= b or x <= -b` for the least double `b` with
+`round(b, 2) >= t`, and `round(x, 2) > 0` is `x >= b0` likewise: the bounds are found once per
+threshold by bisection over doubles with Python's own `round`, and the kernels never round.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from functools import lru_cache
+
+import numba
+import numpy as np
+from numba import types
+from numba.typed import Dict
+
+from streamer_plugins.cpg.calls import MethCalls
+from streamer_plugins.cpg.hmm import site_at
+
+_POSITION_BITS = 33  # positions below 2**33: an index key is contig << 33 | position
+
+
+def _ordered(x: float) -> int:
+    """An integer that orders doubles as their values do."""
+    bits = struct.unpack("<q", struct.pack("<d", x))[0]
+    return bits if bits >= 0 else -(bits & 0x7FFF_FFFF_FFFF_FFFF)
+
+
+def _double(key: int) -> float:
+    bits = key if key >= 0 else (-key) | -0x8000_0000_0000_0000
+    return struct.unpack("<d", struct.pack("<q", bits))[0]
+
+
+def _least(holds, lo: float, hi: float) -> float:
+    """The least double in (lo, hi] where the monotonic `holds` is true (false at lo, true at hi)."""
+    a, b = _ordered(lo), _ordered(hi)
+    while b - a > 1:
+        mid = (a + b) // 2
+        if holds(_double(mid)):
+            b = mid
+        else:
+            a = mid
+    return _double(b)
+
+
+@lru_cache(maxsize=None)
+def called_bound(threshold: float) -> float:
+    """The least x with round(x, 2) >= threshold: a call counts when x >= it or x <= -it."""
+    return _least(lambda x: round(x, 2) >= threshold, threshold - 1.0, threshold + 1.0)
+
+
+@lru_cache(maxsize=1)
+def methylated_bound() -> float:
+    """The least x with round(x, 2) > 0."""
+    return _least(lambda x: round(x, 2) > 0, -1.0, 1.0)
+
+
+def new_index() -> Dict:
+    return Dict.empty(key_type=types.int64, value_type=types.int64)
+
+
+def grown(array: np.ndarray, size: int) -> np.ndarray:
+    """`array`, or a copy with room for `size` rows (doubling), its first rows kept."""
+    if array.shape[0] >= size:
+        return array
+    out = np.zeros((max(size, 2 * array.shape[0]), *array.shape[1:]), array.dtype)
+    out[: array.shape[0]] = array
+    return out
+
+
+class Contigs:
+    """Contig names as indices, in order of first sight."""
+
+    def __init__(self) -> None:
+        self.index: dict[str, int] = {}
+        self.names = np.empty(0, object)
+
+    def ids(self, calls: MethCalls, ref_names: Sequence[str]) -> np.ndarray:
+        """int64: the contig of each call."""
+        new = [name for name in dict.fromkeys(ref_names) if name not in self.index]
+        if new:
+            self.index.update(zip(new, range(len(self.index), len(self.index) + len(new))))
+            self.names = np.array(list(self.index), object)
+        per_record = np.fromiter(map(self.index.__getitem__, ref_names), np.int64, len(ref_names))
+        return per_record[calls.read]
+
+    def order(self, contig: np.ndarray, *then: np.ndarray) -> np.ndarray:
+        """Row order by contig name (byte order), then by `then` in turn."""
+        rank = np.empty(len(self.names), np.int64)
+        rank[sorted(range(len(self.names)), key=lambda i: self.names[i].encode())] = np.arange(len(self.names))
+        return np.lexsort((*reversed(then), rank[contig]))
+
+
+def one_call(start: int, end: int, strand: int, llr: float, num_motifs: int, sequence: str) -> MethCalls:
+    """A single call, of record 0."""
+    return MethCalls(np.zeros(1, np.int64), np.array([start], np.int64), np.array([end], np.int64),
+                     np.array([strand], np.int8), np.array([llr]), np.zeros(1), np.zeros(1),
+                     np.array([num_motifs], np.int32), [sequence])
+
+
+def sequences(seqs: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The calls' context sequences as one uint8 array (ASCII) and int64 offsets."""
+    off = np.zeros(len(seqs) + 1, np.int64)
+    np.cumsum(np.fromiter(map(len, seqs), np.int64, len(seqs)), out=off[1:])
+    return np.frombuffer("".join(seqs).encode("ascii"), np.uint8), off
+
+
+@numba.njit(nogil=True, cache=True)
+def _find(index, rows, a, b, c):
+    """The row of key (a, b, c), else -(1 + the last row of (a, b)) or -1 when (a, b) has none."""
+    key = a << _POSITION_BITS | b
+    if key not in index:
+        return -1
+    row = index[key]
+    while rows[row, 2] != c:
+        if rows[row, 3] < 0:
+            return -(1 + row)
+        row = rows[row, 3]
+    return row
+
+
+@numba.njit(nogil=True, cache=True)
+def row_of(index, rows, n, a, b, c):
+    """The row of key (a, b, c), added with its key in columns 0-2 when new; returns (row, n)."""
+    row = _find(index, rows, a, b, c)
+    if row >= 0:
+        return row, n
+    if row == -1:
+        index[a << _POSITION_BITS | b] = n
+    else:
+        rows[-(1 + row), 3] = n
+    rows[n, 0], rows[n, 1], rows[n, 2], rows[n, 3] = a, b, c, -1
+    return n, n + 1
+
+
+@numba.njit(nogil=True, cache=True)
+def next_site(blob, o, length, j, motif):
+    """The first site of the motif (`Motif.table`) at or after j in blob[o:o+length]; -1 if none."""
+    while j < length:
+        if site_at(blob, o, length, j, motif):
+            return j
+        j += 1
+    return -1
+
+
+@numba.njit(nogil=True, cache=True)
+def lookup(index, rows, a, b, c):
+    """The rows of keys (a[i], b[i], c[i]); -1 where absent."""
+    out = np.empty(a.shape[0], np.int64)
+    for i in range(a.shape[0]):
+        out[i] = max(_find(index, rows, a[i], b[i], c[i]), -1)
+    return out
