@@ -10,7 +10,7 @@ import pytest
 from streams import local_config, no_leaks, tsv_rows  # noqa: F401 (no_leaks is a fixture)
 
 from streamer import config
-from streamer.publish.client import Calls, Gap, Snapshot, Subscriber
+from streamer.publish.client import Calls, FreqUpdate, Gap, Snapshot, Subscriber
 from streamer.daemon.shell import Daemon
 from streamer.io.reference import Reference
 from streamer.pipeline.stages import Pipeline, PipelineOptions
@@ -92,9 +92,9 @@ def test_subscribers_get_every_call_and_a_late_joiner_the_same_frequencies(ecoli
         runner = threading.Thread(target=lambda: codes.append(daemon.run()), name="daemon")
         runner.start()
         try:
-            assert held.holding.wait(60)  # the second batch waits; the first is published (its calls reach early)
+            assert held.holding.wait(60)  # the second batch waits; the first is published (its sites' counts reach early)
             deadline = time.monotonic() + 60
-            while not any(isinstance(m, Calls) for m in early.messages):
+            while not any(isinstance(m, FreqUpdate) for m in early.messages):
                 assert time.monotonic() < deadline
                 time.sleep(0.02)
             late = _Collector(pub.endpoints[0], ["meth.freq"])
