@@ -54,6 +54,9 @@ def test_the_tuner_grows_batches_no_further_than_the_budget_holds():
     # a controller on the budgeted plan may double B only up to that bound
     c = Controller(budgeted.settings, budgeted.bounds)
     assert c.bounds.of("max_bases", c.settings)[1] == memory.most_bases
+    # and starts from the budget's B, not the profile's: a tuner's first move keeps it (the daemon applies the
+    # tuner's whole settings, so a move of another knob would otherwise take B back past the budget)
+    assert budgeted.settings.max_bases == memory.max_bases < gpu_box.settings.max_bases
     assert memory_plan(64 << 30, 5_000_000, 2, 16).most_bases > 5_000_000  # never below what was asked
 
 

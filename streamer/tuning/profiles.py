@@ -301,12 +301,15 @@ class Plan:
 
     def budgeted(self, memory: MemoryPlan) -> Plan:
         """This plan with the budget a run was sized for, B's bound within it (so the tuner never grows batches
-        past the budget), and on a unified board the GPU part's share as its cap."""
+        past the budget) and B itself the budget's (the tuner starts from it: its first move must not take B
+        back to the profile's), and on a unified board the GPU part's share as its cap."""
         cap = memory.gpu_bytes if memory.gpu_bytes is not None else self.gpu.memory
         lo, hi = self.bounds.max_bases
         bounds = self.bounds if memory.most_bases is None else replace(
             self.bounds, max_bases=(lo, max(lo, min(hi, memory.most_bases))))  # fmt: skip
-        return replace(self, budget=memory.budget, gpu=replace(self.gpu, memory=cap), bounds=bounds)
+        settings = replace(self.settings, max_bases=min(self.settings.max_bases, memory.max_bases))
+        return replace(self, budget=memory.budget, gpu=replace(self.gpu, memory=cap), bounds=bounds,
+                       settings=settings)
 
     def limits(self) -> dict[str, Any]:
         """Every limit the plan sets, by its configuration name: the batch caps, the GPU split, threads, the

@@ -66,9 +66,11 @@ class MethFreqTable(BaseSink):
         if path is None:
             return None
         out = config.output
-        table = MethFreq(out.call_threshold, out.split_groups, motif(config.pipeline.methylation),
-                         out.freq_compat == "nanopolish")  # fmt: skip
-        return cls(path, table, context.publishing)
+        settings = (out.call_threshold, out.split_groups, motif(config.pipeline.methylation),
+                    out.freq_compat == "nanopolish")  # fmt: skip
+        # kernels compiled (or loaded from numba's cache) at open, not on the daemon's first batch
+        MethFreq(*settings).add("warm-up", 0, 2, 9.0, 2, "ACGTACGT", set())
+        return cls(path, MethFreq(*settings), context.publishing)
 
     def __init__(self, path: Path | TextIO | None = None, table: MethFreq | None = None, track_changes: bool = False):
         self.path = path
@@ -110,7 +112,11 @@ class BedMethylTable(BaseSink):
             path = context.out_dir / BEDMETHYL if config.output.bedmethyl else None
         else:
             path = context.files.get("bedmethyl")
-        return cls(path, BedMethyl(config.output.call_threshold, motif(config.pipeline.methylation))) if path else None
+        if path is None:
+            return None
+        settings = (config.output.call_threshold, motif(config.pipeline.methylation))
+        BedMethyl(*settings).add("warm-up", "+", 0, 9.0, "ACGTACGT")  # compiled at open, as the frequency table's
+        return cls(path, BedMethyl(*settings))
 
     def __init__(self, path: Path, table: BedMethyl | None = None):
         self.path = path
