@@ -96,10 +96,8 @@ def test_mappys_records_are_those_made_field_by_field(batch, tmp_path):
     write_fasta(tmp_path / "g.fa", contigs)
     aligner = mappy.Aligner(str(tmp_path / "g.fa"), preset="map-ont")
     header = pysam.AlignmentHeader.from_references([n for n, _ in contigs], [len(c) for _, c in contigs])
-    mine, plain = [], []
-    for rid, seq in pairs:
-        hits = list(aligner.map(seq))
-        mine += sam_records(header, rid, seq, hits)
-        plain += _plain(header, rid, seq, hits)
+    hits = [list(aligner.map(seq)) for _, seq in pairs]
+    mine = [r for recs in sam_records(header, pairs, hits) for r in recs]
+    plain = [r for (rid, seq), h in zip(pairs, hits) for r in _plain(header, rid, seq, h)]
     assert len(mine) > len(pairs) and any(r.is_supplementary for r in mine)
     assert _bam_bytes(tmp_path / "mine.bam", header, mine) == _bam_bytes(tmp_path / "plain.bam", header, plain)

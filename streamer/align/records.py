@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import TYPE_CHECKING
 
 import numba
@@ -187,20 +188,21 @@ def batch_records(header: pysam.AlignmentHeader, ids: Texts, seqs: Texts, placed
     return [recs[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
-def sam_records(header: pysam.AlignmentHeader, read_id: str, seq: str,
-                hits: Iterable[Hit | mappy.Alignment]) -> list[pysam.AlignedSegment]:
-    """The SAM records of one read: primary first, then supplementary and secondary."""
-    hits = list(hits)
-    if not hits:
-        return []
+def sam_records(header: pysam.AlignmentHeader, reads: Sequence[tuple[str, str]],
+                hits: Sequence[Sequence[Hit | mappy.Alignment]]) -> list[list[pysam.AlignedSegment]]:
+    """The SAM records of each (read id, sequence) from its alignments in output order (primary, then
+    supplementary parts, then secondaries), made for the reads at once."""
+    flat = [h for read_hits in hits for h in read_hits]
     cols = np.array([(header.get_tid(h.ctg), h.r_st, h.q_st, h.q_en, h.strand < 0, h.mapq, h.is_primary, h.NM)
-                     for h in hits], dtype=np.int64)  # fmt: skip
-    cigars = [np.asarray(h.cigar, dtype=np.int32).reshape(-1, 2)[:, ::-1] for h in hits]
-    ends = np.cumsum([len(c) for c in cigars])
-    placed = Placed(np.zeros(len(hits), np.int64), cols[:, 0], cols[:, 1], cols[:, 2], cols[:, 3], cols[:, 4] > 0,
-                    cols[:, 5], cols[:, 6] > 0, cols[:, 7], np.concatenate(cigars), ends - [len(c) for c in cigars],
-                    ends)  # fmt: skip
-    return batch_records(header, Texts.of([read_id]), Texts.of([seq]), placed)[0]
+                     for h in flat], dtype=np.int64).reshape(-1, 8)  # fmt: skip
+    cigars = [h.cigar for h in flat]  # [length, op] pairs
+    lengths = np.fromiter(map(len, cigars), np.int64, len(cigars))
+    ends = np.cumsum(lengths)
+    ops = np.fromiter(chain.from_iterable(chain.from_iterable(cigars)), np.int32, 2 * int(lengths.sum()))
+    placed = Placed(np.repeat(np.arange(len(hits)), [len(h) for h in hits]), cols[:, 0], cols[:, 1], cols[:, 2],
+                    cols[:, 3], cols[:, 4] > 0, cols[:, 5], cols[:, 6] > 0, cols[:, 7],
+                    np.ascontiguousarray(ops.reshape(-1, 2)[:, ::-1]), ends - lengths, ends)
+    return batch_records(header, Texts.of([rid for rid, _ in reads]), Texts.of([seq for _, seq in reads]), placed)
 
 
 def judged(read_id: str, recs: list[pysam.AlignedSegment], filt: AlignmentFilter, source: str) -> tuple[Record, ...]:

@@ -32,6 +32,7 @@ from streamer.io.alignments import AlignmentFilter
 from streamer.daemon.basecall_cache import Record
 
 log = logging.getLogger(__name__)
+RECORDS_CHUNK = 32  # reads whose mappy records are made at once, on one thread
 
 
 class ReadAligner:
@@ -54,18 +55,24 @@ class ReadAligner:
 
     def records(self, read_id: str, seq: str) -> list[pysam.AlignedSegment]:
         """The SAM records of one read: primary first, then supplementary and secondary."""
-        return sam_records(self.header, read_id, seq, self._aligner.map(seq))
+        return self.records_all([(read_id, seq)])[0]
 
     def align(self, read_id: str, seq: str) -> tuple[Record, ...]:
         """Each record as the filter judges it; one unmapped record if minimap2 finds no hit."""
         return judged(read_id, self.records(read_id, seq), self._filt, "minimap2 (mappy)")
 
     def records_all(self, reads: Sequence[tuple[str, str]]) -> list[list[pysam.AlignedSegment]]:
-        """`records` over (read id, sequence) pairs on `threads` threads (mappy releases the GIL)."""
-        if len(reads) < 2 or self.threads < 2:
-            return [self.records(rid, seq) for rid, seq in reads]
+        """`records` over (read id, sequence) pairs, in chunks on `threads` threads (mappy releases the GIL):
+        a chunk's hits, then its records made at once."""
+        size = max(1, min(RECORDS_CHUNK, -(-len(reads) // (4 * self.threads))))
+        chunks = [reads[i:i + size] for i in range(0, len(reads), size)]
+        if len(chunks) < 2 or self.threads < 2:
+            return [recs for chunk in chunks for recs in self._chunk_records(chunk)]
         with ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="mappy") as pool:
-            return list(pool.map(lambda r: self.records(*r), reads))
+            return [recs for part in pool.map(self._chunk_records, chunks) for recs in part]
+
+    def _chunk_records(self, reads: Sequence[tuple[str, str]]) -> list[list[pysam.AlignedSegment]]:
+        return sam_records(self.header, reads, [list(self._aligner.map(seq)) for _, seq in reads])
 
     def align_all(self, reads: Sequence[tuple[str, str]]) -> list[tuple[Record, ...]]:
         """`align` over (read id, sequence) pairs on `threads` threads."""
