@@ -13,7 +13,7 @@ from align_seeder import KmerSeeder
 from streamer.align.bases import decode
 from streamer.align.engine import SeedAligner
 from streamer.align.genome import synth_genome, write_fasta
-from streamer.align.records import Hit, Texts, sam_records
+from streamer.align.records import Hit, Texts, hit_arrays, sam_records
 from streamer.align.simulate import PROFILES, simulate_reads
 from streamer.io.alignments import AlignmentFilter
 
@@ -97,7 +97,7 @@ def test_mappys_records_are_those_made_field_by_field(batch, tmp_path):
     aligner = mappy.Aligner(str(tmp_path / "g.fa"), preset="map-ont")
     header = pysam.AlignmentHeader.from_references([n for n, _ in contigs], [len(c) for _, c in contigs])
     hits = [list(aligner.map(seq)) for _, seq in pairs]
-    mine = [r for recs in sam_records(header, pairs, hits) for r in recs]
+    mine = [r for recs in sam_records(header, pairs, [hit_arrays(header, h) for h in hits]) for r in recs]
     plain = [r for (rid, seq), h in zip(pairs, hits) for r in _plain(header, rid, seq, h)]
     assert len(mine) > len(pairs) and any(r.is_supplementary for r in mine)
     assert _bam_bytes(tmp_path / "mine.bam", header, mine) == _bam_bytes(tmp_path / "plain.bam", header, plain)

@@ -111,9 +111,9 @@ def _put_text(buf, at, data, a, b, reverse):
 
 @numba.njit(nogil=True, cache=True)
 def _sam_text(fields, cigar, cig_at, texts):
-    """The SAM lines of alignments `fields` (read, flag, name of the contig, 1-based position, MAPQ, clipped
-    bases before and after, NM, CIGAR runs from, to), without tags; `texts` the reads' ids and sequences
-    and the contigs' names, each laid end to end with offsets."""
+    """The SAM lines, without tags, of alignments `fields` (read, flag, contig's name, 1-based position, MAPQ,
+    clipped bases before and after) with CIGAR runs `cigar[cig_at[i, 0]:cig_at[i, 1]]`; `texts` the reads'
+    ids and sequences and the contigs' names, each laid end to end with offsets."""
     ids, id_off, seqs, seq_off, names, name_off = texts
     size = 0
     for i in range(len(fields)):
@@ -178,9 +178,10 @@ def batch_records(header: pysam.AlignmentHeader, ids: Texts, seqs: Texts, placed
     used, contig = np.unique(placed.contig, return_inverse=True)
     names = Texts.of([header.get_reference_name(int(t)) for t in used])
     fields = np.stack([read, flag, contig.reshape(-1), placed.r_st + 1, np.where(placed.is_primary, placed.mapq, 0),
-                       lead, trail]).T.astype(np.int64)  # fmt: skip
-    text = _sam_text(np.ascontiguousarray(fields), placed.cigar, np.stack([placed.cigar_start, placed.cigar_end]).T,
+                       lead, trail], axis=1).astype(np.int64)  # fmt: skip
+    text = _sam_text(fields, placed.cigar, np.stack([placed.cigar_start, placed.cigar_end], axis=1),
                      (ids.data, ids.off, seqs.data, seqs.off, names.data, names.off))
+    # htslib tokenises each line in place: every line is a bytes object of its own, parsed once
     recs = [pysam.AlignedSegment.fromstring(line, header) for line in text.tobytes().split(b"\n")[:-1]]
     for rec, nm in zip(recs, placed.nm.tolist()):
         rec.set_tag("NM", nm, "i")
@@ -188,20 +189,29 @@ def batch_records(header: pysam.AlignmentHeader, ids: Texts, seqs: Texts, placed
     return [recs[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
+def hit_arrays(header: pysam.AlignmentHeader, hits: Iterable[Hit | mappy.Alignment]) -> tuple[np.ndarray, np.ndarray]:
+    """One read's alignments (mappy's or `Hit`s, in output order) as arrays, taken as they come so that
+    mappy's objects do not outlive the read: int64[n, 9] (contig id, r_st, q_st, q_en, reverse, mapq,
+    is_primary, NM, CIGAR runs) and int32[runs, 2] (length, op)."""
+    rows, cigars = [], []
+    for h in hits:
+        rows.append((header.get_tid(h.ctg), h.r_st, h.q_st, h.q_en, h.strand < 0, h.mapq, h.is_primary, h.NM,
+                     len(h.cigar)))  # fmt: skip
+        cigars.append(h.cigar)
+    runs = sum(row[8] for row in rows)
+    return (np.array(rows, dtype=np.int64).reshape(-1, 9),
+            np.fromiter(chain.from_iterable(chain.from_iterable(cigars)), np.int32, 2 * runs).reshape(-1, 2))
+
+
 def sam_records(header: pysam.AlignmentHeader, reads: Sequence[tuple[str, str]],
-                hits: Sequence[Sequence[Hit | mappy.Alignment]]) -> list[list[pysam.AlignedSegment]]:
-    """The SAM records of each (read id, sequence) from its alignments in output order (primary, then
-    supplementary parts, then secondaries), made for the reads at once."""
-    flat = [h for read_hits in hits for h in read_hits]
-    cols = np.array([(header.get_tid(h.ctg), h.r_st, h.q_st, h.q_en, h.strand < 0, h.mapq, h.is_primary, h.NM)
-                     for h in flat], dtype=np.int64).reshape(-1, 8)  # fmt: skip
-    cigars = [h.cigar for h in flat]  # [length, op] pairs
-    lengths = np.fromiter(map(len, cigars), np.int64, len(cigars))
-    ends = np.cumsum(lengths)
-    ops = np.fromiter(chain.from_iterable(chain.from_iterable(cigars)), np.int32, 2 * int(lengths.sum()))
-    placed = Placed(np.repeat(np.arange(len(hits)), [len(h) for h in hits]), cols[:, 0], cols[:, 1], cols[:, 2],
-                    cols[:, 3], cols[:, 4] > 0, cols[:, 5], cols[:, 6] > 0, cols[:, 7],
-                    np.ascontiguousarray(ops.reshape(-1, 2)[:, ::-1]), ends - lengths, ends)
+                arrays: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[list[pysam.AlignedSegment]]:
+    """The SAM records of each (read id, sequence) from its alignments' `hit_arrays`, made for the reads at once."""
+    cols = np.concatenate([rows for rows, _ in arrays]) if arrays else np.zeros((0, 9), np.int64)
+    runs = np.concatenate([c for _, c in arrays]) if arrays else np.zeros((0, 2), np.int32)
+    ends = np.cumsum(cols[:, 8])
+    placed = Placed(np.repeat(np.arange(len(arrays)), [len(rows) for rows, _ in arrays]), cols[:, 0], cols[:, 1],
+                    cols[:, 2], cols[:, 3], cols[:, 4] > 0, cols[:, 5], cols[:, 6] > 0, cols[:, 7],
+                    np.ascontiguousarray(runs[:, ::-1]), ends - cols[:, 8], ends)
     return batch_records(header, Texts.of([rid for rid, _ in reads]), Texts.of([seq for _, seq in reads]), placed)
 
 
