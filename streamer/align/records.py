@@ -40,7 +40,7 @@ _MATES = np.frombuffer(b"\t*\t0\t0\t", dtype=np.uint8)  # RNEXT, PNEXT, TLEN: no
 class Hit:
     """One alignment of a read, in mappy's terms: query span on the read as basecalled, reference span
     on the contig, strand +1/-1, `is_primary` false for secondaries, CIGAR as [length, op] pairs in the
-    reference's direction. mappy's own `Alignment` has these attributes: `sam_records` takes either."""
+    reference's direction. mappy's own `Alignment` has these attributes: `hit_arrays` takes either."""
 
     ctg: str
     r_st: int
