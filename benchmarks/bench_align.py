@@ -152,7 +152,8 @@ def main() -> None:
         print(f"\nGPU memory held by this process after the run: {gpu:.0f} MB")
     steps = ", ".join(f"{step} {dt:.1f} s ({bases / 1e6 / max(dt, 1e-9):.2f} Mbases/s)"
                       for step, dt in eng.seconds.items())
-    print(f"\n{engine}, by step: {steps}")
+    print(f"\n{engine}, by step: {steps}; outside the steps (records, bases encoded, order): "
+          f"{time_mine - sum(eng.seconds.values()):.2f} s")
 
 
 if __name__ == "__main__":

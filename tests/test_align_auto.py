@@ -16,7 +16,7 @@ from conftest import REFERENCE
 from streamer.align.agreement import (MIN_AGREEMENT, Agreement, EngineChoice, agreement, asked_for, check_reads,
                                       check_windows, choose_engine)
 from streamer.align.engine import SeedAligner
-from streamer.align.records import Hit, sam_records
+from streamer.align.records import Hit, hit_arrays, sam_records
 from streamer.daemon.aligner import ReadAligner, check_path, open_aligner
 from streamer.io.alignments import AlignmentFilter
 
@@ -25,8 +25,8 @@ HEADER = pysam.AlignmentHeader.from_references(["a", "b"], [100_000, 50_000])
 
 def _recs(*hits: tuple) -> list[pysam.AlignedSegment]:
     """A read's records from (contig, start, end, strand, mapq) hits, the first the primary."""
-    return sam_records(HEADER, "r", "A" * 1000, [
-        Hit(ctg, st, en, 0, 1000, strand, mapq, True, [(en - st, 0)], 0) for ctg, st, en, strand, mapq in hits])
+    return sam_records(HEADER, [("r", "A" * 1000)], [hit_arrays(HEADER, [
+        Hit(ctg, st, en, 0, 1000, strand, mapq, True, [(en - st, 0)], 0) for ctg, st, en, strand, mapq in hits])])[0]
 
 
 def test_the_decision():

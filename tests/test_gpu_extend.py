@@ -50,5 +50,5 @@ def test_without_a_gpu_the_gpu_engine_extends_on_the_cpu(monkeypatch):
     read = contigs[0][1][5000:6000].copy()
     read[100::100] = (read[100::100] + 1) % 4  # 9 mismatches, 10 seeds
     aligner = SeedAligner(contigs, KmerSeeder.of(contigs, k=15), AlignmentFilter(), target="gpu")
-    hit = aligner.hits_all([("r", decode(read))])[0][0]
-    assert (hit.cigar, hit.r_st, hit.NM) == ([(1000, 0)], 5000, 9)
+    rec = aligner.records("r", decode(read))[0]
+    assert (rec.cigartuples, rec.reference_start, rec.get_tag("NM")) == ([(0, 1000)], 5000, 9)

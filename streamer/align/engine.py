@@ -26,7 +26,7 @@ from streamer.align.bases import encode
 from streamer.align.chain import SECONDARY, ChainParams, chain
 from streamer.align.extend import ExtendParams, extend
 from streamer.align.genome import read_fasta
-from streamer.align.records import Hit, judged, sam_records
+from streamer.align.records import Placed, Texts, batch_records, judged
 from streamer.daemon.basecall_cache import Record
 from streamer.errors import InputError
 from streamer.io.alignments import AlignmentFilter
@@ -70,15 +70,12 @@ class SeedAligner:
         self._gpu = gpu_package().extender(self.genome) if target == "gpu" else None  # extension's DP there
         self.seconds = dict.fromkeys(("seed", "chain", "extend"), 0.0)  # time spent in each step, summed
 
-    def hits_all(self, reads: Sequence[tuple[str, str]]) -> list[list[Hit]]:
-        """Each read's alignments: primary first, then supplementary parts, then secondaries."""
-        out: list[list[Hit]] = [[] for _ in reads]
-        if not reads:
-            return out
-        codes = [encode(seq) for _, seq in reads]
-        lengths = np.array([len(c) for c in codes], dtype=np.int64)
-        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        codes = np.concatenate(codes)
+    def placed(self, seqs: Texts) -> Placed:
+        """The alignments of reads `seqs` (as basecalled): by read, primary first, then supplementary parts,
+        then secondaries."""
+        codes = encode(seqs.data)
+        offsets = seqs.off
+        lengths = np.diff(offsets)
         t0 = time.perf_counter()
         seeds = self._seed(codes, offsets)
         t1 = time.perf_counter()
@@ -89,23 +86,22 @@ class SeedAligner:
         t3 = time.perf_counter()
         for step, dt in zip(self.seconds, (t1 - t0, t2 - t1, t3 - t2)):
             self.seconds[step] += dt
-        ctg_start = self.contig_offsets[chains.contig]
-        rc = chains.rc
-        read_len = lengths[chains.read]
-        q_st = np.where(rc, read_len - al.qend, al.qstart)
-        q_en = np.where(rc, read_len - al.qstart, al.qend)
-        for c in _primary_first(chains.read, chains.role, al.score):
-            cig = al.cigar[al.cigar_off[c]:al.cigar_off[c + 1]]
-            out[chains.read[c]].append(Hit(
-                ctg=self.names[chains.contig[c]], r_st=int(al.rstart[c] - ctg_start[c]),
-                r_en=int(al.rend[c] - ctg_start[c]), q_st=int(q_st[c]), q_en=int(q_en[c]),
-                strand=-1 if rc[c] else 1, mapq=int(chains.mapq[c]), is_primary=bool(chains.role[c] != SECONDARY),
-                cigar=[(int(n), int(op)) for op, n in cig], NM=int(al.nm[c])))
-        return out
+        o = _primary_first(chains.read, chains.role, al.score)
+        rc, contig = chains.rc[o], chains.contig[o].astype(np.int64)
+        read_len = lengths[chains.read[o]]
+        qstart, qend = al.qstart[o], al.qend[o]
+        return Placed(read=chains.read[o].astype(np.int64), contig=contig,
+                      r_st=al.rstart[o] - self.contig_offsets[contig], q_st=np.where(rc, read_len - qend, qstart),
+                      q_en=np.where(rc, read_len - qstart, qend), reverse=rc, mapq=chains.mapq[o].astype(np.int64),
+                      is_primary=chains.role[o] != SECONDARY, nm=al.nm[o], cigar=al.cigar,
+                      cigar_start=al.cigar_off[o], cigar_end=al.cigar_off[o + 1])
 
     def records_all(self, reads: Sequence[tuple[str, str]]) -> list[list[pysam.AlignedSegment]]:
         """The SAM records of each (read id, sequence): primary first, then supplementary and secondary."""
-        return [sam_records(self.header, rid, seq, hits) for (rid, seq), hits in zip(reads, self.hits_all(reads))]
+        if not reads:
+            return []
+        ids, seqs = Texts.of([rid for rid, _ in reads]), Texts.of([seq for _, seq in reads])
+        return batch_records(self.header, ids, seqs, self.placed(seqs))
 
     def records(self, read_id: str, seq: str) -> list[pysam.AlignedSegment]:
         return self.records_all([(read_id, seq)])[0]

@@ -19,12 +19,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import mappy
+import numpy as np
 import pysam
 
 import streamer
 from streamer.align.agreement import Agreement, EngineChoice, agreement, asked_for, check_reads, choose_engine
 from streamer.align.fmindex import index_path, index_stamp
-from streamer.align.records import judged, sam_records
+from streamer.align.records import hit_arrays, judged, sam_records
 from streamer.align.engine import ENGINE_VERSION, SeedAligner, fm_aligner
 from streamer.errors import InputError, StreamerError, UsageError
 from streamer.pipeline.gpu import gpu_package
@@ -32,6 +33,7 @@ from streamer.io.alignments import AlignmentFilter
 from streamer.daemon.basecall_cache import Record
 
 log = logging.getLogger(__name__)
+RECORDS_CHUNK = 256  # reads whose records are made at once, while the next reads' hits are found
 
 
 class ReadAligner:
@@ -54,18 +56,31 @@ class ReadAligner:
 
     def records(self, read_id: str, seq: str) -> list[pysam.AlignedSegment]:
         """The SAM records of one read: primary first, then supplementary and secondary."""
-        return sam_records(self.header, read_id, seq, self._aligner.map(seq))
+        return self.records_all([(read_id, seq)])[0]
 
     def align(self, read_id: str, seq: str) -> tuple[Record, ...]:
         """Each record as the filter judges it; one unmapped record if minimap2 finds no hit."""
         return judged(read_id, self.records(read_id, seq), self._filt, "minimap2 (mappy)")
 
     def records_all(self, reads: Sequence[tuple[str, str]]) -> list[list[pysam.AlignedSegment]]:
-        """`records` over (read id, sequence) pairs on `threads` threads (mappy releases the GIL)."""
+        """`records` over (read id, sequence) pairs: their hits found on `threads` threads (mappy releases the
+        GIL), their records made RECORDS_CHUNK reads at a time as the hits come."""
+        seqs = (seq for _, seq in reads)
         if len(reads) < 2 or self.threads < 2:
-            return [self.records(rid, seq) for rid, seq in reads]
+            return self._records(reads, map(self._hit_arrays, seqs))
         with ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="mappy") as pool:
-            return list(pool.map(lambda r: self.records(*r), reads))
+            return self._records(reads, pool.map(self._hit_arrays, seqs))
+
+    def _hit_arrays(self, seq: str) -> tuple[np.ndarray, np.ndarray]:
+        return hit_arrays(self.header, self._aligner.map(seq))
+
+    def _records(self, reads: Sequence[tuple[str, str]], arrays: Iterator[tuple[np.ndarray, np.ndarray]]
+                 ) -> list[list[pysam.AlignedSegment]]:  # fmt: skip
+        out = []
+        for i in range(0, len(reads), RECORDS_CHUNK):
+            chunk = reads[i:i + RECORDS_CHUNK]
+            out += sam_records(self.header, chunk, list(islice(arrays, len(chunk))))
+        return out
 
     def align_all(self, reads: Sequence[tuple[str, str]]) -> list[tuple[Record, ...]]:
         """`align` over (read id, sequence) pairs on `threads` threads."""
