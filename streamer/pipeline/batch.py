@@ -189,9 +189,10 @@ def offsets_of(length: np.ndarray) -> np.ndarray:
 
 
 def encode_all(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """ASCII strings end to end (one join, one encode) and where each starts."""
+    """ASCII strings end to end (one join, one encode; writable: direct RNA's stages turn U into T in place)
+    and where each starts."""
     off = offsets_of(np.fromiter(map(len, texts), np.int64, len(texts)))
-    return np.frombuffer("".join(texts).encode("ascii"), np.uint8), off
+    return np.frombuffer(bytearray("".join(texts).encode("ascii")), np.uint8), off
 
 
 def _gather_all(samples: Samples, ref: RefBases) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
