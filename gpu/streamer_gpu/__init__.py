@@ -72,7 +72,6 @@ def open_events(options: CudaOptions) -> CudaEvents | None:
     """Event detection on GPU options.dev_id (whose ABEA stage opened), or None, said in one log line, where it
     cannot start."""
     from streamer_gpu.events import CudaEvents
-    from streamer_gpu.extend import CudaExtender
     from streamer_gpu.target import CUDA_ERRORS
 
     try:
