@@ -81,13 +81,21 @@ class RunSummary:
     peak_memory: int = 0  # bytes, the largest summed PSS sampled (`watching_memory`)
 
     @contextmanager
-    def watching_memory(self, every: float = 0.2) -> Iterator[None]:
-        """Sample the process tree's memory into `peak_memory` while the block runs (a thread, joined at its end)."""
+    def watching_memory(self, every: float = 0.2, tree_every: int = 10) -> Iterator[None]:
+        """Sample the process tree's memory into `peak_memory` while the block runs (a thread, joined at its end).
+
+        The tree (every thread's children of every process: hundreds of /proc reads with numba's and
+        the readers' threads) is walked again every `tree_every` samples only; its PSS every sample.
+        """
         stop = threading.Event()
 
         def sample() -> None:
+            pids, n = tree_pids(), 0
             while not stop.wait(every):
-                self.peak_memory = max(self.peak_memory, tree_pss())
+                n += 1
+                if n % tree_every == 0:
+                    pids = tree_pids()
+                self.peak_memory = max(self.peak_memory, sum(map(_pss, pids)))
 
         self.peak_memory = max(self.peak_memory, tree_pss())
         thread = threading.Thread(target=sample, name="memory-watch", daemon=True)
@@ -185,16 +193,21 @@ def tree_pss(pid: int | None = None) -> int:
     if not Path(f"/proc/{pid}/smaps_rollup").exists():
         scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB elsewhere
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
-    total, todo = 0, [pid]
+    return sum(map(_pss, tree_pids(pid)))
+
+
+def tree_pids(pid: int | None = None) -> list[int]:
+    """Process `pid` (this one) and its descendants, as /proc shows them (only `pid` without /proc)."""
+    found, todo = [], [pid or os.getpid()]
     while todo:
         p = todo.pop()
-        total += _pss(p)
+        found.append(p)
         try:
             for task in os.listdir(f"/proc/{p}/task"):
                 todo += map(int, Path(f"/proc/{p}/task/{task}/children").read_text().split())
-        except OSError:  # gone meanwhile
+        except OSError:  # gone meanwhile, or no /proc
             pass
-    return total
+    return found
 
 
 def _pss(pid: int) -> int:

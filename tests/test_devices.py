@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -109,3 +110,39 @@ def test_batches_spread_over_n_devices_and_results_in_input_order(plans):
         for name in ("aln_off", "aln_kmer", "aln_event", "status"):
             assert np.array_equal(getattr(a.batch, name), getattr(b.batch, name))
         assert a.products["calls"].llr.tobytes() == b.products["calls"].llr.tobytes()
+
+
+class FakeLanes:
+    """A GPU package whose devices hold `room` lanes each (a lane's ABEA is a plain object)."""
+
+    def __init__(self, gpus: int, room: dict[int, int], refuse_second_on: int | None = None):
+        self.gpus, self.room, self.refuse = gpus, room, refuse_second_on
+
+    def count_gpus(self) -> int:
+        return self.gpus
+
+    def open_gpu(self, options):
+        return FakeLane(options.dev_id, self.room[options.dev_id])
+
+    def open_lane(self, abea):
+        return None if abea.dev_id == self.refuse else FakeLane(abea.dev_id, abea.lanes)
+
+    def device_context(self, dev_id):
+        return contextlib.nullcontext
+
+
+class FakeLane:
+    def __init__(self, dev_id: int, lanes: int):
+        self.dev_id, self.lanes = dev_id, lanes
+
+
+def test_lanes_open_first_of_every_gpu_then_the_second_where_memory_holds_them(monkeypatch):
+    from streamer.pipeline import stages
+
+    monkeypatch.setattr(stages, "gpu_package", lambda: FakeLanes(2, {0: 2, 1: 1}))
+    devices = stages.open_devices(CudaOptions(lanes=2).with_devices("all"))
+    assert [d.dev_id for d in devices] == [0, 1, 0]  # GPU 1 holds one lane of the planned size
+    assert len({id(d.abea) for d in devices}) == 3 and len({id(d.lock) for d in devices}) == 3
+    monkeypatch.setattr(stages, "gpu_package", lambda: FakeLanes(2, {0: 2, 1: 2}, refuse_second_on=0))
+    assert [d.dev_id for d in stages.open_devices(CudaOptions(lanes=2).with_devices("all"))] == [0, 1, 1]
+    assert [d.dev_id for d in stages.open_devices(CudaOptions(lanes=1).with_devices("all"))] == [0, 1]

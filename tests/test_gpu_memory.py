@@ -126,3 +126,17 @@ def test_resident_threads_under_either_bindings_name(name):
 
     assert resident_threads(_Device(**{name: 2048})) == H100_THREADS
     assert resident_threads(_Device()) == 0
+
+
+def test_lanes_divide_the_share_and_fewer_open_where_a_lane_would_not_hold_a_batch():
+    """Each lane (a compute thread's batch on the GPU at once) gets its own arena within the same share."""
+    opts = CudaOptions(max_bases=5_000_000, lanes=2)
+    one = plan_memory(80 * GB, False, replace(opts, lanes=1), 100, H100_THREADS)
+    two = plan_memory(80 * GB, False, opts, 100, H100_THREADS)
+    assert two.lanes == 2 and two.arena_bytes == one.arena_bytes  # plenty: each lane holds a whole batch
+    assert device_bytes_for(opts, 100, H100_THREADS) == 2 * (one.arena_bytes + one.other_bytes) + CONTEXT_BYTES
+    # a cap that holds one whole batch but not two: one lane with all of it, not two spilling to the CPU
+    cap = one.arena_bytes + one.other_bytes + CONTEXT_BYTES + GB // 10
+    capped = plan_memory(80 * GB, False, replace(opts, memory_cap=cap), 100, H100_THREADS)
+    assert capped.lanes == 1 and capped.arena_bytes == one.arena_bytes
+    assert plan_memory(80 * GB, False, replace(opts, memory_cap=3 * cap), 100, H100_THREADS).lanes == 2

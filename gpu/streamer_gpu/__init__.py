@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = ["arena_bases", "build_fmindex", "chainer", "count_gpus", "device_bytes", "device_context", "extender",
            "fm_seeder",
-           "gpu_absent", "is_cuda_error", "open_events", "open_gpu", "probe_gpu", "release_gpu"]
+           "gpu_absent", "is_cuda_error", "open_events", "open_gpu", "open_lane", "probe_gpu", "release_gpu"]
 
 log = logging.getLogger(__name__)
 _said: set[tuple[str, str]] = set()
@@ -65,6 +65,19 @@ def open_gpu(options: CudaOptions, bandwidth: int = 100) -> CudaAbea | None:
         log.warning("too little free memory on GPU %d (%s): this process runs on the CPU", options.dev_id, exc)
     except CUDA_ERRORS as exc:
         log.warning("could not start ABEA on GPU %d (%s): ABEA runs on the CPU", options.dev_id, exc)
+    return None
+
+
+def open_lane(abea: CudaAbea) -> CudaAbea | None:
+    """A further lane on abea's device: an arena of the same size, its own stream; None, said in one log line,
+    where the device cannot hold it (its batches then take turns on the lanes that opened)."""
+    from streamer_gpu.abea import CudaAbea
+    from streamer_gpu.target import CUDA_ERRORS
+
+    try:
+        return CudaAbea(abea.options, abea.arena.bandwidth, abea.layout, arena_bytes=abea.arena.n_bytes)
+    except CUDA_ERRORS as exc:
+        log.warning("could not open another lane on GPU %d (%s): its batches take turns", abea.options.dev_id, exc)
     return None
 
 

@@ -161,6 +161,7 @@ class CudaAbea:
         device = cuda.current_context().device
         name = getattr(device, "name", "CUDA simulator")
         self.device_name = name.decode() if isinstance(name, bytes) else str(name)
+        self.lanes = 1  # lanes of this arena's size the device's memory holds (`open_lane` opens the others)
         if arena_bytes is None:
             free, _ = cuda.current_context().get_memory_info()
             free = free if math.isfinite(free) else SIMULATED_FREE_BYTES
@@ -168,7 +169,7 @@ class CudaAbea:
                                resident_threads(device), 0 if SIMULATED else fixed_bytes(options))  # fmt: skip
             if plan.refused:
                 raise TooLittleMemory(plan.refused)
-            arena_bytes = plan.arena_bytes
+            arena_bytes, self.lanes = plan.arena_bytes, plan.lanes
         self._faults = fault_plan()
         # every launch and copy of this stage goes on it (`options.stream_priority`)
         self.stream = open_stream(options.stream_priority).stream

@@ -51,11 +51,13 @@ MIN_BATCH_SHARE = 0.25
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """The arena's bytes, the rest of the process's device memory, and why the GPU is not used (or "")."""
+    """A lane's arena bytes and the rest of its device memory, why the GPU is not used (or ""), and how many
+    lanes of that size fit (`CudaOptions.lanes` at most)."""
 
     arena_bytes: int
     other_bytes: int
     refused: str = ""
+    lanes: int = 1
 
 
 def arena_bytes_for(max_reads: int, max_bases: int, avg_epk: float, bandwidth: int) -> int:
@@ -91,14 +93,15 @@ def device_bytes_for(options: CudaOptions, bandwidth: int = 100, resident_thread
     """Device bytes the process takes for options' batches when memory allows: the whole arena, the rest and
     its context."""
     want, other = _wanted(options, bandwidth, resident_threads, fixed_bytes(options))
-    return want + other + CONTEXT_BYTES
+    return max(1, options.lanes) * (want + other) + CONTEXT_BYTES
 
 
 def plan_memory(free_bytes: int, integrated: bool, options: CudaOptions, bandwidth: int = 100,
                 resident_threads: int = 0, fixed: int | None = None) -> MemoryPlan:  # fmt: skip
-    """The arena for options' batches within mem_frac (default 0.9, 0.7 on integrated GPUs) of free_bytes
-    less options.reserve, and within options.memory_cap less the process's context (measured free memory
-    is already net of it; a cap on the process's memory is not).
+    """One lane's arena for options' batches within mem_frac (default 0.9, 0.7 on integrated GPUs) of
+    free_bytes less options.reserve, and within options.memory_cap less the process's context (measured
+    free memory is already net of it; a cap on the process's memory is not), each divided among
+    options.lanes, or among fewer where a lane would not hold a whole batch.
 
     The HMM's memory (for resident_threads threads of its kernel) and `fixed` (default
     `fixed_bytes(options)`) come off the cap first. An arena smaller than a quarter of what one batch
@@ -107,14 +110,17 @@ def plan_memory(free_bytes: int, integrated: bool, options: CudaOptions, bandwid
     """
     frac = options.mem_frac if options.mem_frac is not None else (0.7 if integrated else 0.9)
     want, other = _wanted(options, bandwidth, resident_threads, fixed_bytes(options) if fixed is None else fixed)
-    cap = int(max(0, free_bytes - options.reserve) * frac)
+    total = int(max(0, free_bytes - options.reserve) * frac)
     if options.memory_cap is not None:
-        cap = min(cap, options.memory_cap - CONTEXT_BYTES)
-    room = cap - other
+        total = min(total, options.memory_cap - CONTEXT_BYTES)
+    lanes = max(1, options.lanes)
+    while lanes > 1 and total // lanes - other < want:  # a lane too small for a whole batch: fewer lanes
+        lanes -= 1
+    room = total // lanes - other
     if room < want * MIN_BATCH_SHARE:
         why = f"{free_bytes / 1e9:.2f} GB free"
         why += f", less the {options.reserve / 1e9:.2f} GB reserved" if options.reserve else ""
         why += f", {frac:g} of it" + (f" within the {options.memory_cap / 1e9:.2f} GB cap" if options.memory_cap
                                       is not None else "")  # fmt: skip
         return MemoryPlan(0, other, f"{why} leaves {max(room, 0) / 1e9:.2f} GB for a {want / 1e9:.2f} GB arena")
-    return MemoryPlan(min(want, room), other)
+    return MemoryPlan(min(want, room), other, lanes=lanes)

@@ -178,7 +178,8 @@ def _run(args: argparse.Namespace, compiling: bool, probed: Future | None) -> in
                        max_lf=args.cuda_max_lf, max_epk=args.cuda_max_epk, ultra_thresh=args.ultra_thresh,
                        max_reads=args.batchsize, hmm=not args.disable_cuda_hmm, events=args.cuda_events,
                        autotune=args.autotune, reserve=args.gpu_reserve, memory_cap=args.gpu_memory,
-                       stream_priority=args.gpu_stream_priority).with_devices(args.cuda_dev_id)  # fmt: skip
+                       stream_priority=args.gpu_stream_priority,
+                       lanes=args.compute_threads).with_devices(args.cuda_dev_id)  # fmt: skip
     memory = memory_plan(budget_bytes(args.memory_budget, tuning.plan.profile, args.threads), args.max_bases,
                          args.compute_threads, args.io_workers, args.io_mode, tuning.plan.device_share(cuda))
     if memory.max_bases < args.max_bases:
@@ -187,7 +188,8 @@ def _run(args: argparse.Namespace, compiling: bool, probed: Future | None) -> in
         args.max_bases = memory.max_bases
     tuning.budgeted(memory)  # the tuner grows B no further than the budget holds
     limits = tuning.limits(BatchLimits(max_reads=args.batchsize, max_bases=args.max_bases))
-    cuda = replace(cuda, max_reads=limits.max_reads, max_bases=limits.max_bases, memory_cap=tuning.plan.gpu.memory)
+    cuda = replace(cuda, max_reads=limits.max_reads, max_bases=limits.max_bases, memory_cap=tuning.plan.gpu.memory,
+                   lanes=memory.compute_threads)  # fmt: skip
     filt = alignment_filter(args)
     summary = RunSummary(compiled=compiling, memory_budget=memory.budget)
     if args.trace:
@@ -360,8 +362,9 @@ def _here(run: _CallRun, tuning: CallTuning, sinks: list[Sink], memory: MemoryPl
     before = list(pipeline.pool.batches)  # the start-up's synthetic batch is not the run's
     run_batches(pipeline, islice(plans, run.output.resumed, None), ref, pool, run.summary, on_done,
                 Stages(pipeline, rows.render, rows.count), runner)  # fmt: skip
-    for device, n, n0 in zip(pipeline.devices, pipeline.pool.batches, before):
-        run.summary.gpu[f"batches_on_gpu{device.dev_id}"] = n - n0
+    for device, n, n0 in zip(pipeline.devices, pipeline.pool.batches, before):  # a GPU's lanes summed
+        key = f"batches_on_gpu{device.dev_id}"
+        run.summary.gpu[key] = run.summary.gpu.get(key, 0) + n - n0
     tuning.finish()
     if ultra is not None and ultra.skip_to is not None:
         write_records(run.args.bam, ultra.skip_to, ultra.skipped_ids, run.filt)

@@ -75,11 +75,13 @@ def _run(args: argparse.Namespace, compiling: bool, probed: Future | None) -> in
     index = signal_index(args)
     plan = prepare({}, dev_id=first_gpu(args), disable_cuda=args.disable_cuda, probed=probed)
     cuda = CudaOptions(disable=args.disable_cuda, max_reads=args.batchsize, hmm=False, reserve=plan.gpu.reserve,
-                       stream_priority=plan.gpu.stream_priority).with_devices(args.cuda_dev_id)
+                       stream_priority=plan.gpu.stream_priority,
+                       lanes=RunnerOptions.compute_threads).with_devices(args.cuda_dev_id)
     memory = memory_plan(budget_bytes(args.memory_budget, plan.profile, args.threads), args.max_bases,
                          RunnerOptions.compute_threads, RunnerOptions.io_workers, device=plan.device_share(cuda))
     limits = BatchLimits(max_reads=args.batchsize, max_bases=memory.max_bases)
-    cuda = replace(cuda, max_bases=limits.max_bases, memory_cap=plan.budgeted(memory).gpu.memory)
+    cuda = replace(cuda, max_bases=limits.max_bases, memory_cap=plan.budgeted(memory).gpu.memory,
+                   lanes=memory.compute_threads)
     runner = runner_options(memory)
     filt = alignment_filter(args)
     summary = RunSummary(compiled=compiling, memory_budget=memory.budget)

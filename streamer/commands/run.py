@@ -81,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
                 return Daemon(run_cfg, shared, reference, make_aligner=aligner, publisher=pub,
                               published_on=bound_addresses(pub), profile=plan.as_dict())
 
-            slots = cfg.pipeline.compute_threads * max(1, len(pipeline.devices))  # as one run's batches overlap
+            gpus = len({device.dev_id for device in pipeline.devices})
+            slots = cfg.pipeline.compute_threads * max(1, gpus)  # as one run's batches overlap
             daemon = RunSet(cfg, pipeline, make_daemon, notifier, slots=slots)
         else:
             tuner = AutoTuner.for_gpu(plan, gpu, autotune=cfg.gpu.autotune, state_dir=cfg.state_dir(),
@@ -172,7 +173,7 @@ def cuda_options(cfg: configuration.Config) -> CudaOptions:
                        autotune=g.autotune, reserve=0 if g.reserve == "auto" else parse_size(g.reserve),
                        memory_cap=None if g.memory is None else parse_size(g.memory),
                        stream_priority="normal" if g.stream_priority == "auto" else g.stream_priority,
-                       ).with_devices(g.device)  # fmt: skip
+                       lanes=cfg.pipeline.compute_threads).with_devices(g.device)  # fmt: skip
 
 
 def bound_addresses(publisher: Publisher | None) -> dict | None:

@@ -1,9 +1,9 @@
-"""Which GPU a batch goes to: the least loaded of the host's, counted in batches in flight.
+"""Which GPU lane a batch goes to: the least loaded of the host's, counted in batches in flight.
 
 Pure bookkeeping over any device objects (a test passes plain strings), so that the choice is
-the same for real GPUs, the CUDA simulator and fakes. A batch takes a device for all its GPU
-stages (ABEA, then the HMM, on the same device: the HMM reads what ABEA left nowhere else,
-but the device's memory was sized for one batch at a time per stage and its stages take turns).
+the same for real GPUs, the CUDA simulator and fakes. A batch takes a lane for all its GPU
+stages (ABEA, then the HMM, on the same lane: the HMM reads what ABEA left nowhere else, and
+a lane's memory is sized for one batch at a time per stage, so its batches take turns).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ class GpuAbea(Protocol):
     """The GPU ABEA stage of one device (`streamer_gpu.abea.CudaAbea`) as the pipeline and the tuner use it."""
 
     options: CudaOptions
+    lanes: int  # lanes of its arena's size the device holds, itself included (`GpuPackage.open_lane`)
 
     def align(self, reads: Any, model: Any, params: Any = ...) -> tuple[Any, AbeaBatchStats]:
         """`streamer.pipeline.abea.align_batch` of a batch record (`AbeaReads`' fields), plus its measurements."""
@@ -62,6 +63,9 @@ class GpuPackage(Protocol):
 
     def open_gpu(self, options: CudaOptions, bandwidth: int = 100) -> GpuAbea | None:
         """The ABEA stage on options.dev_id, or None (said in one line) where there is none to use."""
+
+    def open_lane(self, abea: Any) -> GpuAbea | None:
+        """Another lane on abea's device (an arena of its size, its own stream), or None (said in one line)."""
 
     def open_events(self, options: CudaOptions) -> GpuEvents | None:
         """Event detection on GPU options.dev_id (whose ABEA stage opened), or None (said in one line)."""
@@ -140,6 +144,10 @@ detects events there too (exact, but one GPU thread per read is slower than the 
     (arena, HMM and kernel modules; on a Jetson the share of `pipeline.memory_budget` the host part
     leaves). stream_priority `low` launches every kernel and copy on streams of the device's lowest
     priority (`streamer_gpu.streams`), `normal` on ordinary ones.
+
+    lanes is how many batches each GPU holds at once (the compute threads'): each lane its own arena,
+    HMM buffers, stream and lock, so one batch's GPU stages never wait for another's host side; the
+    memory share and cap are divided among the lanes.
     """
 
     disable: bool = False
@@ -159,6 +167,7 @@ detects events there too (exact, but one GPU thread per read is slower than the 
     reserve: int = 0
     memory_cap: int | None = None
     stream_priority: str = "normal"
+    lanes: int = 1
 
     def with_devices(self, spec: str) -> CudaOptions:
         """These options on the GPUs of `--cuda-dev-id`: a number, a list (`0,1`) or `all`."""

@@ -54,7 +54,10 @@ class PipelineOptions:
 
 @dataclass
 class GpuDevice:
-    """One GPU's stages: ABEA, the analyses' GPU parts (by stage name), the lock they take turns on.
+    """One lane of a GPU: ABEA, the analyses' GPU parts (by stage name), the lock they take turns on.
+
+    A GPU has `CudaOptions.lanes` of them, each with its own arena, buffers and stream: batches on
+    different lanes run their GPU stages at once, batches on one lane take turns.
 
     `context` makes the device current on the calling thread for one batch (numba's
     `cuda.gpus[dev_id]`; a no-op for the fakes of the tests).
@@ -223,8 +226,9 @@ class Pipeline:
 
     `analyses` are the stages after the core's, in order. Batches may run on several threads
     at once (`streamer call` overlaps them). Each batch takes the least loaded of `devices`
-    (one per GPU of `options.cuda.devices`; none when ABEA runs on the CPU) for all its GPU
-    stages, whose device buffers serve one batch at a time and so take turns on the device's lock.
+    (`options.cuda.lanes` lanes per GPU of `options.cuda.devices`; none when ABEA runs on the CPU)
+    for all its GPU stages, whose device buffers serve one batch at a time and so take turns on the
+    lane's lock.
 
     A CUDA error (device out of memory included) never loses a read: at start-up (the warm-up
     batch, where a GPU another process filled first runs out) it drops that GPU, with one line,
@@ -322,15 +326,22 @@ class Pipeline:
 
 
 def open_devices(cuda: CudaOptions) -> list[GpuDevice]:
-    """The GPU ABEA stage on each of cuda's devices that has one to give (each failure said in one line)."""
+    """The GPU ABEA stage on each of cuda's devices that has one to give (each failure said in one line), in
+    `cuda.lanes` lanes each where the device holds them: the first lane of every GPU, then the second..., so
+    that the least loaded lane spreads batches over the GPUs first."""
     if cuda.disable:
         return []
     gpu = gpu_package()
-    devices = []
+    firsts = []
     for dev_id in cuda.devices(gpu.count_gpus()):
         abea = gpu.open_gpu(replace(cuda, dev_id=dev_id))
         if abea is not None:
-            devices.append(GpuDevice(dev_id, abea, gpu.device_context(dev_id)))
+            firsts.append(GpuDevice(dev_id, abea, gpu.device_context(dev_id)))
+    devices = list(firsts)
+    for lane in range(1, cuda.lanes):
+        for first in firsts:
+            if lane < first.abea.lanes and (abea := gpu.open_lane(first.abea)) is not None:
+                devices.append(GpuDevice(first.dev_id, abea, first.context))
     return devices
 
 
