@@ -131,7 +131,7 @@ def timed(n_reads: int, genome_mb: float, cpu_threads: int) -> dict:
 def one_shared_array_a_block() -> None:
     """numba's CUDA simulator gives a block's threads each static shared array by the kernel line asking for it,
     found in a dict and, when missing, made and stored: a thread handed the GIL between the two makes its own, and
-    neither sees the other's writes (a sort's garbage scatter index, chains unlike the CPU's, in about 1 run in 5 of
+    neither sees the other's writes (a sort's garbage scatter index, chains unlike the CPU's, in about 1 run in 4 of
     this script under load). Here the array is made first and stored with the dict's one atomic step: every thread
     gets the one that is kept, as on a GPU. (The chaining kernels use no dynamic shared memory.)"""
     from numba.cuda.simulator.kernelapi import FakeCUDAShared
