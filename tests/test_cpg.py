@@ -409,7 +409,7 @@ def test_call_methylation_on_a_small_batch(models):
     assert calls.start.tolist() == [5050, 5120, 5080] and calls.end.tolist() == [5057, 5120, 5080]
     assert calls.strand.tolist() == [1, 1, -1]
     assert calls.num_motifs.tolist() == [2, 1, 1]
-    assert calls.sequence == [fwd[45:63], fwd[115:126], rev[75:86]]
+    assert calls.sequence.tolist() == [fwd[45:63], fwd[115:126], rev[75:86]]
     assert np.all(calls.llr > 0)  # events drawn from the methylated model
     assert np.array_equal(calls.llr, calls.ll_meth - calls.ll_unmeth)
     assert b.status.tolist() == [Skip.OK, Skip.NO_CPG, Skip.OK, Skip.SPLICED, Skip.ALIGNMENT_FAILED]
