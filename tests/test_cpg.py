@@ -21,7 +21,7 @@ from streamer_plugins.cpg.lookup import (
     is_spliced,
     kmer_first_event,
 )
-from streamer_plugins.cpg.sites import DISAMBIGUATE, group_sites, motif_sites, read_windows
+from streamer_plugins.cpg.sites import DISAMBIGUATE, disambiguated, group_sites, motif_sites, read_windows
 from streamer.pore.model import load_default_models
 from streamer.pore.motifs import CPG
 from streamer.skips import Skip
@@ -156,6 +156,8 @@ def test_sites_and_groups():
 def test_disambiguation_makes_iupac_cpgs():
     seq = DISAMBIGUATE[ascii_("sgNTYgRcgk")].tobytes().decode()
     assert seq == "CGATCGACGG"
+    every = np.arange(256, dtype=np.uint8)
+    assert np.array_equal(disambiguated(every), DISAMBIGUATE[every])  # the kernel the caller uses
 
 
 def place_cpgs(length, positions):
