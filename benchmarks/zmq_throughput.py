@@ -21,6 +21,7 @@ import numpy as np
 
 from streamer.publish.client import Calls, RunEvent, Subscriber
 from streamer_plugins.cpg.calls import MethCalls
+from streamer_plugins.texts import Texts
 from streamer.publish import Publisher, PublisherConfig
 from streamer.publish.records import call_columns
 
@@ -43,7 +44,7 @@ def make_batch(n: int, rng: np.random.Generator) -> tuple[MethCalls, list[str], 
         ll_meth=llr - 100.0,
         ll_unmeth=np.full(n, -100.0),
         num_motifs=rng.integers(1, 4, n).astype(np.int32),
-        sequence=[pool[i] for i in rng.integers(0, len(pool), n)],
+        sequence=Texts.of([pool[i] for i in rng.integers(0, len(pool), n)]),
     )
     read_ids = [f"{i:08x}-0a1b-4c2d-8e3f-{i:012x}" for i in range(n_reads)]
     return calls, read_ids, ["chr1"] * n_reads

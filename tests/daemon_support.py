@@ -11,6 +11,7 @@ import pytest
 import numpy as np
 
 from streamer_plugins.cpg.calls import MethCalls
+from streamer_plugins.texts import Texts
 from streamer.skips import Skip, Skipped
 
 
@@ -46,7 +47,7 @@ class FakeResult:
             read=np.array(keep, dtype=np.int64), start=start, end=start.copy(),
             strand=np.array([-1 if reads[i].rc else 1 for i in keep], dtype=np.int8),
             llr=np.full(n, 3.0), ll_meth=np.full(n, -1.0), ll_unmeth=np.full(n, -4.0),
-            num_motifs=np.ones(n, dtype=np.int32), sequence=["ACGTT"] * n,
+            num_motifs=np.ones(n, dtype=np.int32), sequence=Texts.of(["ACGTT"] * n),
         )
         self.products = {"calls": calls}
         self.n_bases = sum(len(r.seq) for r in reads)

@@ -13,6 +13,7 @@ from conftest import ECOLI, REFERENCE, SHARED
 from streamer_plugins.outputs.bedmethyl import BedMethyl
 from streamer_plugins.cpg.caller import CALLS
 from streamer_plugins.cpg.calls import CALLS_HEADER, MethCalls
+from streamer_plugins.texts import Texts
 from streamer_plugins.outputs.calls_tsv import read_calls
 from streamer_plugins.outputs.methfreq import MethFreq
 from streamer_plugins.outputs.sinks import MethFreqTable
@@ -82,7 +83,7 @@ def test_calls_records_match_their_tsv():
     calls = MethCalls(
         read=np.array([0, 1]), start=np.array([10, 20]), end=np.array([10, 20]), strand=np.array([1, -1], np.int8),
         llr=np.array([2.504, -7.0]), ll_meth=np.zeros(2), ll_unmeth=np.zeros(2), num_motifs=np.array([1, 1], np.int32),
-        sequence=["AAAAACGAAAAA", "AAAAACGAAAAA"],
+        sequence=Texts.of(["AAAAACGAAAAA", "AAAAACGAAAAA"]),
     )  # fmt: skip
     from_calls = BedMethyl()
     from_calls.add_calls(calls, ["c1", "c2"])

@@ -21,7 +21,7 @@ from streamer_plugins.cpg.lookup import (
     is_spliced,
     kmer_first_event,
 )
-from streamer_plugins.cpg.sites import DISAMBIGUATE, group_sites, motif_sites, read_windows
+from streamer_plugins.cpg.sites import DISAMBIGUATE, disambiguated, group_sites, motif_sites, read_windows
 from streamer.pore.model import load_default_models
 from streamer.pore.motifs import CPG
 from streamer.skips import Skip
@@ -156,6 +156,8 @@ def test_sites_and_groups():
 def test_disambiguation_makes_iupac_cpgs():
     seq = DISAMBIGUATE[ascii_("sgNTYgRcgk")].tobytes().decode()
     assert seq == "CGATCGACGG"
+    every = np.arange(256, dtype=np.uint8)
+    assert np.array_equal(disambiguated(every), DISAMBIGUATE[every])  # the kernel the caller uses
 
 
 def place_cpgs(length, positions):
@@ -409,7 +411,7 @@ def test_call_methylation_on_a_small_batch(models):
     assert calls.start.tolist() == [5050, 5120, 5080] and calls.end.tolist() == [5057, 5120, 5080]
     assert calls.strand.tolist() == [1, 1, -1]
     assert calls.num_motifs.tolist() == [2, 1, 1]
-    assert calls.sequence == [fwd[45:63], fwd[115:126], rev[75:86]]
+    assert calls.sequence.tolist() == [fwd[45:63], fwd[115:126], rev[75:86]]
     assert np.all(calls.llr > 0)  # events drawn from the methylated model
     assert np.array_equal(calls.llr, calls.ll_meth - calls.ll_unmeth)
     assert b.status.tolist() == [Skip.OK, Skip.NO_CPG, Skip.OK, Skip.SPLICED, Skip.ALIGNMENT_FAILED]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from streamer_plugins.cpg.calls import MethCalls, _format_calls_python, format_calls
+from streamer_plugins.texts import Texts
 
 EDGES = [0.0, -0.0, 0.005, -0.005, 0.015, 0.025, 0.125, -0.125, 0.375, 2.675, 0.994999999, 0.995, 9.995, 99.995,
          1e-300, -1e-300, 5e-324, 2.0**49, -(2.0**49) + 0.5, 123456.785, np.inf, -np.inf, np.nan]  # fmt: skip
@@ -21,7 +22,7 @@ def _calls(values: np.ndarray, rng) -> MethCalls:
         ll_meth=np.roll(values, 7),
         ll_unmeth=np.roll(values, 13),
         num_motifs=rng.integers(1, 40, n).astype(np.int32),
-        sequence=["AACGT"[: i % 6] + "CG" for i in range(n)],
+        sequence=Texts.of(["AACGT"[: i % 6] + "CG" for i in range(n)]),
     )
 
 

@@ -6,6 +6,7 @@ from conftest import ECOLI, SHARED, needs_shared
 
 from streamer.errors import InputError
 from streamer_plugins.cpg.calls import CALLS_HEADER, MethCalls
+from streamer_plugins.texts import Texts
 from streamer_plugins.outputs.calls_tsv import read_calls, read_calls_file
 from streamer_plugins.outputs.methfreq import MethFreq
 from streamer_plugins.outputs.sinks import MethFreqTable
@@ -111,7 +112,7 @@ def test_incremental_records_use_the_printed_ratio():
         ll_meth=np.zeros(2),
         ll_unmeth=np.zeros(2),
         num_motifs=np.array([1, 1], np.int32),
-        sequence=["AAAACGAAAAA"] * 2,
+        sequence=Texts.of(["AAAACGAAAAA"] * 2),
     )
     freq = MethFreq()
     freq.add_calls(calls, ["chrA", "chrA"])
@@ -139,6 +140,7 @@ def test_old_header_names_the_group_column_after_it():
         ([CALLS_HEADER, "c\t+\t1\t2\tr\t1.0\n"], 2),
         ([CALLS_HEADER, call_row("c", -1, 2, "3.0", 1, "CG")], 2),
         ([CALLS_HEADER, call_row("c", 1, 2, "x", 1, "CG")], 2),
+        ([CALLS_HEADER, call_row("c", 1, 2, "3.0", 1, "CG"), call_row("c", 1, 2, "3.0", 1, "CGé")], 3),
     ],
 )
 def test_malformed_input_names_the_line(lines, line_no):
@@ -156,7 +158,7 @@ def test_batch_counts_round_the_ratio_as_printed():
     llr = np.array(edges + list(rng.uniform(-4, 4, 200)))
     n = len(llr)
     calls = MethCalls(np.zeros(n, np.int64), np.arange(n) * 10, np.arange(n) * 10, np.ones(n, np.int8), llr,
-                      np.zeros(n), np.zeros(n), np.ones(n, np.int32), ["AACGT"] * n)
+                      np.zeros(n), np.zeros(n), np.ones(n, np.int32), Texts.of(["AACGT"] * n))
     freq, changed = MethFreq(), set()
     freq.add_calls(calls, ["c"], changed)
     want = {("c", 10 * i, 10 * i): (1, int(round(x, 2) > 0))

@@ -15,6 +15,7 @@ from streams import (  # noqa: F401 (no_leaks is a fixture)
 from streamer.publish.client import Calls, Gap, Status, Subscriber
 from streamer.errors import ConfigError
 from streamer_plugins.cpg.calls import CALLS_HEADER, MethCalls, format_calls
+from streamer_plugins.texts import Texts
 from streamer_plugins.outputs.calls_tsv import read_calls
 from streamer_plugins.outputs.methfreq import MethFreq
 from streamer.publish import CALL_COLUMNS, FREQ_COLUMNS, Categorical, ProtocolError, Publisher
@@ -230,7 +231,7 @@ def test_batch_calls_publish_as_the_tsv_prints_them():
                       strand=np.where(np.arange(n) % 2, 1, -1).astype(np.int8), llr=rng.normal(0, 6, n),
                       ll_meth=rng.normal(-90, 9, n), ll_unmeth=rng.normal(-90, 9, n),
                       num_motifs=rng.integers(1, 4, n).astype(np.int32),
-                      sequence=[f"AACG{'T' * k}" for k in rng.integers(0, 5, n)])
+                      sequence=Texts.of([f"AACG{'T' * k}" for k in rng.integers(0, 5, n)]))
     read_ids, ref_names = ["r-a", "r-b", "r-c"], ["chrI", "chrII", "chrIII"]
     with Publisher(local_config()) as pub, Subscriber(pub.endpoints[0], ["meth.call", "status"]) as sub:
         next_of(sub, Status)

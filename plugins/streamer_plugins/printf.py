@@ -123,9 +123,3 @@ def blob(strings) -> tuple[np.ndarray, np.ndarray]:
     np.cumsum(np.fromiter(map(len, encoded), np.int64, count=len(encoded)), out=off[1:])
     return np.frombuffer(b"".join(encoded), np.uint8), off
 
-
-def ascii_blob(strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """`blob` for many ASCII strings (reference k-mers): one join, one encode."""
-    off = np.zeros(len(strings) + 1, np.int64)
-    np.cumsum(np.fromiter(map(len, strings), np.int64, count=len(strings)), out=off[1:])
-    return np.frombuffer("".join(strings).encode("ascii"), np.uint8), off

@@ -1,7 +1,9 @@
-"""A batch's calls as publisher columns, with no per-call Python work.
+"""A batch's calls as publisher columns.
 
 Calls name their read by index, so chromosome, read name and strand become
-`Categorical` columns whose codes are those indices.
+`Categorical` columns whose codes are those indices. The context sequences come as one
+blob (`streamer_plugins.texts.Texts`) and become `str`s only here, where the encoder keys
+its distinct values by them (hashing the strings costs less than sorting their bytes).
 """
 
 from __future__ import annotations
@@ -27,6 +29,6 @@ def call_columns(calls: Any, read_ids: Sequence[str], ref_names: Sequence[str]) 
         "log_lik_unmethylated": calls.ll_unmeth,
         "num_calling_strands": np.ones(len(calls), dtype=CALL_COLUMNS["num_calling_strands"]),  # as f5c prints
         "num_motifs": calls.num_motifs,
-        "sequence": calls.sequence,
+        "sequence": calls.sequence.tolist(),
     }
 

@@ -20,6 +20,7 @@ from streamer.pore.model import PoreModel, load_default_models
 from streamer_plugins.cpg.calls import MethCalls, call_methylation
 from streamer_plugins.cpg.hmm import HmmInputs, HmmJobs
 from streamer_plugins.cpg.hmm_gpu import open_gpu_hmm
+from streamer_plugins.texts import Texts
 
 CALLS = "calls"  # its key in `batch.products`
 
@@ -68,4 +69,5 @@ class CpgCaller:
 def no_calls() -> MethCalls:
     empty = np.zeros(0, np.int64)
     return MethCalls(read=empty, start=empty, end=empty, strand=np.zeros(0, np.int8), llr=np.zeros(0),
-                     ll_meth=np.zeros(0), ll_unmeth=np.zeros(0), num_motifs=np.zeros(0, np.int32), sequence=[])
+                     ll_meth=np.zeros(0), ll_unmeth=np.zeros(0), num_motifs=np.zeros(0, np.int32),
+                     sequence=Texts.of([]))

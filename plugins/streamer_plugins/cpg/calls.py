@@ -37,9 +37,11 @@ from streamer_plugins.cpg.sites import (
     MAX_SPAN,
     MIN_EVENT_SPAN,
     MIN_SEPARATION,
+    disambiguated,
     motif_sites,
     read_windows,
 )
+from streamer_plugins.texts import Texts
 from streamer.pore.model import METHYL_CPG, NUCLEOTIDE, PoreModel
 from streamer.pore.motifs import CPG, Motif
 from streamer.skips import Skip
@@ -65,7 +67,7 @@ class MethCalls:
     ll_meth: np.ndarray  # float64
     ll_unmeth: np.ndarray  # float64
     num_motifs: np.ndarray  # int32: sites in the group
-    sequence: list[str]  # reference from k-1 before the first site to k after the last site
+    sequence: Texts  # reference from k-1 before the first site to k after the last site
 
     def __len__(self) -> int:
         return len(self.read)
@@ -220,7 +222,7 @@ def call_methylation(
     else:
         scalings = pack_scalings(batch.scale, batch.shift, batch.var, log_var)
         model = pack_model(meth_model.level_mean, meth_model.level_stdv)
-    ref = DISAMBIGUATE[batch.ref_seq]
+    ref = disambiguated(batch.ref_seq)
 
     sites = motif.table()
     jobs = _plan_jobs(batch, ref, status, k, sites, groups)
@@ -238,12 +240,8 @@ def call_methylation(
         else:
             batch.fail(int(i), Skip.SPLICED if jobs.spliced[i] else Skip.NO_CPG)
 
-    # slices of one str: a numpy slice and decode per call cost microseconds each, millions per run
     base = batch.ref_seq_off[jobs.read]
-    text = ref.tobytes().decode("ascii")
-    seq_start = (base + np.maximum(jobs.first - k + 1, 0)).tolist()
-    seq_end = (base + np.minimum(jobs.last + k, span_len)).tolist()
-    sequence = [text[a:b] for a, b in zip(seq_start, seq_end)]
+    sequence = Texts.slices(ref, base + np.maximum(jobs.first - k + 1, 0), base + np.minimum(jobs.last + k, span_len))
     ll_m64 = ll_m.astype(np.float64)
     ll_u64 = ll_u.astype(np.float64)
     return MethCalls(
@@ -269,10 +267,9 @@ def format_calls(calls: MethCalls, read_ids: Sequence[str], ref_names: Sequence[
         return _format_calls_python(calls, read_ids, ref_names)
     refs, ref_off = printf.blob(ref_names)
     ids, id_off = printf.blob(read_ids)
-    seqs, seq_off = printf.ascii_blob(calls.sequence)
     text = tsv.format_rows(
         calls.read, calls.start, calls.end, calls.strand, calls.llr, calls.ll_meth, calls.ll_unmeth, calls.num_motifs,
-        refs, ref_off, ids, id_off, seqs, seq_off,
+        refs, ref_off, ids, id_off, calls.sequence.blob, calls.sequence.off,
     )  # fmt: skip
     return text.tobytes().decode()
 

@@ -42,6 +42,15 @@ DISAMBIGUATE = _disambiguation_table()
 
 
 @numba.njit(nogil=True, cache=True)
+def disambiguated(seq):
+    """DISAMBIGUATE[seq] without the GIL, and a few times cheaper than numpy's fancy index."""
+    out = np.empty(seq.shape[0], np.uint8)
+    for i in range(seq.shape[0]):
+        out[i] = DISAMBIGUATE[seq[i]]
+    return out
+
+
+@numba.njit(nogil=True, cache=True)
 def motif_sites(ref, after, sites):
     """Where a site of the motif (`sites`: `Motif.table`) starts in `ref` followed by the base `after`
     (uint8 ASCII, disambiguated; 0: none)."""

@@ -27,7 +27,7 @@ from streamer.pore.motifs import CPG, Motif
 from streamer_plugins.cpg.calls import MethCalls
 from streamer_plugins.outputs.methfreq import CALL_THRESHOLD
 from streamer_plugins.outputs.site_rows import (Contigs, called_bound, grown, methylated_bound, new_index, next_site,
-                                                one_call, row_of, sequences)
+                                                one_call, row_of)
 
 COLOUR = "255,0,0"
 
@@ -86,7 +86,7 @@ class BedMethyl:
 
     def add_calls(self, calls: MethCalls, ref_names: Sequence[str]) -> None:
         """Add a batch's calls; `ref_names` is the batch's contig per record."""
-        blob, off = sequences(calls.sequence)
+        blob, off = calls.sequence.blob, calls.sequence.off
         args = (self.contigs.ids(calls, ref_names), calls.strand, calls.start.astype(np.int64),
                 calls.llr.astype(np.float64), blob, off, called_bound(self.call_threshold), methylated_bound(),
                 self.motif.table(), self.motif.marks())

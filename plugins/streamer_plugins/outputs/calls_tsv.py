@@ -19,6 +19,7 @@ import numpy as np
 from streamer.errors import InputError
 from streamer_plugins.cpg.caller import CALLS
 from streamer_plugins.cpg.calls import MethCalls
+from streamer_plugins.texts import Texts
 
 _COLUMNS = (
     "chromosome\t{strand}start\tend\tread_name\tlog_lik_ratio\tlog_lik_methylated\tlog_lik_unmethylated"
@@ -81,6 +82,11 @@ def _parse(rows: list[str], source: str | Path, first: int, has_strand: bool, gr
             c.append(f)
     chrom, strand, start, end, read, llr, ll_m, ll_u, _, num, seq = cols
     try:
+        sequence = Texts.of(seq)
+    except UnicodeEncodeError:
+        bad = next(i for i, s in enumerate(seq) if not s.isascii())
+        raise InputError(source, f"sequence is not ASCII: {seq[bad]!r}", line=first + bad) from None
+    try:
         calls = MethCalls(
             read=np.arange(len(rows), dtype=np.int64),
             start=np.array(start, dtype=np.int64),
@@ -90,7 +96,7 @@ def _parse(rows: list[str], source: str | Path, first: int, has_strand: bool, gr
             ll_meth=np.array(ll_m, dtype=np.float64),
             ll_unmeth=np.array(ll_u, dtype=np.float64),
             num_motifs=np.array(num, dtype=np.int32),
-            sequence=seq,
+            sequence=sequence,
         )
     except ValueError:
         raise _first_bad(source, first, start, end, llr, ll_m, ll_u, num) from None

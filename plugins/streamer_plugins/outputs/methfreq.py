@@ -35,7 +35,7 @@ import numpy as np
 from streamer.pore.motifs import CPG, Motif
 from streamer_plugins.cpg.calls import MethCalls
 from streamer_plugins.outputs.site_rows import (Contigs, called_bound, grown, lookup, methylated_bound, new_index,
-                                                next_site, one_call, row_of, sequences)
+                                                next_site, one_call, row_of)
 
 CALL_THRESHOLD = 2.5
 SPLIT_SEQUENCE = "split-group"
@@ -137,7 +137,7 @@ class MethFreq:
     def add_calls(self, calls: MethCalls, ref_names: Sequence[str], changed: set | None = None) -> None:
         """Add a batch's calls; `ref_names` is the batch's contig per record; the keys credited go into `changed`."""
         contig = self.contigs.ids(calls, ref_names)
-        blob, off = sequences(calls.sequence)
+        blob, off = calls.sequence.blob, calls.sequence.off
         num = calls.num_motifs.astype(np.int64)
         args = (contig, calls.start.astype(np.int64), calls.end.astype(np.int64), calls.llr.astype(np.float64), num,
                 blob, off, self._bounds(num), methylated_bound(), self.split_groups, self.motif.table())

@@ -26,6 +26,7 @@ from numba.typed import Dict
 
 from streamer_plugins.cpg.calls import MethCalls
 from streamer_plugins.cpg.hmm import site_at
+from streamer_plugins.texts import Texts
 
 _POSITION_BITS = 33  # positions below 2**33: an index key is contig << 33 | position
 
@@ -105,14 +106,7 @@ def one_call(start: int, end: int, strand: int, llr: float, num_motifs: int, seq
     """A single call, of record 0."""
     return MethCalls(np.zeros(1, np.int64), np.array([start], np.int64), np.array([end], np.int64),
                      np.array([strand], np.int8), np.array([llr]), np.zeros(1), np.zeros(1),
-                     np.array([num_motifs], np.int32), [sequence])
-
-
-def sequences(seqs: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """The calls' context sequences as one uint8 array (ASCII) and int64 offsets."""
-    off = np.zeros(len(seqs) + 1, np.int64)
-    np.cumsum(np.fromiter(map(len, seqs), np.int64, len(seqs)), out=off[1:])
-    return np.frombuffer("".join(seqs).encode("ascii"), np.uint8), off
+                     np.array([num_motifs], np.int32), Texts.of([sequence]))
 
 
 @numba.njit(nogil=True, cache=True)
