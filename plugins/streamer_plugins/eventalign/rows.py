@@ -12,7 +12,7 @@ import numpy as np
 from streamer.pipeline.batch import ReadBatch
 from streamer_plugins.cpg.hmm_model import HmmParams, NanopolishScaling, nanopolish_scaling, pack_model, pack_scalings
 from streamer_plugins.cpg.lookup import CLOSEST_EVENT_SEARCH
-from streamer_plugins.cpg.sites import DISAMBIGUATE
+from streamer_plugins.cpg.sites import disambiguated
 from streamer.pore.model import NUCLEOTIDE, PoreModel
 from streamer.skips import Skip
 from streamer.pipeline.targets import F5C_LOG_INV_SQRT_2PI, NANOPOLISH_LOG_INV_SQRT_2PI
@@ -115,7 +115,7 @@ def eventalign_batch(batch: ReadBatch, model: PoreModel, b2e_start: np.ndarray, 
     if model.alphabet != NUCLEOTIDE:
         raise ValueError("eventalign needs a nucleotide pore model")
     k = model.k
-    ref = DISAMBIGUATE[batch.ref_seq]
+    ref = disambiguated(batch.ref_seq)
     status = batch.status.copy()
     epb = np.asarray(events_per_base, np.float64)
     status[(status == Skip.OK) & ~(epb > 0)] = Skip.QC_FAILED
