@@ -16,6 +16,7 @@ import logging
 import mmap
 import os
 import secrets
+import sys
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -27,7 +28,9 @@ log = logging.getLogger(__name__)
 
 SHM = Path("/dev/shm")
 MIN_BYTES = 1 << 16  # samples below this go through the pipe: a file costs more system calls than the copy
-_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: the pages mapped in one call, not one fault each
+# Linux: the pages mapped in one call, not one fault each; from Python 3.12, which lets the GIL go around
+# mmap(2) (before, the owner's result thread would hold it while the kernel maps the pages in)
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0) if sys.version_info >= (3, 12) else 0
 
 
 @dataclass(frozen=True)
