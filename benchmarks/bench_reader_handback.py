@@ -1,10 +1,11 @@
 """What handing the reader processes' samples back costs the owner: every read of a replicated folder
-through `streamer call`'s reader pool (`signal_readers`, processes) as its reader tasks (`load_chunk`,
+through `streamer call`'s reader pool (`signal_readers`, processes) as reader tasks (`load_chunk`,
 --reads-per-task reads each, --ahead tasks in flight), while a stand-in compute thread runs short
 nogil numba calls and measures how long each return waits for the GIL. Reports the wall, the CPU
-seconds of the pool's result thread (where results are received and unpickled), of the owner (less
-the compute thread's) and of the readers, and the compute thread's GIL waits; best of --repeat. Only APIs both trees have, so that two
-checkouts compare (run it with each tree first on PYTHONPATH).
+seconds of the pool's result thread (where results are received and unpickled), of the owner
+(less the compute thread's) and of the readers, the tasks whose samples came mapped from
+/dev/shm, and the compute thread's GIL waits; best of --repeat. It uses only APIs both trees
+have, so that two checkouts compare (run it with each tree first on PYTHONPATH).
 
     python benchmarks/bench_reader_handback.py --rep bench-work/e2e/x8 --format pod5 -p 2
 
@@ -27,7 +28,7 @@ import numpy as np
 
 from streamer.io.index import open_index
 from streamer.pipeline.batching import load_chunk
-from streamer.pipeline.signal_pool import read_tasks, signal_readers
+from streamer.pipeline.signal_pool import signal_readers
 
 
 @numba.njit(nogil=True, cache=True)
@@ -106,7 +107,8 @@ def one_pass(pool, tasks: list, ahead: int, compute_ms: float) -> dict:
     waits = np.array(compute.waits)
     return {"wall_s": wall, "owner_cpu_s": time.process_time() - c0 - compute.cpu, "result_thread_cpu_s": result_cpu,
             "readers_cpu_s": readers_cpu(pool) - w0,
-            "samples": samples, "mapped_tasks": mapped, "compute_calls": len(waits), "compute_call_ms": compute.alone * 1e3,
+            "samples": samples, "mapped_tasks": mapped, "compute_calls": len(waits),
+            "compute_call_ms": compute.alone * 1e3,
             "gil_wait_ms_mean": float(waits.mean() * 1e3), "gil_wait_ms_p99": float(np.percentile(waits, 99) * 1e3),
             "gil_wait_s_total": float(waits.sum())}  # fmt: skip
 
@@ -127,8 +129,16 @@ def main() -> None:
     wanted: dict[Path, list[str]] = {}
     for rid, path in index.paths.items():
         wanted.setdefault(path, []).append(rid)
-    k = args.reads_per_task  # a file's reads in runs of k, as a batch of BAM records spread over many files wants them
-    tasks = [t for path, ids in wanted.items() for i in range(0, len(ids), k) for t in read_tasks({path: ids[i:i + k]}, k)]
+    k = args.reads_per_task  # tasks of k reads as `read_tasks` makes them of a batch spread over many files
+    tasks, task, n = [], {}, 0
+    for path, ids in wanted.items():
+        for i in range(0, len(ids), k):
+            task[path] = ids[i : i + k]
+            n += len(task[path])
+            if n >= k:
+                tasks.append(task)
+                task, n = {}, 0
+    tasks += [task] if task else []
     pool = signal_readers([f".{args.format}"], args.workers, "processes")
     try:
         for f in [pool.submit(time.sleep, 0.2) for _ in range(args.workers)]:
