@@ -61,11 +61,11 @@ def test_samples_come_mapped_from_shm_as_read_in_place_and_leave_no_file(tasks):
     assert pool.shared.left() == []
 
 
-def test_without_shm_the_samples_come_through_the_pipe(tasks, tmp_path):
+def test_where_no_file_takes_them_the_samples_come_through_the_pipe(tasks, tmp_path):
     assert shared_samples.place(tmp_path / "missing") is None
-    pool = signal_pool.ReaderProcesses(1, None)
+    pool = signal_pool.ReaderProcesses(1, shared_samples.SharedFiles(tmp_path / "missing", "streamer-1-0a1b2c3d-"))
     try:
-        got = pool.submit(load_chunk, tasks[0]).result()
+        got = pool.submit(load_chunk, tasks[0]).result()  # the reader's file cannot be made
     finally:
         pool.shutdown()
     assert not _mapped(got.raw)
