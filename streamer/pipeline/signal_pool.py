@@ -30,6 +30,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
@@ -101,9 +102,6 @@ def read_tasks(wanted: Mapping[Path, list[str]], reads_per_task: int) -> list[di
     return tasks
 
 
-_shared: SharedFiles | None = None  # in a reader process: where its tasks' samples go
-
-
 def _reader_start(owner: int, shared: SharedFiles | None) -> None:
     """In a reader process: hand samples back through `shared`'s files, ignore Ctrl-C, and exit once
     process `owner` is gone, removing the files of samples it did not take.
@@ -113,11 +111,9 @@ def _reader_start(owner: int, shared: SharedFiles | None) -> None:
     pipe they hold both ends of, so without the watch they outlive a `kill -9` of their owner, and
     keep its output pipes open: a parent reading those to the end before it reaps the owner
     would wait for ever. So an owner that has died but is not yet reaped counts as gone."""
-    global _shared
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if shared is not None:
-        _shared = shared
-        ForkingPickler.register(SignalChunk, _handed_back)
+        ForkingPickler.register(SignalChunk, partial(_handed_back, shared))
 
     def watch() -> None:
         while not shared_samples.gone(owner):
@@ -129,10 +125,10 @@ def _reader_start(owner: int, shared: SharedFiles | None) -> None:
     threading.Thread(target=watch, name="owner-watch", daemon=True).start()
 
 
-def _handed_back(chunk: SignalChunk) -> tuple:
-    """How a reader process pickles a task's result: its samples in a file of their own, the rest by
+def _handed_back(shared: SharedFiles, chunk: SignalChunk) -> tuple:
+    """How a reader process pickles a task's result: its samples in a file of `shared`'s, the rest by
     value; all by value where no file takes them."""
-    path = shared_samples.write(_shared, chunk.raw) if _shared is not None else None
+    path = shared_samples.write(shared, chunk.raw)
     if path is None:
         return chunk.__reduce_ex__(pickle.DEFAULT_PROTOCOL)
     return _mapped_chunk, (path, len(chunk.raw), {k: v for k, v in vars(chunk).items() if k != "raw"})
