@@ -145,6 +145,7 @@ def test_signal_reads_set_a_bad_file_apart_and_survive_a_broken_pool(plans, tmp_
         assert errors == expected_errors and reads.pool is None
     finally:
         reads.close()
+    assert pool.shared is None or pool.shared.left() == []  # nothing of the killed reader's left in /dev/shm
 
 
 def test_a_reader_failure_is_raised_in_the_caller(plans, monkeypatch):

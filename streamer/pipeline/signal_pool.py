@@ -6,7 +6,12 @@ signal while a batch computes (`SignalReads`). FAST5 and POD5 go to processes: h
 serialises every thread of a process on one lock, and the POD5 reader holds the GIL for most
 of its work (on 16 cores, threads spent 44 s reading what processes read in 2.5 s).
 SLOW5/BLOW5, read through slow5lib with the GIL released, go to threads. A task hands back
-its reads' raw samples as one int16 array (half the bytes of pA, one object to pickle).
+its reads' raw samples as one int16 array (half the bytes of pA). A reader process pickles its
+result with that array in a file under /dev/shm (`streamer.pipeline.shared_samples`), which the
+owner maps as it unpickles: through the pool's pipe, the owner's result thread held the GIL to
+read and unpickle every byte (1.2 s of a 6 s batch phase on 16 cores, the compute threads
+waiting on it at each return from numba or CUDA). Where /dev/shm cannot be written, or for a
+task of a few reads, the array goes through the pipe.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import logging
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -24,9 +30,13 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
-from streamer.pipeline.batching import chunk_records, load_chunk
+from streamer.pipeline import shared_samples
+from streamer.pipeline.batching import SignalChunk, chunk_records, load_chunk
+from streamer.pipeline.shared_samples import SharedFiles
 from streamer.io.fast5 import SignalRecord
 from streamer.io.index import SignalIndex
 
@@ -57,9 +67,25 @@ def signal_readers(suffixes: Iterable[str], workers: int, mode: str = "auto") ->
         mode = "threads" if slow5 else "processes"
     if mode == "threads":
         return ThreadPoolExecutor(workers, thread_name_prefix="signal-reader")
-    pool = ProcessPoolExecutor(workers, mp_context=_fork_server(), initializer=_end_with, initargs=(os.getpid(),))
+    pool = ReaderProcesses(workers, shared_samples.place())
     threading.Thread(target=_start_workers, args=(pool, workers), name="reader-start", daemon=True).start()
     return pool
+
+
+class ReaderProcesses(ProcessPoolExecutor):
+    """Reader processes (`_reader_start`) that hand samples back through `shared`'s files (None: the pipe)."""
+
+    def __init__(self, workers: int, shared: SharedFiles | None):
+        super().__init__(workers, mp_context=_fork_server(), initializer=_reader_start,
+                         initargs=(os.getpid(), shared))  # fmt: skip
+        self.shared = shared
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Shut down; with `wait`, every reader has ended and every result was taken, so the files
+        left are those of readers killed mid-task: removed."""
+        super().shutdown(wait=wait, cancel_futures=cancel_futures)
+        if wait and self.shared is not None:
+            shared_samples.remove(self.shared.left())
 
 
 def read_tasks(wanted: Mapping[Path, list[str]], reads_per_task: int) -> list[dict[Path, list[str]]]:
@@ -76,8 +102,9 @@ def read_tasks(wanted: Mapping[Path, list[str]], reads_per_task: int) -> list[di
     return tasks
 
 
-def _end_with(pid: int) -> None:
-    """In a reader process: ignore Ctrl-C and exit once process `pid` is gone.
+def _reader_start(owner: int, shared: SharedFiles | None) -> None:
+    """In a reader process: hand samples back through `shared`'s files, ignore Ctrl-C, and exit once
+    process `owner` is gone, removing the files of samples it did not take.
 
     Ctrl-C reaches the whole process group; the owner stops its readers (a reader interrupted
     while it waits for work would print its traceback). A pool's workers wait for work on a
@@ -85,26 +112,31 @@ def _end_with(pid: int) -> None:
     keep its output pipes open: a parent reading those to the end before it reaps the owner
     would wait for ever. So an owner that has died but is not yet reaped counts as gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if shared is not None:
+        ForkingPickler.register(SignalChunk, partial(_handed_back, shared))
 
     def watch() -> None:
-        while True:
+        while not shared_samples.gone(owner):
             time.sleep(1.0)
-            try:
-                os.kill(pid, 0)
-            except (ProcessLookupError, PermissionError):  # PermissionError: the pid is another user's now
-                os._exit(0)
-            if _is_zombie(pid):
-                os._exit(0)
+            shared_samples.forget_taken()
+        shared_samples.remove_untaken()
+        os._exit(0)
 
     threading.Thread(target=watch, name="owner-watch", daemon=True).start()
 
 
-def _is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rpartition(b")")[2].split()[0] == b"Z"
-    except (OSError, IndexError):
-        return False  # no /proc (macOS): os.kill alone decides
+def _handed_back(shared: SharedFiles, chunk: SignalChunk) -> tuple:
+    """How a reader process pickles a task's result: its samples in a file of `shared`'s, the rest by
+    value; all by value where no file takes them."""
+    path = shared_samples.write(shared, chunk.raw)
+    if path is None:
+        return chunk.__reduce_ex__(pickle.DEFAULT_PROTOCOL)
+    return _mapped_chunk, (path, len(chunk.raw), {k: v for k, v in vars(chunk).items() if k != "raw"})
+
+
+def _mapped_chunk(path: str, count: int, columns: dict) -> SignalChunk:
+    """In the owner, as the pool's result thread unpickles a task's result: its samples mapped from the file."""
+    return SignalChunk(**columns, raw=shared_samples.mapped(path, count))
 
 
 _FORK_SERVER_START = threading.Lock()
