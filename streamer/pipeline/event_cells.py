@@ -182,30 +182,49 @@ def event_cells(t: Target) -> EventCells:
         return count
 
     @t.jit
-    def fill_read(x, a, n, peaks, p0, n_peaks, start, length, mean, stdv, e0):
+    def event(s0, q0, s1, q1, length):
+        """An event's (mean, stdv) from the prefix sums at its ends: mean = f32(S) / len and
+        var = f32(Q) / len - mean^2 in float32, stdv sqrt(max(var, 0))."""
+        n_f = np.float32(length)
+        m_ = fdiv(np.float32(dadd(s1, -s0)), n_f)
+        var = fsub(fdiv(np.float32(dadd(q1, -q0)), n_f), fmul(m_, m_))
+        return m_, fsqrt(var) if var > 0 else np.float32(0.0)
+
+    @t.jit
+    def fill_read(x, a, n, peaks, p0, n_peaks, pre_s, pre_q, start, length, mean, stdv, e0):
         """Events of the read x[a:a+n] between boundaries 0, peaks[p0:p0+n_peaks], n, written at e0.
 
-        Forms the prefix sums again in the order `read_peaks` did, so each boundary sees the same sums.
-        mean = f32(S) / len and var = f32(Q) / len - mean^2 in float32, stdv sqrt(max(var, 0)).
+        The read goes in blocks of len(pre_s) - 1 samples: the block's prefix sums, formed in the order
+        `read_peaks` formed them (so each boundary sees the same sums), then the events that end in it.
         """
+        block = len(pre_s) - 1
         s = 0.0
         q = 0.0
-        s0 = 0.0
+        s0 = 0.0  # the prefix sums at the first sample of event e, b0
         q0 = 0.0
-        b0 = 0
-        j = 0
-        for e in range(n_peaks + 1):
-            b = np.int64(peaks[p0 + e]) if e < n_peaks else n
-            while j < b:
-                s, q = accumulate(s, q, x[a + j])
-                j += 1
-            n_f = np.float32(b - b0)
-            m_ = fdiv(np.float32(dadd(s, -s0)), n_f)
-            var = fsub(fdiv(np.float32(dadd(q, -q0)), n_f), fmul(m_, m_))
-            start[e0 + e] = b0
-            length[e0 + e] = n_f
-            mean[e0 + e] = m_
-            stdv[e0 + e] = fsqrt(var) if var > 0 else np.float32(0.0)
-            s0, q0, b0 = s, q, b
+        b0 = np.int64(0)
+        e = 0
+        for c0 in range(0, n, block):
+            c1 = min(c0 + block, n)
+            pre_s[0] = s
+            pre_q[0] = q
+            for j in range(c1 - c0):
+                s, q = accumulate(s, q, x[a + c0 + j])
+                pre_s[j + 1] = s
+                pre_q[j + 1] = q
+            e1 = e
+            while e1 < n_peaks and peaks[p0 + e1] <= c1:
+                e1 += 1
+            for k in range(e, e1):
+                b = np.int64(peaks[p0 + k])
+                s1, q1 = pre_s[b - c0], pre_q[b - c0]
+                start[e0 + k] = b0
+                length[e0 + k] = np.float32(b - b0)
+                mean[e0 + k], stdv[e0 + k] = event(s0, q0, s1, q1, b - b0)
+                s0, q0, b0 = s1, q1, b
+            e = e1
+        start[e0 + e] = b0  # the last event ends with the read
+        length[e0 + e] = np.float32(n - b0)
+        mean[e0 + e], stdv[e0 + e] = event(s0, q0, s, q, n - b0)
 
     return EventCells(read_peaks, fill_read)

@@ -83,20 +83,30 @@ def batch_signal(signal: np.ndarray, signal_off: np.ndarray) -> tuple[np.ndarray
     return signal, signal_off
 
 
-@numba.njit(nogil=True, cache=True, parallel=True, error_model="numpy")
 def detect_events_kernel(signal, signal_off, w1, w2, threshold1, threshold2, peak_height):
     """Batch kernel behind `detect_events`, for callers whose arrays are already validated.
 
-    Two parallel passes over reads: find boundaries (kept as read-relative int32 in a
-    buffer as long as the signal), then, once the per-read counts fix the output
-    offsets, write the events.
+    Two parallel passes over reads: find boundaries (kept as read-relative int32 in a buffer as long
+    as the signal), then, once the per-read counts fix the output offsets, write the events. The
+    large arrays are numpy's: allocated inside a numba kernel they would be faulted in 4 KiB page
+    by page, where numpy's get huge pages.
     """
-    n_reads = len(signal_off) - 1
-    th1 = np.float32(threshold1)
-    th2 = np.float32(threshold2)
-    height = np.float32(peak_height)
-    size = scratch_size(w1, w2, BLOCK)
     peaks = np.empty(len(signal), np.int32)
+    n_peaks = batch_peaks(signal, signal_off, w1, w2, np.float32(threshold1), np.float32(threshold2),
+                          np.float32(peak_height), peaks)  # fmt: skip
+    ev_off = event_offsets(signal_off, n_peaks)
+    total = ev_off[-1]
+    out = (np.empty(total, np.int64), np.empty(total, np.float32), np.empty(total, np.float32),
+           np.empty(total, np.float32))  # fmt: skip
+    batch_fill(signal, signal_off, peaks, n_peaks, ev_off, *out)
+    return (ev_off, *out)
+
+
+@numba.njit(nogil=True, cache=True, parallel=True, error_model="numpy")
+def batch_peaks(signal, signal_off, w1, w2, th1, th2, height, peaks):
+    """Each read's boundaries at its own samples' positions in `peaks`; returns their counts."""
+    n_reads = len(signal_off) - 1
+    size = scratch_size(w1, w2, BLOCK)
     n_peaks = np.zeros(n_reads, np.int64)
     for r in numba.prange(n_reads):
         a = signal_off[r]
@@ -106,18 +116,19 @@ def detect_events_kernel(signal, signal_off, w1, w2, threshold1, threshold2, pea
         t2 = np.empty(BLOCK, np.float32)
         n_peaks[r] = _read_peaks(signal, a, signal_off[r + 1] - a, w1, w2, th1, th2, height, pre_s, pre_q, t1, t2,
                                  peaks, a)  # fmt: skip
-    ev_off = event_offsets(signal_off, n_peaks)
-    total = ev_off[n_reads]
-    ev_start = np.empty(total, np.int64)
-    ev_length = np.empty(total, np.float32)
-    ev_mean = np.empty(total, np.float32)
-    ev_stdv = np.empty(total, np.float32)
-    for r in numba.prange(n_reads):
+    return n_peaks
+
+
+@numba.njit(nogil=True, cache=True, parallel=True, error_model="numpy")
+def batch_fill(signal, signal_off, peaks, n_peaks, ev_off, ev_start, ev_length, ev_mean, ev_stdv):
+    """Each read's events at ev_off[r], from its boundaries."""
+    for r in numba.prange(len(signal_off) - 1):
         a = signal_off[r]
         if ev_off[r + 1] > ev_off[r]:
-            _fill_read(signal, a, signal_off[r + 1] - a, peaks, a, n_peaks[r], ev_start, ev_length, ev_mean, ev_stdv,
-                       ev_off[r])  # fmt: skip
-    return ev_off, ev_start, ev_length, ev_mean, ev_stdv
+            pre_s = np.empty(BLOCK + 1, np.float64)
+            pre_q = np.empty(BLOCK + 1, np.float64)
+            _fill_read(signal, a, signal_off[r + 1] - a, peaks, a, n_peaks[r], pre_s, pre_q, ev_start, ev_length,
+                       ev_mean, ev_stdv, ev_off[r])  # fmt: skip
 
 
 @numba.njit(nogil=True, cache=True, parallel=True)
