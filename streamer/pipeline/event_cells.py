@@ -35,9 +35,15 @@ def scratch_size(w1, w2, block):
     return block + 2 * max(w1, w2) + 1
 
 
+# the detectors' state at a read's first sample (`detect`): both searching, nothing masked
+START = (np.int32(-1), FLT_MAX, False, np.int32(-1), FLT_MAX, False, np.int32(0))
+
+
 class EventCells(NamedTuple):
     """Event detection's per-read arithmetic compiled for one target (`event_cells`)."""
 
+    t_block: Callable
+    detect: Callable
     read_peaks: Callable
     fill_read: Callable
 
@@ -95,90 +101,106 @@ def event_cells(t: Target) -> EventCells:
             dst[k] = tstat(s_lo[k], q_lo[k], s_mid[k], q_mid[k], s_hi[k], q_hi[k], w)
 
     @t.jit
-    def climb(pos, val, t, i, height):
-        """A detector's search: the running minimum until t rises height above it, then the running
-        maximum (pos, val). Returns (pos, val, whether it was already past the minimum)."""
-        if pos == -1:
-            if t < val:
-                val = t
-            elif fsub(t, val) > height:
-                val = t
-                pos = i
-            return pos, val, False
-        if t > val:
-            val = t
-            pos = i
-        return pos, val, True
+    def t_block(x, a, n, w1, w2, sums, b0, pre_s, pre_q, t1, t2):
+        """The two t-series of the read x[a:a+n] at samples b0.. (as many as t1 holds, up to n) into t1, t2.
+
+        sums = (s, q, filled, base): the prefix sums 0..filled are formed, sum j at pre_s[j - base]
+        (any value at b0 = 0); those the block's windows reach (`scratch_size`) move to the front, the
+        rest are formed in order. Returns sums for the next block.
+        """
+        s, q, filled, base = sums
+        ahead = max(w1, w2)
+        if b0 == 0:
+            s, q, filled, base = 0.0, 0.0, 0, -ahead
+            pre_s[ahead] = 0.0
+            pre_q[ahead] = 0.0
+        b1 = min(b0 + len(t1), n)
+        new_base = b0 - ahead
+        for j in range(max(new_base, 0), filled + 1):
+            pre_s[j - new_base] = pre_s[j - base]
+            pre_q[j - new_base] = pre_q[j - base]
+        base = new_base
+        while filled < min(n, b1 - 1 + ahead):
+            s, q = accumulate(s, q, x[a + filled])
+            filled += 1
+            pre_s[filled - base] = s
+            pre_q[filled - base] = q
+        t_series(pre_s, pre_q, base, b0, b1, n, w1, t1)
+        t_series(pre_s, pre_q, base, b0, b1, n, w2, t2)
+        return s, q, filled, base
 
     @t.jit
-    def settle(pos, val, valid, t, i, threshold, height, half):
-        """A detector's emission: once t fell height below a maximum over the threshold and more than
-        half a window passed, it emits the maximum's position. Returns (pos, val, valid, emitted or -1)."""
-        if fsub(val, t) > height and val > threshold:
-            valid = True
-        if valid and i - pos > half:
-            return np.int64(-1), t, False, pos
-        return pos, val, valid, np.int64(-1)
+    def detector(pos, val, valid, t, i, threshold, height, half, on):
+        """One sample of a peak detector, if on, in selects: no branch the data decides.
+
+        Its search follows the running minimum (pos -1) until t rises height above it, then the
+        running maximum (pos, val); once t fell height below a maximum over the threshold and more
+        than half a window passed, it emits the maximum's position and searches again from t.
+        Returns (pos, val, valid), the maximum's position, whether that is over the threshold, and
+        whether it is emitted.
+        """
+        searching = pos < 0
+        lower = t < val
+        higher = t > val
+        rise = fsub(t, val) > height
+        fall = fsub(val, t) > height
+        flat = fsub(t, t) > height  # the fall from a maximum t itself set: false unless height < 0
+        past = on & (not searching)
+        take = (on & searching & (lower | rise)) | (past & higher)
+        found = (on & searching & rise & (not lower)) | (past & higher)
+        over = past & ((t > threshold) if take else (val > threshold))
+        valid = valid | (over & (flat if take else fall))
+        val = t if take else val
+        top = i if found else pos
+        emit = past & valid & (i - top > half)
+        pos = np.int32(-1) if emit else top
+        return pos, t if emit else val, valid & (not emit), top, over, emit
 
     @t.jit
-    def read_peaks(x, a, n, w1, w2, th1, th2, height, pre_s, pre_q, t1, t2, peaks, p0):
+    def detect(state, t1, t2, i, on, settings):
+        """Sample i of scrappie's short and long peak detectors over their t-statistics t1 and t2, if on.
+
+        state = (pos1, val1, valid1, pos2, val2, valid2, masked_to), `START` at a read's first sample;
+        settings = (w1, w2, th1, th2, height), the thresholds and height float32 as f5c stores them.
+        A short peak over its threshold masks and resets the long detector for w1 samples. Returns
+        the new state and each detector's boundary at this sample (-1 if none), short first.
+        Positions are int32: a read's samples count far below 2^31.
+        """
+        pos1, val1, valid1, pos2, val2, valid2, masked_to = state
+        w1, w2, th1, th2, height = settings
+        pos1, val1, valid1, top, over, emit = detector(pos1, val1, valid1, t1, i, th1, height, w1 >> 1, on)
+        peak1 = top if emit else np.int32(-1)
+        masked_to = np.int32(top + w1) if over else masked_to
+        pos2 = np.int32(-1) if over else pos2
+        val2 = FLT_MAX if over else val2
+        valid2 = valid2 & (not over)
+        pos2, val2, valid2, top, _, emit = detector(pos2, val2, valid2, t2, i, th2, height, w2 >> 1,
+                                                    on & (masked_to < i))  # fmt: skip
+        peak2 = top if emit else np.int32(-1)
+        return (pos1, val1, valid1, pos2, val2, valid2, masked_to), peak1, peak2
+
+    @t.jit
+    def read_peaks(x, a, n, settings, pre_s, pre_q, t1, t2, peaks, p0):
         """Boundaries of the read x[a:a+n] into peaks[p0:]; returns how many (strictly increasing, in 1..n-1).
 
-        Scrappie's short/long peak detector over both t-series at once (short first). A short peak
-        above its threshold masks and resets the long detector for w1 samples; the short detector
-        skips sample 0. The read goes in blocks of len(t1) samples: the prefix sums the block's
-        windows reach (pre_s/pre_q, float64, `scratch_size(w1, w2, block)`), the block's two
-        t-series (t1, t2, float32), then the detector over them.
+        One read alone: its blocks of len(t1) samples (`t_block`: pre_s/pre_q hold
+        `scratch_size(w1, w2, len(t1))` sums), then `detect` over them; the short detector skips
+        sample 0. (The CPU kernel runs `detect` over many reads at once instead.)
         """
-        if n == 0:
-            return 0
-        ahead = max(w1, w2)
-        block = len(t1)
-        s = 0.0
-        q = 0.0
-        filled = 0  # prefix sums 0..filled are known; sum j sits at pre_s[j - base]
-        base = -ahead
-        pre_s[ahead] = 0.0
-        pre_q[ahead] = 0.0
-        pos1, pos2 = np.int64(-1), np.int64(-1)
-        val1, val2 = FLT_MAX, FLT_MAX
-        valid1, valid2 = False, False
-        masked_to = np.int64(0)  # the long detector's
+        w1, w2 = settings[0], settings[1]
+        sums = (0.0, 0.0, 0, 0)
+        state = START
         count = 0
-        for b0 in range(0, n, block):
-            b1 = min(b0 + block, n)
-            new_base = b0 - ahead
-            for j in range(max(new_base, 0), filled + 1):  # the sums still in reach move to the front
-                pre_s[j - new_base] = pre_s[j - base]
-                pre_q[j - new_base] = pre_q[j - base]
-            base = new_base
-            while filled < min(n, b1 - 1 + ahead):
-                s, q = accumulate(s, q, x[a + filled])
-                filled += 1
-                pre_s[filled - base] = s
-                pre_q[filled - base] = q
-            t_series(pre_s, pre_q, base, b0, b1, n, w1, t1)
-            t_series(pre_s, pre_q, base, b0, b1, n, w2, t2)
-            for i in range(b0, b1):
-                if i > 0:
-                    t = t1[i - b0]
-                    pos1, val1, past = climb(pos1, val1, t, i, height)
-                    if past:
-                        if val1 > th1:
-                            masked_to = pos1 + w1
-                            pos2, val2, valid2 = np.int64(-1), FLT_MAX, False
-                        pos1, val1, valid1, emitted = settle(pos1, val1, valid1, t, i, th1, height, w1 // 2)
-                        if emitted >= 0:
-                            peaks[p0 + count] = emitted
-                            count += 1
-                if masked_to < i:
-                    t = t2[i - b0]
-                    pos2, val2, past = climb(pos2, val2, t, i, height)
-                    if past:
-                        pos2, val2, valid2, emitted = settle(pos2, val2, valid2, t, i, th2, height, w2 // 2)
-                        if emitted >= 0:
-                            peaks[p0 + count] = emitted
-                            count += 1
+        for b0 in range(0, n, len(t1)):
+            sums = t_block(x, a, n, w1, w2, sums, b0, pre_s, pre_q, t1, t2)
+            for i in range(b0, min(b0 + len(t1), n)):
+                state, peak1, peak2 = detect(state, t1[i - b0], t2[i - b0], np.int32(i), i > 0, settings)
+                if peak1 >= 0:
+                    peaks[p0 + count] = peak1
+                    count += 1
+                if peak2 >= 0:
+                    peaks[p0 + count] = peak2
+                    count += 1
         return count
 
     @t.jit
@@ -227,4 +249,4 @@ def event_cells(t: Target) -> EventCells:
         length[e0 + e] = np.float32(n - b0)
         mean[e0 + e], stdv[e0 + e] = event(s0, q0, s, q, n - b0)
 
-    return EventCells(read_peaks, fill_read)
+    return EventCells(t_block, detect, read_peaks, fill_read)

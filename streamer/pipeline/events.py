@@ -25,12 +25,15 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from streamer.pipeline.event_cells import event_cells, scratch_size
+from streamer.pipeline.event_cells import START, event_cells, scratch_size
 from streamer.pipeline.targets import CPU
 
 log = logging.getLogger(__name__)
-_read_peaks, _fill_read = event_cells(CPU)
-BLOCK = 1024  # samples a read's t-statistics are formed for at a time
+_t_block, _fill_read = event_cells(CPU).t_block, event_cells(CPU).fill_read
+# the detectors compiled into the lane loop's body, so that LLVM turns that loop into vector code
+_detect = event_cells(CPU._replace(jit=numba.njit(nogil=True, error_model="numpy", inline="always"))).detect
+BLOCK = 256  # samples a read's t-statistics are formed for at a time
+LANES = 16  # reads whose detectors run side by side, in SIMD lanes
 
 
 @dataclass(frozen=True)
@@ -92,8 +95,8 @@ def detect_events_kernel(signal, signal_off, w1, w2, threshold1, threshold2, pea
     by page, where numpy's get huge pages.
     """
     peaks = np.empty(len(signal), np.int32)
-    n_peaks = batch_peaks(signal, signal_off, w1, w2, np.float32(threshold1), np.float32(threshold2),
-                          np.float32(peak_height), peaks)  # fmt: skip
+    settings = (np.int32(w1), np.int32(w2), np.float32(threshold1), np.float32(threshold2), np.float32(peak_height))
+    n_peaks = batch_peaks(signal, signal_off, settings, peaks)
     ev_off = event_offsets(signal_off, n_peaks)
     total = ev_off[-1]
     out = (np.empty(total, np.int64), np.empty(total, np.float32), np.empty(total, np.float32),
@@ -103,20 +106,105 @@ def detect_events_kernel(signal, signal_off, w1, w2, threshold1, threshold2, pea
 
 
 @numba.njit(nogil=True, cache=True, parallel=True, error_model="numpy")
-def batch_peaks(signal, signal_off, w1, w2, th1, th2, height, peaks):
-    """Each read's boundaries at its own samples' positions in `peaks`; returns their counts."""
+def batch_peaks(signal, signal_off, settings, peaks):
+    """Each read's boundaries at its own samples' positions in `peaks`; returns their counts.
+
+    Reads go longest first in groups, a group's reads through `LANES` lanes (`group_peaks`), so
+    that the reads side by side end at about the same time and the groups are handed out longest first.
+    """
     n_reads = len(signal_off) - 1
-    size = scratch_size(w1, w2, BLOCK)
     n_peaks = np.zeros(n_reads, np.int64)
-    for r in numba.prange(n_reads):
-        a = signal_off[r]
-        pre_s = np.empty(size, np.float64)
-        pre_q = np.empty(size, np.float64)
-        t1 = np.empty(BLOCK, np.float32)
-        t2 = np.empty(BLOCK, np.float32)
-        n_peaks[r] = _read_peaks(signal, a, signal_off[r + 1] - a, w1, w2, th1, th2, height, pre_s, pre_q, t1, t2,
-                                 peaks, a)  # fmt: skip
+    order = np.argsort(signal_off[:-1] - signal_off[1:], kind="mergesort")
+    per = LANES * 4
+    n_groups = (n_reads + per - 1) // per
+    for g in numba.prange(n_groups):
+        group_peaks(signal, signal_off, order[g * per : (g + 1) * per], settings, peaks, n_peaks)
     return n_peaks
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def group_peaks(signal, signal_off, reads, settings, peaks, n_peaks):
+    """The boundaries of `reads`, `LANES` at a time: each lane forms a block of its read's t-statistics
+    (`t_block`), the detectors then step through the block in all lanes at once (`lanes_step`), and
+    each lane's boundaries are gathered into its read's slots. A lane whose read ends takes the next."""
+    w1, w2 = settings[0], settings[1]
+    size = scratch_size(w1, w2, BLOCK)
+    pre_s = np.empty((LANES, size), np.float64)
+    pre_q = np.empty((LANES, size), np.float64)
+    t1 = np.empty((LANES, BLOCK), np.float32)
+    t2 = np.empty((LANES, BLOCK), np.float32)
+    tt1 = np.empty((BLOCK, LANES), np.float32)  # the same, sample-major
+    tt2 = np.empty((BLOCK, LANES), np.float32)
+    e1 = np.empty((BLOCK, LANES), np.int32)
+    e2 = np.empty((BLOCK, LANES), np.int32)
+    ints = np.empty((7, LANES), np.int32)  # pos1, pos2, valid1, valid2, masked_to, block start, block samples
+    vals = np.empty((2, LANES), np.float32)  # val1, val2
+    read = np.full(LANES, -1, np.int64)
+    sums_s = np.zeros(LANES, np.float64)
+    sums_q = np.zeros(LANES, np.float64)
+    filled = np.zeros(LANES, np.int64)
+    base = np.zeros(LANES, np.int64)
+    count = np.zeros(LANES, np.int64)
+    taken = 0
+    while True:
+        busy = 0
+        for lane in range(LANES):
+            if read[lane] < 0:
+                while taken < len(reads) and signal_off[reads[taken] + 1] == signal_off[reads[taken]]:
+                    taken += 1  # an empty read has no boundaries
+                if taken < len(reads):
+                    read[lane] = reads[taken]
+                    taken += 1
+                    count[lane] = 0
+                    ints[5, lane] = 0
+                    set_lane(ints, vals, lane, START)
+            ints[6, lane] = 0
+            if read[lane] >= 0:
+                r = read[lane]
+                a = signal_off[r]
+                n = signal_off[r + 1] - a
+                b0 = ints[5, lane]
+                sums = _t_block(signal, a, n, w1, w2, (sums_s[lane], sums_q[lane], filled[lane], base[lane]), b0,
+                                pre_s[lane], pre_q[lane], t1[lane], t2[lane])  # fmt: skip
+                sums_s[lane], sums_q[lane], filled[lane], base[lane] = sums
+                ints[6, lane] = min(BLOCK, n - b0)
+                busy += 1
+        if busy == 0:
+            return
+        steps = ints[6].max()
+        for k in range(steps):
+            for lane in range(LANES):
+                tt1[k, lane] = t1[lane, k]
+                tt2[k, lane] = t2[lane, k]
+        for k in range(steps):  # LLVM runs this loop over the lanes in vector code
+            for lane in range(LANES):
+                i = np.int32(ints[5, lane] + k)
+                state = (ints[0, lane], vals[0, lane], ints[2, lane] != 0, ints[1, lane], vals[1, lane],
+                         ints[3, lane] != 0, ints[4, lane])  # fmt: skip
+                on = (k < ints[6, lane]) & (i > 0)
+                state, e1[k, lane], e2[k, lane] = _detect(state, tt1[k, lane], tt2[k, lane], i, on, settings)
+                ints[0, lane], vals[0, lane], ints[2, lane], ints[1, lane], vals[1, lane], ints[3, lane], ints[4, lane] = state
+        for lane in range(LANES):
+            if read[lane] < 0:
+                continue
+            r = read[lane]
+            a = signal_off[r]
+            c = count[lane]
+            for k in range(ints[6, lane]):
+                peaks[a + c] = e1[k, lane]  # kept only if a boundary (>= 0)
+                c += e1[k, lane] >= 0
+                peaks[a + c] = e2[k, lane]
+                c += e2[k, lane] >= 0
+            count[lane] = c
+            ints[5, lane] += BLOCK
+            if ints[5, lane] >= signal_off[r + 1] - a:
+                n_peaks[r] = c
+                read[lane] = -1
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def set_lane(ints, vals, lane, state):
+    ints[0, lane], vals[0, lane], ints[2, lane], ints[1, lane], vals[1, lane], ints[3, lane], ints[4, lane] = state
 
 
 @numba.njit(nogil=True, cache=True, parallel=True, error_model="numpy")
