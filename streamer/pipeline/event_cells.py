@@ -25,6 +25,7 @@ import numpy as np
 
 from streamer.pipeline.targets import Target
 
+U = np.uint64
 FLT_MIN = np.float32(np.finfo(np.float32).tiny)
 FLT_MAX = np.float32(np.finfo(np.float32).max)
 
@@ -92,13 +93,12 @@ def event_cells(t: Target) -> EventCells:
         hi = min(b1, n - w + 1)
         if hi <= lo:
             return
-        # views that start at 0, so the compiler sees non-negative indices
-        s_lo, q_lo = pre_s[lo - w - base : hi - w - base], pre_q[lo - w - base : hi - w - base]
-        s_mid, q_mid = pre_s[lo - base : hi - base], pre_q[lo - base : hi - base]
-        s_hi, q_hi = pre_s[lo + w - base : hi + w - base], pre_q[lo + w - base : hi + w - base]
-        dst = out[lo - b0 : hi - b0]
-        for k in range(hi - lo):
-            dst[k] = tstat(s_lo[k], q_lo[k], s_mid[k], q_mid[k], s_hi[k], q_hi[k], w)
+        # unsigned offsets, not views: numba adds no negative-index wraparound, so the compiler sees
+        # unit strides, and no view's reference count is touched
+        o_lo, o_mid, o_hi, o_out = U(lo - w - base), U(lo - base), U(lo + w - base), U(lo - b0)
+        for k in range(U(hi - lo)):
+            out[o_out + k] = tstat(pre_s[o_lo + k], pre_q[o_lo + k], pre_s[o_mid + k], pre_q[o_mid + k],
+                                   pre_s[o_hi + k], pre_q[o_hi + k], w)  # fmt: skip
 
     @t.jit
     def t_block(x, a, n, w1, w2, sums, b0, pre_s, pre_q, t1, t2):

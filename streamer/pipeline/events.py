@@ -32,8 +32,9 @@ log = logging.getLogger(__name__)
 _t_block, _fill_read = event_cells(CPU).t_block, event_cells(CPU).fill_read
 # the detectors compiled into the lane loop's body, so that LLVM turns that loop into vector code
 _detect = event_cells(CPU._replace(jit=numba.njit(nogil=True, error_model="numpy", inline="always"))).detect
-BLOCK = 256  # samples a read's t-statistics are formed for at a time
+BLOCK = 1024  # samples a read's t-statistics are formed for at a time
 LANES = 16  # reads whose detectors run side by side, in SIMD lanes
+U = np.uint64
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,8 @@ def group_peaks(signal, signal_off, reads, settings, peaks, n_peaks):
     tt2 = np.empty((BLOCK, LANES), np.float32)
     e1 = np.empty((BLOCK, LANES), np.int32)
     e2 = np.empty((BLOCK, LANES), np.int32)
-    ints = np.empty((7, LANES), np.int32)  # pos1, pos2, valid1, valid2, masked_to, block start, block samples
+    # pos1, pos2, valid1, valid2, masked_to, block start, block samples, whether the long detector emitted in it
+    ints = np.empty((8, LANES), np.int32)
     vals = np.empty((2, LANES), np.float32)  # val1, val2
     read = np.full(LANES, -1, np.int64)
     sums_s = np.zeros(LANES, np.float64)
@@ -159,6 +161,7 @@ def group_peaks(signal, signal_off, reads, settings, peaks, n_peaks):
                     ints[5, lane] = 0
                     set_lane(ints, vals, lane, START)
             ints[6, lane] = 0
+            ints[7, lane] = 0
             if read[lane] >= 0:
                 r = read[lane]
                 a = signal_off[r]
@@ -183,18 +186,25 @@ def group_peaks(signal, signal_off, reads, settings, peaks, n_peaks):
                          ints[3, lane] != 0, ints[4, lane])  # fmt: skip
                 on = (k < ints[6, lane]) & (i > 0)
                 state, e1[k, lane], e2[k, lane] = _detect(state, tt1[k, lane], tt2[k, lane], i, on, settings)
+                ints[7, lane] |= e2[k, lane] >= 0
                 ints[0, lane], vals[0, lane], ints[2, lane], ints[1, lane], vals[1, lane], ints[3, lane], ints[4, lane] = state
         for lane in range(LANES):
             if read[lane] < 0:
                 continue
             r = read[lane]
             a = signal_off[r]
-            c = count[lane]
-            for k in range(ints[6, lane]):
-                peaks[a + c] = e1[k, lane]  # kept only if a boundary (>= 0)
-                c += e1[k, lane] >= 0
-                peaks[a + c] = e2[k, lane]
-                c += e2[k, lane] >= 0
+            c = U(a + count[lane])  # unsigned: no negative-index wraparound on the stores
+            if ints[7, lane]:  # both detectors' boundaries, the short one's first
+                for k in range(ints[6, lane]):
+                    peaks[c] = e1[k, lane]  # kept only if a boundary (>= 0)
+                    c += U(e1[k, lane] >= 0)
+                    peaks[c] = e2[k, lane]
+                    c += U(e2[k, lane] >= 0)
+            else:
+                for k in range(ints[6, lane]):
+                    peaks[c] = e1[k, lane]
+                    c += U(e1[k, lane] >= 0)
+            c = np.int64(c) - a
             count[lane] = c
             ints[5, lane] += BLOCK
             if ints[5, lane] >= signal_off[r + 1] - a:
