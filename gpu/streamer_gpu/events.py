@@ -46,7 +46,8 @@ BLOCK = 64
 @functools.cache
 def kernels():
     """(peaks, fill): compiled on first use, so that importing this module needs no GPU."""
-    read_peaks, fill_read = event_cells(DEVICE)
+    cells = event_cells(DEVICE)
+    read_peaks, fill_read = cells.read_peaks, cells.fill_read
 
     @cuda.jit(
         "void(float32[::1], int64[::1], int64, int64, float32, float32, float32, int64, int32[::1], int64[::1])",
@@ -62,7 +63,7 @@ def kernels():
         t1 = cuda.local.array(STEP, np.float32)
         t2 = cuda.local.array(STEP, np.float32)
         a = signal_off[r]
-        n_peaks[r] = read_peaks(signal, a, signal_off[r + 1] - a, w1, w2, th1, th2, height, pre_s, pre_q, t1, t2,
+        n_peaks[r] = read_peaks(signal, a, signal_off[r + 1] - a, (w1, w2, th1, th2, height), pre_s, pre_q, t1, t2,
                                 peaks, a)  # fmt: skip
 
     @cuda.jit(
@@ -71,12 +72,15 @@ def kernels():
         cache=True,
     )
     def fill(signal, signal_off, peaks, n_peaks, ev_off, n_reads, start, length, mean, stdv):
-        """One thread per read: its events at ev_off[r]."""
+        """One thread per read: its events at ev_off[r] (its blocks of prefix sums in local memory)."""
         r = cuda.grid(1)
         if r >= n_reads or ev_off[r + 1] == ev_off[r]:
             return
+        pre_s = cuda.local.array(SCRATCH, np.float64)
+        pre_q = cuda.local.array(SCRATCH, np.float64)
         a = signal_off[r]
-        fill_read(signal, a, signal_off[r + 1] - a, peaks, a, n_peaks[r], start, length, mean, stdv, ev_off[r])
+        fill_read(signal, a, signal_off[r + 1] - a, peaks, a, n_peaks[r], pre_s, pre_q, start, length, mean, stdv,
+                  ev_off[r])  # fmt: skip
 
     return peaks, fill
 
