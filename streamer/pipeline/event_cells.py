@@ -43,6 +43,9 @@ START = (np.int32(-1), FLT_MAX, False, np.int32(-1), FLT_MAX, False, np.int32(0)
 class EventCells(NamedTuple):
     """Event detection's per-read arithmetic compiled for one target (`event_cells`)."""
 
+    accumulate: Callable
+    tstat: Callable
+    fits: Callable
     t_block: Callable
     detect: Callable
     read_peaks: Callable
@@ -79,26 +82,22 @@ def event_cells(t: Target) -> EventCells:
         return fdiv(abs(delta), fsqrt(fdiv(var, wf)))
 
     @t.jit
-    def t_series(pre_s, pre_q, base, b0, b1, n, w, out):
-        """The t-statistics of window w at b0..b1-1 into out[0:], 0 where the windows do not fit (or w < 2).
+    def fits(i, n, w):
+        """Whether both windows of w samples either side of sample i lie in a read of n samples (and w > 1):
+        elsewhere the t-statistic is 0."""
+        return (w >= 2) & (i >= w) & (i + w <= n)
 
-        pre_s/pre_q[j - base] hold the prefix sums j the windows reach. No step depends on another,
-        so the CPU compiler runs this loop in SIMD lanes: the divisions are what event detection costs.
+    @t.jit
+    def t_series(pre_s, pre_q, base, b0, b1, n, w, out):
+        """The t-statistics of window w at samples b0..b1-1 of a read of n into out[0:] (`fits`).
+
+        pre_s/pre_q[j - base] hold the prefix sums j the windows reach (any value where they do not fit).
         """
-        for i in range(b1 - b0):
-            out[i] = np.float32(0.0)
-        if w < 2 or n < 2 * w:
-            return
-        lo = max(b0, w)
-        hi = min(b1, n - w + 1)
-        if hi <= lo:
-            return
-        # unsigned offsets, not views: numba adds no negative-index wraparound, so the compiler sees
-        # unit strides, and no view's reference count is touched
-        o_lo, o_mid, o_hi, o_out = U(lo - w - base), U(lo - base), U(lo + w - base), U(lo - b0)
-        for k in range(U(hi - lo)):
-            out[o_out + k] = tstat(pre_s[o_lo + k], pre_q[o_lo + k], pre_s[o_mid + k], pre_q[o_mid + k],
-                                   pre_s[o_hi + k], pre_q[o_hi + k], w)  # fmt: skip
+        for k in range(b1 - b0):
+            j = U(b0 + k - base)  # unsigned: numba adds no negative-index wraparound
+            lo, hi = j - U(w), j + U(w)
+            t = tstat(pre_s[lo], pre_q[lo], pre_s[j], pre_q[j], pre_s[hi], pre_q[hi], w)
+            out[k] = t if fits(b0 + k, n, w) else np.float32(0.0)
 
     @t.jit
     def t_block(x, a, n, w1, w2, sums, b0, pre_s, pre_q, t1, t2):
@@ -249,4 +248,4 @@ def event_cells(t: Target) -> EventCells:
         length[e0 + e] = np.float32(n - b0)
         mean[e0 + e], stdv[e0 + e] = event(s0, q0, s, q, n - b0)
 
-    return EventCells(t_block, detect, read_peaks, fill_read)
+    return EventCells(accumulate, tstat, fits, t_block, detect, read_peaks, fill_read)

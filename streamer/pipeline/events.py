@@ -29,10 +29,11 @@ from streamer.pipeline.event_cells import START, event_cells, scratch_size
 from streamer.pipeline.targets import CPU
 
 log = logging.getLogger(__name__)
-_t_block, _fill_read = event_cells(CPU).t_block, event_cells(CPU).fill_read
-# the detectors compiled into the lane loop's body, so that LLVM turns that loop into vector code
-_detect = event_cells(CPU._replace(jit=numba.njit(nogil=True, error_model="numpy", inline="always"))).detect
-BLOCK = 1024  # samples a read's t-statistics are formed for at a time
+_fill_read = event_cells(CPU).fill_read
+# the cells compiled into the lane loops' bodies, so that LLVM turns those loops into vector code
+_lane = event_cells(CPU._replace(jit=numba.njit(nogil=True, error_model="numpy", inline="always")))
+_accumulate, _tstat, _fits, _detect = _lane.accumulate, _lane.tstat, _lane.fits, _lane.detect
+BLOCK = 256  # samples a read's t-statistics are formed for at a time
 LANES = 16  # reads whose detectors run side by side, in SIMD lanes
 U = np.uint64
 
@@ -125,27 +126,26 @@ def batch_peaks(signal, signal_off, settings, peaks):
 
 @numba.njit(nogil=True, cache=True, error_model="numpy")
 def group_peaks(signal, signal_off, reads, settings, peaks, n_peaks):
-    """The boundaries of `reads`, `LANES` at a time: each lane forms a block of its read's t-statistics
-    (`t_block`), the detectors then step through the block in all lanes at once (`lanes_step`), and
-    each lane's boundaries are gathered into its read's slots. A lane whose read ends takes the next."""
+    """The boundaries of `reads`, `LANES` at a time, a block of `BLOCK` samples of each lane's read at a
+    time: the block's prefix sums (and those its windows reach), its two t-series, the detectors,
+    then each lane's boundaries gathered into its read's slots. A lane whose read ends takes the next.
+
+    Each step goes over the lanes side by side in arrays of [row, lane] (structure of arrays), which
+    LLVM turns into vector code: a lane's arithmetic is its read's own, in the same order.
+    """
     w1, w2 = settings[0], settings[1]
-    size = scratch_size(w1, w2, BLOCK)
-    pre_s = np.empty((LANES, size), np.float64)
-    pre_q = np.empty((LANES, size), np.float64)
-    t1 = np.empty((LANES, BLOCK), np.float32)
-    t2 = np.empty((LANES, BLOCK), np.float32)
-    tt1 = np.empty((BLOCK, LANES), np.float32)  # the same, sample-major
+    ahead = max(w1, w2)
+    rows = BLOCK + 2 * ahead  # row j holds prefix sum (block start - ahead + j)
+    ss = np.empty((rows, LANES), np.float64)
+    qq = np.empty((rows, LANES), np.float64)
+    tt1 = np.empty((BLOCK, LANES), np.float32)
     tt2 = np.empty((BLOCK, LANES), np.float32)
     e1 = np.empty((BLOCK, LANES), np.int32)
     e2 = np.empty((BLOCK, LANES), np.int32)
-    # pos1, pos2, valid1, valid2, masked_to, block start, block samples, whether the long detector emitted in it
-    ints = np.empty((8, LANES), np.int32)
+    ints = np.zeros((7, LANES), np.int32)  # pos1, pos2, valid1, valid2, masked_to, block start, block samples
     vals = np.empty((2, LANES), np.float32)  # val1, val2
+    span = np.zeros((3, LANES), np.int64)  # the read's first sample, its samples, the block's first row to form
     read = np.full(LANES, -1, np.int64)
-    sums_s = np.zeros(LANES, np.float64)
-    sums_q = np.zeros(LANES, np.float64)
-    filled = np.zeros(LANES, np.int64)
-    base = np.zeros(LANES, np.int64)
     count = np.zeros(LANES, np.int64)
     taken = 0
     while True:
@@ -155,46 +155,67 @@ def group_peaks(signal, signal_off, reads, settings, peaks, n_peaks):
                 while taken < len(reads) and signal_off[reads[taken] + 1] == signal_off[reads[taken]]:
                     taken += 1  # an empty read has no boundaries
                 if taken < len(reads):
-                    read[lane] = reads[taken]
+                    r = reads[taken]
                     taken += 1
+                    read[lane] = r
                     count[lane] = 0
+                    span[0, lane], span[1, lane], span[2, lane] = signal_off[r], signal_off[r + 1] - signal_off[r], ahead + 1
+                    ss[ahead, lane] = 0.0  # prefix sum 0
+                    qq[ahead, lane] = 0.0
                     ints[5, lane] = 0
-                    set_lane(ints, vals, lane, START)
+                    (ints[0, lane], vals[0, lane], ints[2, lane], ints[1, lane], vals[1, lane], ints[3, lane],
+                     ints[4, lane]) = START  # fmt: skip
             ints[6, lane] = 0
-            ints[7, lane] = 0
             if read[lane] >= 0:
-                r = read[lane]
-                a = signal_off[r]
-                n = signal_off[r + 1] - a
-                b0 = ints[5, lane]
-                sums = _t_block(signal, a, n, w1, w2, (sums_s[lane], sums_q[lane], filled[lane], base[lane]), b0,
-                                pre_s[lane], pre_q[lane], t1[lane], t2[lane])  # fmt: skip
-                sums_s[lane], sums_q[lane], filled[lane], base[lane] = sums
-                ints[6, lane] = min(BLOCK, n - b0)
+                ints[6, lane] = min(BLOCK, span[1, lane] - ints[5, lane])
                 busy += 1
+            else:
+                span[0, lane], span[1, lane] = 0, 0
         if busy == 0:
             return
+        for lane in range(LANES):  # the prefix sums, each lane's in order (a chain of roundings: no lanes)
+            a, n, j0 = span[0, lane], span[1, lane], span[2, lane]
+            p0 = ints[5, lane] - ahead  # the sum in row 0
+            s, q = ss[j0 - 1, lane], qq[j0 - 1, lane]
+            for j in range(j0, min(rows, n - p0 + 1)):
+                s, q = _accumulate(s, q, signal[a + p0 + j - 1])
+                ss[j, lane] = s
+                qq[j, lane] = q
         steps = ints[6].max()
-        for k in range(steps):
+        for k in range(steps):  # the two t-series
+            j = k + ahead
             for lane in range(LANES):
-                tt1[k, lane] = t1[lane, k]
-                tt2[k, lane] = t2[lane, k]
-        for k in range(steps):  # LLVM runs this loop over the lanes in vector code
+                i = ints[5, lane] + k
+                n = span[1, lane]
+                t = _tstat(ss[j - w1, lane], qq[j - w1, lane], ss[j, lane], qq[j, lane], ss[j + w1, lane],
+                           qq[j + w1, lane], w1)  # fmt: skip
+                tt1[k, lane] = t if _fits(i, n, w1) else np.float32(0.0)
+                t = _tstat(ss[j - w2, lane], qq[j - w2, lane], ss[j, lane], qq[j, lane], ss[j + w2, lane],
+                           qq[j + w2, lane], w2)  # fmt: skip
+                tt2[k, lane] = t if _fits(i, n, w2) else np.float32(0.0)
+        long_emitted = False
+        for k in range(steps):  # the detectors
             for lane in range(LANES):
                 i = np.int32(ints[5, lane] + k)
                 state = (ints[0, lane], vals[0, lane], ints[2, lane] != 0, ints[1, lane], vals[1, lane],
                          ints[3, lane] != 0, ints[4, lane])  # fmt: skip
                 on = (k < ints[6, lane]) & (i > 0)
                 state, e1[k, lane], e2[k, lane] = _detect(state, tt1[k, lane], tt2[k, lane], i, on, settings)
-                ints[7, lane] |= e2[k, lane] >= 0
-                ints[0, lane], vals[0, lane], ints[2, lane], ints[1, lane], vals[1, lane], ints[3, lane], ints[4, lane] = state
+                (ints[0, lane], vals[0, lane], ints[2, lane], ints[1, lane], vals[1, lane], ints[3, lane],
+                 ints[4, lane]) = state  # fmt: skip
+                long_emitted |= e2[k, lane] >= 0
+        for j in range(2 * ahead):  # the sums the next block's windows reach move to the front
+            for lane in range(LANES):
+                ss[j, lane] = ss[j + BLOCK, lane]
+                qq[j, lane] = qq[j + BLOCK, lane]
         for lane in range(LANES):
             if read[lane] < 0:
                 continue
+            span[2, lane] = 2 * ahead
             r = read[lane]
-            a = signal_off[r]
+            a = span[0, lane]
             c = U(a + count[lane])  # unsigned: no negative-index wraparound on the stores
-            if ints[7, lane]:  # both detectors' boundaries, the short one's first
+            if long_emitted:  # both detectors' boundaries, the short one's first
                 for k in range(ints[6, lane]):
                     peaks[c] = e1[k, lane]  # kept only if a boundary (>= 0)
                     c += U(e1[k, lane] >= 0)
@@ -204,17 +225,11 @@ def group_peaks(signal, signal_off, reads, settings, peaks, n_peaks):
                 for k in range(ints[6, lane]):
                     peaks[c] = e1[k, lane]
                     c += U(e1[k, lane] >= 0)
-            c = np.int64(c) - a
-            count[lane] = c
+            count[lane] = np.int64(c) - a
             ints[5, lane] += BLOCK
-            if ints[5, lane] >= signal_off[r + 1] - a:
-                n_peaks[r] = c
+            if ints[5, lane] >= span[1, lane]:
+                n_peaks[r] = count[lane]
                 read[lane] = -1
-
-
-@numba.njit(nogil=True, cache=True, error_model="numpy")
-def set_lane(ints, vals, lane, state):
-    ints[0, lane], vals[0, lane], ints[2, lane], ints[1, lane], vals[1, lane], ints[3, lane], ints[4, lane] = state
 
 
 @numba.njit(nogil=True, cache=True, parallel=True, error_model="numpy")
