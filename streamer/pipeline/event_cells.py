@@ -1,5 +1,5 @@
 """Event detection's per-read arithmetic written once for the CPU kernel (`streamer.pipeline.events`)
-and the CUDA kernels (`streamer_gpu.events`): prefix sums, the two t-statistics, the peak detector,
+and the CUDA kernels (`streamer_gpu.events`): prefix sums, the two t-statistics, the peak detectors,
 the events' statistics.
 
 `event_cells(target)` compiles them for a target (`streamer.pipeline.targets`); both kernels run the
@@ -7,10 +7,12 @@ same source with the same rounding operations in the same order, so their events
 The arithmetic is f5c's (see `streamer.pipeline.events`). The prefix sums are a chain of float64
 additions whose every step rounds, so they are formed in order, one read at a time: a parallel scan
 would round differently. A read goes in blocks: a block's prefix sums (and the few either side its
-windows reach), then its two t-series in a pass without a loop-carried step, which the CPU compiler
-vectorises (the divisions of the t-statistics bound the kernel), then the peak detector over them.
-A GPU thread holds its small blocks in local memory.
-The cells take a read's flat arrays and the detector's settings, a dozen or so, as device functions
+windows reach), then its two t-series (`tstat` where the windows `fit`), then the detectors over
+them (`detect`: selects, no branch the data decides). A GPU thread takes one read (`read_peaks`,
+its small blocks in local memory); the CPU kernel runs the same cells over sixteen reads side by
+side, in SIMD lanes. Once a read's boundaries are known, `fill_read` forms its sums again, a block
+at a time, and writes its events.
+The cells take a read's flat arrays and the detectors' settings, a dozen or so, as device functions
 must; `detect_events` and `CudaEvents.detect` take the signal and `EventParams` and unpack them once.
 """
 
@@ -46,7 +48,6 @@ class EventCells(NamedTuple):
     accumulate: Callable
     tstat: Callable
     fits: Callable
-    t_block: Callable
     detect: Callable
     read_peaks: Callable
     fill_read: Callable
@@ -143,7 +144,7 @@ def event_cells(t: Target) -> EventCells:
         higher = t > val
         rise = fsub(t, val) > height
         fall = fsub(val, t) > height
-        flat = fsub(t, t) > height  # the fall from a maximum t itself set: false unless height < 0
+        flat = fsub(t, t) > height  # the fall from a maximum t itself set: 0 > height for a finite t
         past = on & (not searching)
         take = (on & searching & (lower | rise)) | (past & higher)
         found = (on & searching & rise & (not lower)) | (past & higher)
@@ -182,9 +183,8 @@ def event_cells(t: Target) -> EventCells:
     def read_peaks(x, a, n, settings, pre_s, pre_q, t1, t2, peaks, p0):
         """Boundaries of the read x[a:a+n] into peaks[p0:]; returns how many (strictly increasing, in 1..n-1).
 
-        One read alone: its blocks of len(t1) samples (`t_block`: pre_s/pre_q hold
-        `scratch_size(w1, w2, len(t1))` sums), then `detect` over them; the short detector skips
-        sample 0. (The CPU kernel runs `detect` over many reads at once instead.)
+        One read alone (a GPU thread's): its blocks of len(t1) samples (`t_block`: pre_s/pre_q hold
+        `scratch_size(w1, w2, len(t1))` sums), then `detect` over them, off at sample 0.
         """
         w1, w2 = settings[0], settings[1]
         sums = (0.0, 0.0, 0, 0)
@@ -248,4 +248,4 @@ def event_cells(t: Target) -> EventCells:
         length[e0 + e] = np.float32(n - b0)
         mean[e0 + e], stdv[e0 + e] = event(s0, q0, s, q, n - b0)
 
-    return EventCells(accumulate, tstat, fits, t_block, detect, read_peaks, fill_read)
+    return EventCells(accumulate, tstat, fits, detect, read_peaks, fill_read)

@@ -15,6 +15,14 @@ step for step:
 The open-pore trimming f5c computes is discarded there too, so the whole signal is
 segmented. Where f5c is undefined (a read with no boundary reads `peaks[-1]`) this
 module returns one event spanning the read; an empty read has no events.
+
+The CPU kernel (`detect_events_kernel`) makes two parallel passes over a batch's reads, with
+the arithmetic of `streamer.pipeline.event_cells`. Boundaries: the reads, longest first, go in
+groups through sixteen lanes (`group_peaks`), a block of samples of each lane's read at a time:
+each lane's prefix sums in order, then the t-statistics and the detectors over all sixteen side by
+side, which LLVM runs in SIMD lanes (the detectors are selects: as branches, about one an event
+would be mispredicted), then each lane's boundaries gathered into its read's slots. Events: each
+read's sums formed again a block at a time, its events written where the counts put them.
 """
 
 from __future__ import annotations
@@ -26,16 +34,15 @@ import numba
 import numpy as np
 
 from streamer.pipeline.event_cells import START, event_cells, scratch_size
-from streamer.pipeline.targets import CPU
+from streamer.pipeline.targets import CPU, LANE
 
 log = logging.getLogger(__name__)
 _fill_read = event_cells(CPU).fill_read
-# the cells compiled into the lane loops' bodies, so that LLVM turns those loops into vector code
-_lane = event_cells(CPU._replace(jit=numba.njit(nogil=True, error_model="numpy", inline="always")))
+_lane = event_cells(LANE)  # compiled into the lane loops' own function, which LLVM then vectorises
 _accumulate, _tstat, _fits, _detect = _lane.accumulate, _lane.tstat, _lane.fits, _lane.detect
-BLOCK = 256  # samples a read's t-statistics are formed for at a time
-LANES = 16  # reads whose detectors run side by side, in SIMD lanes
-U = np.uint64
+BLOCK = 256  # samples of a read formed at a time (1,024 and 128 measured slower)
+LANES = 16  # reads side by side: one AVX-512 vector of float32 (two of AVX2)
+U = np.uint64  # unsigned offsets: numba adds no negative-index wraparound
 
 
 @dataclass(frozen=True)
@@ -91,35 +98,37 @@ def batch_signal(signal: np.ndarray, signal_off: np.ndarray) -> tuple[np.ndarray
 def detect_events_kernel(signal, signal_off, w1, w2, threshold1, threshold2, peak_height):
     """Batch kernel behind `detect_events`, for callers whose arrays are already validated.
 
-    Two parallel passes over reads: find boundaries (kept as read-relative int32 in a buffer as long
-    as the signal), then, once the per-read counts fix the output offsets, write the events. The
-    large arrays are numpy's: allocated inside a numba kernel they would be faulted in 4 KiB page
-    by page, where numpy's get huge pages.
+    Two parallel passes: find each read's boundaries (`batch_peaks`, kept as read-relative int32 in
+    a buffer as long as the signal), then, once their counts fix the output offsets, write the
+    events (`batch_fill`). Work is handed to threads one group or read at a time, as reads differ in
+    length by orders of magnitude. The large arrays are numpy's: allocated inside a numba kernel
+    they would be faulted in 4 KiB page by page, where numpy's get huge pages.
     """
     peaks = np.empty(len(signal), np.int32)
     settings = (np.int32(w1), np.int32(w2), np.float32(threshold1), np.float32(threshold2), np.float32(peak_height))
-    n_peaks = batch_peaks(signal, signal_off, settings, peaks)
-    ev_off = event_offsets(signal_off, n_peaks)
-    total = ev_off[-1]
-    out = (np.empty(total, np.int64), np.empty(total, np.float32), np.empty(total, np.float32),
-           np.empty(total, np.float32))  # fmt: skip
-    batch_fill(signal, signal_off, peaks, n_peaks, ev_off, *out)
+    n_reads = len(signal_off) - 1
+    per = max(LANES, -(-n_reads // (2 * numba.get_num_threads())))  # two groups a thread, lanes filled
+    with numba.parallel_chunksize(1):
+        n_peaks = batch_peaks(signal, signal_off, settings, per, peaks)
+        ev_off = event_offsets(signal_off, n_peaks)
+        total = ev_off[-1]
+        out = (np.empty(total, np.int64), np.empty(total, np.float32), np.empty(total, np.float32),
+               np.empty(total, np.float32))  # fmt: skip
+        batch_fill(signal, signal_off, peaks, n_peaks, ev_off, *out)
     return (ev_off, *out)
 
 
 @numba.njit(nogil=True, cache=True, parallel=True, error_model="numpy")
-def batch_peaks(signal, signal_off, settings, peaks):
+def batch_peaks(signal, signal_off, settings, per, peaks):
     """Each read's boundaries at its own samples' positions in `peaks`; returns their counts.
 
-    Reads go longest first in groups, a group's reads through `LANES` lanes (`group_peaks`), so
-    that the reads side by side end at about the same time and the groups are handed out longest first.
+    The reads, longest first, go in groups of `per` through `group_peaks`: the reads side by side
+    in its lanes end at about the same time, and the longest groups start first.
     """
     n_reads = len(signal_off) - 1
     n_peaks = np.zeros(n_reads, np.int64)
     order = np.argsort(signal_off[:-1] - signal_off[1:], kind="mergesort")
-    per = LANES * 4
-    n_groups = (n_reads + per - 1) // per
-    for g in numba.prange(n_groups):
+    for g in numba.prange((n_reads + per - 1) // per):
         group_peaks(signal, signal_off, order[g * per : (g + 1) * per], settings, peaks, n_peaks)
     return n_peaks
 
