@@ -9,7 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamer.pipeline.events import DNA_PARAMS, RNA_PARAMS, EventParams, detect_events, reverse_events
+from streamer.pipeline.event_cells import event_cells, scratch_size
+from streamer.pipeline.events import (DNA_PARAMS, RNA_PARAMS, EventParams, batch_peaks, detect_events, event_offsets,
+                                      reverse_events)  # fmt: skip
+from streamer.pipeline.targets import CPU
 from streamer.io.fast5 import fast5_read_ids, iter_fast5, read_fast5
 
 DATA = Path(__file__).parent / "data" / "ecoli"
@@ -182,3 +185,51 @@ def test_reverse_events_turns_each_read_round_in_place():
             assert np.array_equal(got[a:b], want[a:b][::-1])
     reverse_events(ev_off, *arrays)
     assert all(np.array_equal(got, want) for got, want in zip(arrays, events[1:]))
+
+
+def _one_read_events(signal, signal_off, p):
+    """The events as a GPU thread forms them, one read alone (`event_cells`' read_peaks and fill_read), on the CPU."""
+    cells = event_cells(CPU)
+    settings = (np.int32(p.w1), np.int32(p.w2), np.float32(p.threshold1), np.float32(p.threshold2),
+                np.float32(p.peak_height))  # fmt: skip
+    peaks = np.zeros(len(signal), np.int32)
+    n_peaks = np.zeros(len(signal_off) - 1, np.int64)
+    step = 16  # the GPU's block
+    size = scratch_size(p.w1, p.w2, step)
+    for r in range(len(signal_off) - 1):
+        a, n = signal_off[r], signal_off[r + 1] - signal_off[r]
+        n_peaks[r] = cells.read_peaks(signal, a, n, settings, np.zeros(size), np.zeros(size), np.zeros(step, np.float32),
+                                      np.zeros(step, np.float32), peaks, a)  # fmt: skip
+    ev_off = event_offsets(signal_off, n_peaks)
+    out = [np.zeros(ev_off[-1], np.int64)] + [np.zeros(ev_off[-1], np.float32) for _ in range(3)]
+    for r in range(len(signal_off) - 1):
+        if ev_off[r + 1] > ev_off[r]:
+            a, n = signal_off[r], signal_off[r + 1] - signal_off[r]
+            cells.fill_read(signal, a, n, peaks, a, n_peaks[r], np.zeros(size), np.zeros(size), *out, ev_off[r])
+    return ev_off, *out
+
+
+@pytest.mark.parametrize(
+    "params",
+    [DNA_PARAMS, RNA_PARAMS, EventParams(w1=1, w2=31, threshold1=0.5, threshold2=3.0, peak_height=0.1),
+     EventParams(w1=3, w2=4, threshold1=50.0, threshold2=0.5),  # the long detector unmasked: it emits
+     EventParams(peak_height=-0.5)],
+    ids=["dna", "rna", "odd_windows", "long_detector", "negative_height"],
+)  # fmt: skip
+def test_lanes_match_one_read_at_a_time(params):
+    """The CPU kernel's lanes (groups of reads refilled as reads end, blocks across read ends) give the
+    events the one-read path gives, bit for bit, whatever the group size."""
+    rng = np.random.default_rng(11)
+    fixture = [r.to_pa()[:6000] for path in sorted((DATA / "fast5").glob("*.fast5")) for r in iter_fast5(path)]
+    steps = [np.repeat(rng.normal(90, 15, n // 6 + 1), 6)[:n] + rng.normal(0, 2, n) for n in rng.integers(0, 1500, 40)]
+    signal, signal_off = _pack(fixture + [np.zeros(0), np.full(3, 80.0)] + steps)
+    want = _one_read_events(signal, signal_off, params)
+    assert want[0][-1] > len(signal) // 100
+    settings = (np.int32(params.w1), np.int32(params.w2), np.float32(params.threshold1),
+                np.float32(params.threshold2), np.float32(params.peak_height))  # fmt: skip
+    for per in (16, 23, len(signal_off) - 1):
+        peaks = np.zeros(len(signal), np.int32)
+        n_peaks = batch_peaks(signal, signal_off, settings, per, peaks)
+        assert np.array_equal(n_peaks, np.diff(want[0]) - (np.diff(signal_off) > 0))
+    got = detect_events(signal, signal_off, params)
+    assert all(g.dtype == w.dtype and np.array_equal(g.view(np.uint8), w.view(np.uint8)) for g, w in zip(got, want))
