@@ -11,7 +11,7 @@ import pytest
 
 from streamer.pipeline.event_cells import event_cells, scratch_size
 from streamer.pipeline.events import (DNA_PARAMS, RNA_PARAMS, EventParams, batch_peaks, detect_events, event_offsets,
-                                      reverse_events)  # fmt: skip
+                                      lane_groups, reverse_events)  # fmt: skip
 from streamer.pipeline.targets import CPU
 from streamer.io.fast5 import fast5_read_ids, iter_fast5, read_fast5
 
@@ -227,9 +227,21 @@ def test_lanes_match_one_read_at_a_time(params):
     assert want[0][-1] > len(signal) // 100
     settings = (np.int32(params.w1), np.int32(params.w2), np.float32(params.threshold1),
                 np.float32(params.threshold2), np.float32(params.peak_height))  # fmt: skip
-    for per in (16, 23, len(signal_off) - 1):
+    order, _ = lane_groups(np.diff(signal_off), 1)
+    n_reads = len(order)
+    for bounds in (np.array([0, n_reads]), lane_groups(np.diff(signal_off), 3)[1], np.r_[0:n_reads:23, n_reads]):
         peaks = np.zeros(len(signal), np.int32)
-        n_peaks = batch_peaks(signal, signal_off, settings, per, peaks)
+        n_peaks = batch_peaks(signal, signal_off, settings, order, bounds, peaks)
         assert np.array_equal(n_peaks, np.diff(want[0]) - (np.diff(signal_off) > 0))
     got = detect_events(signal, signal_off, params)
     assert all(g.dtype == w.dtype and np.array_equal(g.view(np.uint8), w.view(np.uint8)) for g, w in zip(got, want))
+
+
+def test_lane_groups_split_the_samples_longest_first():
+    lengths = np.array([5, 900, 0, 40, 7000, 12, 300] * 10)
+    order, bounds = lane_groups(lengths, 4)
+    assert np.all(np.diff(lengths[order]) <= 0) and sorted(order) == list(range(70))
+    assert bounds.tolist() == [0, 16, 32, 48, 70]  # the ten longest hold most samples: each group 16 reads or more
+    order, bounds = lane_groups(np.full(100, 50), 4)
+    assert bounds.tolist() == [0, 25, 50, 75, 100]
+    assert lane_groups(np.zeros(0, np.int64), 4)[1].tolist() == [0, 0]

@@ -106,10 +106,9 @@ def detect_events_kernel(signal, signal_off, w1, w2, threshold1, threshold2, pea
     """
     peaks = np.empty(len(signal), np.int32)
     settings = (np.int32(w1), np.int32(w2), np.float32(threshold1), np.float32(threshold2), np.float32(peak_height))
-    n_reads = len(signal_off) - 1
-    per = max(LANES, -(-n_reads // (2 * numba.get_num_threads())))  # two groups a thread, lanes filled
+    order, bounds = lane_groups(np.diff(signal_off), 4 * numba.get_num_threads())
     with numba.parallel_chunksize(1):
-        n_peaks = batch_peaks(signal, signal_off, settings, per, peaks)
+        n_peaks = batch_peaks(signal, signal_off, settings, order, bounds, peaks)
         ev_off = event_offsets(signal_off, n_peaks)
         total = ev_off[-1]
         out = (np.empty(total, np.int64), np.empty(total, np.float32), np.empty(total, np.float32),
@@ -118,18 +117,29 @@ def detect_events_kernel(signal, signal_off, w1, w2, threshold1, threshold2, pea
     return (ev_off, *out)
 
 
-@numba.njit(nogil=True, cache=True, parallel=True, error_model="numpy")
-def batch_peaks(signal, signal_off, settings, per, peaks):
-    """Each read's boundaries at its own samples' positions in `peaks`; returns their counts.
+def lane_groups(lengths: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """The reads longest first, and where each group of them starts (and the last ends): at most
+    n_groups groups of about equal samples where each can hold `LANES` reads. Reads of a group,
+    side by side in its lanes, then end at about the same time."""
+    order = np.argsort(-lengths, kind="stable")
+    cum = np.cumsum(lengths[order])
+    cuts = np.searchsorted(cum, cum[-1] * np.arange(1, n_groups) / n_groups, side="right") if len(cum) else []
+    bounds = [0]
+    for cut in cuts:
+        cut = max(int(cut), bounds[-1] + LANES)
+        if cut <= len(order) - LANES:
+            bounds.append(cut)
+    bounds.append(len(order))
+    return order, np.array(bounds, np.int64)
 
-    The reads, longest first, go in groups of `per` through `group_peaks`: the reads side by side
-    in its lanes end at about the same time, and the longest groups start first.
-    """
-    n_reads = len(signal_off) - 1
-    n_peaks = np.zeros(n_reads, np.int64)
-    order = np.argsort(signal_off[:-1] - signal_off[1:], kind="mergesort")
-    for g in numba.prange((n_reads + per - 1) // per):
-        group_peaks(signal, signal_off, order[g * per : (g + 1) * per], settings, peaks, n_peaks)
+
+@numba.njit(nogil=True, cache=True, parallel=True, error_model="numpy")
+def batch_peaks(signal, signal_off, settings, order, bounds, peaks):
+    """Each read's boundaries at its own samples' positions in `peaks`; returns their counts.
+    Group g is reads order[bounds[g]:bounds[g + 1]] (`lane_groups`), in `group_peaks`."""
+    n_peaks = np.zeros(len(signal_off) - 1, np.int64)
+    for g in numba.prange(len(bounds) - 1):
+        group_peaks(signal, signal_off, order[bounds[g] : bounds[g + 1]], settings, peaks, n_peaks)
     return n_peaks
 
 
