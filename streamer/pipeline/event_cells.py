@@ -203,12 +203,13 @@ def event_cells(t: Target) -> EventCells:
         return count
 
     @t.jit
-    def event(s0, q0, s1, q1, length):
-        """An event's (mean, stdv) from the prefix sums at its ends: mean = f32(S) / len and
-        var = f32(Q) / len - mean^2 in float32, stdv sqrt(max(var, 0))."""
+    def event(total, total_sq, length):
+        """An event's (mean, stdv) from its samples' sum and sum of squares (float32 roundings of
+        differences of float64 prefix sums): mean = sum / len and var = sum_sq / len - mean^2 in
+        float32, stdv sqrt(max(var, 0))."""
         n_f = np.float32(length)
-        m_ = fdiv(np.float32(dadd(s1, -s0)), n_f)
-        var = fsub(fdiv(np.float32(dadd(q1, -q0)), n_f), fmul(m_, m_))
+        m_ = fdiv(total, n_f)
+        var = fsub(fdiv(total_sq, n_f), fmul(m_, m_))
         return m_, fsqrt(var) if var > 0 else np.float32(0.0)
 
     @t.jit
@@ -216,7 +217,9 @@ def event_cells(t: Target) -> EventCells:
         """Events of the read x[a:a+n] between boundaries 0, peaks[p0:p0+n_peaks], n, written at e0.
 
         The read goes in blocks of len(pre_s) - 1 samples: the block's prefix sums, formed in the order
-        `read_peaks` formed them (so each boundary sees the same sums), then the events that end in it.
+        `read_peaks` formed them (so each boundary sees the same sums), then the sums of the events that
+        end in it, held in mean and stdv until a last pass without a loop-carried step (the CPU
+        compiler vectorises it) turns them into the events' statistics.
         """
         block = len(pre_s) - 1
         s = 0.0
@@ -241,11 +244,16 @@ def event_cells(t: Target) -> EventCells:
                 s1, q1 = pre_s[b - c0], pre_q[b - c0]
                 start[e0 + k] = b0
                 length[e0 + k] = np.float32(b - b0)
-                mean[e0 + k], stdv[e0 + k] = event(s0, q0, s1, q1, b - b0)
+                mean[e0 + k] = np.float32(dadd(s1, -s0))
+                stdv[e0 + k] = np.float32(dadd(q1, -q0))
                 s0, q0, b0 = s1, q1, b
             e = e1
         start[e0 + e] = b0  # the last event ends with the read
         length[e0 + e] = np.float32(n - b0)
-        mean[e0 + e], stdv[e0 + e] = event(s0, q0, s, q, n - b0)
+        mean[e0 + e] = np.float32(dadd(s, -s0))
+        stdv[e0 + e] = np.float32(dadd(q, -q0))
+        o = U(e0)
+        for k in range(U(e + 1)):
+            mean[o + k], stdv[o + k] = event(mean[o + k], stdv[o + k], length[o + k])
 
     return EventCells(accumulate, tstat, fits, detect, read_peaks, fill_read)
