@@ -196,29 +196,30 @@ def group_peaks(signal, signal_off, reads, settings, peaks, n_peaks):
             a, n, j0 = span[0, lane], span[1, lane], span[2, lane]
             p0 = ints[5, lane] - ahead  # the sum in row 0
             s, q = ss[j0 - 1, lane], qq[j0 - 1, lane]
-            for j in range(j0, min(rows, n - p0 + 1)):
-                s, q = _accumulate(s, q, signal[a + p0 + j - 1])
+            x0 = U(a + p0 - 1)  # the sample sum j adds is signal[x0 + j]
+            for j in range(U(j0), U(min(rows, n - p0 + 1))):
+                s, q = _accumulate(s, q, signal[x0 + j])
                 ss[j, lane] = s
                 qq[j, lane] = q
         steps = ints[6].max()
-        for k in range(steps):  # the two t-series
-            j = k + ahead
+        for k in range(U(steps)):  # the two t-series
+            j = k + U(ahead)  # the row of sum i, for i the block's sample k
+            lo1, hi1, lo2, hi2 = j - U(w1), j + U(w1), j - U(w2), j + U(w2)
             for lane in range(LANES):
-                i = ints[5, lane] + k
+                i = ints[5, lane] + np.int64(k)
                 n = span[1, lane]
-                t = _tstat(ss[j - w1, lane], qq[j - w1, lane], ss[j, lane], qq[j, lane], ss[j + w1, lane],
-                           qq[j + w1, lane], w1)  # fmt: skip
+                t = _tstat(ss[lo1, lane], qq[lo1, lane], ss[j, lane], qq[j, lane], ss[hi1, lane], qq[hi1, lane], w1)
                 tt1[k, lane] = t if _fits(i, n, w1) else np.float32(0.0)
-                t = _tstat(ss[j - w2, lane], qq[j - w2, lane], ss[j, lane], qq[j, lane], ss[j + w2, lane],
-                           qq[j + w2, lane], w2)  # fmt: skip
+                t = _tstat(ss[lo2, lane], qq[lo2, lane], ss[j, lane], qq[j, lane], ss[hi2, lane], qq[hi2, lane], w2)
                 tt2[k, lane] = t if _fits(i, n, w2) else np.float32(0.0)
         long_emitted = False
-        for k in range(steps):  # the detectors
+        for k in range(U(steps)):  # the detectors
+            k32 = np.int32(k)
             for lane in range(LANES):
-                i = np.int32(ints[5, lane] + k)
+                i = np.int32(ints[5, lane] + k32)
                 state = (ints[0, lane], vals[0, lane], ints[2, lane] != 0, ints[1, lane], vals[1, lane],
                          ints[3, lane] != 0, ints[4, lane])  # fmt: skip
-                on = (k < ints[6, lane]) & (i > 0)
+                on = (k32 < ints[6, lane]) & (i > 0)
                 state, e1[k, lane], e2[k, lane] = _detect(state, tt1[k, lane], tt2[k, lane], i, on, settings)
                 (ints[0, lane], vals[0, lane], ints[2, lane], ints[1, lane], vals[1, lane], ints[3, lane],
                  ints[4, lane]) = state  # fmt: skip
@@ -235,13 +236,13 @@ def group_peaks(signal, signal_off, reads, settings, peaks, n_peaks):
             a = span[0, lane]
             c = U(a + count[lane])  # unsigned: no negative-index wraparound on the stores
             if long_emitted:  # both detectors' boundaries, the short one's first
-                for k in range(ints[6, lane]):
+                for k in range(U(ints[6, lane])):
                     peaks[c] = e1[k, lane]  # kept only if a boundary (>= 0)
                     c += U(e1[k, lane] >= 0)
                     peaks[c] = e2[k, lane]
                     c += U(e2[k, lane] >= 0)
             else:
-                for k in range(ints[6, lane]):
+                for k in range(U(ints[6, lane])):
                     peaks[c] = e1[k, lane]
                     c += U(e1[k, lane] >= 0)
             count[lane] = np.int64(c) - a
