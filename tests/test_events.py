@@ -198,8 +198,8 @@ def _one_read_events(signal, signal_off, p):
     size = scratch_size(p.w1, p.w2, step)
     for r in range(len(signal_off) - 1):
         a, n = signal_off[r], signal_off[r + 1] - signal_off[r]
-        n_peaks[r] = cells.read_peaks(signal, a, n, settings, np.zeros(size), np.zeros(size), np.zeros(step, np.float32),
-                                      np.zeros(step, np.float32), peaks, a)  # fmt: skip
+        t1, t2 = np.zeros(step, np.float32), np.zeros(step, np.float32)
+        n_peaks[r] = cells.read_peaks(signal, a, n, settings, np.zeros(size), np.zeros(size), t1, t2, peaks, a)
     ev_off = event_offsets(signal_off, n_peaks)
     out = [np.zeros(ev_off[-1], np.int64)] + [np.zeros(ev_off[-1], np.float32) for _ in range(3)]
     for r in range(len(signal_off) - 1):

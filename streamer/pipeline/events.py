@@ -155,14 +155,15 @@ def group_peaks(signal, signal_off, reads, settings, peaks, n_peaks):
     w1, w2 = settings[0], settings[1]
     ahead = max(w1, w2)
     rows = BLOCK + 2 * ahead  # row j holds prefix sum (block start - ahead + j)
-    ss = np.empty((rows, LANES), np.float64)
-    qq = np.empty((rows, LANES), np.float64)
+    # zeros: rows no read fills still go through the arithmetic, and denormal garbage would slow it
+    ss = np.zeros((rows, LANES), np.float64)
+    qq = np.zeros((rows, LANES), np.float64)
     tt1 = np.empty((BLOCK, LANES), np.float32)
     tt2 = np.empty((BLOCK, LANES), np.float32)
     e1 = np.empty((BLOCK, LANES), np.int32)
     e2 = np.empty((BLOCK, LANES), np.int32)
     ints = np.zeros((7, LANES), np.int32)  # pos1, pos2, valid1, valid2, masked_to, block start, block samples
-    vals = np.empty((2, LANES), np.float32)  # val1, val2
+    vals = np.zeros((2, LANES), np.float32)  # val1, val2
     span = np.zeros((3, LANES), np.int64)  # the read's first sample, its samples, the block's first row to form
     read = np.full(LANES, -1, np.int64)
     count = np.zeros(LANES, np.int64)
@@ -178,7 +179,8 @@ def group_peaks(signal, signal_off, reads, settings, peaks, n_peaks):
                     taken += 1
                     read[lane] = r
                     count[lane] = 0
-                    span[0, lane], span[1, lane], span[2, lane] = signal_off[r], signal_off[r + 1] - signal_off[r], ahead + 1
+                    span[0, lane], span[1, lane] = signal_off[r], signal_off[r + 1] - signal_off[r]
+                    span[2, lane] = ahead + 1
                     ss[ahead, lane] = 0.0  # prefix sum 0
                     qq[ahead, lane] = 0.0
                     ints[5, lane] = 0
@@ -196,7 +198,7 @@ def group_peaks(signal, signal_off, reads, settings, peaks, n_peaks):
             a, n, j0 = span[0, lane], span[1, lane], span[2, lane]
             p0 = ints[5, lane] - ahead  # the sum in row 0
             s, q = ss[j0 - 1, lane], qq[j0 - 1, lane]
-            x0 = U(a + p0 - 1)  # the sample sum j adds is signal[x0 + j]
+            x0 = U(a + p0 - 1)  # the sample sum j adds is signal[x0 + j] (modulo 2^64 where a + p0 < 1)
             for j in range(U(j0), U(min(rows, n - p0 + 1))):
                 s, q = _accumulate(s, q, signal[x0 + j])
                 ss[j, lane] = s
