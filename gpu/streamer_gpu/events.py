@@ -1,7 +1,8 @@
 """Event detection on the GPU: its two kernels and `CudaEvents`, the launcher with the CPU's answers.
 
-Both kernels run `streamer.pipeline.event_cells`, the CPU kernel's own per-read source compiled for
-the device (`streamer_gpu.target`), so the events agree with `streamer.pipeline.events` to the bit.
+Both kernels run the cells of `streamer.pipeline.event_cells` compiled for the device
+(`streamer_gpu.target`), the CPU kernel's own arithmetic (which runs them over sixteen reads in SIMD
+lanes), so the events agree with `streamer.pipeline.events` to the bit.
 Its prefix sums are a chain of float64 roundings that no parallel scan reproduces, so one thread
 segments one read: `peaks` finds its boundaries (its blocks of prefix sums and t-statistics in local memory), the host
 turns the counts into event offsets, and `fill` writes its events. A batch's reads are spread over
@@ -39,7 +40,9 @@ from streamer_gpu.target import CUDA_ERRORS, DEVICE
 log = logging.getLogger(__name__)
 
 STEP = 16  # samples each thread forms its t-statistics for at a time
-SCRATCH = 80  # its prefix sums in reach, STEP + 2 w + 1: windows up to 31 samples (the chemistries' longest is 14)
+# its prefix sums in reach, STEP + 2 w + 1: windows up to 31 samples (the chemistries' longest is 14); `fill`
+# forms its sums SCRATCH - 1 samples at a time
+SCRATCH = 80
 BLOCK = 64
 
 
