@@ -195,14 +195,16 @@ def group_peaks(signal, signal_off, reads, settings, peaks, n_peaks):
         if busy == 0:
             return
         for lane in range(LANES):  # the prefix sums, each lane's in order (a chain of roundings: no lanes)
+            if read[lane] < 0:
+                continue
             a, n, j0 = span[0, lane], span[1, lane], span[2, lane]
             p0 = ints[5, lane] - ahead  # the sum in row 0
             s, q = ss[j0 - 1, lane], qq[j0 - 1, lane]
-            x0 = U(a + p0 - 1)  # the sample sum j adds is signal[x0 + j] (modulo 2^64 where a + p0 < 1)
-            for j in range(U(j0), U(min(rows, n - p0 + 1))):
-                s, q = _accumulate(s, q, signal[x0 + j])
-                ss[j, lane] = s
-                qq[j, lane] = q
+            x0 = U(a + p0 + j0 - 1)  # the sample sum j0 adds
+            for m in range(U(max(min(rows, n - p0 + 1) - j0, 0))):  # up to sum n
+                s, q = _accumulate(s, q, signal[x0 + m])
+                ss[U(j0) + m, lane] = s
+                qq[U(j0) + m, lane] = q
         steps = ints[6].max()
         for k in range(U(steps)):  # the two t-series
             j = k + U(ahead)  # the row of sum i, for i the block's sample k
