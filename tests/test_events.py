@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -245,3 +249,35 @@ def test_lane_groups_split_the_samples_longest_first():
     order, bounds = lane_groups(np.full(100, 50), 4)
     assert bounds.tolist() == [0, 25, 50, 75, 100]
     assert lane_groups(np.zeros(0, np.int64), 4)[1].tolist() == [0, 0]
+
+
+BOUNDS_SCRIPT = """
+import hashlib, sys
+import numpy as np
+from streamer.pipeline.events import DNA_PARAMS, RNA_PARAMS, EventParams, detect_events
+signal = np.fromfile(sys.argv[1], np.float32)
+off = np.fromfile(sys.argv[2], np.int64)
+for p in (DNA_PARAMS, RNA_PARAMS, EventParams(w1=1, w2=31, threshold1=0.5, threshold2=3.0, peak_height=0.1)):
+    for batch in ((signal, off), (signal[off[1]:off[3]], off[1:4] - off[1])):  # many reads; two, lanes left idle
+        print(hashlib.sha256(b"".join(a.tobytes() for a in detect_events(*batch, p))).hexdigest())
+"""
+
+
+def test_kernels_stay_within_their_arrays(tmp_path):
+    """Under numba's bounds checking (compiled afresh) every index of the kernels is in its array, and the
+    events are those of the unchecked kernels. The kernels' unsigned offsets escape numba's wraparound,
+    so a slip would read or write outside the array instead of failing."""
+    rng = np.random.default_rng(4)
+    fixture = [r.to_pa()[:3000] for path in sorted((DATA / "fast5").glob("*.fast5")) for r in iter_fast5(path)]
+    signal, off = _pack(fixture[:3] + [np.zeros(0), rng.normal(90, 9, 700)] + fixture[3:] + [np.full(2, 60.0)])
+    signal.tofile(tmp_path / "signal")
+    off.tofile(tmp_path / "off")
+    env = {**os.environ, "NUMBA_BOUNDSCHECK": "1", "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-c", BOUNDS_SCRIPT, tmp_path / "signal", tmp_path / "off"], env=env,
+                          capture_output=True, text=True, cwd=Path(__file__).parents[1])  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    want = []
+    for p in (DNA_PARAMS, RNA_PARAMS, EventParams(w1=1, w2=31, threshold1=0.5, threshold2=3.0, peak_height=0.1)):
+        for batch in ((signal, off), (signal[off[1] : off[3]], off[1:4] - off[1])):
+            want.append(hashlib.sha256(b"".join(a.tobytes() for a in detect_events(*batch, p))).hexdigest())
+    assert proc.stdout.split() == want
