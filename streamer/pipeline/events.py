@@ -241,7 +241,7 @@ def group_peaks(signal, signal_off, reads, settings, peaks, n_peaks):
             c = U(a + count[lane])  # unsigned: no negative-index wraparound on the stores
             if long_emitted:  # both detectors' boundaries, the short one's first
                 for k in range(U(ints[6, lane])):
-                    peaks[c] = e1[k, lane]  # kept only if a boundary (>= 0)
+                    peaks[c] = e1[k, lane]  # kept if a boundary (>= 0): a read's n slots hold its n - 1 at most
                     c += U(e1[k, lane] >= 0)
                     peaks[c] = e2[k, lane]
                     c += U(e2[k, lane] >= 0)
