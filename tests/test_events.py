@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from streamer.pipeline.events import DNA_PARAMS, RNA_PARAMS, EventParams, detect_events, reverse_events
+from streamer.pipeline.event_cells import event_cells, scratch_size
+from streamer.pipeline.events import (DNA_PARAMS, RNA_PARAMS, EventParams, batch_peaks, detect_events, event_offsets,
+                                      lane_groups, reverse_events)  # fmt: skip
+from streamer.pipeline.targets import CPU
 from streamer.io.fast5 import fast5_read_ids, iter_fast5, read_fast5
 
 DATA = Path(__file__).parent / "data" / "ecoli"
@@ -182,3 +189,95 @@ def test_reverse_events_turns_each_read_round_in_place():
             assert np.array_equal(got[a:b], want[a:b][::-1])
     reverse_events(ev_off, *arrays)
     assert all(np.array_equal(got, want) for got, want in zip(arrays, events[1:]))
+
+
+def _one_read_events(signal, signal_off, p):
+    """The events as a GPU thread forms them, one read alone (`event_cells`' read_peaks and fill_read), on the CPU."""
+    cells = event_cells(CPU)
+    settings = (np.int32(p.w1), np.int32(p.w2), np.float32(p.threshold1), np.float32(p.threshold2),
+                np.float32(p.peak_height))  # fmt: skip
+    peaks = np.zeros(len(signal), np.int32)
+    n_peaks = np.zeros(len(signal_off) - 1, np.int64)
+    step = 16  # the GPU's block
+    size = scratch_size(p.w1, p.w2, step)
+    for r in range(len(signal_off) - 1):
+        a, n = signal_off[r], signal_off[r + 1] - signal_off[r]
+        t1, t2 = np.zeros(step, np.float32), np.zeros(step, np.float32)
+        n_peaks[r] = cells.read_peaks(signal, a, n, settings, np.zeros(size), np.zeros(size), t1, t2, peaks, a)
+    ev_off = event_offsets(signal_off, n_peaks)
+    out = [np.zeros(ev_off[-1], np.int64)] + [np.zeros(ev_off[-1], np.float32) for _ in range(3)]
+    for r in range(len(signal_off) - 1):
+        if ev_off[r + 1] > ev_off[r]:
+            a, n = signal_off[r], signal_off[r + 1] - signal_off[r]
+            cells.fill_read(signal, a, n, peaks, a, n_peaks[r], np.zeros(size), np.zeros(size), *out, ev_off[r])
+    return ev_off, *out
+
+
+@pytest.mark.parametrize(
+    "params",
+    [DNA_PARAMS, RNA_PARAMS, EventParams(w1=1, w2=31, threshold1=0.5, threshold2=3.0, peak_height=0.1),
+     EventParams(w1=3, w2=4, threshold1=50.0, threshold2=0.5),  # the long detector unmasked: it emits
+     EventParams(peak_height=-0.5)],
+    ids=["dna", "rna", "odd_windows", "long_detector", "negative_height"],
+)  # fmt: skip
+def test_lanes_match_one_read_at_a_time(params):
+    """The CPU kernel's lanes (groups of reads refilled as reads end, blocks across read ends) give the
+    events the one-read path gives, bit for bit, whatever the group size."""
+    rng = np.random.default_rng(11)
+    fixture = [r.to_pa()[:6000] for path in sorted((DATA / "fast5").glob("*.fast5")) for r in iter_fast5(path)]
+    steps = [np.repeat(rng.normal(90, 15, n // 6 + 1), 6)[:n] + rng.normal(0, 2, n) for n in rng.integers(0, 1500, 40)]
+    signal, signal_off = _pack(fixture + [np.zeros(0), np.full(3, 80.0)] + steps)
+    want = _one_read_events(signal, signal_off, params)
+    assert want[0][-1] > len(signal) // 100
+    settings = (np.int32(params.w1), np.int32(params.w2), np.float32(params.threshold1),
+                np.float32(params.threshold2), np.float32(params.peak_height))  # fmt: skip
+    order, _ = lane_groups(np.diff(signal_off), 1)
+    n_reads = len(order)
+    for bounds in (np.array([0, n_reads]), lane_groups(np.diff(signal_off), 3)[1], np.r_[0:n_reads:23, n_reads]):
+        peaks = np.zeros(len(signal), np.int32)
+        n_peaks = batch_peaks(signal, signal_off, settings, order, bounds, peaks)
+        assert np.array_equal(n_peaks, np.diff(want[0]) - (np.diff(signal_off) > 0))
+    got = detect_events(signal, signal_off, params)
+    assert all(g.dtype == w.dtype and np.array_equal(g.view(np.uint8), w.view(np.uint8)) for g, w in zip(got, want))
+
+
+def test_lane_groups_split_the_samples_longest_first():
+    lengths = np.array([5, 900, 0, 40, 7000, 12, 300] * 10)
+    order, bounds = lane_groups(lengths, 4)
+    assert np.all(np.diff(lengths[order]) <= 0) and sorted(order) == list(range(70))
+    assert bounds.tolist() == [0, 16, 32, 48, 70]  # the ten longest hold most samples: each group 16 reads or more
+    order, bounds = lane_groups(np.full(100, 50), 4)
+    assert bounds.tolist() == [0, 25, 50, 75, 100]
+    assert lane_groups(np.zeros(0, np.int64), 4)[1].tolist() == [0, 0]
+
+
+BOUNDS_SCRIPT = """
+import hashlib, sys
+import numpy as np
+from streamer.pipeline.events import DNA_PARAMS, RNA_PARAMS, EventParams, detect_events
+signal = np.fromfile(sys.argv[1], np.float32)
+off = np.fromfile(sys.argv[2], np.int64)
+for p in (DNA_PARAMS, RNA_PARAMS, EventParams(w1=1, w2=31, threshold1=0.5, threshold2=3.0, peak_height=0.1)):
+    for batch in ((signal, off), (signal[off[1]:off[3]], off[1:4] - off[1])):  # many reads; two, lanes left idle
+        print(hashlib.sha256(b"".join(a.tobytes() for a in detect_events(*batch, p))).hexdigest())
+"""
+
+
+def test_kernels_stay_within_their_arrays(tmp_path):
+    """Under numba's bounds checking (compiled afresh) every index of the kernels is in its array, and the
+    events are those of the unchecked kernels. The kernels' unsigned offsets escape numba's wraparound,
+    so a slip would read or write outside the array instead of failing."""
+    rng = np.random.default_rng(4)
+    fixture = [r.to_pa()[:3000] for path in sorted((DATA / "fast5").glob("*.fast5")) for r in iter_fast5(path)]
+    signal, off = _pack(fixture[:3] + [np.zeros(0), rng.normal(90, 9, 700)] + fixture[3:] + [np.full(2, 60.0)])
+    signal.tofile(tmp_path / "signal")
+    off.tofile(tmp_path / "off")
+    env = {**os.environ, "NUMBA_BOUNDSCHECK": "1", "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-c", BOUNDS_SCRIPT, tmp_path / "signal", tmp_path / "off"], env=env,
+                          capture_output=True, text=True, cwd=Path(__file__).parents[1])  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    want = []
+    for p in (DNA_PARAMS, RNA_PARAMS, EventParams(w1=1, w2=31, threshold1=0.5, threshold2=3.0, peak_height=0.1)):
+        for batch in ((signal, off), (signal[off[1] : off[3]], off[1:4] - off[1])):
+            want.append(hashlib.sha256(b"".join(a.tobytes() for a in detect_events(*batch, p))).hexdigest())
+    assert proc.stdout.split() == want

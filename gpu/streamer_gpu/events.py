@@ -1,7 +1,8 @@
 """Event detection on the GPU: its two kernels and `CudaEvents`, the launcher with the CPU's answers.
 
-Both kernels run `streamer.pipeline.event_cells`, the CPU kernel's own per-read source compiled for
-the device (`streamer_gpu.target`), so the events agree with `streamer.pipeline.events` to the bit.
+Both kernels run the cells of `streamer.pipeline.event_cells` compiled for the device
+(`streamer_gpu.target`), the CPU kernel's own arithmetic (which runs them over sixteen reads in SIMD
+lanes), so the events agree with `streamer.pipeline.events` to the bit.
 Its prefix sums are a chain of float64 roundings that no parallel scan reproduces, so one thread
 segments one read: `peaks` finds its boundaries (its blocks of prefix sums and t-statistics in local memory), the host
 turns the counts into event offsets, and `fill` writes its events. A batch's reads are spread over
@@ -39,14 +40,17 @@ from streamer_gpu.target import CUDA_ERRORS, DEVICE
 log = logging.getLogger(__name__)
 
 STEP = 16  # samples each thread forms its t-statistics for at a time
-SCRATCH = 80  # its prefix sums in reach, STEP + 2 w + 1: windows up to 31 samples (the chemistries' longest is 14)
+# its prefix sums in reach, STEP + 2 w + 1: windows up to 31 samples (the chemistries' longest is 14); `fill`
+# forms its sums SCRATCH - 1 samples at a time
+SCRATCH = 80
 BLOCK = 64
 
 
 @functools.cache
 def kernels():
     """(peaks, fill): compiled on first use, so that importing this module needs no GPU."""
-    read_peaks, fill_read = event_cells(DEVICE)
+    cells = event_cells(DEVICE)
+    read_peaks, fill_read = cells.read_peaks, cells.fill_read
 
     @cuda.jit(
         "void(float32[::1], int64[::1], int64, int64, float32, float32, float32, int64, int32[::1], int64[::1])",
@@ -62,7 +66,7 @@ def kernels():
         t1 = cuda.local.array(STEP, np.float32)
         t2 = cuda.local.array(STEP, np.float32)
         a = signal_off[r]
-        n_peaks[r] = read_peaks(signal, a, signal_off[r + 1] - a, w1, w2, th1, th2, height, pre_s, pre_q, t1, t2,
+        n_peaks[r] = read_peaks(signal, a, signal_off[r + 1] - a, (w1, w2, th1, th2, height), pre_s, pre_q, t1, t2,
                                 peaks, a)  # fmt: skip
 
     @cuda.jit(
@@ -71,12 +75,15 @@ def kernels():
         cache=True,
     )
     def fill(signal, signal_off, peaks, n_peaks, ev_off, n_reads, start, length, mean, stdv):
-        """One thread per read: its events at ev_off[r]."""
+        """One thread per read: its events at ev_off[r] (its blocks of prefix sums in local memory)."""
         r = cuda.grid(1)
         if r >= n_reads or ev_off[r + 1] == ev_off[r]:
             return
+        pre_s = cuda.local.array(SCRATCH, np.float64)
+        pre_q = cuda.local.array(SCRATCH, np.float64)
         a = signal_off[r]
-        fill_read(signal, a, signal_off[r + 1] - a, peaks, a, n_peaks[r], start, length, mean, stdv, ev_off[r])
+        fill_read(signal, a, signal_off[r + 1] - a, peaks, a, n_peaks[r], pre_s, pre_q, start, length, mean, stdv,
+                  ev_off[r])  # fmt: skip
 
     return peaks, fill
 

@@ -1,5 +1,5 @@
 """Event detection's per-read arithmetic written once for the CPU kernel (`streamer.pipeline.events`)
-and the CUDA kernels (`streamer_gpu.events`): prefix sums, the two t-statistics, the peak detector,
+and the CUDA kernels (`streamer_gpu.events`): prefix sums, the two t-statistics, the peak detectors,
 the events' statistics.
 
 `event_cells(target)` compiles them for a target (`streamer.pipeline.targets`); both kernels run the
@@ -7,10 +7,12 @@ same source with the same rounding operations in the same order, so their events
 The arithmetic is f5c's (see `streamer.pipeline.events`). The prefix sums are a chain of float64
 additions whose every step rounds, so they are formed in order, one read at a time: a parallel scan
 would round differently. A read goes in blocks: a block's prefix sums (and the few either side its
-windows reach), then its two t-series in a pass without a loop-carried step, which the CPU compiler
-vectorises (the divisions of the t-statistics bound the kernel), then the peak detector over them.
-A GPU thread holds its small blocks in local memory.
-The cells take a read's flat arrays and the detector's settings, a dozen or so, as device functions
+windows reach), then its two t-series (`tstat` where the windows `fit`), then the detectors over
+them (`detect`: selects, no branch the data decides). A GPU thread takes one read (`read_peaks`,
+its small blocks in local memory); the CPU kernel runs the same cells over sixteen reads side by
+side, in SIMD lanes. Once a read's boundaries are known, `fill_read` forms its sums again, a block
+at a time, and writes its events.
+The cells take a read's flat arrays and the detectors' settings, a dozen or so, as device functions
 must; `detect_events` and `CudaEvents.detect` take the signal and `EventParams` and unpack them once.
 """
 
@@ -25,6 +27,7 @@ import numpy as np
 
 from streamer.pipeline.targets import Target
 
+U = np.uint64
 FLT_MIN = np.float32(np.finfo(np.float32).tiny)
 FLT_MAX = np.float32(np.finfo(np.float32).max)
 
@@ -35,9 +38,17 @@ def scratch_size(w1, w2, block):
     return block + 2 * max(w1, w2) + 1
 
 
+# the detectors' state at a read's first sample (`detect`): both searching, nothing masked
+START = (np.int32(-1), FLT_MAX, False, np.int32(-1), FLT_MAX, False, np.int32(0))
+
+
 class EventCells(NamedTuple):
     """Event detection's per-read arithmetic compiled for one target (`event_cells`)."""
 
+    accumulate: Callable
+    tstat: Callable
+    fits: Callable
+    detect: Callable
     read_peaks: Callable
     fill_read: Callable
 
@@ -72,140 +83,177 @@ def event_cells(t: Target) -> EventCells:
         return fdiv(abs(delta), fsqrt(fdiv(var, wf)))
 
     @t.jit
+    def fits(i, n, w):
+        """Whether both windows of w samples either side of sample i lie in a read of n samples (and w > 1):
+        elsewhere the t-statistic is 0."""
+        return (w >= 2) & (i >= w) & (i + w <= n)
+
+    @t.jit
     def t_series(pre_s, pre_q, base, b0, b1, n, w, out):
-        """The t-statistics of window w at b0..b1-1 into out[0:], 0 where the windows do not fit (or w < 2).
+        """The t-statistics of window w at samples b0..b1-1 of a read of n into out[0:] (`fits`).
 
-        pre_s/pre_q[j - base] hold the prefix sums j the windows reach. No step depends on another,
-        so the CPU compiler runs this loop in SIMD lanes: the divisions are what event detection costs.
+        pre_s/pre_q[j - base] hold the prefix sums j the windows reach (any value where they do not fit).
         """
-        for i in range(b1 - b0):
-            out[i] = np.float32(0.0)
-        if w < 2 or n < 2 * w:
-            return
-        lo = max(b0, w)
-        hi = min(b1, n - w + 1)
-        if hi <= lo:
-            return
-        # views that start at 0, so the compiler sees non-negative indices
-        s_lo, q_lo = pre_s[lo - w - base : hi - w - base], pre_q[lo - w - base : hi - w - base]
-        s_mid, q_mid = pre_s[lo - base : hi - base], pre_q[lo - base : hi - base]
-        s_hi, q_hi = pre_s[lo + w - base : hi + w - base], pre_q[lo + w - base : hi + w - base]
-        dst = out[lo - b0 : hi - b0]
-        for k in range(hi - lo):
-            dst[k] = tstat(s_lo[k], q_lo[k], s_mid[k], q_mid[k], s_hi[k], q_hi[k], w)
+        for k in range(b1 - b0):
+            j = U(b0 + k - base)  # unsigned: numba adds no negative-index wraparound
+            lo, hi = j - U(w), j + U(w)
+            t = tstat(pre_s[lo], pre_q[lo], pre_s[j], pre_q[j], pre_s[hi], pre_q[hi], w)
+            out[k] = t if fits(b0 + k, n, w) else np.float32(0.0)
 
     @t.jit
-    def climb(pos, val, t, i, height):
-        """A detector's search: the running minimum until t rises height above it, then the running
-        maximum (pos, val). Returns (pos, val, whether it was already past the minimum)."""
-        if pos == -1:
-            if t < val:
-                val = t
-            elif fsub(t, val) > height:
-                val = t
-                pos = i
-            return pos, val, False
-        if t > val:
-            val = t
-            pos = i
-        return pos, val, True
+    def t_block(x, a, n, w1, w2, sums, b0, pre_s, pre_q, t1, t2):
+        """The two t-series of the read x[a:a+n] at samples b0.. (as many as t1 holds, up to n) into t1, t2.
+
+        sums = (s, q, filled, base): the prefix sums 0..filled are formed, sum j at pre_s[j - base]
+        (any value at b0 = 0); those the block's windows reach (`scratch_size`) move to the front, the
+        rest are formed in order. Returns sums for the next block.
+        """
+        s, q, filled, base = sums
+        ahead = max(w1, w2)
+        if b0 == 0:
+            s, q, filled, base = 0.0, 0.0, 0, -ahead
+            pre_s[ahead] = 0.0
+            pre_q[ahead] = 0.0
+        b1 = min(b0 + len(t1), n)
+        new_base = b0 - ahead
+        for j in range(max(new_base, 0), filled + 1):
+            pre_s[j - new_base] = pre_s[j - base]
+            pre_q[j - new_base] = pre_q[j - base]
+        base = new_base
+        while filled < min(n, b1 - 1 + ahead):
+            s, q = accumulate(s, q, x[a + filled])
+            filled += 1
+            pre_s[filled - base] = s
+            pre_q[filled - base] = q
+        t_series(pre_s, pre_q, base, b0, b1, n, w1, t1)
+        t_series(pre_s, pre_q, base, b0, b1, n, w2, t2)
+        return s, q, filled, base
 
     @t.jit
-    def settle(pos, val, valid, t, i, threshold, height, half):
-        """A detector's emission: once t fell height below a maximum over the threshold and more than
-        half a window passed, it emits the maximum's position. Returns (pos, val, valid, emitted or -1)."""
-        if fsub(val, t) > height and val > threshold:
-            valid = True
-        if valid and i - pos > half:
-            return np.int64(-1), t, False, pos
-        return pos, val, valid, np.int64(-1)
+    def detector(pos, val, valid, t, i, threshold, height, half, on):
+        """One sample of a peak detector, if on, in selects: no branch the data decides.
+
+        Its search follows the running minimum (pos -1) until t rises height above it, then the
+        running maximum (pos, val); once t fell height below a maximum over the threshold and more
+        than half a window passed, it emits the maximum's position and searches again from t.
+        Returns (pos, val, valid), the maximum's position, whether that is over the threshold, and
+        whether it is emitted.
+        """
+        searching = pos < 0
+        lower = t < val
+        higher = t > val
+        rise = fsub(t, val) > height
+        fall = fsub(val, t) > height
+        flat = fsub(t, t) > height  # the fall from a maximum t itself set: 0 > height for a finite t
+        past = on & (not searching)
+        take = (on & searching & (lower | rise)) | (past & higher)
+        found = (on & searching & rise & (not lower)) | (past & higher)
+        over = past & ((t > threshold) if take else (val > threshold))
+        valid = valid | (over & (flat if take else fall))
+        val = t if take else val
+        top = i if found else pos
+        emit = past & valid & (i - top > half)
+        pos = np.int32(-1) if emit else top
+        return pos, t if emit else val, valid & (not emit), top, over, emit
 
     @t.jit
-    def read_peaks(x, a, n, w1, w2, th1, th2, height, pre_s, pre_q, t1, t2, peaks, p0):
+    def detect(state, t1, t2, i, on, settings):
+        """Sample i of scrappie's short and long peak detectors over their t-statistics t1 and t2, if on.
+
+        state = (pos1, val1, valid1, pos2, val2, valid2, masked_to), `START` at a read's first sample;
+        settings = (w1, w2, th1, th2, height), the thresholds and height float32 as f5c stores them.
+        A short peak over its threshold masks and resets the long detector for w1 samples. Returns
+        the new state and each detector's boundary at this sample (-1 if none), short first.
+        Positions are int32: a read's samples count far below 2^31.
+        """
+        pos1, val1, valid1, pos2, val2, valid2, masked_to = state
+        w1, w2, th1, th2, height = settings
+        pos1, val1, valid1, top, over, emit = detector(pos1, val1, valid1, t1, i, th1, height, w1 >> 1, on)
+        peak1 = top if emit else np.int32(-1)
+        masked_to = np.int32(top + w1) if over else masked_to
+        pos2 = np.int32(-1) if over else pos2
+        val2 = FLT_MAX if over else val2
+        valid2 = valid2 & (not over)
+        pos2, val2, valid2, top, _, emit = detector(pos2, val2, valid2, t2, i, th2, height, w2 >> 1,
+                                                    on & (masked_to < i))  # fmt: skip
+        peak2 = top if emit else np.int32(-1)
+        return (pos1, val1, valid1, pos2, val2, valid2, masked_to), peak1, peak2
+
+    @t.jit
+    def read_peaks(x, a, n, settings, pre_s, pre_q, t1, t2, peaks, p0):
         """Boundaries of the read x[a:a+n] into peaks[p0:]; returns how many (strictly increasing, in 1..n-1).
 
-        Scrappie's short/long peak detector over both t-series at once (short first). A short peak
-        above its threshold masks and resets the long detector for w1 samples; the short detector
-        skips sample 0. The read goes in blocks of len(t1) samples: the prefix sums the block's
-        windows reach (pre_s/pre_q, float64, `scratch_size(w1, w2, block)`), the block's two
-        t-series (t1, t2, float32), then the detector over them.
+        One read alone (a GPU thread's): its blocks of len(t1) samples (`t_block`: pre_s/pre_q hold
+        `scratch_size(w1, w2, len(t1))` sums), then `detect` over them, off at sample 0.
         """
-        if n == 0:
-            return 0
-        ahead = max(w1, w2)
-        block = len(t1)
-        s = 0.0
-        q = 0.0
-        filled = 0  # prefix sums 0..filled are known; sum j sits at pre_s[j - base]
-        base = -ahead
-        pre_s[ahead] = 0.0
-        pre_q[ahead] = 0.0
-        pos1, pos2 = np.int64(-1), np.int64(-1)
-        val1, val2 = FLT_MAX, FLT_MAX
-        valid1, valid2 = False, False
-        masked_to = np.int64(0)  # the long detector's
+        w1, w2 = settings[0], settings[1]
+        sums = (0.0, 0.0, 0, 0)
+        state = START
         count = 0
-        for b0 in range(0, n, block):
-            b1 = min(b0 + block, n)
-            new_base = b0 - ahead
-            for j in range(max(new_base, 0), filled + 1):  # the sums still in reach move to the front
-                pre_s[j - new_base] = pre_s[j - base]
-                pre_q[j - new_base] = pre_q[j - base]
-            base = new_base
-            while filled < min(n, b1 - 1 + ahead):
-                s, q = accumulate(s, q, x[a + filled])
-                filled += 1
-                pre_s[filled - base] = s
-                pre_q[filled - base] = q
-            t_series(pre_s, pre_q, base, b0, b1, n, w1, t1)
-            t_series(pre_s, pre_q, base, b0, b1, n, w2, t2)
-            for i in range(b0, b1):
-                if i > 0:
-                    t = t1[i - b0]
-                    pos1, val1, past = climb(pos1, val1, t, i, height)
-                    if past:
-                        if val1 > th1:
-                            masked_to = pos1 + w1
-                            pos2, val2, valid2 = np.int64(-1), FLT_MAX, False
-                        pos1, val1, valid1, emitted = settle(pos1, val1, valid1, t, i, th1, height, w1 // 2)
-                        if emitted >= 0:
-                            peaks[p0 + count] = emitted
-                            count += 1
-                if masked_to < i:
-                    t = t2[i - b0]
-                    pos2, val2, past = climb(pos2, val2, t, i, height)
-                    if past:
-                        pos2, val2, valid2, emitted = settle(pos2, val2, valid2, t, i, th2, height, w2 // 2)
-                        if emitted >= 0:
-                            peaks[p0 + count] = emitted
-                            count += 1
+        for b0 in range(0, n, len(t1)):
+            sums = t_block(x, a, n, w1, w2, sums, b0, pre_s, pre_q, t1, t2)
+            for i in range(b0, min(b0 + len(t1), n)):
+                state, peak1, peak2 = detect(state, t1[i - b0], t2[i - b0], np.int32(i), i > 0, settings)
+                if peak1 >= 0:
+                    peaks[p0 + count] = peak1
+                    count += 1
+                if peak2 >= 0:
+                    peaks[p0 + count] = peak2
+                    count += 1
         return count
 
     @t.jit
-    def fill_read(x, a, n, peaks, p0, n_peaks, start, length, mean, stdv, e0):
+    def event(total, total_sq, length):
+        """An event's (mean, stdv) from its samples' sum and sum of squares (float32 roundings of
+        differences of float64 prefix sums): mean = sum / len and var = sum_sq / len - mean^2 in
+        float32, stdv sqrt(max(var, 0))."""
+        n_f = np.float32(length)
+        m_ = fdiv(total, n_f)
+        var = fsub(fdiv(total_sq, n_f), fmul(m_, m_))
+        return m_, fsqrt(var) if var > 0 else np.float32(0.0)
+
+    @t.jit
+    def fill_read(x, a, n, peaks, p0, n_peaks, pre_s, pre_q, start, length, mean, stdv, e0):
         """Events of the read x[a:a+n] between boundaries 0, peaks[p0:p0+n_peaks], n, written at e0.
 
-        Forms the prefix sums again in the order `read_peaks` did, so each boundary sees the same sums.
-        mean = f32(S) / len and var = f32(Q) / len - mean^2 in float32, stdv sqrt(max(var, 0)).
+        The read goes in blocks of len(pre_s) - 1 samples: the block's prefix sums, formed in the order
+        `read_peaks` formed them (so each boundary sees the same sums), then the sums of the events that
+        end in it, held in mean and stdv until a last pass without a loop-carried step (the CPU
+        compiler vectorises it) turns them into the events' statistics.
         """
+        block = len(pre_s) - 1
         s = 0.0
         q = 0.0
-        s0 = 0.0
+        s0 = 0.0  # the prefix sums at the first sample of event e, b0
         q0 = 0.0
-        b0 = 0
-        j = 0
-        for e in range(n_peaks + 1):
-            b = np.int64(peaks[p0 + e]) if e < n_peaks else n
-            while j < b:
-                s, q = accumulate(s, q, x[a + j])
-                j += 1
-            n_f = np.float32(b - b0)
-            m_ = fdiv(np.float32(dadd(s, -s0)), n_f)
-            var = fsub(fdiv(np.float32(dadd(q, -q0)), n_f), fmul(m_, m_))
-            start[e0 + e] = b0
-            length[e0 + e] = n_f
-            mean[e0 + e] = m_
-            stdv[e0 + e] = fsqrt(var) if var > 0 else np.float32(0.0)
-            s0, q0, b0 = s, q, b
+        b0 = np.int64(0)
+        e = 0
+        for c0 in range(0, n, block):
+            c1 = min(c0 + block, n)
+            pre_s[0] = s
+            pre_q[0] = q
+            for j in range(c1 - c0):
+                s, q = accumulate(s, q, x[a + c0 + j])
+                pre_s[j + 1] = s
+                pre_q[j + 1] = q
+            e1 = e
+            while e1 < n_peaks and peaks[p0 + e1] <= c1:
+                e1 += 1
+            for k in range(e, e1):
+                b = np.int64(peaks[p0 + k])
+                s1, q1 = pre_s[b - c0], pre_q[b - c0]
+                start[e0 + k] = b0
+                length[e0 + k] = np.float32(b - b0)
+                mean[e0 + k] = np.float32(dadd(s1, -s0))
+                stdv[e0 + k] = np.float32(dadd(q1, -q0))
+                s0, q0, b0 = s1, q1, b
+            e = e1
+        start[e0 + e] = b0  # the last event ends with the read
+        length[e0 + e] = np.float32(n - b0)
+        mean[e0 + e] = np.float32(dadd(s, -s0))
+        stdv[e0 + e] = np.float32(dadd(q, -q0))
+        o = U(e0)
+        for k in range(U(e + 1)):
+            mean[o + k], stdv[o + k] = event(mean[o + k], stdv[o + k], length[o + k])
 
-    return EventCells(read_peaks, fill_read)
+    return EventCells(accumulate, tstat, fits, detect, read_peaks, fill_read)

@@ -77,6 +77,9 @@ IEEE_OPS = (fadd, fsub, fmul, fdiv, dadd, dmul, ddiv, fsqrt)
 # Python's ZeroDivisionError, whose test on every division keeps LLVM from vectorising a loop
 _cpu_jit = numba.njit(nogil=True, cache=True, error_model="numpy")
 CPU = Target("cpu", _cpu_jit, *(_cpu_jit(op) for op in IEEE_OPS))
+# the CPU's, each helper compiled into its caller (numba's inline="always"): LLVM turns a loop over
+# SIMD lanes into vector code only when the helpers it calls are part of the loop's own function
+LANE = CPU._replace(name="lane", jit=numba.njit(nogil=True, error_model="numpy", inline="always"))
 
 
 F5C_LOG_INV_SQRT_2PI = np.float32(-0.918938)  # f5c's literal for ln(1/sqrt(2 pi))
