@@ -178,7 +178,8 @@ class PipelineConfig:
                         short="-t", minimum=0)
     compute_threads: int = _key(
         2, "Batches in the stages at once, so that CPU and GPU stages overlap (as `streamer call --compute-threads`); "
-        "with the batches read ahead they are the batches in flight, which the memory budget holds.", type=int,
+        "with the batches read ahead they are the batches in flight, which the memory budget holds. Each has a lane "
+        "of its own on a GPU (an arena, buffers and a stream), within the same share of its memory.", type=int,
         flag="--compute-threads", minimum=1)
     pore: str = _key(
         "auto", "Pore chemistry of the watched runs; it picks the models that `kmer_model` and `meth_model` leave "

@@ -89,7 +89,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="signal readers as processes or threads; auto: threads for SLOW5/BLOW5, processes "
                         "otherwise (FAST5 and POD5 readers hold a lock or the GIL) [%(default)s]")
     numeric(p, "--compute-threads", type=int, minimum=1, default=RunnerOptions.compute_threads,
-            help="batches in the stages at once, so CPU and GPU stages overlap [%(default)s]")
+            help="batches in the stages at once, so CPU and GPU stages overlap; each has a lane of its own on a GPU "
+                 "(an arena, buffers and a stream) [%(default)s]")
     add_memory_argument(p)
     gpu = p.add_argument_group("GPU (ABEA and the CpG HMM on an NVIDIA GPU when numba-cuda and a GPU are present)")
     gpu.add_argument("--disable-cuda", action="store_true", help="align and call on the CPU only")
