@@ -380,6 +380,7 @@ def main() -> int:
         "fast5_cpu_K1024": [*fast5, "-K", "1024", "--disable-cuda"],
         "pod5_gpu_cuda_events": [*pod5, "--cuda-events"],
         "pod5_gpu_budget_8G": [*pod5, "--memory-budget", "8G"],
+        "pod5_gpu_budget_5G": [*pod5, "--memory-budget", "5G"],
         "pod5_gpu_budget_8G_K1024": [*pod5, "--memory-budget", "8G", "-K", "1024"],
         "pod5_gpu_budget_8G_K1024_c3": [*pod5, "--memory-budget", "8G", "-K", "1024", "--compute-threads", "3"],
         "pod5_gpu_c3": [*pod5, "--compute-threads", "3"],
