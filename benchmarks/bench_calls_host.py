@@ -17,7 +17,6 @@ import argparse
 import hashlib
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,14 +25,7 @@ for _root in (ROOT / "plugins", ROOT / "gpu", ROOT):
 
 import numpy as np  # noqa: E402
 
-from bench_cpu_kernels import FIXTURE, REFERENCE, SHARED, timed  # noqa: E402
-from streamer.io.alignments import AlignmentFilter, AlignmentRecord, iter_alignments  # noqa: E402
-from streamer.io.fastx import load_basecalls  # noqa: E402
-from streamer.io.index import open_index  # noqa: E402
-from streamer.io.reference import Reference  # noqa: E402
-from streamer.pipeline import stages as pipeline_module  # noqa: E402
-from streamer.pipeline.batch import pack  # noqa: E402
-from streamer.pipeline.batching import BatchLimits, offline_batches  # noqa: E402
+from bench_cpu_kernels import FIXTURE, SHARED, cpu_pipeline, fixture_batch, timed  # noqa: E402
 from streamer_plugins.cpg.caller import CpgCaller  # noqa: E402
 from streamer_plugins.cpg.calls import call_methylation, format_calls  # noqa: E402
 from streamer_plugins.cpg.hmm import score_jobs  # noqa: E402
@@ -58,19 +50,8 @@ class _Capture(CpgCaller):
 
 
 def capture(reads: Path, bam: Path, signal: Path) -> _Capture:
-    with tempfile.TemporaryDirectory() as tmp:
-        local = Path(tmp) / "reads.fasta"
-        local.write_text(reads.read_text())
-        filt = AlignmentFilter()
-        wanted = {a.read_id for a in iter_alignments(bam, filt) if isinstance(a, AlignmentRecord)}
-        index = open_index(local, [signal])
-        with Reference(REFERENCE) as ref:
-            batches = list(offline_batches(iter_alignments(bam, filt), load_basecalls(local, wanted), index, ref,
-                                           BatchLimits(), str(local)))  # fmt: skip
-        options = pipeline_module.PipelineOptions(threads=1, cuda=pipeline_module.CudaOptions(disable=True))
-        stage = _Capture()
-        pipe = pipeline_module.Pipeline(options, [stage])
-        pipe.run_batch(pack([r for rs, _ in batches for r in rs]))
+    stage = _Capture()
+    cpu_pipeline([stage]).run_batch(fixture_batch(reads, bam, signal))
     return stage
 
 

@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 from streamer.pipeline import stages as pipeline_module  # noqa: E402
 from streamer.pipeline.abea import AbeaReads  # noqa: E402
 from streamer.pipeline.batching import BatchLimits, offline_batches  # noqa: E402
-from streamer.pipeline.batch import pack  # noqa: E402
+from streamer.pipeline.batch import ReadBatch, pack  # noqa: E402
 from streamer.io.alignments import AlignmentRecord, AlignmentFilter, iter_alignments  # noqa: E402
 from streamer.io.fastx import load_basecalls  # noqa: E402
 from streamer.io.index import open_index  # noqa: E402
@@ -40,6 +40,27 @@ from streamer_plugins.cpg.hmm import score_windows  # noqa: E402
 SHARED = ROOT.parent / "shared" / "data" / "ecoli_2kb_region"
 FIXTURE = ROOT / "tests" / "data" / "ecoli"
 REFERENCE = ROOT / "tests" / "data" / "ecoli_k12_mg1655.fa.gz"
+
+
+def fixture_batch(reads: Path, bam: Path, signal: Path) -> ReadBatch:
+    """Every alignment record of the reads packed as one batch (the basecalls read from a copy, whose
+    signal index goes with it)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        local = Path(tmp) / "reads.fasta"
+        local.write_text(reads.read_text())
+        filt = AlignmentFilter()
+        wanted = {a.read_id for a in iter_alignments(bam, filt) if isinstance(a, AlignmentRecord)}
+        index = open_index(local, [signal])
+        with Reference(REFERENCE) as ref:
+            batches = list(offline_batches(iter_alignments(bam, filt), load_basecalls(local, wanted), index, ref,
+                                           BatchLimits(), str(local)))  # fmt: skip
+    return pack([r for rs, _ in batches for r in rs])
+
+
+def cpu_pipeline(analyses: list) -> pipeline_module.Pipeline:
+    """A one-thread CPU pipeline with these analyses after the core's stages."""
+    options = pipeline_module.PipelineOptions(threads=1, cuda=pipeline_module.CudaOptions(disable=True))
+    return pipeline_module.Pipeline(options, analyses)
 
 
 def capture(reads: Path, bam: Path, signal: Path) -> tuple[tuple, tuple]:
@@ -57,19 +78,9 @@ def capture(reads: Path, bam: Path, signal: Path) -> tuple[tuple, tuple]:
             return (*score_windows(*jobs, *inputs), None)
 
     pipeline_module.align_batch = recording_align
-    with tempfile.TemporaryDirectory() as tmp:
-        local = Path(tmp) / "reads.fasta"
-        local.write_text(reads.read_text())
-        filt = AlignmentFilter()
-        wanted = {a.read_id for a in iter_alignments(bam, filt) if isinstance(a, AlignmentRecord)}
-        index = open_index(local, [signal])
-        with Reference(REFERENCE) as ref:
-            batches = list(offline_batches(iter_alignments(bam, filt), load_basecalls(local, wanted), index, ref,
-                                           BatchLimits(), str(local)))  # fmt: skip
-        options = pipeline_module.PipelineOptions(threads=1, cuda=pipeline_module.CudaOptions(disable=True))
-        pipe = pipeline_module.Pipeline(options, [CpgCaller()])
-        pipe.analysis("hmm").gpu = Recorder()
-        pipe.run_batch(pack([r for rs, _ in batches for r in rs]))
+    pipe = cpu_pipeline([CpgCaller()])
+    pipe.analysis("hmm").gpu = Recorder()
+    pipe.run_batch(fixture_batch(reads, bam, signal))
     pipeline_module.align_batch = align_batch
     return seen["abea"], seen["hmm"]
 
