@@ -231,11 +231,13 @@ def test_lanes_match_one_read_at_a_time(params):
     assert want[0][-1] > len(signal) // 100
     settings = (np.int32(params.w1), np.int32(params.w2), np.float32(params.threshold1),
                 np.float32(params.threshold2), np.float32(params.peak_height))  # fmt: skip
-    order, _ = lane_groups(np.diff(signal_off), 1)
+    order, _, _ = lane_groups(np.diff(signal_off), 1)
     n_reads = len(order)
-    for bounds in (np.array([0, n_reads]), lane_groups(np.diff(signal_off), 3)[1], np.r_[0:n_reads:23, n_reads]):
+    for alone, bounds in ((0, np.array([0, n_reads])), lane_groups(np.diff(signal_off), 3)[1:],
+                          (0, np.r_[0:n_reads:23, n_reads]), (7, np.r_[7:n_reads:23, n_reads]),
+                          (n_reads, np.array([n_reads, n_reads]))):  # fmt: skip
         peaks = np.zeros(len(signal), np.int32)
-        n_peaks = batch_peaks(signal, signal_off, settings, order, bounds, peaks)
+        n_peaks = batch_peaks(signal, signal_off, settings, order, alone, bounds, peaks)
         assert np.array_equal(n_peaks, np.diff(want[0]) - (np.diff(signal_off) > 0))
     got = detect_events(signal, signal_off, params)
     assert all(g.dtype == w.dtype and np.array_equal(g.view(np.uint8), w.view(np.uint8)) for g, w in zip(got, want))
@@ -243,12 +245,16 @@ def test_lanes_match_one_read_at_a_time(params):
 
 def test_lane_groups_split_the_samples_longest_first():
     lengths = np.array([5, 900, 0, 40, 7000, 12, 300] * 10)
-    order, bounds = lane_groups(lengths, 4)
+    order, alone, bounds = lane_groups(lengths, 1)
     assert np.all(np.diff(lengths[order]) <= 0) and sorted(order) == list(range(70))
-    assert bounds.tolist() == [0, 16, 32, 48, 70]  # the ten longest hold most samples: each group 16 reads or more
-    order, bounds = lane_groups(np.full(100, 50), 4)
-    assert bounds.tolist() == [0, 25, 50, 75, 100]
-    assert lane_groups(np.zeros(0, np.int64), 4)[1].tolist() == [0, 0]
+    # on one thread a read goes alone when it holds more than a sixteenth of the samples: the ten longest
+    assert alone == 10 and bounds.tolist() == [10, 26, 42, 70]  # the rest in groups of 16 reads or more
+    order, alone, bounds = lane_groups(np.full(100, 50), 1)
+    assert alone == 0 and bounds.tolist() == [0, 25, 50, 75, 100]
+    # on many threads every read of a small batch is longer than its thread's share over the lanes
+    assert lane_groups(np.full(100, 50), 16)[1] == 100
+    _, alone, bounds = lane_groups(np.zeros(0, np.int64), 4)
+    assert alone == 0 and bounds.tolist() == [0, 0]
 
 
 BOUNDS_SCRIPT = """

@@ -169,7 +169,10 @@ class CudaAbea:
                                resident_threads(device), 0 if SIMULATED else fixed_bytes(options))  # fmt: skip
             if plan.refused:
                 raise TooLittleMemory(plan.refused)
-            arena_bytes, self.lanes = plan.arena_bytes, plan.lanes
+            arena_bytes = plan.arena_bytes
+            # numba's simulator runs a launch's threads as Python threads over its own shared state:
+            # two launches at once (two lanes' batches) corrupt it, so it keeps one lane
+            self.lanes = 1 if SIMULATED else plan.lanes
         self._faults = fault_plan()
         # every launch and copy of this stage goes on it (`options.stream_priority`)
         self.stream = open_stream(options.stream_priority).stream

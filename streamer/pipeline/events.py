@@ -37,10 +37,11 @@ from streamer.pipeline.event_cells import START, event_cells, scratch_size
 from streamer.pipeline.targets import CPU, LANE
 
 log = logging.getLogger(__name__)
-_fill_read = event_cells(CPU).fill_read
+_read_peaks, _fill_read = event_cells(CPU).read_peaks, event_cells(CPU).fill_read
 _lane = event_cells(LANE)  # compiled into the lane loops' own function, which LLVM then vectorises
 _accumulate, _tstat, _fits, _detect = _lane.accumulate, _lane.tstat, _lane.fits, _lane.detect
 BLOCK = 256  # samples of a read formed at a time (1,024 and 128 measured slower)
+ALONE_BLOCK = 1024  # the same for a read that runs alone (`_read_peaks`)
 LANES = 16  # reads side by side: one AVX-512 vector of float32 (two of AVX2)
 U = np.uint64  # unsigned offsets: numba adds no negative-index wraparound
 
@@ -100,15 +101,15 @@ def detect_events_kernel(signal, signal_off, w1, w2, threshold1, threshold2, pea
 
     Two parallel passes: find each read's boundaries (`batch_peaks`, kept as read-relative int32 in
     a buffer as long as the signal), then, once their counts fix the output offsets, write the
-    events (`batch_fill`). Work is handed to threads one group or read at a time, as reads differ in
-    length by orders of magnitude. The large arrays are numpy's: allocated inside a numba kernel
+    events (`batch_fill`). Work is handed to threads one read or group at a time, as reads differ in
+    length by orders of magnitude (`lane_groups`). The large arrays are numpy's: allocated inside a numba kernel
     they would be faulted in 4 KiB page by page, where numpy's get huge pages.
     """
     peaks = np.empty(len(signal), np.int32)
     settings = (np.int32(w1), np.int32(w2), np.float32(threshold1), np.float32(threshold2), np.float32(peak_height))
-    order, bounds = lane_groups(np.diff(signal_off), 4 * numba.get_num_threads())
+    order, alone, bounds = lane_groups(np.diff(signal_off), numba.get_num_threads())
     with numba.parallel_chunksize(1):
-        n_peaks = batch_peaks(signal, signal_off, settings, order, bounds, peaks)
+        n_peaks = batch_peaks(signal, signal_off, settings, order, alone, bounds, peaks)
         ev_off = event_offsets(signal_off, n_peaks)
         total = ev_off[-1]
         out = (np.empty(total, np.int64), np.empty(total, np.float32), np.empty(total, np.float32),
@@ -117,29 +118,47 @@ def detect_events_kernel(signal, signal_off, w1, w2, threshold1, threshold2, pea
     return (ev_off, *out)
 
 
-def lane_groups(lengths: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
-    """The reads longest first, and where each group of them starts (and the last ends): at most
-    n_groups groups of about equal samples where each can hold `LANES` reads. Reads of a group,
-    side by side in its lanes, then end at about the same time."""
+def lane_groups(lengths: np.ndarray, threads: int) -> tuple[np.ndarray, int, np.ndarray]:
+    """The reads longest first; how many of them run alone; where each group of the rest starts (and the
+    last ends): at most 4 x threads groups of about equal samples where each can hold `LANES` reads.
+
+    Reads of a group, side by side in its lanes, end at about the same time, and a group costs its
+    thread about a sixteenth of a read alone per sample; but a read in a lane advances one sample a
+    lane step, so a read longer than a thread's share of the batch over `LANES` would hold its group's
+    thread past the others: those run alone (`_read_peaks`), first. On a few cores nearly every read
+    goes in lanes; on many, with few reads a batch, the long ones go alone and set the stage's time.
+    """
     order = np.argsort(-lengths, kind="stable")
-    cum = np.cumsum(lengths[order])
+    sorted_lengths = lengths[order]
+    alone = int(np.count_nonzero(sorted_lengths * (LANES * max(1, threads)) > sorted_lengths.sum()))
+    cum = np.cumsum(sorted_lengths[alone:])
+    n_groups = 4 * max(1, threads)
     cuts = np.searchsorted(cum, cum[-1] * np.arange(1, n_groups) / n_groups, side="right") if len(cum) else []
-    bounds = [0]
+    bounds = [alone]
     for cut in cuts:
-        cut = max(int(cut), bounds[-1] + LANES)
+        cut = max(alone + int(cut), bounds[-1] + LANES)
         if cut <= len(order) - LANES:
             bounds.append(cut)
     bounds.append(len(order))
-    return order, np.array(bounds, np.int64)
+    return order, alone, np.array(bounds, np.int64)
 
 
 @numba.njit(nogil=True, cache=True, parallel=True, error_model="numpy")
-def batch_peaks(signal, signal_off, settings, order, bounds, peaks):
+def batch_peaks(signal, signal_off, settings, order, alone, bounds, peaks):
     """Each read's boundaries at its own samples' positions in `peaks`; returns their counts.
-    Group g is reads order[bounds[g]:bounds[g + 1]] (`lane_groups`), in `group_peaks`."""
+    Reads order[:alone] each alone, in `_read_peaks`; group g is reads order[bounds[g]:bounds[g + 1]]
+    (`lane_groups`), in `group_peaks`."""
     n_peaks = np.zeros(len(signal_off) - 1, np.int64)
-    for g in numba.prange(len(bounds) - 1):
-        group_peaks(signal, signal_off, order[bounds[g] : bounds[g + 1]], settings, peaks, n_peaks)
+    size = scratch_size(settings[0], settings[1], ALONE_BLOCK)
+    for item in numba.prange(alone + len(bounds) - 1):
+        if item < alone:
+            r = order[item]
+            a = signal_off[r]
+            n_peaks[r] = _read_peaks(signal, a, signal_off[r + 1] - a, settings, np.empty(size), np.empty(size),
+                                     np.empty(ALONE_BLOCK, np.float32), np.empty(ALONE_BLOCK, np.float32), peaks, a)
+        else:
+            g = item - alone
+            group_peaks(signal, signal_off, order[bounds[g] : bounds[g + 1]], settings, peaks, n_peaks)
     return n_peaks
 
 
