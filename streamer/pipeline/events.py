@@ -37,7 +37,8 @@ from streamer.pipeline.event_cells import START, event_cells, scratch_size
 from streamer.pipeline.targets import CPU, LANE
 
 log = logging.getLogger(__name__)
-_read_peaks, _fill_read = event_cells(CPU).read_peaks, event_cells(CPU).fill_read
+_cpu = event_cells(CPU)  # a read alone (`batch_peaks`' long reads) and each read's events
+_read_peaks, _fill_read = _cpu.read_peaks, _cpu.fill_read
 _lane = event_cells(LANE)  # compiled into the lane loops' own function, which LLVM then vectorises
 _accumulate, _tstat, _fits, _detect = _lane.accumulate, _lane.tstat, _lane.fits, _lane.detect
 BLOCK = 256  # samples of a read formed at a time (1,024 and 128 measured slower)
