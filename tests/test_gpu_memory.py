@@ -140,3 +140,22 @@ def test_lanes_divide_the_share_and_fewer_open_where_a_lane_would_not_hold_a_bat
     capped = plan_memory(80 * GB, False, replace(opts, memory_cap=cap), 100, H100_THREADS)
     assert capped.lanes == 1 and capped.arena_bytes == one.arena_bytes
     assert plan_memory(80 * GB, False, replace(opts, memory_cap=3 * cap), 100, H100_THREADS).lanes == 2
+
+
+@pytest.mark.parametrize("message", ["Grid size 3 will likely result in GPU under-utilization due to low occupancy.",
+                                     "\x1b[1mGrid size 3 will likely result in GPU under-utilization due to low occupancy.\x1b[0m"])
+def test_small_grids_are_not_warned_about(message):
+    """A small batch's grid is normal: the filter the GPU stages install drops numba's warning about it,
+    highlighted for a terminal or not, and no other."""
+    import warnings
+
+    from numba.core.errors import NumbaPerformanceWarning
+
+    from streamer_gpu.abea import SMALL_GRID
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", message=SMALL_GRID)
+        warnings.warn(NumbaPerformanceWarning(message))
+        warnings.warn(NumbaPerformanceWarning("another performance note"))
+    assert [str(w.message) for w in seen] == ["another performance note"]

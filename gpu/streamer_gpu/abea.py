@@ -47,8 +47,10 @@ from streamer.pore.model import PoreModel
 from streamer.pipeline.scaling import F5C_CODES, require_nucleotide
 
 log = logging.getLogger(__name__)
-# small batches (the last of a run, a daemon's trickle) are normal here, not a tuning problem
-warnings.filterwarnings("ignore", message="Grid size .* under-utilization")
+# small batches (the last of a run, a daemon's trickle) are normal here, not a tuning problem; numba
+# may wrap the message in a terminal's highlight codes
+SMALL_GRID = r"(?:\x1b\[[0-9;]*m)?Grid size .* under-utilization"
+warnings.filterwarnings("ignore", message=SMALL_GRID)
 
 # the simulator reports unbounded free memory: size its arena as on a small device
 SIMULATED_FREE_BYTES = 1 << 28

@@ -38,14 +38,16 @@ BANDWIDTH = 100
 DATACENTRE = ("tesla", "a100", "a30", "a40", "h100", "h200", "h800", "gh200", "b100", "b200", "l40", "v100", "p100")
 
 
-# What a run holds besides its batches, measured with `streamer call` warm on 2 cores (summed PSS):
-# the process itself with numpy, numba, the kernels loaded and the models (134 MB); a reader process
-# (numpy, h5py, pod5 imported; about 30 MB each beside the 75 MB fork server); a batch in flight,
-# per read base (signal raw and in pA, events, pairs, the HMM's windows: 110-170 B measured)
-PROCESS_BYTES = 150 << 20
+# What a run holds besides its batches, and each batch in flight per base of B, fitted to summed PSS
+# (`streamer call`, warm) at two batch caps each, 7 batches in flight: on 2 cores (CPU stages, 2 reader
+# processes) 69-79 bytes a base and 360 MB besides, of which the process itself with numpy, numba, the
+# kernels and the models about 230 MB; on a 16-core H200 box (GPU stages, 16 reader processes) 106 bytes a
+# base and 870 MB besides. A reader process costs about 40 MB beside its 75 MB fork server. A batch's
+# bytes per base (signal raw and in pA, events, pairs, the HMM's windows) carry a margin over the larger fit.
+PROCESS_BYTES = 230 << 20
 READER_PROCESS_BYTES = 40 << 20
 FORK_SERVER_BYTES = 75 << 20
-BATCH_BYTES_PER_BASE = 260
+BATCH_BYTES_PER_BASE = 130
 # below this budget readers are threads and one batch is read ahead and one computed at a time
 SMALL_BUDGET = 1 << 30
 MIN_BATCH_BASES = 20_000  # a budget smaller than the process needs still gets batches this big
