@@ -153,8 +153,9 @@ class JoinConfig:
         "called, and skipped.tsv says it was recovered.", type=float, flag="--join-timeout",
         minimum=0.0)
     max_pending_bases: int = _key(
-        200_000_000, "Most bases of basecalls held in memory while they wait for their signal; beyond that the "
-        "oldest are dropped and read again from their file when their signal lands.",
+        200_000_000, "Most bases of basecalls held in memory while they wait for their signal, and at most a tenth "
+        "of pipeline.memory_budget (2 bytes a base); beyond that the oldest are dropped and read again from "
+        "their file when their signal lands.",
         type=int, flag="--max-pending-bases", minimum=0)
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from streamer.config import build, ConfigError
-from streamer.tuning.profiles import (PROFILES, SMALL_BUDGET, BATCH_BYTES_PER_BASE, PROCESS_BYTES, DeviceShare,
+from streamer.tuning.profiles import (PROFILES, SMALL_BUDGET, BATCH_BYTES_PER_BASE, CACHED_BYTES_PER_BASE, PROCESS_BYTES, DeviceShare,
                                       Machine, budget_bytes, memory_plan, parse_size, plan)
 
 
@@ -79,7 +81,9 @@ def test_the_daemon_sizes_its_batches_and_readers_from_its_budget(tmp_path):
     base = config.Config()
     small, small_plan = budgeted(config.Config(pipeline=config.PipelineConfig(threads=2, memory_budget="300M")), cpu)
     assert small.batch.max_bases < base.batch.max_bases and small.pipeline.io_mode == "threads"
-    assert small.batch.max_bases == memory_plan(300 << 20, base.batch.max_bases, 1, 2).max_bases
+    held = small.join.max_pending_bases * CACHED_BYTES_PER_BASE  # its basecall cache, within a tenth of the budget
+    assert small.batch.max_bases == memory_plan(300 << 20, base.batch.max_bases, 1, 2, held=held).max_bases
+    assert 0 < held <= 30 << 20
     assert small_plan.limits()["memory_budget"] == 300 << 20 and small.gpu.memory is None
     roomy, _ = budgeted(config.Config(pipeline=config.PipelineConfig(threads=2, memory_budget="64G")), cpu)
     assert roomy.batch == base.batch and roomy.pipeline.io_mode == base.pipeline.io_mode
@@ -128,7 +132,25 @@ def test_a_jetson_daemon_gives_its_gpu_the_share_of_the_budget_the_host_leaves()
     assert options.reserve == 4 << 30 and p.limits()["unified_memory"] and p.limits()["memory_budget"] == 3 << 30
     device = gpu_package().device_bytes(options, 100, 8 * 1536)  # what the arena plan will want for this B
     host = PROCESS_BYTES + 5 * cfg.batch.max_bases * BATCH_BYTES_PER_BASE + 75 * 2**20 + 6 * 40 * 2**20
-    assert device <= gpu and host + gpu <= 3 << 30 and cfg.batch.max_bases < 5_000_000
+    cache = cfg.join.max_pending_bases * CACHED_BYTES_PER_BASE  # basecalls waiting for their signal
+    assert device <= gpu and host + cache + gpu <= 3 << 30 and cfg.batch.max_bases < 5_000_000
+    assert 0 < cache <= 0.1 * (3 << 30)
     # the same board without its GPU (ABEA on the CPU): the whole budget is the host's
     cpu_cfg, cpu_plan = budgeted(base, plan(Machine(None, 8, 15 << 30, board), given=given))
     assert cpu_plan.gpu.memory is None and cpu_cfg.gpu.memory is None and cpu_cfg.batch.max_bases > cfg.batch.max_bases
+
+
+def test_the_daemons_basecall_cache_counts_in_its_budget():
+    """The daemon's basecalls waiting for their signal are bounded within a tenth of its budget, and its
+    batches are sized from what the cache leaves: a smaller cap leaves larger batches."""
+    from streamer import config
+    from streamer.commands.run import budgeted
+
+    machine = Machine(None, 16, 64 << 30)
+    given = {"memory_budget": "3G", "threads": 16}
+    base = config.Config().with_tunables(plan(machine, given=given).limits())
+    cfg, _ = budgeted(base, plan(machine, given=given))
+    assert cfg.join.max_pending_bases * CACHED_BYTES_PER_BASE <= 0.1 * (3 << 30) < 200_000_000 * CACHED_BYTES_PER_BASE
+    small = replace(base, join=replace(base.join, max_pending_bases=1_000_000))
+    small_cfg, _ = budgeted(small, plan(machine, given=given))
+    assert small_cfg.join.max_pending_bases == 1_000_000 and small_cfg.batch.max_bases > cfg.batch.max_bases

@@ -32,7 +32,7 @@ from streamer.pore.motifs import motif
 from streamer.publish.publisher import Publisher, PublisherConfig
 from streamer.publish.security import CurveServer, load_public_keys, load_secret_keys
 from streamer.sinks import warm_up
-from streamer.tuning.profiles import Plan, budget_bytes, memory_plan, parse_size
+from streamer.tuning.profiles import CACHED_BYTES_PER_BASE, Plan, budget_bytes, cache_bases, memory_plan, parse_size
 from streamer.tuning.session import AutoTuner, plan_config
 
 NAME = "run"
@@ -107,17 +107,20 @@ def run(args: argparse.Namespace) -> int:
 
 def budgeted(cfg: configuration.Config, plan: Plan) -> tuple[configuration.Config, Plan]:
     """The daemon's batch cap B, compute threads and reader kind within `pipeline.memory_budget` (`auto`: the
-    profile's), as `streamer call` sizes its own batches in flight; on a Jetson the GPU part's share of the
-    budget too (`gpu.memory`). The plan comes back with the budget and that share."""
+    profile's), as `streamer call` sizes its own batches in flight, beside its basecall cache (bounded within
+    its share of the budget); on a Jetson the GPU part's share of the budget too (`gpu.memory`). The plan
+    comes back with the budget and that share."""
     threads = cfg.pipeline.threads or os.cpu_count() or 1
-    memory = memory_plan(budget_bytes(cfg.pipeline.memory_budget, plan.profile, threads), cfg.batch.max_bases,
-                         cfg.pipeline.compute_threads, threads, cfg.pipeline.io_mode,
-                         plan.device_share(cuda_options(cfg)))  # fmt: skip
+    budget = budget_bytes(cfg.pipeline.memory_budget, plan.profile, threads)
+    pending = cache_bases(budget, cfg.join.max_pending_bases)
+    memory = memory_plan(budget, cfg.batch.max_bases, cfg.pipeline.compute_threads, threads, cfg.pipeline.io_mode,
+                         plan.device_share(cuda_options(cfg)), held=pending * CACHED_BYTES_PER_BASE)  # fmt: skip
     if memory.max_bases < cfg.batch.max_bases:
         log.debug("batches of at most %d bases to keep within the memory budget of %d MB", memory.max_bases,
                  memory.budget >> 20)
     plan = plan.budgeted(memory)
     return replace(cfg, batch=replace(cfg.batch, max_bases=memory.max_bases),
+                   join=replace(cfg.join, max_pending_bases=pending),
                    pipeline=replace(cfg.pipeline, io_mode=memory.io_mode, compute_threads=memory.compute_threads),
                    gpu=replace(cfg.gpu, memory=plan.gpu.memory)), plan
 

@@ -48,6 +48,10 @@ PROCESS_BYTES = 230 << 20
 READER_PROCESS_BYTES = 40 << 20
 FORK_SERVER_BYTES = 75 << 20
 BATCH_BYTES_PER_BASE = 130
+# the daemon's basecalls waiting for their signal, per base (the sequence and its alignment records: 1.9
+# bytes measured), and the share of the budget they may take
+CACHED_BYTES_PER_BASE = 2
+CACHE_SHARE = 0.1
 # below this budget readers are threads and one batch is read ahead and one computed at a time
 SMALL_BUDGET = 1 << 30
 MIN_BATCH_BASES = 20_000  # a budget smaller than the process needs still gets batches this big
@@ -93,12 +97,13 @@ class DeviceShare:
 
 
 def memory_plan(budget: int, max_bases: int, compute_threads: int, io_workers: int, io_mode: str = "auto",
-                device: DeviceShare | None = None) -> MemoryPlan:  # fmt: skip
+                device: DeviceShare | None = None, held: int = 0) -> MemoryPlan:  # fmt: skip
     """B, read-ahead, compute threads and reader kind for `budget` bytes (B never above `max_bases`).
 
     Batches in flight are those the batch driver allows (`RunnerOptions.limit`: read ahead, one
     being packed, one queued and one computing per compute thread); each may hold
-    `BATCH_BYTES_PER_BASE` per base of what the process and its readers leave of the budget. With
+    `BATCH_BYTES_PER_BASE` per base of what the process, its readers and `held` (what else the caller
+    keeps: the daemon's basecall cache, `cache_bases`) leave of the budget. With
     `device` (host and GPU are one memory), B is the largest whose batches and GPU part fit the
     budget together, the GPU part within its cap; what the host part leaves is the GPU's share.
     """
@@ -108,7 +113,7 @@ def memory_plan(budget: int, max_bases: int, compute_threads: int, io_workers: i
         io_mode = "threads"
     readers = 0 if io_mode == "threads" else FORK_SERVER_BYTES + io_workers * READER_PROCESS_BYTES
     per_base = (ahead + 1 + 2 * compute_threads) * BATCH_BYTES_PER_BASE
-    room = budget - PROCESS_BYTES - readers
+    room = budget - PROCESS_BYTES - readers - held
     most = Bounds().max_bases[1]
     if device is None:
         held = max(MIN_BATCH_BASES, room // per_base)
@@ -134,6 +139,13 @@ def memory_plan(budget: int, max_bases: int, compute_threads: int, io_workers: i
     if device.cap is not None:
         gpu_bytes = min(gpu_bytes, device.cap)
     return MemoryPlan(budget, b, ahead, compute_threads, io_mode, small, gpu_bytes, largest(most))
+
+
+def cache_bases(budget: int, max_pending_bases: int) -> int:
+    """The daemon's bound on basecalls waiting for their signal (`join.max_pending_bases`), within its share
+    of the budget (they take `CACHED_BYTES_PER_BASE` each); beyond it the oldest are dropped and their file
+    read again when their signal lands."""
+    return min(max_pending_bases, int(budget * CACHE_SHARE) // CACHED_BYTES_PER_BASE)
 
 
 @dataclass(frozen=True)
