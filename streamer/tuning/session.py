@@ -13,9 +13,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+import numpy as np
+
 from streamer.pipeline.batching import BatchLimits
 from streamer.pipeline.gpu import AbeaBatchStats, CudaOptions, GpuInfo, gpu_package
 from streamer.paths import user_state_dir
+from streamer.pore.modeltext import scan_lines
 from streamer.tuning.controller import Controller
 from streamer.tuning.knobs import Action, Policy, Settings
 from streamer.tuning.monitor import ADVICE, REPEATS
@@ -83,10 +86,19 @@ def probe_ahead(dev_id: int = 0) -> Future:
     return probed
 
 
+def _start_numba() -> None:
+    """Load numba's CPU target now (its typing and lowering registries and what they import: most of a
+    second on a GPU box, paid by whichever kernel is dispatched first; the model parser's here), so that
+    it fills the wait for the GPU probe, whose driver calls let the GIL go."""
+    scan_lines(np.frombuffer(b"#k 1", np.uint8))
+
+
 def prepare(given: Mapping[str, Any], profile: str = "auto", *, dev_id: int = 0, disable_cuda: bool = False,
             state_dir: Path | None = None, probed: Future | None = None) -> Plan:  # fmt: skip
     """Probe the GPU (or take the answer of `probed`, a `probe_ahead` of dev_id), read what was learned on
     it (when state_dir is given), and plan the start."""
+    if probed is not None and not disable_cuda and not probed.done():
+        _start_numba()
     gpu = None if disable_cuda else probed.result() if probed is not None else probe_gpu(dev_id)
     learned = TuningStore(state_dir).load(gpu) if state_dir is not None and gpu is not None else {}
     p = plan(Machine.this(gpu), profile, given, learned)
