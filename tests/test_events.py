@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from streamer.pipeline.event_cells import event_cells, scratch_size
-from streamer.pipeline.events import (DNA_PARAMS, RNA_PARAMS, EventParams, batch_peaks, detect_events, event_offsets,
-                                      lane_groups, reverse_events)  # fmt: skip
+from streamer.pipeline.events import (DNA_PARAMS, RNA_PARAMS, EventParams, alone_reads, batch_peaks, detect_events,
+                                      event_offsets, lane_groups, reverse_events)  # fmt: skip
 from streamer.pipeline.targets import CPU
 from streamer.io.fast5 import fast5_read_ids, iter_fast5, read_fast5
 
@@ -247,14 +247,26 @@ def test_lane_groups_split_the_samples_longest_first():
     lengths = np.array([5, 900, 0, 40, 7000, 12, 300] * 10)
     order, alone, bounds = lane_groups(lengths, 1)
     assert np.all(np.diff(lengths[order]) <= 0) and sorted(order) == list(range(70))
-    # on one thread a read goes alone when it holds more than a sixteenth of the samples: the ten longest
-    assert alone == 10 and bounds.tolist() == [10, 26, 42, 70]  # the rest in groups of 16 reads or more
+    # one thread: the ten longest side by side in lanes end together, sooner than four times their work alone
+    assert alone == 0 and bounds.tolist() == [0, 16, 32, 48, 70]  # groups of 16 reads or more
     order, alone, bounds = lane_groups(np.full(100, 50), 1)
     assert alone == 0 and bounds.tolist() == [0, 25, 50, 75, 100]
-    # on many threads every read of a small batch is longer than its thread's share over the lanes
-    assert lane_groups(np.full(100, 50), 16)[1] == 100
     _, alone, bounds = lane_groups(np.zeros(0, np.int64), 4)
     assert alone == 0 and bounds.tolist() == [0, 0]
+
+
+def test_a_read_runs_alone_where_in_a_lane_it_would_hold_its_thread_past_the_others():
+    # one read of 2.2 M samples among 200 of 50 k: in a lane it would take 16 x 2.2 M steps' time
+    lengths = np.append(np.full(200, 50_000), 2_200_000)
+    for threads in (1, 2, 16):
+        order, alone, _ = lane_groups(lengths, threads)
+        assert alone == 1 and order[0] == 200
+    # on many threads the longest go alone until a lane's longest read fits a thread's share of the work
+    lengths = np.linspace(1_000, 110_000, 224).astype(np.int64)
+    shares = [alone_reads(np.sort(lengths)[::-1], t) for t in (1, 2, 4, 8, 16, 64)]
+    assert shares[:3] == [0, 0, 0] and shares == sorted(shares) and 0 < shares[4] < 224 // 2
+    # and never so many that the work they add outweighs what it saves: alone a sample costs ALONE_COST
+    assert alone_reads(np.full(100, 50), 16) == 0
 
 
 BOUNDS_SCRIPT = """

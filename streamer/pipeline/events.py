@@ -44,6 +44,7 @@ _accumulate, _tstat, _fits, _detect = _lane.accumulate, _lane.tstat, _lane.fits,
 BLOCK = 256  # samples of a read formed at a time (1,024 and 128 measured slower)
 ALONE_BLOCK = 1024  # the same for a read that runs alone (`_read_peaks`)
 LANES = 16  # reads side by side: one AVX-512 vector of float32 (two of AVX2)
+ALONE_COST = 4  # a sample alone costs about four in a lane (one thread: 15.9 against 4.0-4.4 ns, 2 cores)
 U = np.uint64  # unsigned offsets: numba adds no negative-index wraparound
 
 
@@ -120,18 +121,12 @@ def detect_events_kernel(signal, signal_off, w1, w2, threshold1, threshold2, pea
 
 
 def lane_groups(lengths: np.ndarray, threads: int) -> tuple[np.ndarray, int, np.ndarray]:
-    """The reads longest first; how many of them run alone; where each group of the rest starts (and the
-    last ends): at most 4 x threads groups of about equal samples where each can hold `LANES` reads.
-
-    Reads of a group, side by side in its lanes, end at about the same time, and a group costs its
-    thread about a sixteenth of a read alone per sample; but a read in a lane advances one sample a
-    lane step, so a read longer than a thread's share of the batch over `LANES` would hold its group's
-    thread past the others: those run alone (`_read_peaks`), first. On a few cores nearly every read
-    goes in lanes; on many, with few reads a batch, the long ones go alone and set the stage's time.
-    """
+    """The reads longest first; how many of them run alone (`alone_reads`); where each group of the rest
+    starts (and the last ends): at most 4 x threads groups of about equal samples where each can hold
+    `LANES` reads, so that a group's reads, side by side in its lanes, end at about the same time."""
     order = np.argsort(-lengths, kind="stable")
     sorted_lengths = lengths[order]
-    alone = int(np.count_nonzero(sorted_lengths * (LANES * max(1, threads)) > sorted_lengths.sum()))
+    alone = alone_reads(sorted_lengths, max(1, threads))
     cum = np.cumsum(sorted_lengths[alone:])
     n_groups = 4 * max(1, threads)
     cuts = np.searchsorted(cum, cum[-1] * np.arange(1, n_groups) / n_groups, side="right") if len(cum) else []
@@ -142,6 +137,24 @@ def lane_groups(lengths: np.ndarray, threads: int) -> tuple[np.ndarray, int, np.
             bounds.append(cut)
     bounds.append(len(order))
     return order, alone, np.array(bounds, np.int64)
+
+
+def alone_reads(sorted_lengths: np.ndarray, threads: int) -> int:
+    """How many of the longest reads (lengths longest first) run alone: the count that makes the stage
+    shortest by this estimate, the largest of three bounds. The work over the threads, where a sample
+    alone costs `ALONE_COST` in a lane; the longest read left in a lane, which advances one sample a
+    step of all `LANES` lanes; the longest read alone. A long read in a lane holds its group's thread
+    past the others; alone it takes four times the work: on a few cores nearly every read goes in
+    lanes, on many the longest go alone."""
+    n = len(sorted_lengths)
+    if n == 0:
+        return 0
+    longest_k = np.concatenate(([0.0], np.cumsum(sorted_lengths, dtype=np.float64)))  # samples of the k longest
+    work = (ALONE_COST * longest_k + (longest_k[-1] - longest_k)) / threads
+    in_lane = np.append(sorted_lengths, 0).astype(np.float64) * LANES
+    longest_alone = np.full(n + 1, ALONE_COST * float(sorted_lengths[0]))
+    longest_alone[0] = 0.0
+    return int(np.argmin(np.maximum(np.maximum(work, in_lane), longest_alone)))
 
 
 @numba.njit(nogil=True, cache=True, parallel=True, error_model="numpy")
