@@ -37,9 +37,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from streamer.io.fast5 import SignalRecord, iter_fast5
+from streamer.io.fast5 import iter_fast5
 from streamer.io.pod5 import write_pod5
 from streamer.io.signal import iter_signal, read_signal, read_signals, signal_read_ids
+from streamer.io.signal_record import SignalRecord
 from streamer.io.slow5 import write_blow5
 from streamer.pipeline.batching import load_chunk
 from streamer.pipeline.signal_pool import READS_PER_TASK, read_tasks

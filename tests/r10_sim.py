@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pysam
 
-from streamer.io.fast5 import SignalRecord
+from streamer.io.signal_record import SignalRecord
 from streamer.io.slow5 import write_blow5
 from streamer.pore.model import METH_CODE, METHYL_CPG, NUC_CODE, NUCLEOTIDE, PoreModel, logf
 

@@ -27,7 +27,7 @@ import pysam
 from r10_sim import Placed, SimulatedRead, kmer_ranks, write_text_model
 from streamer.daemon.aligner import ReadAligner
 from streamer.io.alignments import AlignmentFilter
-from streamer.io.fast5 import SignalRecord
+from streamer.io.signal_record import SignalRecord
 from streamer.io.pod5 import write_pod5
 from streamer.io.slow5 import write_blow5
 from streamer.pore.model import NUCLEOTIDE, PoreModel, logf

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import reference_hmm
-from streamer.io.fast5 import SignalRecord
+from streamer.io.signal_record import SignalRecord
 from streamer.pipeline.batch import CIGAR_D, CIGAR_H, CIGAR_I, CIGAR_M, CIGAR_N, CIGAR_S, ReadInput, pack
 from streamer_plugins.cpg.calls import CALLS_HEADER, call_methylation, format_calls
 from streamer_plugins.cpg.hmm import profile_forward, score_windows, window_kmer_rank

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from streamer.errors import InputError
-from streamer.io.fast5 import SignalRecord, fast5_read_ids, iter_fast5, read_fast5
+from streamer.io.fast5 import fast5_read_ids, iter_fast5, read_fast5
+from streamer.io.signal_record import SignalRecord
 
 ECOLI_FAST5 = sorted((Path(__file__).parent / "data" / "ecoli" / "fast5").glob("*.fast5"))
 FORMATS = Path("/work/shared/data/formats/fast5_ont_fast5_api")

@@ -20,7 +20,7 @@ from r10_sim import R10_RUN, Placed, simulate_methylated, synthetic_cpg_model, w
 
 from streamer.pipeline.batch import ReadInput
 from streamer.errors import InputError, StreamerError
-from streamer.io.fast5 import SignalRecord
+from streamer.io.signal_record import SignalRecord
 from streamer.io.reference import Reference
 from streamer.io.signal import iter_signal
 from streamer.io.slow5 import write_blow5

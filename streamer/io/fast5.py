@@ -9,20 +9,27 @@ set inconsistently):
 Every HDF5 failure (missing, truncated or corrupt file, undecodable chunk, missing
 group) surfaces as `InputError` naming the file and read, so callers can skip the
 read or file instead of crashing on an h5py traceback.
+
+h5py and the VBZ filter are imported as the first file is opened, not with this module: a run
+whose signal is all POD5 or BLOW5 never loads them.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
-import h5py
 import numpy as np
-import vbz_h5py_plugin  # noqa: F401  (importing registers the VBZ filter with HDF5)
 
 from streamer.errors import InputError, os_failure
+from streamer.io.signal_record import SignalRecord
+
+if TYPE_CHECKING:
+    import h5py
 
 log = logging.getLogger(__name__)
 
@@ -31,31 +38,7 @@ _SINGLE_CHANNEL = "UniqueGlobalKey/channel_id"
 _MULTI_PREFIX = "read_"
 _VBZ_FILTER_ID = 32020
 _CALIBRATION = ("digitisation", "offset", "range", "sampling_rate")
-
-
-@dataclass(frozen=True, eq=False)
-class SignalRecord:
-    """One read's raw ADC signal and the channel calibration that turns it into pA."""
-
-    read_id: str
-    raw: np.ndarray  # int16 ADC samples
-    digitisation: float
-    offset: float
-    range: float
-    sample_rate: float
-
-    def to_pa(self) -> np.ndarray:
-        """Picoamperes as float32, rounded exactly as f5c rounds them.
-
-        f5c reads the calibration attributes as float32, forms `range / digitisation`
-        once in float32 and then computes `(raw + offset) * raw_unit` per sample in
-        float32; events downstream depend on these exact bits.
-        """
-        raw_unit = np.float32(self.range) / np.float32(self.digitisation)
-        pa = self.raw.astype(np.float32)
-        pa += np.float32(self.offset)
-        pa *= raw_unit
-        return pa
+LIBRARIES = ("h5py", "vbz_h5py_plugin")  # imported as the first file is opened (`_h5py`)
 
 
 def fast5_read_ids(path: str | Path) -> list[str]:
@@ -89,9 +72,27 @@ def read_fast5(path: str | Path, read_id: str) -> SignalRecord:
     raise InputError(path, "read not found in this FAST5 file", read_id=read_id)
 
 
+def fast5_is_complete(path: str | Path) -> bool:
+    """Whether HDF5 opens the file: FAST5 has no trailer, so this is the test that a writer has finished it."""
+    try:
+        with _open(path):
+            return True
+    except InputError:
+        return False
+
+
+@functools.cache
+def _h5py() -> ModuleType:
+    """h5py, with the VBZ filter registered (importing its plugin does that)."""
+    import h5py
+    import vbz_h5py_plugin  # noqa: F401
+
+    return h5py
+
+
 def _open(path: str | Path) -> h5py.File:
     try:
-        return h5py.File(path, "r")
+        return _h5py().File(path, "r")
     except OSError as exc:
         raise InputError(path, _open_failure(exc)) from exc
 
@@ -148,7 +149,7 @@ def _load(path, f: h5py.File, read_id: str, locate: _Locate) -> SignalRecord:
         if signal_path not in f:
             raise InputError(path, f"no raw signal ({signal_path} missing)", read_id=read_id)
         dset = f[signal_path]
-        if not isinstance(dset, h5py.Dataset) or dset.ndim != 1 or dset.dtype != np.int16:
+        if not isinstance(dset, _h5py().Dataset) or dset.ndim != 1 or dset.dtype != np.int16:
             raise InputError(path, f"{signal_path} is not a 1-D int16 signal", read_id=read_id)
         try:
             raw = dset[()]

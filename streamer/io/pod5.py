@@ -17,6 +17,9 @@ being written or cut short has no trailing signature), full validation of every 
 table before use (corrupt offsets would otherwise crash the process inside Arrow), and
 that each decoded signal has the length the read table states. Every failure surfaces
 as `InputError` naming the file (and read).
+
+The `pod5` package (and with it pyarrow) is imported as the first file is opened, not with this
+module: a run whose signal is all FAST5 or BLOW5 never loads them.
 """
 
 from __future__ import annotations
@@ -29,17 +32,20 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pod5
-import pyarrow as pa
 
 from streamer.errors import InputError, reading
-from streamer.io.fast5 import SignalRecord
+from streamer.io.signal_record import SignalRecord
+
+if TYPE_CHECKING:
+    import pod5
 
 log = logging.getLogger(__name__)
 
 SIGNATURE = b"\x8bPOD\r\n\x1a\n"
+LIBRARIES = ("pod5",)  # imported as the first file is opened (pyarrow with it)
 
 
 def pod5_is_complete(path: str | Path) -> bool:
@@ -58,6 +64,8 @@ def pod5_is_complete(path: str | Path) -> bool:
 
 def pod5_read_ids(path: str | Path) -> list[str]:
     """Read ids held by a POD5 file, in file order."""
+    import pod5
+
     with _open(path) as reader:
         try:
             return [
@@ -97,6 +105,8 @@ def write_pod5(path: str | Path, records: Iterable[SignalRecord], run: Mapping[s
     has no field for are left out). For tests, benchmarks and replays; read ids must be UUIDs, as
     POD5 requires.
     """
+    import pod5
+
     epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
     runs: dict[tuple[int, int], pod5.RunInfo] = {}
     n = 0
@@ -131,6 +141,8 @@ def write_pod5(path: str | Path, records: Iterable[SignalRecord], run: Mapping[s
 
 @contextmanager
 def _open(path: str | Path) -> Iterator[pod5.Reader]:
+    import pod5
+
     _check_signatures(path)
     try:
         reader = pod5.Reader(path)
@@ -178,6 +190,8 @@ def _validate(path: str | Path, reader: pod5.Reader) -> None:
 
 
 def _validate_tables(path: str | Path, reader: pod5.Reader) -> None:
+    import pyarrow as pa  # loaded by pod5 already
+
     for name in ("read_table", "run_info_table", "signal_table"):
         try:
             table = getattr(reader, name)

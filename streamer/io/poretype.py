@@ -2,16 +2,14 @@
 
 MinKNOW records the flow cell product code and the sequencing kit (FAST5 `tracking_id` /
 `context_tags`, POD5 run info, SLOW5/BLOW5 header), and the experiment type (`rna` for direct RNA); which chemistry those strings name is
-each chemistry's own description (`streamer.pipeline.chemistry`).
+each chemistry's own description (`streamer.pipeline.chemistry`). A format's library is imported
+as a file of that format is read, as the signal readers do.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-
-import h5py
-import pod5
 
 from streamer.io.signal import signal_format
 
@@ -25,6 +23,8 @@ def _attrs(group) -> dict[str, str]:
 
 
 def _fast5_metadata(path: Path) -> dict[str, str]:
+    import h5py
+
     with h5py.File(path, "r") as f:
         top = f["UniqueGlobalKey"] if "UniqueGlobalKey" in f else next((f[k] for k in f if k.startswith("read_")), None)
         if top is None:
@@ -33,6 +33,8 @@ def _fast5_metadata(path: Path) -> dict[str, str]:
 
 
 def _pod5_metadata(path: Path) -> dict[str, str]:
+    import pod5
+
     with pod5.Reader(path) as reader:
         read = next(reader.reads(), None)
         if read is None:

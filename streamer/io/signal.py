@@ -4,7 +4,8 @@ The format is told from the file's first bytes, so a file with a wrong or missin
 extension is still read by the right reader; the extension decides only when the content
 is unrecognised (an empty file, or one cut short before its signature), so that the
 format's own reader can say what is wrong. Folder walks pick files by extension, which
-keeps logs, indexes and partial `.tmp` files out.
+keeps logs, indexes and partial `.tmp` files out. Each format's library is imported by its
+reader as the first file of that format is opened, so a run loads only those its files need.
 """
 
 from __future__ import annotations
@@ -14,11 +15,9 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-import h5py
-
 from streamer.errors import InputError, reading
 from streamer.io import fast5, pod5, slow5
-from streamer.io.fast5 import SignalRecord
+from streamer.io.signal_record import SignalRecord
 
 log = logging.getLogger(__name__)
 
@@ -64,18 +63,26 @@ def find_signal_files(paths: Iterable[str | Path]) -> list[Path]:
 
 
 class _Reader(NamedTuple):
-    """One format's reader functions."""
+    """One format's reader functions, and the libraries they import as the first file is opened."""
 
     read_ids: Callable[[Path], list[str]]
     read: Callable[[Path, str], SignalRecord]
     read_many: Callable[[Path, Iterable[str]], Iterator[SignalRecord]]
     iterate: Callable[[Path], Iterator[SignalRecord]]
+    libraries: tuple[str, ...]
 
 
-_FAST5 = _Reader(fast5.fast5_read_ids, fast5.read_fast5, fast5.read_fast5_many, fast5.iter_fast5)
-_POD5 = _Reader(pod5.pod5_read_ids, pod5.read_pod5, pod5.read_pod5_many, pod5.iter_pod5)
-_SLOW5 = _Reader(slow5.slow5_read_ids, slow5.read_slow5, slow5.read_slow5_many, slow5.iter_slow5)
+_FAST5 = _Reader(fast5.fast5_read_ids, fast5.read_fast5, fast5.read_fast5_many, fast5.iter_fast5, fast5.LIBRARIES)
+_POD5 = _Reader(pod5.pod5_read_ids, pod5.read_pod5, pod5.read_pod5_many, pod5.iter_pod5, pod5.LIBRARIES)
+_SLOW5 = _Reader(slow5.slow5_read_ids, slow5.read_slow5, slow5.read_slow5_many, slow5.iter_slow5, slow5.LIBRARIES)
 _READERS = {"fast5": _FAST5, "pod5": _POD5, "blow5": _SLOW5, "slow5": _SLOW5}
+
+
+def reader_libraries(suffixes: Iterable[str]) -> list[str]:
+    """The libraries that reading files with these suffixes imports: what a process that forks
+    readers imports once, before it forks them."""
+    formats = {s.lower().lstrip(".") for s in suffixes} & _READERS.keys()
+    return sorted({lib for fmt in formats for lib in _READERS[fmt].libraries})
 
 
 def _reader(path: Path) -> _Reader:
@@ -116,8 +123,4 @@ def is_complete(path: Path) -> bool:
         return pod5.pod5_is_complete(path)
     if fmt in ("blow5", "slow5"):
         return slow5.slow5_is_complete(path)
-    try:
-        with h5py.File(path, "r"):
-            return True
-    except OSError:
-        return False
+    return fast5.fast5_is_complete(path)

@@ -12,7 +12,8 @@ data (impossible in a read-only run folder, and stale for a file still being wri
 Here every failure carries slow5lib's error code into an `InputError`, and the index
 that random access needs lives in a cache folder, keyed by the file's path, size and
 modification time: `$STREAMER_SLOW5_INDEX_DIR`, else `$XDG_CACHE_HOME/streamer/slow5-index`
-(`~/.cache/...`). slow5lib releases the GIL, so threads can read in parallel.
+(`~/.cache/...`). slow5lib releases the GIL, so threads can read in parallel. pyslow5 is imported
+as the first file is opened, not with this module.
 """
 
 from __future__ import annotations
@@ -30,10 +31,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
-import pyslow5
 
 from streamer.errors import InputError, StreamerError, reading
-from streamer.io.fast5 import SignalRecord
+from streamer.io.signal_record import SignalRecord
 from streamer.paths import user_cache_dir
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 BLOW5_MAGIC = b"BLOW5\x01"
 BLOW5_EOF = b"5WOLB"
 SLOW5_TEXT_MAGIC = b"#slow5_version"
+LIBRARIES = ("pyslow5",)  # imported as the first file is opened (`_c`)
 
 _FORMAT_ASCII, _FORMAT_BINARY = 1, 2  # enum slow5_fmt
 _BLOW5_HEADER_SIZE_AT = 64
@@ -89,6 +90,8 @@ _RecPtr = ctypes.POINTER(_Rec)
 @functools.cache
 def _c() -> ctypes.CDLL:
     """slow5lib inside the pyslow5 extension module, bound on first use."""
+    import pyslow5
+
     try:
         lib = ctypes.CDLL(pyslow5.__file__)
         _declare(lib)
@@ -194,6 +197,8 @@ def write_blow5(path: str | Path, records: Iterable[SignalRecord], header: Mappi
     path = Path(path)
     if path.suffix != ".blow5":
         raise ValueError(f"{path}: pyslow5 picks the format from the extension; name it .blow5")
+    import pyslow5
+
     s5 = pyslow5.Open(str(path), "w")
     n = 0
     batch: dict = {}

@@ -20,7 +20,7 @@ import numba
 import numpy as np
 from numba.typed import List
 
-from streamer.io.fast5 import SignalRecord
+from streamer.io.signal_record import SignalRecord
 from streamer.skips import Skip
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ import numpy as np
 from streamer.pipeline.batch import ReadBatch, ReadInput, RefBases, Samples, offsets_of, pack_records
 from streamer.errors import InputError
 from streamer.io.alignments import AlignmentRecord
-from streamer.io.fast5 import SignalRecord
+from streamer.io.signal_record import SignalRecord
 from streamer.io.index import SignalIndex
 from streamer.io.reference import Reference
 from streamer.io.signal import read_signal, read_signals

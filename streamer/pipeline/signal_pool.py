@@ -37,8 +37,9 @@ from pathlib import Path
 from streamer.pipeline import shared_samples
 from streamer.pipeline.batching import SignalChunk, chunk_records, load_chunk
 from streamer.pipeline.shared_samples import SharedFiles
-from streamer.io.fast5 import SignalRecord
+from streamer.io.signal_record import SignalRecord
 from streamer.io.index import SignalIndex
+from streamer.io.signal import reader_libraries
 
 log = logging.getLogger(__name__)
 
@@ -56,27 +57,30 @@ def reader_pool(index: SignalIndex, workers: int, mode: str = "auto") -> Executo
 def signal_readers(suffixes: Iterable[str], workers: int, mode: str = "auto") -> Executor:
     """Signal readers: processes, threads, or ("auto") threads only when every file suffix is SLOW5/BLOW5.
 
-    Processes come from a fork server that has imported the readers once (a fork of this
-    process could inherit its threads' locks; a fresh interpreter per worker imports for a
-    second); they are started on a side thread, so they come up while the pipeline starts.
+    Processes come from a fork server that has imported the readers once, with the libraries of
+    these formats (a fork of this process could inherit its threads' locks; a fresh interpreter per
+    worker imports for a second); they are started on a side thread, so they come up while the
+    pipeline starts.
     """
     if mode not in IO_MODES:
         raise ValueError(f"io mode must be one of {', '.join(IO_MODES)}, not {mode!r}")
+    suffixes = list(suffixes)
     if mode == "auto":
         slow5 = all(s.lower() in (".slow5", ".blow5") for s in suffixes)
         mode = "threads" if slow5 else "processes"
     if mode == "threads":
         return ThreadPoolExecutor(workers, thread_name_prefix="signal-reader")
-    pool = ReaderProcesses(workers, shared_samples.place())
+    pool = ReaderProcesses(workers, shared_samples.place(), reader_libraries(suffixes))
     threading.Thread(target=_start_workers, args=(pool, workers), name="reader-start", daemon=True).start()
     return pool
 
 
 class ReaderProcesses(ProcessPoolExecutor):
-    """Reader processes (`_reader_start`) that hand samples back through `shared`'s files (None: the pipe)."""
+    """Reader processes (`_reader_start`) that hand samples back through `shared`'s files (None: the pipe);
+    `libraries`: the format libraries their fork server imports, if this pool starts it."""
 
-    def __init__(self, workers: int, shared: SharedFiles | None):
-        super().__init__(workers, mp_context=_fork_server(), initializer=_reader_start,
+    def __init__(self, workers: int, shared: SharedFiles | None, libraries: Iterable[str] = ()):
+        super().__init__(workers, mp_context=_fork_server(libraries), initializer=_reader_start,
                          initargs=(os.getpid(), shared))  # fmt: skip
         self.shared = shared
 
@@ -144,8 +148,9 @@ _QUIET_TRACKER = "ignore::UserWarning:multiprocessing.resource_tracker"
 _IMPORT_ROOTS = ("streamer", "streamer_gpu", "streamer_plugins")
 
 
-def _fork_server() -> multiprocessing.context.ForkServerContext:
-    """The fork server, started on this process's own import roots.
+def _fork_server(libraries: Iterable[str]) -> multiprocessing.context.ForkServerContext:
+    """The fork server, started on this process's own import roots, with the readers and `libraries`
+    imported (one server a process: a later pool's readers import another format's library themselves).
 
     It is started as `python -c`, which puts the current directory first on its path, and
     Python 3.11-3.13 ignore the path handed to it: run from a folder holding a `streamer`
@@ -161,7 +166,7 @@ def _fork_server() -> multiprocessing.context.ForkServerContext:
     started with that warning off (its command line takes this process's `-W` options).
     """
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["streamer.pipeline.batching"])
+    ctx.set_forkserver_preload(["streamer.pipeline.batching", *libraries])
     roots = []
     for name in _IMPORT_ROOTS:
         spec = importlib.util.find_spec(name)

@@ -31,7 +31,7 @@ from streamer.pipeline.batch import CIGAR_M, ReadBatch, ReadInput, pack
 from streamer.pipeline.devices import DevicePool
 from streamer.pipeline.events import detect_events, reverse_events
 from streamer.pipeline.gpu import AbeaBatchStats, CudaOptions, GpuAbea, GpuEvents, HmmBatchStats, gpu_package
-from streamer.io.fast5 import SignalRecord
+from streamer.io.signal_record import SignalRecord
 from streamer.pipeline.chemistry import DEFAULT, Chemistry
 from streamer.pore.model import PoreModel, load_kmer_model
 from streamer.pore.motifs import CPG, Motif
