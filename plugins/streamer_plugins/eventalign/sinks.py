@@ -25,7 +25,6 @@ import pysam
 from streamer.io.signal import signal_format
 from streamer.pipeline.batch import ReadBatch
 from streamer.pore.model import NUCLEOTIDE
-from streamer.publish.protocol import Categorical
 from streamer.sinks import BaseSink, Result, SinkContext
 from streamer_plugins.eventalign import (
     SUMMARY_HEADER,
@@ -85,6 +84,8 @@ class EventalignTsv(BaseSink):
     def messages(self, rows: EventalignRows, batch: ReadBatch, labels: Sequence[str],
                  text: str) -> Iterator[dict[str, Any]]:  # fmt: skip
         """Column maps of whole reads, about MESSAGE_ROWS rows each; `text` is `self.text`'s (for samples)."""
+        from streamer.publish.protocol import Categorical  # with ZeroMQ: only where a daemon publishes
+
         n = len(rows)
         if not n:
             return

@@ -16,11 +16,13 @@ import logging
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streamer.errors import InputError, one_line
 from streamer.sinks import BaseSink, SinkContext, SinkLedger, SiteChannel
-from streamer_plugins.modbase.live import LiveModTable
+
+if TYPE_CHECKING:  # imported where the sink is on: every run loads the sinks to ask them
+    from streamer_plugins.modbase.live import LiveModTable
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,8 @@ class ModkitSink(BaseSink):
         mc = config.modcalls
         if not (mc.enabled and context.daemon):
             return None
+        from streamer_plugins.modbase.live import LiveModTable
+
         table = LiveModTable(
             context.out_dir / MODKIT_BED, config.reference.genome, track_changes=context.publishing,
             filter_threshold=mc.filter_threshold, filter_percentile=mc.filter_percentile, no_filtering=mc.no_filtering,
