@@ -4,8 +4,9 @@ module-level import of one of them, anywhere `call` imports, fails here.
 
 Each case runs in a fresh interpreter what the command's main process does with the signal files
 before its readers take over: its modules imported as `streamer call` imports them, the signal index
-built (every file opened), the pore told from the first file, and one reader task's reads loaded in
-this process (as BLOW5's reader threads do).
+built (every file opened) or loaded from its cache, the pore told from the first file's run metadata,
+and one reader task's reads loaded in this process (as reader threads do). On a cached index, nothing
+before the reading imports a format's library (the index keeps the metadata that tells the pore).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from streamer.io.slow5 import write_blow5
 
 ECOLI = Path(__file__).parent / "data" / "ecoli"
 LIBRARIES = ("h5py", "pod5", "pyarrow", "pyslow5")
+RUN = {"flow_cell_product_code": "FLO-MIN106", "sequencing_kit": "SQK-LSK108"}  # the FAST5 files' run
 
 MAIN_PROCESS = """
 import sys
@@ -35,23 +37,27 @@ args = build_parser("call").parse_args(["call", "-r", sys.argv[1], "-b", sys.arg
                                         "--signal", sys.argv[4]])
 index = signal_index(args)
 assert len(index) == 8 and not index.bad_files, (len(index), index.bad_files)
-pore_of_inputs(args, index)
+pore, _ = pore_of_inputs(args, index)
+loaded = lambda: " ".join(sorted(m for m in %r if m in sys.modules))
+print(pore)
+print(loaded())
 wanted = {}
 for read_id, path in index.paths.items():
     wanted.setdefault(path, []).append(read_id)
 assert len(load_chunk(read_tasks(wanted, 32)[0]).read_ids) == 8
-print(" ".join(sorted(m for m in %r if m in sys.modules)))
+print(loaded())
 """ % (LIBRARIES,)
 
 
 @pytest.fixture(scope="module")
 def signal_dirs(tmp_path_factory) -> dict[str, Path]:
-    """The fixture's eight reads as FAST5 (the shipped files), one POD5 and one BLOW5 file."""
+    """The fixture's eight reads as FAST5 (the shipped files), one POD5 and one BLOW5 file, each naming the
+    R9.4.1 flow cell and kit."""
     records = [rec for f in sorted((ECOLI / "fast5").glob("*.fast5")) for rec in iter_fast5(f)]
     dirs = {"fast5": ECOLI / "fast5"}
     for fmt, write in (("pod5", write_pod5), ("blow5", write_blow5)):
         dirs[fmt] = tmp_path_factory.mktemp(fmt)
-        write(dirs[fmt] / f"reads.{fmt}", records)
+        write(dirs[fmt] / f"reads.{fmt}", records, RUN)
     return dirs
 
 
@@ -59,11 +65,16 @@ def signal_dirs(tmp_path_factory) -> dict[str, Path]:
 def test_a_run_imports_its_own_formats_library_only(fmt, loaded, signal_dirs, tmp_path):
     reads = tmp_path / "reads.fasta"  # the index is cached beside it
     shutil.copyfile(ECOLI / "reads.fasta", reads)
-    out = subprocess.run([sys.executable, "-c", MAIN_PROCESS, str(reads), str(ECOLI / "reads.bam"),
-                          str(ECOLI.parent / "ecoli_k12_mg1655.fa.gz"), str(signal_dirs[fmt])],
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.splitlines()[-1] == loaded
+
+    def main_process() -> list[str]:
+        out = subprocess.run([sys.executable, "-c", MAIN_PROCESS, str(reads), str(ECOLI / "reads.bam"),
+                              str(ECOLI.parent / "ecoli_k12_mg1655.fa.gz"), str(signal_dirs[fmt])],
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out.stdout.splitlines()[-3:]
+
+    assert main_process() == ["r9", loaded, loaded]  # the index built: every file opened
+    assert main_process() == ["r9", "", loaded]  # the index and the pore from the cache
 
 
 def test_the_readers_fork_server_preloads_the_runs_formats():

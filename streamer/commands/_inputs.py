@@ -33,7 +33,7 @@ from streamer.skips import Skipped
 from streamer.pore.motifs import motif
 from streamer.tuning.profiles import MemoryPlan, parse_size
 from streamer.pipeline.chemistry import (DEFAULT, PORES, as_rna, chemistry, default_models, folder_models, pore_models,
-                                         pore_of_file, title)
+                                         pore_from_metadata, title)
 
 log = logging.getLogger(__name__)
 
@@ -149,8 +149,11 @@ def pore_of_inputs(args: argparse.Namespace, index: SignalIndex) -> tuple[str | 
     does not say); and where that came from, for messages."""
     if args.pore != "auto":
         return args.pore, f"--pore {args.pore}"
-    first = next(iter(index.paths.values()), None)
-    return (pore_of_file(first), f"{first}'s run metadata") if first is not None else (None, "")
+    first = index.first_run_metadata()
+    if first is None:
+        return None, ""
+    path, metadata = first
+    return pore_from_metadata(list(metadata.values())), f"{path}'s run metadata"
 
 
 def pipeline_options(args: argparse.Namespace, index: SignalIndex, cuda: CudaOptions, *,

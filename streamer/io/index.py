@@ -2,7 +2,9 @@
 the user's cache folder where that folder cannot be written.
 
 The cache records each signal file's size and modification time; it is rebuilt when the
-set of signal files or any of them changes, so a stale index is never used.
+set of signal files or any of them changes, so a stale index is never used. It also keeps the run
+metadata of the first file (which tells the pore), so that a run on a cached index opens no signal
+file, nor imports a format's library, before its readers do.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 from pathlib import Path
 
 from streamer.errors import InputError
+from streamer.io.poretype import run_metadata
 from streamer.io.signal import find_signal_files, signal_read_ids
 from streamer.paths import user_cache_dir
 
@@ -42,12 +45,25 @@ def _fingerprint(files: list[Path]) -> list[list]:
 
 
 class SignalIndex:
-    """Where each read's signal lives; also the files that could not be read, with the reason."""
+    """Where each read's signal lives; also the files that could not be read, with the reason, and the run
+    metadata of the first file holding reads (`first_run_metadata`)."""
 
-    def __init__(self, paths: dict[str, Path], fingerprint: list[list], bad_files: dict[str, str]):
+    def __init__(self, paths: dict[str, Path], fingerprint: list[list], bad_files: dict[str, str],
+                 first_metadata: dict[str, str] | None = None):  # fmt: skip
         self.paths = paths
         self.fingerprint = fingerprint
         self.bad_files = bad_files
+        self._first_metadata = first_metadata  # None: not read yet (a cache written before it was kept)
+
+    def first_run_metadata(self) -> tuple[Path, dict[str, str]] | None:
+        """The first file holding reads and its run metadata (`streamer.io.poretype`), read once; None
+        without reads."""
+        first = next(iter(self.paths.values()), None)
+        if first is None:
+            return None
+        if self._first_metadata is None:
+            self._first_metadata = run_metadata(first)
+        return first, self._first_metadata
 
     def lookup(self, read_id: str) -> Path | None:
         return self.paths.get(read_id)
@@ -67,13 +83,16 @@ class SignalIndex:
                 continue
             for rid in ids:
                 paths.setdefault(rid, f.resolve())
-        return cls(paths, _fingerprint(files), bad)
+        idx = cls(paths, _fingerprint(files), bad)
+        idx.first_run_metadata()  # kept with the cache
+        return idx
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         with open(tmp, "w") as fh:
-            fh.write("#" + json.dumps({"files": self.fingerprint, "bad_files": self.bad_files}) + "\n")
+            header = {"files": self.fingerprint, "bad_files": self.bad_files, "first_metadata": self._first_metadata}
+            fh.write("#" + json.dumps(header) + "\n")
             for rid, p in self.paths.items():
                 fh.write(f"{rid}\t{p}\n")
         os.replace(tmp, path)
@@ -86,7 +105,7 @@ class SignalIndex:
             for line in fh:
                 rid, _, p = line.rstrip("\n").partition("\t")
                 paths[rid] = Path(p)
-        return cls(paths, header["files"], header.get("bad_files", {}))
+        return cls(paths, header["files"], header.get("bad_files", {}), header.get("first_metadata"))
 
 
 def open_index(reads_file: str | Path, signal: list[str | Path] | None = None) -> SignalIndex:
