@@ -33,6 +33,10 @@ class InputError(StreamerError):
             where += f" (read {read_id})"
         super().__init__(f"{where}: {reason}")
 
+    def __reduce__(self):
+        """Pickled as its parts, so that one raised in a reader process arrives whole."""
+        return type(self), (self.path, self.reason, self.read_id, self.line)
+
 
 def os_failure(exc: OSError, kind: str) -> str:
     """Why a file of `kind` ("POD5", "signal", ...) could not be read, in the words a user needs."""

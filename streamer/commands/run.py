@@ -113,7 +113,8 @@ def budgeted(cfg: configuration.Config, plan: Plan) -> tuple[configuration.Confi
     threads = cfg.pipeline.threads or os.cpu_count() or 1
     budget = budget_bytes(cfg.pipeline.memory_budget, plan.profile, threads)
     pending = cache_bases(budget, cfg.join.max_pending_bases)
-    memory = memory_plan(budget, cfg.batch.max_bases, cfg.pipeline.compute_threads, threads, cfg.pipeline.io_mode,
+    # its signal readers and the process that parses its basecall files (`BasecallReader`)
+    memory = memory_plan(budget, cfg.batch.max_bases, cfg.pipeline.compute_threads, threads + 1, cfg.pipeline.io_mode,
                          plan.device_share(cuda_options(cfg)), held=pending * CACHED_BYTES_PER_BASE)  # fmt: skip
     if memory.max_bases < cfg.batch.max_bases:
         log.debug("batches of at most %d bases to keep within the memory budget of %d MB", memory.max_bases,

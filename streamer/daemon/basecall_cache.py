@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Container, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,10 +142,13 @@ class Taken:
 
 
 class BasecallCache:
-    """Basecalls of open reads, at most `max_bases` of them; the rest are read again when needed."""
+    """Basecalls of open reads, at most `max_bases` of them; the rest are read again when needed, by
+    `read` (`read_basecall_file`, or where the daemon parses them: `streamer.daemon.basecall_reader`)."""
 
-    def __init__(self, max_bases: int, filt: AlignmentFilter):
+    def __init__(self, max_bases: int, filt: AlignmentFilter,
+                 read: Callable[..., dict[str, ReadBasecalls]] = read_basecall_file):  # fmt: skip
         self.max_bases = max_bases
+        self.read = read
         self._filt = filt
         self._reads: OrderedDict[str, ReadBasecalls] = OrderedDict()
         self._bases = 0
@@ -190,7 +193,7 @@ class BasecallCache:
         for (path, fmt), reads in missing.items():
             self.reloads += 1
             try:
-                got = read_basecall_file(path, fmt, self._filt, {w.read_id for w in reads})
+                got = self.read(path, fmt, self._filt, {w.read_id for w in reads})
                 why, whole = "read no longer in the file", False
             except InputError as exc:
                 got, why, whole = {}, exc.reason, True
@@ -214,7 +217,7 @@ class BasecallCache:
         for (spare, fmt), ids in by_spare.items():
             self.reloads += 1
             try:
-                got = read_basecall_file(spare, fmt, self._filt, ids)
+                got = self.read(spare, fmt, self._filt, ids)
                 also = "read not in it"
             except InputError as exc:
                 got, also = {}, exc.reason

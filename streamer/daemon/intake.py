@@ -1,7 +1,7 @@
 """The daemon's file intake: a file the watcher reports complete, registered in the ledger.
 
 Signal files give their read ids (`streamer.io.signal.signal_read_ids`), basecall files their
-reads (`streamer.daemon.basecall_cache.read_basecall_file`); the ledger joins the two by read id. Every
+reads (`streamer.daemon.basecall_cache.read_basecall_file`, through the cache's reader); the ledger joins the two by read id. Every
 file ends in an outcome the ledger records: registered, or set aside with its reason (one that
 vanished before it was read included), once, whatever exception its reader raised: a
 damaged file must never stop the daemon, at this start or the next. STOP and `final_summary`
@@ -30,7 +30,7 @@ from streamer.daemon.policy import RECOVERED, EndOfRun, files_to_account
 from streamer.errors import InputError, one_line
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.signal import SIGNAL_SUFFIXES, signal_read_ids
-from streamer.daemon.basecall_cache import SPARE_USED, BasecallCache, read_basecall_file
+from streamer.daemon.basecall_cache import SPARE_USED, BasecallCache
 from streamer.daemon.ledger import Ledger, Registered
 from streamer.daemon.runfolder import Kind, RunFile, RunLayout, files_written
 from streamer.daemon.watch import VANISHED, Ready, Rejected
@@ -136,7 +136,7 @@ class FileIntake:
 
     def _register_basecalls(self, ready: Ready) -> None:
         f = ready.file
-        reads = self._read(ready, read_basecall_file, f.path, f.fmt, self.filt)
+        reads = self._read(ready, self.cache.read, f.path, f.fmt, self.filt)
         if reads is None:
             return
         if f.spare:

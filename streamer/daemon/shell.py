@@ -55,6 +55,7 @@ from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
 from streamer.io.signal import SIGNAL_SUFFIXES
 from streamer.daemon.basecall_cache import BasecallCache
+from streamer.daemon.basecall_reader import BasecallReader
 from streamer.daemon.ledger import BatchRecord, Ledger, Pick, Waiting
 from streamer.daemon import report
 from streamer.daemon.notify import Notifier
@@ -146,7 +147,9 @@ class Daemon:
         self.sinks = SinkSet([])  # opened with the ledger (`start`), from the configuration
         self.driver: BatchDriver | None = None  # the batches in flight, handed back in order
         self._flights: deque[Flight] = deque()  # what the engine submitted, oldest first
-        self.cache = BasecallCache(config.join.max_pending_bases, self._filter)
+        # basecall files parsed off the stages' GIL, where reader processes fit the memory budget
+        self.basecalls = BasecallReader(config.pipeline.io_mode != "threads")
+        self.cache = BasecallCache(config.join.max_pending_bases, self._filter, self.basecalls)
         end = config.end
         self.end = EndOfRun(end.final_summary_grace, end.idle_timeout, end.follow, end.stop_file)
         self.join_timeout = JoinTimeout(config.join.timeout, self.started)
@@ -225,7 +228,8 @@ class Daemon:
         if self._engine is not None:
             self._stop.set()
             self._engine.join()
-        for part in (self.watcher, self.driver, self.signal, self.outputs, self.sinks, self.ledger, self.notifier):
+        for part in (self.watcher, self.driver, self.signal, self.basecalls, self.outputs, self.sinks, self.ledger,
+                     self.notifier):  # fmt: skip
             if part is not None:
                 part.close()
 
