@@ -21,12 +21,13 @@ from streamer.commands._checks import check_bam, check_files, check_writable, nu
 from streamer.errors import ModelError, StreamerError
 from streamer.align import ENGINES
 from streamer.config import AlignmentConfig
-from streamer.io.alignments import AlignmentFilter, AlignmentRecord, iter_alignments
+from streamer.io.alignments import AlignmentFilter, AlignmentRecord
 from streamer.io.bamreads import open_basecalls
 from streamer.io.index import SignalIndex, open_index
 from streamer.io.reference import Reference
 from streamer.pipeline.gpu import CudaOptions
 from streamer.pipeline.runner import RunnerOptions
+from streamer.pipeline.parsing import ParseProcess
 from streamer.pipeline.signal_pool import reader_pool
 from streamer.pipeline.stages import Pipeline, PipelineOptions
 from streamer.skips import Skipped
@@ -125,12 +126,13 @@ def open_read_aligner(args: argparse.Namespace, filt: AlignmentFilter) -> ReadAl
 
 
 def alignments(args: argparse.Namespace, filt: AlignmentFilter, basecalls: Mapping[str, str],
-               aligner: ReadAligner | SeedAligner | None, chunk: int
+               aligner: ReadAligner | SeedAligner | None, chunk: int, parser: ParseProcess
                ) -> Iterator[AlignmentRecord | Skipped]:  # fmt: skip
-    """The records a run plans its batches from: -b's in file order, or the basecalls' own records in their
-    order, aligned `chunk` reads at a time as the planning takes them (so a run holds one chunk's)."""
+    """The records a run plans its batches from: -b's in file order (parsed by `parser`), or the basecalls'
+    own records in their order, aligned `chunk` reads at a time as the planning takes them (so a run holds
+    one chunk's)."""
     if aligner is None:
-        return iter_alignments(args.bam, filt)
+        return parser.records(args.bam, filt)
     from streamer.daemon.aligner import aligned_records
 
     return aligned_records(aligner, ((rid, basecalls[rid]) for rid in basecalls), chunk)

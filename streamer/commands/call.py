@@ -43,6 +43,7 @@ from streamer.io.index import SignalIndex
 from streamer.pipeline.planned import run_batches
 from streamer.pipeline.runner import Done, RunnerOptions, Stages
 from streamer.pipeline.stages import PipelineOptions
+from streamer.pipeline.parsing import ParseProcess
 from streamer.pipeline.chemistry import default_models
 from streamer.pore.motifs import CPG, MOTIFS
 from streamer.pipeline.resume import CallJournal, Resumed, journal_path, run_identity
@@ -181,8 +182,9 @@ def _run(args: argparse.Namespace, compiling: bool, probed: Future | None) -> in
                        autotune=args.autotune, reserve=args.gpu_reserve, memory_cap=args.gpu_memory,
                        stream_priority=args.gpu_stream_priority,
                        lanes=args.compute_threads).with_devices(args.cuda_dev_id)  # fmt: skip
+    # the signal readers and the process that parses -b (`ParseProcess`)
     memory = memory_plan(budget_bytes(args.memory_budget, tuning.plan.profile, args.threads), args.max_bases,
-                         args.compute_threads, args.io_workers, args.io_mode, tuning.plan.device_share(cuda))
+                         args.compute_threads, args.io_workers + 1, args.io_mode, tuning.plan.device_share(cuda))
     if memory.max_bases < args.max_bases:
         log.debug("batches of at most %d bases (-B %d) to keep within the memory budget of %d MB",
                  memory.max_bases, args.max_bases, memory.budget >> 20)
@@ -212,7 +214,9 @@ def _run(args: argparse.Namespace, compiling: bool, probed: Future | None) -> in
             if progress:
                 print(f"\r{summary.progress_line()}", end="", file=sys.stderr, flush=True)
 
-        run = _CallRun(args, stack, options, index, limits, filt, summary, output, written, aligner)
+        parser = ParseProcess(memory.io_mode != "threads")  # -b's records parsed off the stages' GIL
+        stack.callback(parser.close)
+        run = _CallRun(args, stack, options, index, limits, filt, summary, output, written, aligner, parser)
         if args.dask:
             _on_cluster(run)
         else:
@@ -332,9 +336,10 @@ class _CallRun:
     output: _Output
     written: Callable[[int, int], None]
     aligner: ReadAligner | SeedAligner | None
+    parser: ParseProcess
 
     def alignments(self, basecalls: Mapping[str, str]) -> Iterator[AlignmentRecord | Skipped]:
-        return alignments(self.args, self.filt, basecalls, self.aligner, self.limits.max_reads)
+        return alignments(self.args, self.filt, basecalls, self.aligner, self.limits.max_reads, self.parser)
 
 
 def _here(run: _CallRun, tuning: CallTuning, sinks: list[Sink], memory: MemoryPlan) -> None:

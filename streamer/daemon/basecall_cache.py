@@ -143,7 +143,7 @@ class Taken:
 
 class BasecallCache:
     """Basecalls of open reads, at most `max_bases` of them; the rest are read again when needed, by
-    `read` (`read_basecall_file`, or where the daemon parses them: `streamer.daemon.basecall_reader`)."""
+    `read` (`read_basecall_file`, here or in a parsing process: `streamer.pipeline.parsing`)."""
 
     def __init__(self, max_bases: int, filt: AlignmentFilter,
                  read: Callable[..., dict[str, ReadBasecalls]] = read_basecall_file):  # fmt: skip

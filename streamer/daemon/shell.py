@@ -41,6 +41,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Protocol
 
 from streamer.daemon.aligner import ReadAligner
@@ -54,14 +55,14 @@ from streamer.errors import StreamerError
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
 from streamer.io.signal import SIGNAL_SUFFIXES
-from streamer.daemon.basecall_cache import BasecallCache
-from streamer.daemon.basecall_reader import BasecallReader
+from streamer.daemon.basecall_cache import BasecallCache, read_basecall_file
 from streamer.daemon.ledger import BatchRecord, Ledger, Pick, Waiting
 from streamer.daemon import report
 from streamer.daemon.notify import Notifier
 from streamer.daemon.journal import SKIPPED_HEADER, Journal
 from streamer.publish.sink import PublishSink, PublisherLike
 from streamer.pipeline.runner import BatchDriver, Done, RunnerOptions, Stages
+from streamer.pipeline.parsing import ParseProcess
 from streamer.pipeline.signal_pool import SignalReads, signal_readers
 from streamer.daemon.sink_set import EVENTALIGN, SinkSet
 from streamer.daemon.supervise import supervise
@@ -148,8 +149,8 @@ class Daemon:
         self.driver: BatchDriver | None = None  # the batches in flight, handed back in order
         self._flights: deque[Flight] = deque()  # what the engine submitted, oldest first
         # basecall files parsed off the stages' GIL, where reader processes fit the memory budget
-        self.basecalls = BasecallReader(config.pipeline.io_mode != "threads")
-        self.cache = BasecallCache(config.join.max_pending_bases, self._filter, self.basecalls)
+        self.parser = ParseProcess(config.pipeline.io_mode != "threads")
+        self.cache = BasecallCache(config.join.max_pending_bases, self._filter, partial(self.parser.run, read_basecall_file))
         end = config.end
         self.end = EndOfRun(end.final_summary_grace, end.idle_timeout, end.follow, end.stop_file)
         self.join_timeout = JoinTimeout(config.join.timeout, self.started)
@@ -228,7 +229,7 @@ class Daemon:
         if self._engine is not None:
             self._stop.set()
             self._engine.join()
-        for part in (self.watcher, self.driver, self.signal, self.basecalls, self.outputs, self.sinks, self.ledger,
+        for part in (self.watcher, self.driver, self.signal, self.parser, self.outputs, self.sinks, self.ledger,
                      self.notifier):  # fmt: skip
             if part is not None:
                 part.close()

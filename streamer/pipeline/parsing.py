@@ -1,0 +1,112 @@
+"""Input files parsed in a reader process of their own, off the GIL the stages share.
+
+Parsing a BAM holds the parsing thread's GIL some 35-55 µs a record (pysam: a Python object per
+record and its CIGAR), and a run's stages need that GIL between their kernels; handed back pickled,
+a record costs about 3-4 µs of unpickling (2 cores). The daemon's basecall files (`run`, with
+`streamer.daemon.basecall_cache.read_basecall_file`) and `streamer call`'s alignment records
+(`records`) go through one such process where reader processes fit the memory budget; where they do
+not, or the process stops, the calling thread parses, as before, with the same results and errors.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures.process import BrokenProcessPool
+from itertools import islice
+from pathlib import Path
+from typing import TypeVar
+
+from streamer.io.alignments import AlignmentFilter, AlignmentRecord, iter_alignments
+from streamer.pipeline.signal_pool import ReaderProcesses
+from streamer.skips import Skipped
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+CHUNK = 1024  # alignment records a task hands back, by default
+AHEAD = 2  # tasks asked for before their records are taken
+
+
+class ParseProcess:
+    """One reader process (started with the first file) that parses, or the caller where there is none."""
+
+    def __init__(self, processes: bool, chunk: int = CHUNK):
+        self._processes = processes
+        self._chunk = chunk
+        self._pool: ReaderProcesses | None = None
+        self._lock = threading.Lock()
+
+    def run(self, parse: Callable[..., T], *args) -> T:
+        """`parse(*args)` in the process (a module-level function, picklable arguments), else here."""
+        pool = self._open()
+        if pool is not None:
+            try:
+                return pool.submit(parse, *args).result()
+            except BrokenProcessPool:
+                self._lost()
+        return parse(*args)
+
+    def records(self, path: Path, filt: AlignmentFilter) -> Iterator[AlignmentRecord | Skipped]:
+        """`iter_alignments(path, filt)`: parsed in the process a chunk of records a task, `AHEAD` tasks
+        ahead; if the process stops midway, the rest here, from the record where it stopped."""
+        pool = self._open()
+        taken = 0
+        if pool is not None:
+            token, tasks = uuid.uuid4().hex, deque()
+            ask = (_next_chunk, token, path, filt, self._chunk)
+            try:
+                tasks.extend(pool.submit(*ask) for _ in range(AHEAD))
+                while (chunk := tasks.popleft().result()) is not None:
+                    tasks.append(pool.submit(*ask))
+                    taken += len(chunk)
+                    yield from chunk
+                return
+            except BrokenProcessPool:
+                self._lost()
+            finally:
+                for task in tasks:
+                    task.cancel()
+                if self._processes:
+                    pool.submit(_drop, token)
+        yield from islice(iter_alignments(path, filt), taken, None)
+
+    def _open(self) -> ReaderProcesses | None:
+        with self._lock:
+            if self._processes and self._pool is None:
+                self._pool = ReaderProcesses(1, None)
+            return self._pool if self._processes else None
+
+    def _lost(self) -> None:
+        log.warning("the parsing process stopped; input files are parsed in this process from now on")
+        with self._lock:
+            self._processes = False
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool, self._processes = self._pool, None, False
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+# in the reader process: the files `records` is going through, by token (None once at their end)
+_OPEN: dict[str, Iterator[AlignmentRecord | Skipped] | None] = {}
+
+
+def _next_chunk(token: str, path: Path, filt: AlignmentFilter, n: int) -> list[AlignmentRecord | Skipped] | None:
+    """The next `n` records of the file `token` goes through; None at its end (and after)."""
+    if token not in _OPEN:
+        _OPEN[token] = iter_alignments(path, filt)
+    it = _OPEN[token]
+    chunk = list(islice(it, n)) if it is not None else []
+    if not chunk:
+        _OPEN[token] = None
+        return None
+    return chunk
+
+
+def _drop(token: str) -> None:
+    _OPEN.pop(token, None)
