@@ -28,6 +28,8 @@ open in the ledger for the next start.
 Outputs are sinks opened from the configuration (`streamer.daemon.sink_set`): the rows of the
 row sinks (`meth.tsv`, `eventalign.tsv`) are appended to the journal with the commit; the others
 take each committed batch as records after it. summary.json is made in `streamer.daemon.report`.
+It is over 450 lines because the lifecycle, the engine's loop and the batch transaction share the
+daemon's state (ledger, driver, flights, sinks): its decisions are already in `policy`.
 """
 
 from __future__ import annotations
@@ -41,7 +43,6 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from functools import partial
 from typing import Any, Protocol
 
 from streamer.daemon.aligner import ReadAligner
@@ -148,9 +149,9 @@ class Daemon:
         self.sinks = SinkSet([])  # opened with the ledger (`start`), from the configuration
         self.driver: BatchDriver | None = None  # the batches in flight, handed back in order
         self._flights: deque[Flight] = deque()  # what the engine submitted, oldest first
-        # basecall files parsed off the stages' GIL, where reader processes fit the memory budget
-        self.parser = ParseProcess(config.pipeline.io_mode != "threads")
-        self.cache = BasecallCache(config.join.max_pending_bases, self._filter, partial(self.parser.run, read_basecall_file))
+        self.parser = ParseProcess(config.pipeline.io_mode != "threads")  # basecall files, off the stages' GIL
+        self.cache = BasecallCache(config.join.max_pending_bases, self._filter,
+                                   lambda *file: self.parser.run(read_basecall_file, *file))
         end = config.end
         self.end = EndOfRun(end.final_summary_grace, end.idle_timeout, end.follow, end.stop_file)
         self.join_timeout = JoinTimeout(config.join.timeout, self.started)
