@@ -16,6 +16,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import suppress
 from itertools import islice
 from pathlib import Path
 from typing import TypeVar
@@ -71,7 +72,8 @@ class ParseProcess:
                 for task in tasks:
                     task.cancel()
                 if self._processes:
-                    pool.submit(_drop, token)
+                    with suppress(RuntimeError):  # shut down or broken meanwhile: nothing left to drop
+                        pool.submit(_drop, token)
         yield from islice(iter_alignments(path, filt), taken, None)
 
     def _open(self) -> ReaderProcesses | None:
