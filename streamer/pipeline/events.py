@@ -151,10 +151,9 @@ def alone_reads(sorted_lengths: np.ndarray, threads: int) -> int:
         return 0
     longest_k = np.concatenate(([0.0], np.cumsum(sorted_lengths, dtype=np.float64)))  # samples of the k longest
     work = (ALONE_COST * longest_k + (longest_k[-1] - longest_k)) / threads
-    in_lane = np.append(sorted_lengths, 0).astype(np.float64) * LANES
-    longest_alone = np.full(n + 1, ALONE_COST * float(sorted_lengths[0]))
-    longest_alone[0] = 0.0
-    return int(np.argmin(np.maximum(np.maximum(work, in_lane), longest_alone)))
+    bound = np.maximum(work, np.append(sorted_lengths, 0).astype(np.float64) * LANES)  # the longest in a lane
+    bound[1:] = np.maximum(bound[1:], ALONE_COST * float(sorted_lengths[0]))  # the longest alone, once one is
+    return int(np.argmin(bound))
 
 
 @numba.njit(nogil=True, cache=True, parallel=True, error_model="numpy")
