@@ -118,7 +118,12 @@ def call(args: list[str], out: Path, log: Path, trace: Path | None = None) -> di
         spans = json.loads(trace.read_text())["traceEvents"]
         res["before_first_span_s"] = min(e["ts"] for e in spans) / 1e6 - t0
         res["after_last_span_s"] = t1 - max(e["ts"] + e["dur"] for e in spans) / 1e6
+        res["launch_spans_s"] = {e["name"]: e["dur"] / 1e6 for e in spans if e["name"] in LAUNCH_SPANS}
     return res
+
+
+# what `streamer call --trace` records before its first batch, in order (`streamer.commands.call`)
+LAUNCH_SPANS = ("imports", "inputs", "index", "plan", "start-up")
 
 
 def f5c_call(f5c: Path, rep: Path, ref: Path, threads: int, flags: list[str], log: Path) -> dict:
@@ -457,7 +462,9 @@ def report(res: dict) -> str:
             st = r["stage_seconds"]
             waits = ", ".join(f"{k} {v:.2f}" for k, v in r.get("waits_s", {}).items())
             if "before_first_span_s" in r:
-                waits += f"; launch {r['before_first_span_s']:.2f}, exit {r['after_last_span_s']:.2f}"
+                spans = r.get("launch_spans_s", {})
+                waits += f"; launch {r['before_first_span_s']:.2f}, " + "".join(
+                    f"{k} {spans[k]:.2f}, " for k in LAUNCH_SPANS if k in spans) + f"exit {r['after_last_span_s']:.2f}"
             lines.append(f"| {label} | {r['wall_s']:.2f}{walls} | {r['elapsed_s']:.2f} | {r['startup_s']:.2f} | "
                          f"{r['bases'] / r['wall_s'] / 1e6:.2f} "
                          f"| {all(x['identical'] for x in rs)} | " + " | ".join(f"{st.get(k, 0):.2f}" for k in stages)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from pathlib import Path
 
 __version__ = "0.1.0"
+IMPORTED = time.perf_counter()  # where a command's trace begins (`--trace`): its imports come after
 
 
 def numba_cache_dir(package: Path, env: dict[str, str]) -> Path | None:

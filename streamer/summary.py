@@ -49,6 +49,7 @@ class BatchOutcome:
     records_lost: int = 0  # the records of `failed` reads
     timings: dict[str, float] = field(default_factory=dict)  # stage -> seconds
     gpu: Counter = field(default_factory=Counter)  # GPU stage counts (`RunSummary.gpu`)
+    gpu_seconds: Counter = field(default_factory=Counter)  # where the GPU stages' time went (`RunSummary.gpu_seconds`)
 
 
 def tally(outcome: BatchOutcome) -> Counter:
@@ -77,6 +78,8 @@ class RunSummary:
     stage_seconds: Counter = field(default_factory=Counter)
     waits: Counter = field(default_factory=Counter)  # seconds a step spent waiting for another
     gpu: Counter = field(default_factory=Counter)  # GPU stage counts: windows, reads, batches that fell back
+    # the GPU stages' wall seconds by part (packing, copies, kernels, the CPU's share), summed over batches
+    gpu_seconds: Counter = field(default_factory=Counter)
     memory_budget: int = 0  # bytes the run was sized for (0: none given)
     peak_memory: int = 0  # bytes, the largest summed PSS sampled (`watching_memory`)
 
@@ -119,6 +122,7 @@ class RunSummary:
                 setattr(self, _FIELDS[key], getattr(self, _FIELDS[key]) + n)
         self.stage_seconds.update(outcome.timings)
         self.gpu.update(outcome.gpu)
+        self.gpu_seconds.update(outcome.gpu_seconds)
 
     @property
     def elapsed(self) -> float:
@@ -143,6 +147,7 @@ class RunSummary:
             "stage_seconds": {k: round(v, 3) for k, v in sorted(self.stage_seconds.items())},
             "waits_s": {k: round(v, 3) for k, v in sorted(self.waits.items())},
             "gpu": dict(sorted(self.gpu.items())),
+            "gpu_seconds": {k: round(v, 3) for k, v in sorted(self.gpu_seconds.items())},
             "memory_budget_mb": round(self.memory_budget / 2**20, 1),
             "peak_memory_mb": round(max(self.peak_memory, tree_pss()) / 2**20, 1),
         }

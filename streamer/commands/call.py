@@ -48,6 +48,7 @@ from streamer.pipeline.chemistry import default_models
 from streamer.pore.motifs import CPG, MOTIFS
 from streamer.pipeline.resume import CallJournal, Resumed, journal_path, run_identity
 from streamer.pipeline.signal_pool import IO_MODES
+import streamer
 from streamer import registry
 from streamer.config import Config, OutputConfig, PipelineConfig
 from streamer.sinks import Sink, SinkContext, open_sinks, row_sinks
@@ -141,7 +142,11 @@ OUTPUTS = ("output", "bedmethyl", "modbam", "stats_json", "skip_ultra", "trace")
 def run(args: argparse.Namespace) -> int:
     _check_combinations(args)
     probed = None if args.disable_cuda else probe_ahead(first_gpu(args))  # while the inputs are checked and indexed
-    check_inputs(args, *OUTPUTS)
+    if args.trace:  # from the package's import on: what comes before the first batch, too
+        timeline.start()
+        timeline.record("imports", streamer.IMPORTED, time.perf_counter())
+    with timeline.span("inputs"):
+        check_inputs(args, *OUTPUTS)
     compiling = getattr(args, "compiling_kernels", False)  # announced by streamer.cli before the imports
     journal = journal_path(args.output) if args.output is not None else None
     with _ends_on_ctrl_c(args, journal is not None and not args.autotune):
@@ -174,8 +179,10 @@ def _ends_on_ctrl_c(args: argparse.Namespace, resumable: bool) -> Iterator[None]
 
 
 def _run(args: argparse.Namespace, compiling: bool, probed: Future | None) -> int:
-    index = signal_index(args)
-    tuning = CallTuning.from_args(args, probed)
+    with timeline.span("index"):
+        index = signal_index(args)
+    with timeline.span("plan"):  # the GPU probe's answer awaited
+        tuning = CallTuning.from_args(args, probed)
     cuda = CudaOptions(disable=args.disable_cuda, mem_frac=args.cuda_mem_frac, avg_epk=args.cuda_avg_epk,
                        max_lf=args.cuda_max_lf, max_epk=args.cuda_max_epk, ultra_thresh=args.ultra_thresh,
                        max_reads=args.batchsize, hmm=not args.disable_cuda_hmm, events=args.cuda_events,
@@ -195,8 +202,6 @@ def _run(args: argparse.Namespace, compiling: bool, probed: Future | None) -> in
                    lanes=memory.compute_threads)  # fmt: skip
     filt = alignment_filter(args)
     summary = RunSummary(compiled=compiling, memory_budget=memory.budget)
-    if args.trace:
-        timeline.start()
     progress = sys.stderr.isatty()
     with ExitStack() as stack:
         stack.enter_context(summary.watching_memory())
