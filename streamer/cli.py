@@ -20,6 +20,7 @@ from typing import NoReturn
 import streamer
 import streamer.commands
 from streamer import registry
+from streamer.pipeline import cuda_start
 from streamer.errors import ConfigError, StreamerError, UsageError, interrupted
 
 EXIT_CONFIG = 78  # EX_CONFIG from sysexits.h: systemd units do not restart on it
@@ -150,6 +151,7 @@ def _main(argv: list[str]) -> int:
     if argv == ["--version"]:  # without importing every command (numba, pod5...): a tenth of the time
         print(f"streamer {streamer.__version__}")
         return 0
+    cuda_start.start(_command_of(argv), argv)  # the driver's start beside the imports that follow
     compiling = _first_run_notice(argv)
     try:
         args, unknown = build_parser(_command_of(argv)).parse_known_args(argv)

@@ -107,9 +107,12 @@ def test_batches_spread_over_n_devices_and_results_in_input_order(plans):
     assert spread.pool.batches == [len(work) // n] * n and spread.pool.load == [0] * n
     assert [r.read_ids for r in ours] == [r.read_ids for r in expected]
     for a, b in zip(ours, expected):
-        for name in ("aln_off", "aln_kmer", "aln_event", "status"):
+        for name in ("aln_off", "aln_kmer", "aln_event", "status", "ev_mean", "shift", "scale"):
             assert np.array_equal(getattr(a.batch, name), getattr(b.batch, name))
         assert a.products["calls"].llr.tobytes() == b.products["calls"].llr.tobytes()
+        # with GPUs, the events and scalings ran ahead on the driver's front thread, and are timed as stages
+        assert set(a.batch.ran) == {"events", "scaling"} and not b.batch.ran
+        assert set(a.timings) == set(b.timings)
 
 
 class FakeLanes:

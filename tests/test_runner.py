@@ -43,6 +43,36 @@ def test_batches_come_back_in_the_order_submitted():
     assert got == list(range(40))
 
 
+def test_the_front_step_runs_on_each_batch_in_order_before_its_compute_and_a_failure_there_is_raised():
+    """With a GPU, each batch's leading CPU stages run on the front thread while others compute."""
+    fronted: list[int] = []
+
+    def front(n: int) -> None:
+        fronted.append(n)
+
+    def compute(n: int) -> Done:
+        assert n in fronted  # its front step came first
+        return slow_compute(n)
+
+    driver = BatchDriver(compute, compute_threads=3, limit=6, front=front)
+    try:
+        got = [d.outcome.records_in for d in driver.run(Numbered(n, []) for n in range(30))]
+    finally:
+        driver.close()
+    assert got == list(range(30)) and fronted == list(range(30))
+
+    def failing(n: int) -> None:
+        if n == 3:
+            raise ValueError("front failed")
+
+    driver = BatchDriver(slow_compute, compute_threads=2, limit=4, front=failing)
+    try:
+        with pytest.raises(ValueError, match="front failed"):
+            list(driver.run(Numbered(n, []) for n in range(10)))
+    finally:
+        driver.close()
+
+
 def test_no_more_than_the_limit_in_flight():
     started: list[int] = []
     gate = threading.Event()

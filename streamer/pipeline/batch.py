@@ -87,6 +87,7 @@ class ReadBatch:
     post: PostAlign | None = None  # recalibration; its shift/scale/var are also copied to the fields above
     mom_scalings: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # method of moments, before recalibration
     stats: dict[str, Any] = field(default_factory=dict)  # a GPU stage's measurements, by stage name
+    ran: dict[str, float] = field(default_factory=dict)  # stages run ahead (`Pipeline.front`): their seconds
     products: dict[str, Any] = field(default_factory=dict)  # what each analysis made of the batch, by its name
 
     @property

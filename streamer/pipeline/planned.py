@@ -101,8 +101,9 @@ def run_batches(
     if options.tight_heap:
         tighten_heap()
     reading = Reading(ref, pool, options.reads_per_task)
-    driver = BatchDriver(stages or Stages(pipeline), compute_threads=options.compute_threads, limit=options.limit,
-                         numba_threads=pipeline.options.threads)  # fmt: skip
+    stages = stages or Stages(pipeline)
+    driver = BatchDriver(stages, compute_threads=options.compute_threads, limit=options.limit,
+                         numba_threads=pipeline.options.threads, front=stages.front)  # fmt: skip
     try:
         for done in driver.run((reading.job(pending, skipped) for pending, skipped in plans)):
             t0 = time.perf_counter()

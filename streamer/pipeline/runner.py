@@ -103,13 +103,15 @@ class BatchDriver:
     """Jobs through `compute` on `compute_threads` threads, at most `limit` in flight, taken in order."""
 
     def __init__(self, compute: Callable[[Any], Done], *, compute_threads: int = 1, limit: int = 1,
-                 numba_threads: int | None = None):  # fmt: skip
+                 numba_threads: int | None = None, front: Callable[[Any], None] | None = None):  # fmt: skip
         self.compute = compute
+        self.front = front  # run on each assembled batch on a thread of its own before `compute` (`Stages.front`)
         self.compute_threads = max(1, compute_threads)
         self.limit = max(1, limit)
         self.numba_threads = numba_threads  # set on each compute thread (numba's count is per thread)
         self.waits: Counter = Counter()  # seconds the compute threads waited for assembled batches
         self._assembling: queue.Queue = queue.Queue()
+        self._fronting: queue.Queue = queue.Queue(maxsize=1)
         self._computing: queue.Queue = queue.Queue(maxsize=max(1, compute_threads))
         self._results: dict[int, Done] = {}
         self._changed = threading.Condition()
@@ -119,6 +121,8 @@ class BatchDriver:
         self._error: BaseException | None = None
         self._stopped = threading.Event()
         self._threads = [threading.Thread(target=self._assembler, name="assembler", daemon=True)]
+        if front is not None:
+            self._threads.append(threading.Thread(target=self._fronter, name="front", daemon=True))
         self._threads += [threading.Thread(target=self._computer, name=f"compute-{i}", daemon=True)
                           for i in range(max(1, compute_threads))]  # fmt: skip
         for t in self._threads:
@@ -251,23 +255,47 @@ class BatchDriver:
                 seq, job = item
                 with timeline.span("assemble", batch=seq):
                     assembled = job.assemble()
-                while True:
-                    if self._stopped.is_set():
-                        raise _Stop
-                    try:
-                        self._computing.put((seq, job, assembled), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
+                self._hand_on(self._fronting if self.front is not None else self._computing, (seq, job, assembled))
         except _Stop:
             pass
         except BaseException as exc:  # re-raised in the caller
             self._fail(exc)
 
+    def _hand_on(self, to: queue.Queue, item: tuple) -> None:
+        """Put item on the next step's queue once it has room (`_Stop` if the driver stops meanwhile)."""
+        while True:
+            if self._stopped.is_set():
+                raise _Stop
+            try:
+                to.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def _fronter(self) -> None:
+        """The front step: each assembled batch's leading stages, in batch order, while others compute."""
+        try:
+            self._numba_threads()
+            while not self._stopped.is_set():
+                try:
+                    item = self._fronting.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                with timeline.span("front", batch=item[0]):
+                    self.front(item[2])
+                self._hand_on(self._computing, item)
+        except _Stop:
+            pass
+        except BaseException as exc:  # re-raised in the caller
+            self._fail(exc)
+
+    def _numba_threads(self) -> None:
+        if self.numba_threads is not None:
+            numba.set_num_threads(max(1, min(self.numba_threads, numba.config.NUMBA_NUM_THREADS)))
+
     def _computer(self) -> None:
         try:
-            if self.numba_threads is not None:
-                numba.set_num_threads(max(1, min(self.numba_threads, numba.config.NUMBA_NUM_THREADS)))
+            self._numba_threads()
             idle = 0.0
             while not self._stopped.is_set():
                 t0 = time.perf_counter()
@@ -307,6 +335,17 @@ class Stages:
         self.render = render
         self.count = count
         self.isolate = isolate
+
+    def front(self, a: Assembled) -> None:
+        """The batch's leading stages that need no GPU (`Pipeline.front`), on the driver's front thread.
+        Where they fail, `__call__` runs them again with the rest, and fails or isolates as it does."""
+        if a.batch is None:
+            return
+        try:
+            self.pipeline.front(a.batch)
+        except Exception as exc:  # noqa: BLE001 - the compute step meets it again, where it is handled
+            log.debug("the front stages failed on a batch of %d reads (%s): run with the rest", a.batch.n, exc)
+            a.batch.ran.clear()
 
     def __call__(self, a: Assembled) -> Done:
         if a.batch is None and not a.reads:

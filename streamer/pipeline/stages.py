@@ -109,6 +109,10 @@ class _CoreStage:
     def open(self, pipeline: Pipeline) -> None:
         pass
 
+    def on_host(self, pipeline: Pipeline) -> bool:
+        """Whether the stage never takes a GPU: it may run ahead of the GPU stages (`Pipeline.front`)."""
+        return False
+
 
 class DetectEvents(_CoreStage):
     """Event detection, on the batch's GPU when `cuda.events` asks for it (its measurements in `batch.stats["events"]`)."""
@@ -122,6 +126,9 @@ class DetectEvents(_CoreStage):
             part = gpu_package().open_events(replace(pipeline.options.cuda, dev_id=device.dev_id))
             if part is not None:
                 device.parts[self.name] = part
+
+    def on_host(self, pipeline: Pipeline) -> bool:
+        return not any(self.name in device.parts for device in pipeline.devices)
 
     def __call__(self, batch: ReadBatch, pipeline: Pipeline) -> None:
         device, params = pipeline.device, pipeline.options.chemistry.events
@@ -139,6 +146,9 @@ class EstimateScalings(_CoreStage):
     events turned 5'->3' after (the moments do not depend on the events' order, their float sums do)."""
 
     name = "scaling"
+
+    def on_host(self, pipeline: Pipeline) -> bool:
+        return True
 
     def __call__(self, batch: ReadBatch, pipeline: Pipeline) -> None:
         chem = pipeline.options.chemistry
@@ -269,6 +279,23 @@ class Pipeline:
     def process(self, reads: list[ReadInput]) -> BatchResult:
         return self.run_batch(pack(reads))
 
+    def front(self, batch: ReadBatch) -> None:
+        """The leading stages that take no GPU (`on_host`: event detection on the CPU, scaling), run now on
+        the calling thread and marked in `batch.ran`, which `run_batch` goes on after: so one batch's host
+        side runs while another's GPU stages do (the driver's front thread). Nothing where there is no GPU
+        to overlap."""
+        if not self.devices:
+            return
+        for stage in self.stages:
+            if not getattr(stage, "on_host", lambda pipeline: False)(self):
+                break
+            t0 = time.perf_counter()
+            with numba.parallel_chunksize(stage.chunk):
+                stage(batch, self)
+            t1 = time.perf_counter()
+            batch.ran[stage.name] = t1 - t0
+            timeline.record(stage.name, t0, t1, reads=batch.n)
+
     def run_batch(self, batch: ReadBatch) -> BatchResult:
         i = self.pool.take()
         try:
@@ -277,9 +304,11 @@ class Pipeline:
             self.pool.give(i)
 
     def _run(self, batch: ReadBatch, device: GpuDevice | None, recover: bool) -> BatchResult:
-        timings: dict[str, float] = {}
+        timings: dict[str, float] = dict(batch.ran)
         with device.context() if device is not None else contextlib.nullcontext():
             for stage in self.stages:
+                if stage.name in batch.ran:
+                    continue
                 t0 = time.perf_counter()
                 self._local.device = device
                 try:
