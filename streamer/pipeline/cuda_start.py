@@ -42,10 +42,10 @@ def start(command: str, argv: list[str]) -> threading.Thread | None:
 
 
 def _retain_primary(dev_id: int) -> None:
+    device, context = ctypes.c_int(), ctypes.c_void_p()
     try:
         driver = ctypes.CDLL("libcuda.so.1")
-    except OSError:  # no driver on this machine
+        if driver.cuInit(0) == 0 and driver.cuDeviceGet(ctypes.byref(device), dev_id) == 0:
+            driver.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)  # kept for the process, as numba keeps it
+    except (OSError, AttributeError):  # no driver here, or not one that has these calls
         return
-    device, context = ctypes.c_int(), ctypes.c_void_p()
-    if driver.cuInit(0) == 0 and driver.cuDeviceGet(ctypes.byref(device), dev_id) == 0:
-        driver.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)  # kept for the process, as numba keeps it
