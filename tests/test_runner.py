@@ -204,3 +204,31 @@ def test_a_failure_in_a_thread_is_raised_in_the_caller():
     finally:
         driver.close()
     assert got == [0, 1, 2]
+
+
+def test_the_front_step_lets_the_signal_go_once_the_events_are_in_unless_asked_to_keep_it():
+    import numpy as np
+    from types import SimpleNamespace
+
+    class Front:
+        def __init__(self, fails: bool):
+            self.fails = fails
+
+        def front(self, batch) -> None:
+            batch.ran["events"] = 0.1
+            if self.fails:
+                raise ValueError("a bad read")
+
+    def assembled():
+        batch = SimpleNamespace(signal=np.ones(10, np.float32), ran={}, n=1)
+        return Assembled([], batch, [], 1)
+
+    a = assembled()
+    Stages(Front(False), keep_signal=False).front(a)
+    assert a.batch.signal.size == 0 and a.batch.signal.dtype == np.float32 and a.batch.ran == {"events": 0.1}
+    a = assembled()
+    Stages(Front(False)).front(a)  # a sink renders samples: kept
+    assert a.batch.signal.size == 10
+    a = assembled()
+    Stages(Front(True), keep_signal=False).front(a)  # failed: the compute step runs the events again, from the signal
+    assert a.batch.signal.size == 10 and a.batch.ran == {}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -125,17 +125,21 @@ def open_read_aligner(args: argparse.Namespace, filt: AlignmentFilter) -> ReadAl
     return open_aligner(args.align_engine, args.genome, filt, threads=args.threads)
 
 
-def alignments(args: argparse.Namespace, filt: AlignmentFilter, basecalls: Mapping[str, str],
+def alignments(args: argparse.Namespace, filt: AlignmentFilter, basecalls: Callable[[], Mapping[str, str]],
                aligner: ReadAligner | SeedAligner | None, chunk: int, parser: ParseProcess
                ) -> Iterator[AlignmentRecord | Skipped]:  # fmt: skip
-    """The records a run plans its batches from: -b's in file order (parsed by `parser`), or the basecalls'
-    own records in their order, aligned `chunk` reads at a time as the planning takes them (so a run holds
-    one chunk's)."""
+    """The records a run plans its batches from: -b's in file order (parsed by `parser` from now on), or
+    the basecalls' own records in their order (`basecalls()`, asked for at the first record), aligned
+    `chunk` reads at a time as the planning takes them (so a run holds one chunk's)."""
     if aligner is None:
         return parser.records(args.bam, filt)
     from streamer.daemon.aligner import aligned_records
 
-    return aligned_records(aligner, ((rid, basecalls[rid]) for rid in basecalls), chunk)
+    def each() -> Iterator[tuple[str, str]]:
+        reads = basecalls()
+        yield from ((rid, reads[rid]) for rid in reads)
+
+    return aligned_records(aligner, each(), chunk)
 
 
 def signal_index(args: argparse.Namespace) -> SignalIndex:

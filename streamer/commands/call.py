@@ -40,6 +40,7 @@ from streamer.commands._inputs import (
 from streamer.io.alignments import AlignmentFilter, AlignmentRecord, write_records
 from streamer.io.bamreads import open_basecalls
 from streamer.io.index import SignalIndex
+from streamer.io.signal import reader_libraries
 from streamer.pipeline.planned import run_batches
 from streamer.pipeline.runner import Done, RunnerOptions, Stages
 from streamer.pipeline.stages import PipelineOptions
@@ -219,7 +220,8 @@ def _run(args: argparse.Namespace, compiling: bool, probed: Future | None) -> in
             if progress:
                 print(f"\r{summary.progress_line()}", end="", file=sys.stderr, flush=True)
 
-        parser = ParseProcess(memory.io_mode != "threads")  # -b's records parsed off the stages' GIL
+        # -b's records parsed off the stages' GIL; its process starts the readers' fork server, with their libraries
+        parser = ParseProcess(memory.io_mode != "threads", libraries=reader_libraries(index.suffixes()))
         stack.callback(parser.close)
         run = _CallRun(args, stack, options, index, limits, filt, summary, output, written, aligner, parser)
         if args.dask:
@@ -343,7 +345,8 @@ class _CallRun:
     aligner: ReadAligner | SeedAligner | None
     parser: ParseProcess
 
-    def alignments(self, basecalls: Mapping[str, str]) -> Iterator[AlignmentRecord | Skipped]:
+    def alignments(self, basecalls: Callable[[], Mapping[str, str]]) -> Iterator[AlignmentRecord | Skipped]:
+        """The records to plan from (`commands._inputs.alignments`): -b's parsed from now on."""
         return alignments(self.args, self.filt, basecalls, self.aligner, self.limits.max_reads, self.parser)
 
 
@@ -351,6 +354,7 @@ def _here(run: _CallRun, tuning: CallTuning, sinks: list[Sink], memory: MemoryPl
     """This host: reader pool, the pipeline (GPU if any), overlapped batches as many as the memory budget holds."""
     rows = row_sinks(sinks)[0]  # the calls TSV
     runner = runner_options(memory, run.args.io_workers)
+    records = run.alignments(lambda: host.basecalls)  # the first batches planned from while the pipeline starts
     with timeline.span("start-up"):
         host = open_host(run.stack, run.args, run.index, run.options, runner, registry.analysis("cpg"))
         pipeline, ref, pool, basecalls = host.pipeline, host.ref, host.pool, host.basecalls
@@ -359,7 +363,7 @@ def _here(run: _CallRun, tuning: CallTuning, sinks: list[Sink], memory: MemoryPl
     run.summary.startup_s = run.summary.elapsed
     # as f5c does, ultra-long reads wait for the end of the run only when the GPU aligns the rest
     ultra = UltraLong(run.args.ultra_thresh, run.args.skip_ultra) if pipeline.gpu is not None else None
-    plans = plan_batches(run.alignments(basecalls), basecalls, run.index, run.limits, str(run.args.reads), ultra)
+    plans = plan_batches(records, basecalls, run.index, run.limits, str(run.args.reads), ultra)
 
     def on_done(done: Done) -> None:
         log_skipped(log, done.outcome.skipped)
@@ -372,7 +376,7 @@ def _here(run: _CallRun, tuning: CallTuning, sinks: list[Sink], memory: MemoryPl
 
     before = list(pipeline.pool.batches)  # the start-up's synthetic batch is not the run's
     run_batches(pipeline, islice(plans, run.output.resumed, None), ref, pool, run.summary, on_done,
-                Stages(pipeline, rows.render, rows.count), runner)  # fmt: skip
+                Stages(pipeline, rows.render, rows.count, keep_signal=False), runner)  # fmt: skip
     for device, n, n0 in zip(pipeline.devices, pipeline.pool.batches, before):  # a GPU's lanes summed
         key = f"batches_on_gpu{device.dev_id}"
         run.summary.gpu[key] = run.summary.gpu.get(key, 0) + n - n0
@@ -397,7 +401,7 @@ def _on_cluster(run: _CallRun) -> None:
     cluster.check_paths(client, [run.args.reads, run.args.genome, *models, *sorted(set(run.index.paths.values()))])
     basecalls = run.stack.enter_context(open_basecalls(run.args.reads))
     run.summary.startup_s = run.summary.elapsed
-    plans = plan_batches(run.alignments(basecalls), basecalls, run.index, run.limits, str(run.args.reads))
+    plans = plan_batches(run.alignments(lambda: basecalls), basecalls, run.index, run.limits, str(run.args.reads))
     numbered = ((seq, pending, skipped) for seq, (pending, skipped) in enumerate(plans) if seq >= run.output.resumed)
 
     def on_done(done: Done) -> None:

@@ -68,6 +68,10 @@ class SignalIndex:
     def lookup(self, read_id: str) -> Path | None:
         return self.paths.get(read_id)
 
+    def suffixes(self) -> set[str]:
+        """The signal files' suffixes (`.pod5`...): the formats a run reads."""
+        return {path.suffix for path in self.paths.values()}
+
     def __len__(self) -> int:
         return len(self.paths)
 

@@ -14,7 +14,8 @@ import logging
 import threading
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import suppress
 from itertools import islice
@@ -35,9 +36,10 @@ AHEAD = 2  # tasks asked for before their records are taken
 class ParseProcess:
     """One reader process (started with the first file) that parses, or the caller where there is none."""
 
-    def __init__(self, processes: bool, chunk: int = CHUNK):
+    def __init__(self, processes: bool, chunk: int = CHUNK, libraries: Iterable[str] = ()):
         self._processes = processes
         self._chunk = chunk
+        self._libraries = list(libraries)  # the signal formats' libraries, where this process starts the fork server
         self._pool: ReaderProcesses | None = None
         self._lock = threading.Lock()
 
@@ -53,33 +55,51 @@ class ParseProcess:
 
     def records(self, path: Path, filt: AlignmentFilter) -> Iterator[AlignmentRecord | Skipped]:
         """`iter_alignments(path, filt)`: parsed in the process a chunk of records a task, `AHEAD` tasks
-        ahead; if the process stops midway, the rest here, from the record where it stopped."""
+        ahead, the first asked for now; if the process stops midway, the rest here, from the record
+        where it stopped."""
         pool = self._open()
-        taken = 0
-        if pool is not None:
-            token, tasks = uuid.uuid4().hex, deque()
-            ask = (_next_chunk, token, path, filt, self._chunk)
+        if pool is None:
+            return iter_alignments(path, filt)
+        token = uuid.uuid4().hex
+        ask = (_next_chunk, token, path, filt, self._chunk)
+        first: Future = Future()
+
+        def ask_first() -> None:  # the first submission starts the process (a fork, its imports): not on the caller
             try:
-                tasks.extend(pool.submit(*ask) for _ in range(AHEAD))
-                while (chunk := tasks.popleft().result()) is not None:
-                    tasks.append(pool.submit(*ask))
-                    taken += len(chunk)
-                    yield from chunk
-                return
-            except BrokenProcessPool:
-                self._lost()
-            finally:
-                for task in tasks:
-                    task.cancel()
-                if self._processes:
-                    with suppress(RuntimeError):  # shut down or broken meanwhile: nothing left to drop
-                        pool.submit(_drop, token)
+                first.set_result(deque(pool.submit(*ask) for _ in range(AHEAD)))
+            except BaseException as exc:  # noqa: BLE001 - met where the tasks are taken
+                first.set_exception(exc)
+
+        threading.Thread(target=ask_first, name="parse-start", daemon=True).start()
+        return self._taken(pool, first, ask, token, path, filt)
+
+    def _taken(self, pool: ReaderProcesses, first: Future, ask: tuple, token: str, path: Path,
+               filt: AlignmentFilter) -> Iterator[AlignmentRecord | Skipped]:  # fmt: skip
+        taken = 0
+        tasks: deque = deque()
+        try:
+            tasks = first.result()
+            while (chunk := tasks.popleft().result()) is not None:
+                tasks.append(pool.submit(*ask))
+                taken += len(chunk)
+                yield from chunk
+            return
+        except BrokenProcessPool:
+            self._lost()
+        except RuntimeError:  # shut down before the first task went: parsed here
+            pass
+        finally:
+            for task in tasks:
+                task.cancel()
+            if self._processes:
+                with suppress(RuntimeError):  # shut down or broken meanwhile: nothing left to drop
+                    pool.submit(_drop, token)
         yield from islice(iter_alignments(path, filt), taken, None)
 
     def _open(self) -> ReaderProcesses | None:
         with self._lock:
             if self._processes and self._pool is None:
-                self._pool = ReaderProcesses(1, None)
+                self._pool = ReaderProcesses(1, None, self._libraries)
             return self._pool if self._processes else None
 
     def _lost(self) -> None:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numba
+import numpy as np
 
 from streamer.pipeline import timeline
 from streamer.pipeline.batch import ReadBatch, ReadInput
@@ -327,14 +328,18 @@ class Stages:
 
     `render` and `count` are the main sink's (what it makes of a result, how many rows); with
     `isolate` a batch the pipeline raises on is redone read by read (see the module's docstring).
+    Without `keep_signal` (no sink renders samples: `streamer call`) a batch's signal is let go once
+    its events are detected on the front thread: about a third of what a batch in flight holds.
     """
 
     def __init__(self, pipeline: Any, render: Callable[[Any], Any] = lambda result: None,
-                 count: Callable[[Any], int] = lambda result: 0, isolate: bool = False):  # fmt: skip
+                 count: Callable[[Any], int] = lambda result: 0, isolate: bool = False,
+                 keep_signal: bool = True):  # fmt: skip
         self.pipeline = pipeline
         self.render = render
         self.count = count
         self.isolate = isolate
+        self.keep_signal = keep_signal
 
     def front(self, a: Assembled) -> None:
         """The batch's leading stages that need no GPU (`Pipeline.front`), on the driver's front thread.
@@ -346,6 +351,9 @@ class Stages:
         except Exception as exc:  # noqa: BLE001 - the compute step meets it again, where it is handled
             log.debug("the front stages failed on a batch of %d reads (%s): run with the rest", a.batch.n, exc)
             a.batch.ran.clear()
+            return
+        if not self.keep_signal and "events" in a.batch.ran:
+            a.batch.signal = np.empty(0, a.batch.signal.dtype)
 
     def __call__(self, a: Assembled) -> Done:
         if a.batch is None and not a.reads:

@@ -51,7 +51,7 @@ IO_MODES = ("auto", "processes", "threads")
 
 def reader_pool(index: SignalIndex, workers: int, mode: str = "auto") -> Executor:
     """Signal readers for the files of `index` (see `signal_readers`)."""
-    return signal_readers({p.suffix for p in index.paths.values()}, workers, mode)
+    return signal_readers(index.suffixes(), workers, mode)
 
 
 def signal_readers(suffixes: Iterable[str], workers: int, mode: str = "auto") -> Executor:
