@@ -122,8 +122,9 @@ def call(args: list[str], out: Path, log: Path, trace: Path | None = None) -> di
     return res
 
 
-# what `streamer call --trace` records before its first batch, in order (`streamer.commands.call`)
-LAUNCH_SPANS = ("imports", "inputs", "index", "plan", "start-up")
+# what `streamer call --trace` records before its first batch, in order (`streamer.commands.call`); the plan's
+# wait holds "numba start" and "gpu probe", the start-up "devices" and "warm-up"
+LAUNCH_SPANS = ("imports", "inputs", "index", "plan", "numba start", "gpu probe", "start-up", "devices", "warm-up")
 
 
 def f5c_call(f5c: Path, rep: Path, ref: Path, threads: int, flags: list[str], log: Path) -> dict:

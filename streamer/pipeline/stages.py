@@ -251,12 +251,14 @@ class Pipeline:
         self.kmer_model: PoreModel = load_kmer_model(options.kmer_model)  # any k; a caller checks its own model
         self.stages: list[Stage] = [stage() for stage in CORE_STAGES] + list(analyses)
         numba.set_num_threads(max(1, min(options.threads, numba.config.NUMBA_NUM_THREADS)))
-        self.pool: DevicePool[GpuDevice] = DevicePool(open_devices(options.cuda))
+        with timeline.span("devices"):  # the GPUs' arenas, buffers and kernels' modules
+            self.pool: DevicePool[GpuDevice] = DevicePool(open_devices(options.cuda))
         self.gpu_lock = threading.Lock()  # for a GPU part set from outside (tests, benchmarks) with no device
         self._local = threading.local()
         for stage in self.stages:
             stage.open(self)
-        self.warm_up_result: BatchResult = self._warm_up()
+        with timeline.span("warm-up"):
+            self.warm_up_result: BatchResult = self._warm_up()
         """The synthetic read's result, which a host renders to compile its sinks' kernels (the calls TSV)."""
 
     @property

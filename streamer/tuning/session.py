@@ -15,6 +15,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
+from streamer.pipeline import timeline
 from streamer.pipeline.batching import BatchLimits
 from streamer.pipeline.gpu import AbeaBatchStats, CudaOptions, GpuInfo, gpu_package
 from streamer.paths import user_state_dir
@@ -98,8 +99,10 @@ def prepare(given: Mapping[str, Any], profile: str = "auto", *, dev_id: int = 0,
     """Probe the GPU (or take the answer of `probed`, a `probe_ahead` of dev_id), read what was learned on
     it (when state_dir is given), and plan the start."""
     if probed is not None and not disable_cuda and not probed.done():
-        _start_numba()
-    gpu = None if disable_cuda else probed.result() if probed is not None else probe_gpu(dev_id)
+        with timeline.span("numba start"):
+            _start_numba()
+    with timeline.span("gpu probe"):  # what is left of it
+        gpu = None if disable_cuda else probed.result() if probed is not None else probe_gpu(dev_id)
     learned = TuningStore(state_dir).load(gpu) if state_dir is not None and gpu is not None else {}
     p = plan(Machine.this(gpu), profile, given, learned)
     if gpu is not None or p.machine.board is not None:
