@@ -133,11 +133,14 @@ def test_replayed_run_gives_the_rows_of_streamer_call(fixture_copy, expected, da
     """Done-when 1: several MinKNOW batch files land while the daemon watches."""
     live, out = tmp_path / "live", tmp_path / "out"
     live.mkdir()
-    d = daemons(tmp_path, live, out)
+    d = daemons(tmp_path, live, out, "--trace", tmp_path / "trace.json")
     rep = replay(fixture_copy, live, "--interval", "0.3", "--batch-size", "3")
     assert rep.wait(TIMEOUT) == 0
     assert d.wait() == 0, d.output()
     assert rows(out / "meth.tsv") == expected
+    # its timeline: each batch through the stages and committed
+    spans = {e["name"] for e in json.loads((tmp_path / "trace.json").read_text())["traceEvents"]}
+    assert {"batch", "events", "abea", "commit"} <= spans
     s = summary(out)
     assert s["state"] == "finished" and s["reads"]["called"] == 8 and s["rejected_files"] == []
     # the notify protocol: status while loading, READY once warm, then WATCHDOG and STATUS, STOPPING last

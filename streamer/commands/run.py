@@ -19,6 +19,7 @@ from streamer.daemon.aligner import ReadAligner, open_aligner
 from streamer.daemon.shell import Daemon, PipelineLike
 from streamer.daemon.runs import RunSet, check_publishing, made_once, several_runs
 from streamer.errors import ConfigError, ModelError, StreamerError
+from streamer.pipeline import timeline
 from streamer.pipeline.gpu import CudaOptions
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
@@ -44,10 +45,26 @@ log = logging.getLogger(__name__)
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, metavar="FILE",
                    help="YAML configuration (see config/streamer.yaml); flags override it")
+    p.add_argument("--trace", type=Path, metavar="FILE",
+                   help="also write the daemon's timeline (each batch's reading, stages and commit, by thread) as a "
+                        f"Chrome trace when it stops, for Perfetto: its first {TRACE_SPANS:,} spans")
     configuration.add_flags(p)
 
 
+TRACE_SPANS = 1_000_000  # about 200 MB held at most: a run's first hours
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.trace:
+        timeline.start(TRACE_SPANS)
+    try:
+        return _run(args)
+    finally:
+        if args.trace:
+            timeline.write(args.trace)
+
+
+def _run(args: argparse.Namespace) -> int:
     cfg, plan = budgeted(*plan_config(configuration.load(args.config, configuration.overrides_from(args))))
     if several_runs(cfg):
         check_publishing(cfg)

@@ -62,6 +62,7 @@ from streamer.daemon import report
 from streamer.daemon.notify import Notifier
 from streamer.daemon.journal import SKIPPED_HEADER, Journal
 from streamer.publish.sink import PublishSink, PublisherLike
+from streamer.pipeline import timeline
 from streamer.pipeline.runner import BatchDriver, Done, RunnerOptions, Stages
 from streamer.pipeline.parsing import ParseProcess
 from streamer.pipeline.signal_pool import SignalReads, signal_readers
@@ -373,7 +374,8 @@ class Daemon:
         latencies = [max(0.0, done_at - p.matched) for p in picks]
         batch = BatchRecord(len(picks), counters["records_in"], outcome.calls, counters["bases"],
                             time.monotonic() - flight.started, sum(latencies), max(latencies))
-        self._commit(read.outcomes, self.sinks.texts(done.rendered), skip_rows, counters, batch, results)
+        with timeline.span("commit", reads=len(picks)):
+            self._commit(read.outcomes, self.sinks.texts(done.rendered), skip_rows, counters, batch, results)
         if self.publish is not None:
             self.publish.on_batch(results, (columns for rows_, batch_, labels, text in aligned
                                             for columns in eventalign.messages(rows_, batch_, labels, text)))

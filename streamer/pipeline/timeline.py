@@ -19,13 +19,15 @@ from pathlib import Path
 
 _lock = threading.Lock()
 _events: list[dict] | None = None
+_limit: int | None = None
 
 
-def start() -> None:
-    """Record spans from now on (a second start forgets what was recorded)."""
-    global _events
+def start(limit: int | None = None) -> None:
+    """Record spans from now on, the first `limit` of them (a daemon's: its memory stays bounded); a second
+    start forgets what was recorded."""
+    global _events, _limit
     with _lock:
-        _events = []
+        _events, _limit = [], limit
 
 
 def recording() -> bool:
@@ -41,7 +43,7 @@ def record(name: str, t0: float, t1: float, where: str | None = None, **args: ob
     if args:
         event["args"] = args
     with _lock:
-        if _events is not None:
+        if _events is not None and (_limit is None or len(_events) < _limit):
             _events.append(event)
 
 
