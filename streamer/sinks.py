@@ -111,6 +111,7 @@ class Sink(Protocol):
     header: str  # the first line of its rows ("" when it has none)
     journal: str  # the file its rows go to in the daemon's journal ("" when it has none)
     replays: bool  # the daemon replays the committed calls through `on_batch` at start-up
+    needs_signal: bool  # it renders from a batch's signal, which is otherwise let go once the events are in
 
     def render(self, result: Result) -> str:
         """The batch's rows as text ("" when it has none); may run off the writing thread."""
@@ -168,6 +169,7 @@ class BaseSink:
     header = ""
     journal = ""
     replays = False
+    needs_signal = False
 
     def render(self, result: Result) -> str:
         return ""

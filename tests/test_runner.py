@@ -232,3 +232,20 @@ def test_the_front_step_lets_the_signal_go_once_the_events_are_in_unless_asked_t
     a = assembled()
     Stages(Front(True), keep_signal=False).front(a)  # failed: the compute step runs the events again, from the signal
     assert a.batch.signal.size == 10 and a.batch.ran == {}
+
+
+def test_records_are_packed_on_the_front_thread_and_kept_for_a_retry():
+    """The daemon assembles records (a retry goes read by read): the front step packs them first."""
+    from streamer.pipeline.stages import synthetic_read
+    from streamer.pore.model import load_kmer_model
+
+    fronted = []
+
+    class Front:
+        def front(self, batch) -> None:
+            fronted.append(batch)
+
+    reads = [synthetic_read(load_kmer_model(None))]
+    a = Assembled(reads, None, [], 1)
+    Stages(Front(), isolate=True).front(a)
+    assert fronted == [a.batch] and a.batch.read_ids == ["warm-up"] and a.reads == reads

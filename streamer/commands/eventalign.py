@@ -115,7 +115,8 @@ def _run(args: argparse.Namespace, compiling: bool, probed: Future | None) -> in
 
         plans = plan_batches(iter_alignments(args.bam, filt), host.basecalls, index, limits, str(args.reads))
         render = rows.render if out is not None else (lambda result: None)
-        run_batches(pipeline, plans, host.ref, host.pool, summary, on_done, Stages(pipeline, render, rows.count), runner)
+        stages = Stages(pipeline, render, rows.count, keep_signal=any(s.needs_signal for s in sinks))
+        run_batches(pipeline, plans, host.ref, host.pool, summary, on_done, stages, runner)
     print(summary.report(), file=sys.stderr)
     return 0
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from streamer.pipeline.batch import ReadInput
+from streamer.pipeline.batch import ReadBatch, ReadInput
 from streamer.errors import StreamerError
 from streamer.pipeline.gpu import CudaOptions
 from streamer.io.signal import SIGNAL_SUFFIXES
@@ -39,10 +40,12 @@ def first_signal_file(folder: Path) -> Path | None:
 
 
 class PorePipeline:
-    """`process` as `Pipeline.process`, on the pipeline of the batch's pore.
+    """`front`, `run_batch` and `process` as `Pipeline`'s, on the pipeline of the batch's pore.
 
     For the tuner it stands for the GPU stage (`options`, `retune`) of whichever pipeline is
-    current, so a pipeline built later starts from the settings the tuner has reached.
+    current, so a pipeline built later starts from the settings the tuner has reached. The driver's
+    front thread runs ahead of the compute threads: a batch's front stages run only on the pipeline of
+    its own pore, and count only where `run_batch` finds that pore still current.
     """
 
     def __init__(self, make: MakePipeline, pore: str | None, source: str, *, follow: bool):
@@ -50,8 +53,10 @@ class PorePipeline:
         self.follow = follow  # False: the configured pore, whatever the files say
         self.pore = pore
         self._pore_of: dict[str, str | None] = {}
+        self._lock = threading.Lock()  # the pipeline and its pore change together
         self.current: Pipeline | None = make(pore, source, None)
         self._cuda = self.current.gpu.options if self.current.gpu is not None else None
+        self._fronted: dict[int, str | None] = {}  # id(batch) -> the pore whose pipeline ran its front stages
 
     @property
     def gpu(self):
@@ -71,25 +76,55 @@ class PorePipeline:
         if self.gpu is not None:
             self.gpu.retune(options)
 
-    def process(self, reads: list[ReadInput]) -> BatchResult:
-        if self.follow and reads:
-            self._switch_to(reads)
-        if self.current is None:  # building the last pore's pipeline failed: try again, to say why again
-            self.current = self._make(self.pore, "the run's metadata", self._cuda)
-        return self.current.process(reads)
+    def front(self, batch: ReadBatch) -> None:
+        """`Pipeline.front` where the batch's pore is the current pipeline's; else nothing (`run_batch` switches)."""
+        with self._lock:
+            current, pore = self.current, self.pore
+        if current is None or (self.follow and self._pore(batch.signal_paths) not in (None, pore)):
+            return
+        self._fronted[id(batch)] = pore
+        current.front(batch)
 
-    def _switch_to(self, reads: list[ReadInput]) -> None:
-        """The pipeline of the reads' pore; files whose metadata says nothing keep the current one."""
-        for path in {r.signal_path for r in reads} - self._pore_of.keys():
-            self._pore_of[path] = pore_of_file(path) if path else None
-        told = {(self._pore_of[r.signal_path], r.signal_path) for r in reads if self._pore_of[r.signal_path]}
+    def run_batch(self, batch: ReadBatch) -> BatchResult:
+        fronted = self._fronted.pop(id(batch), None)
+        current = self._for(batch.signal_paths)
+        if batch.ran and fronted != self.pore:  # run ahead on another pore's pipeline: run again
+            batch.ran.clear()
+        return current.run_batch(batch)
+
+    def process(self, reads: list[ReadInput]) -> BatchResult:
+        return self._for([r.signal_path for r in reads]).process(reads)
+
+    def _for(self, paths: list[str]) -> Pipeline:
+        """The pipeline of these reads' pore, built if it is not the current one."""
+        if self.follow and paths:
+            self._switch_to(paths)
+        with self._lock:
+            if self.current is None:  # building the last pore's pipeline failed: try again, to say why again
+                self.current = self._make(self.pore, "the run's metadata", self._cuda)
+            return self.current
+
+    def _pore(self, paths: list[str]) -> str | None:
+        """The pore the reads' files name (None: they say nothing); more than one stops the batch."""
+        told = self._told(paths)
         pores = {pore for pore, _ in told}
         if len(pores) > 1:  # the daemon then takes the batch read by read
             raise StreamerError(f"one batch holds reads of pores {' and '.join(sorted(pores))}")
-        if not pores or (pores == {self.pore} and self.current is not None):
-            return
-        pore, path = min(told)
-        log.info("%s: the run is %s: loading its models", path, title(pore))
-        self.current = None  # its GPU memory goes before the next pipeline takes its share
-        self.pore = pore
-        self.current = self._make(pore, f"{path}'s run metadata", self._cuda)
+        return next(iter(pores), None)
+
+    def _told(self, paths: list[str]) -> set[tuple[str, str]]:
+        for path in set(paths) - self._pore_of.keys():
+            self._pore_of[path] = pore_of_file(path) if path else None
+        return {(pore, path) for path in set(paths) if (pore := self._pore_of[path])}
+
+    def _switch_to(self, paths: list[str]) -> None:
+        """The pipeline of the reads' pore; files whose metadata says nothing keep the current one."""
+        pore = self._pore(paths)
+        with self._lock:
+            if pore is None or (pore == self.pore and self.current is not None):
+                return
+            path = min(p for told, p in self._told(paths) if told == pore)
+            log.info("%s: the run is %s: loading its models", path, title(pore))
+            self.current = None  # its GPU memory goes before the next pipeline takes its share
+            self.pore = pore
+            self.current = self._make(pore, f"{path}'s run metadata", self._cuda)

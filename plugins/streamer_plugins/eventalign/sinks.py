@@ -62,6 +62,7 @@ class EventalignTsv(BaseSink):
     def __init__(self, print_read_names: bool = False, scale_events: bool = False, signal_index: bool = False,
                  samples: bool = False):  # fmt: skip
         self.options = EventalignOptions(print_read_names, scale_events, signal_index, samples)
+        self.needs_signal = samples  # each event's samples
         self.header = tsv_header(self.options)
         self._names = self.header.rstrip("\n").split("\t")
 
