@@ -190,6 +190,12 @@ class Built:
     def process(self, reads):
         return self.pore
 
+    def front(self, batch):
+        batch.ran[self.pore] = 0.0
+
+    def run_batch(self, batch):
+        return self.pore, dict(batch.ran)
+
 
 def test_pore_pipeline_follows_the_files(tmp_path):
     r10 = small_run(tmp_path / "r10", 4000.0, R10_RUN) / "run.blow5"
@@ -213,3 +219,32 @@ def test_pore_pipeline_follows_the_files(tmp_path):
     assert auto.process(reads(r9)) == R9 and len(built) == 3
     fixed = PorePipeline(make, R9, "pipeline.pore r9", follow=False)
     assert fixed.process(reads(r10)) == R9
+
+
+def test_pore_pipeline_runs_a_batch_ahead_only_on_its_own_pores_pipeline(tmp_path):
+    """The driver's front thread runs ahead of the compute threads: a batch's front stages go only where it
+    is sure to compute on a pipeline of that pore (its files name the current pore, or the pore is fixed)."""
+    from types import SimpleNamespace
+
+    r10 = small_run(tmp_path / "r10", 4000.0, R10_RUN) / "run.blow5"
+    bare = small_run(tmp_path / "bare", 5000.0, None) / "run.blow5"
+    r9 = small_run(tmp_path / "r9", 4000.0, {"flow_cell_product_code": "FLO-MIN106"}) / "run.blow5"
+
+    def batch(*paths):
+        return SimpleNamespace(signal_paths=[str(p) for p in paths], ran={})
+
+    auto = PorePipeline(lambda pore, source, cuda: Built(pore, source), R10, "", follow=True)
+    b = batch(r10)
+    auto.front(b)
+    assert auto.run_batch(b) == (R10, {R10: 0.0})  # run ahead, then the rest on the same pore's pipeline
+    for other in (batch(r9), batch(bare)):  # another pore, or files that do not say: all at compute time
+        auto.front(other)
+        assert other.ran == {}
+    assert auto.run_batch(batch(r9)) == (R9, {})
+    ahead = batch(r10)
+    auto.front(ahead)  # r9's pipeline is current: r10's batch is not run ahead
+    assert ahead.ran == {} and auto.run_batch(ahead) == (R10, {})
+    fixed = PorePipeline(lambda pore, source, cuda: Built(pore, source), R9, "pipeline.pore r9", follow=False)
+    b = batch(r10)
+    fixed.front(b)
+    assert fixed.run_batch(b) == (R9, {R9: 0.0})

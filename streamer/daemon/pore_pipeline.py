@@ -44,8 +44,10 @@ class PorePipeline:
 
     For the tuner it stands for the GPU stage (`options`, `retune`) of whichever pipeline is
     current, so a pipeline built later starts from the settings the tuner has reached. The driver's
-    front thread runs ahead of the compute threads: a batch's front stages run only on the pipeline of
-    its own pore, and count only where `run_batch` finds that pore still current.
+    front thread runs ahead of the compute threads, so a batch's front stages run only where the batch
+    is sure to compute on a pipeline of the same pore: its files name the current pore (`run_batch`
+    takes the pipeline of that pore, built again if another came between), or the pore is fixed.
+    Batches whose files do not say go through every stage on the compute threads.
     """
 
     def __init__(self, make: MakePipeline, pore: str | None, source: str, *, follow: bool):
@@ -56,7 +58,6 @@ class PorePipeline:
         self._lock = threading.Lock()  # the pipeline and its pore change together
         self.current: Pipeline | None = make(pore, source, None)
         self._cuda = self.current.gpu.options if self.current.gpu is not None else None
-        self._fronted: dict[int, str | None] = {}  # id(batch) -> the pore whose pipeline ran its front stages
 
     @property
     def gpu(self):
@@ -77,20 +78,15 @@ class PorePipeline:
             self.gpu.retune(options)
 
     def front(self, batch: ReadBatch) -> None:
-        """`Pipeline.front` where the batch's pore is the current pipeline's; else nothing (`run_batch` switches)."""
+        """`Pipeline.front` where the batch's files name the current pore, or the pore is fixed; else nothing."""
         with self._lock:
             current, pore = self.current, self.pore
-        if current is None or (self.follow and self._pore(batch.signal_paths) not in (None, pore)):
+        if current is None or (self.follow and (pore is None or self._pore(batch.signal_paths) != pore)):
             return
-        self._fronted[id(batch)] = pore
         current.front(batch)
 
     def run_batch(self, batch: ReadBatch) -> BatchResult:
-        fronted = self._fronted.pop(id(batch), None)
-        current = self._for(batch.signal_paths)
-        if batch.ran and fronted != self.pore:  # run ahead on another pore's pipeline: run again
-            batch.ran.clear()
-        return current.run_batch(batch)
+        return self._for(batch.signal_paths).run_batch(batch)
 
     def process(self, reads: list[ReadInput]) -> BatchResult:
         return self._for([r.signal_path for r in reads]).process(reads)
