@@ -329,7 +329,7 @@ class Stages:
     `render` and `count` are the main sink's (what it makes of a result, how many rows); with
     `isolate` a batch the pipeline raises on is redone read by read (see the module's docstring).
     Without `keep_signal` (no sink renders samples: `streamer call`) a batch's signal is let go once
-    its events are detected on the front thread: about a third of what a batch in flight holds.
+    its events are detected on the front thread: about a quarter of what a batch in flight holds.
     """
 
     def __init__(self, pipeline: Any, render: Callable[[Any], Any] = lambda result: None,
