@@ -92,7 +92,9 @@ class Stage(Protocol):
     """One step of the chain. `open` runs once, before the warm-up batch (models, devices).
 
     A stage with GPU work opens its part on each of `pipeline.devices` into `device.parts[name]`
-    and uses `pipeline.device`'s (None: this batch, or this part of it, runs on the CPU).
+    and uses `pipeline.device`'s (None: this batch, or this part of it, runs on the CPU). A leading
+    stage may also say `on_host(pipeline)`: True where it never takes a GPU, so `Pipeline.front` may
+    run it ahead (a stage without it never runs ahead).
     """
 
     name: str  # its key in the batch's stage timings (and in `batch.products` for an analysis)
@@ -292,8 +294,7 @@ class Pipeline:
             if not getattr(stage, "on_host", lambda pipeline: False)(self):
                 break
             t0 = time.perf_counter()
-            with numba.parallel_chunksize(stage.chunk):
-                stage(batch, self)
+            self._call(stage, batch)
             t1 = time.perf_counter()
             batch.ran[stage.name] = t1 - t0
             timeline.record(stage.name, t0, t1, reads=batch.n)
@@ -314,22 +315,24 @@ class Pipeline:
                 t0 = time.perf_counter()
                 self._local.device = device
                 try:
-                    with numba.parallel_chunksize(stage.chunk):
-                        stage(batch, self)
+                    self._call(stage, batch)
                 except Exception as exc:
                     if device is None or not recover or not is_cuda_error(exc):
                         raise
                     log.warning("GPU %d failed in the %s stage of a batch of %d reads (%s): the rest of the batch "
                                 "runs on the CPU", device.dev_id, stage.name, batch.n, exc)  # fmt: skip
                     device = self._local.device = None
-                    with numba.parallel_chunksize(stage.chunk):
-                        stage(batch, self)
+                    self._call(stage, batch)
                 finally:
                     self._local.device = None
                 t1 = time.perf_counter()
                 timings[stage.name] = timings.get(stage.name, 0.0) + t1 - t0
                 timeline.record(stage.name, t0, t1, reads=batch.n)
         return BatchResult(batch, skipped_of(batch), timings)
+
+    def _call(self, stage: Stage, batch: ReadBatch) -> None:
+        with numba.parallel_chunksize(stage.chunk):
+            stage(batch, self)
 
     def _warm_up(self) -> BatchResult:
         """Compile (or load from cache) every kernel on a synthetic read before real data arrives, on each GPU."""
