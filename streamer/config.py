@@ -216,8 +216,9 @@ class GpuConfig:
                          type=bool, flag="--disable-cuda")
     disable_hmm: bool = _key(False, "Run the CpG HMM on the CPU while ABEA runs on the GPU.", type=bool,
                              flag="--disable-cuda-hmm")
-    events: bool = _key(False, "Detect events on the GPU too (the same events, bit for bit; one GPU thread per read, "
-                        "so on a host with many cores the CPU is faster: benchmarks/RESULTS-gpu-events.md).",
+    events: bool = _key(False, "Detect events on the GPU too (the same events, bit for bit), ahead of the GPU stages "
+                        "on a lane of their own, which leaves the host's cores to the rest (on a 16-core host about "
+                        "as fast end to end as the CPU's: benchmarks/RESULTS-gpu-events.md).",
                         type=bool, flag="--cuda-events")
     device: str = _key("0", "GPU to use, a list of them (`0,1`) or `all`: each batch goes to the least loaded.",
                        type=str, flag="--cuda-dev-id")

@@ -41,10 +41,11 @@ HMM_LOCAL_BYTES_PER_THREAD = 6 * 224 * 4
 # event), jobs (about 48 bytes each, at most one per 16 bases), grown by 5/4 when they are replaced
 HMM_BYTES_PER_BASE_AT_EPK = (1 + 48 / 16, 4)
 # event detection's device buffers hold this many samples of a batch at a time: the signal (4 bytes
-# a sample), its boundaries (4) and the events (20 bytes each, about one per 4.5 samples; room for
-# one per 2), grown by 5/4 when they are replaced
+# a sample), its two t-statistics (8), its boundaries (4), its kept prefix sums (16 every 16 samples)
+# and the events (20 bytes each, about one per 4.5 samples; room for one per 2), grown by 5/4 when
+# they are replaced
 EVENT_CHUNK_SAMPLES = 1 << 25
-EVENT_BYTES = int(EVENT_CHUNK_SAMPLES * (4 + 4 + 20 / 2) * 5 / 4)
+EVENT_BYTES = int(EVENT_CHUNK_SAMPLES * (4 + 8 + 4 + 1 + 20 / 2) * 5 / 4)
 # below this share of one batch's bases on the GPU, the GPU no longer pays for itself
 MIN_BATCH_SHARE = 0.25
 
@@ -74,8 +75,8 @@ def hmm_bytes_for(max_bases: int, avg_epk: float, resident_threads: int) -> int:
 
 def fixed_bytes(options: CudaOptions) -> int:
     """What comes off the cap besides the arena and the HMM: the kernel modules, and event detection's
-    buffers where events are detected on the GPU."""
-    return MODULE_BYTES + (EVENT_BYTES if options.events else 0)
+    buffers where events are detected on the GPU (the lane's, and the front lane's that runs them ahead)."""
+    return MODULE_BYTES + (2 * EVENT_BYTES if options.events else 0)
 
 
 def _wanted(options: CudaOptions, bandwidth: int, resident_threads: int, fixed: int) -> tuple[int, int]:

@@ -8,10 +8,13 @@ The arithmetic is f5c's (see `streamer.pipeline.events`). The prefix sums are a 
 additions whose every step rounds, so they are formed in order, one read at a time: a parallel scan
 would round differently. A read goes in blocks: a block's prefix sums (and the few either side its
 windows reach), then its two t-series (`tstat` where the windows `fit`), then the detectors over
-them (`detect`: selects, no branch the data decides). A GPU thread takes one read (`read_peaks`,
-its small blocks in local memory); the CPU kernel runs the same cells over sixteen reads side by
-side, in SIMD lanes. Once a read's boundaries are known, `fill_read` forms its sums again, a block
-at a time, and writes its events.
+them (`detect`: selects, no branch the data decides). The CPU kernel runs these cells over sixteen
+reads side by side, in SIMD lanes (a read alone: `read_peaks`); once a read's boundaries are known,
+`fill_read` forms its sums again, a block at a time, and writes its events. The GPU splits the same
+work across threads (`streamer_gpu.events`): a read's prefix sums in order on one thread, kept every
+few samples, from which any other thread forms the same sums again (the same additions from the
+same value round the same), so `t_series` and `event` run a thread per block of samples or per event,
+and only `detect_run`, a few selects a sample, stays one thread a read.
 The cells take a read's flat arrays and the detectors' settings, a dozen or so, as device functions
 must; `detect_events` and `CudaEvents.detect` take the signal and `EventParams` and unpack them once.
 """
@@ -49,7 +52,10 @@ class EventCells(NamedTuple):
     tstat: Callable
     fits: Callable
     detect: Callable
+    t_series: Callable
     read_peaks: Callable
+    detect_run: Callable
+    event: Callable
     fill_read: Callable
 
 
@@ -180,10 +186,24 @@ def event_cells(t: Target) -> EventCells:
         return (pos1, val1, valid1, pos2, val2, valid2, masked_to), peak1, peak2
 
     @t.jit
+    def detect_run(state, t1, t2, k0, i0, i1, settings, peaks, p0, count):
+        """`detect` over samples i0..i1-1 of a read, their t-statistics at t1/t2[k0:]; each boundary into
+        peaks[p0 + count], counted on. Returns the state and the count after sample i1 - 1."""
+        for i in range(i0, i1):
+            state, peak1, peak2 = detect(state, t1[k0 + i - i0], t2[k0 + i - i0], np.int32(i), i > 0, settings)
+            if peak1 >= 0:
+                peaks[p0 + count] = peak1
+                count += 1
+            if peak2 >= 0:
+                peaks[p0 + count] = peak2
+                count += 1
+        return state, count
+
+    @t.jit
     def read_peaks(x, a, n, settings, pre_s, pre_q, t1, t2, peaks, p0):
         """Boundaries of the read x[a:a+n] into peaks[p0:]; returns how many (strictly increasing, in 1..n-1).
 
-        One read alone (a GPU thread's): its blocks of len(t1) samples (`t_block`: pre_s/pre_q hold
+        One read alone (the CPU kernel's longest reads): its blocks of len(t1) samples (`t_block`: pre_s/pre_q hold
         `scratch_size(w1, w2, len(t1))` sums), then `detect` over them, off at sample 0.
         """
         w1, w2 = settings[0], settings[1]
@@ -192,14 +212,7 @@ def event_cells(t: Target) -> EventCells:
         count = 0
         for b0 in range(0, n, len(t1)):
             sums = t_block(x, a, n, w1, w2, sums, b0, pre_s, pre_q, t1, t2)
-            for i in range(b0, min(b0 + len(t1), n)):
-                state, peak1, peak2 = detect(state, t1[i - b0], t2[i - b0], np.int32(i), i > 0, settings)
-                if peak1 >= 0:
-                    peaks[p0 + count] = peak1
-                    count += 1
-                if peak2 >= 0:
-                    peaks[p0 + count] = peak2
-                    count += 1
+            state, count = detect_run(state, t1, t2, 0, b0, min(b0 + len(t1), n), settings, peaks, p0, count)
         return count
 
     @t.jit
@@ -256,4 +269,4 @@ def event_cells(t: Target) -> EventCells:
         for k in range(U(e + 1)):
             mean[o + k], stdv[o + k] = event(mean[o + k], stdv[o + k], length[o + k])
 
-    return EventCells(accumulate, tstat, fits, detect, read_peaks, fill_read)
+    return EventCells(accumulate, tstat, fits, detect, t_series, read_peaks, detect_run, event, fill_read)

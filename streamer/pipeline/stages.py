@@ -93,8 +93,9 @@ class Stage(Protocol):
 
     A stage with GPU work opens its part on each of `pipeline.devices` into `device.parts[name]`
     and uses `pipeline.device`'s (None: this batch, or this part of it, runs on the CPU). A leading
-    stage may also say `on_host(pipeline)`: True where it never takes a GPU, so `Pipeline.front` may
-    run it ahead (a stage without it never runs ahead).
+    stage may also say `ahead`: True where it needs no lane of its batch's, so `Pipeline.front` may run
+    it ahead on the pipeline's front lane (`Pipeline.front_device`, whose parts it opens too); a stage
+    without it never runs ahead.
     """
 
     name: str  # its key in the batch's stage timings (and in `batch.products` for an analysis)
@@ -111,26 +112,23 @@ class _CoreStage:
     def open(self, pipeline: Pipeline) -> None:
         pass
 
-    def on_host(self, pipeline: Pipeline) -> bool:
-        """Whether the stage never takes a GPU: it may run ahead of the GPU stages (`Pipeline.front`)."""
-        return False
+    ahead = False  # whether it needs no lane of the batch's GPU (`Stage`)
 
 
 class DetectEvents(_CoreStage):
-    """Event detection, on the batch's GPU when `cuda.events` asks for it (its measurements in `batch.stats["events"]`)."""
+    """Event detection, on the GPU when `cuda.events` asks for it (its measurements in `batch.stats["events"]`):
+    ahead of the GPU stages on the front lane's part, or on the batch's lane where it runs every stage."""
 
     name = "events"
+    ahead = True
 
     def open(self, pipeline: Pipeline) -> None:
         if not pipeline.options.cuda.events:
             return
-        for device in pipeline.devices:
+        for device in [*pipeline.devices, *([pipeline.front_device] if pipeline.front_device else [])]:
             part = gpu_package().open_events(replace(pipeline.options.cuda, dev_id=device.dev_id))
             if part is not None:
                 device.parts[self.name] = part
-
-    def on_host(self, pipeline: Pipeline) -> bool:
-        return not any(self.name in device.parts for device in pipeline.devices)
 
     def __call__(self, batch: ReadBatch, pipeline: Pipeline) -> None:
         device, params = pipeline.device, pipeline.options.chemistry.events
@@ -148,9 +146,7 @@ class EstimateScalings(_CoreStage):
     events turned 5'->3' after (the moments do not depend on the events' order, their float sums do)."""
 
     name = "scaling"
-
-    def on_host(self, pipeline: Pipeline) -> bool:
-        return True
+    ahead = True
 
     def __call__(self, batch: ReadBatch, pipeline: Pipeline) -> None:
         chem = pipeline.options.chemistry
@@ -255,6 +251,7 @@ class Pipeline:
         numba.set_num_threads(max(1, min(options.threads, numba.config.NUMBA_NUM_THREADS)))
         with timeline.span("devices"):  # the GPUs' arenas, buffers and kernels' modules
             self.pool: DevicePool[GpuDevice] = DevicePool(open_devices(options.cuda))
+        self._front: GpuDevice | None = None
         self.gpu_lock = threading.Lock()  # for a GPU part set from outside (tests, benchmarks) with no device
         self._local = threading.local()
         for stage in self.stages:
@@ -266,6 +263,13 @@ class Pipeline:
     @property
     def devices(self) -> list[GpuDevice]:
         return self.pool.devices
+
+    @property
+    def front_device(self) -> GpuDevice | None:
+        """The first GPU's lane for the stages run ahead (`front`): parts of its own, its own lock."""
+        if self._front is None and self.devices:
+            self._front = replace(self.devices[0], parts={}, lock=threading.Lock())
+        return self._front
 
     @property
     def gpu(self) -> GpuGroup | None:
@@ -284,20 +288,26 @@ class Pipeline:
         return self.run_batch(pack(reads))
 
     def front(self, batch: ReadBatch) -> None:
-        """The leading stages that take no GPU (`on_host`: event detection on the CPU, scaling), run now on
-        the calling thread and marked in `batch.ran`, which `run_batch` goes on after: so one batch's host
-        side runs while another's GPU stages do (the driver's front thread). Nothing where there is no GPU
-        to overlap."""
-        if not self.devices:
+        """The leading stages that need no lane (`ahead`: event detection, scaling), run now on the calling
+        thread, on `front_device`, and marked in `batch.ran`, which `run_batch` goes on after: so one
+        batch's events run while another's GPU stages do (the driver's front thread). Nothing where there
+        is no GPU to overlap."""
+        front = self.front_device
+        if front is None:
             return
-        for stage in self.stages:
-            if not getattr(stage, "on_host", lambda pipeline: False)(self):
-                break
-            t0 = time.perf_counter()
-            self._call(stage, batch)
-            t1 = time.perf_counter()
-            batch.ran[stage.name] = t1 - t0
-            timeline.record(stage.name, t0, t1, reads=batch.n)
+        with front.context():
+            for stage in self.stages:
+                if not getattr(stage, "ahead", False):
+                    break
+                t0 = time.perf_counter()
+                self._local.device = front
+                try:
+                    self._call(stage, batch)
+                finally:
+                    self._local.device = None
+                t1 = time.perf_counter()
+                batch.ran[stage.name] = t1 - t0
+                timeline.record(stage.name, t0, t1, reads=batch.n)
 
     def run_batch(self, batch: ReadBatch) -> BatchResult:
         i = self.pool.take()
@@ -346,6 +356,8 @@ class Pipeline:
                 if not is_cuda_error(exc):
                     raise
                 self.pool.drop(i)
+                if self._front is not None and self._front.dev_id == dev_id:
+                    self._front = None  # the next GPU's, without parts: events ahead on the CPU
                 where = "batches go to the other GPUs" if self.devices else "this process runs on the CPU"
                 log.warning("GPU %d failed at start-up (%s): %s", dev_id, exc, where)
                 failed = True
