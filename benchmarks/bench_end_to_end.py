@@ -56,18 +56,20 @@ def _copy_fast5(job: tuple[list[str], Path, int]) -> None:
 
 
 def _write_copies(job: tuple[str, Path, list[int]]) -> None:
-    """POD5 or BLOW5 file of the given copies of every shared read."""
+    """POD5 or BLOW5 file of the given copies of every shared read, with the source run's metadata."""
     from dataclasses import replace
 
     from streamer.io.fast5 import iter_fast5
     from streamer.io.pod5 import write_pod5
+    from streamer.io.poretype import run_metadata
     from streamer.io.slow5 import write_blow5
 
     fmt, path, copies = job
     src = sorted(Path(os.environ["E2E_FAST5"]).glob("*.fast5"))
     records = [rec for f in src for rec in iter_fast5(f)]
     out = (replace(rec, read_id=new_id(rec.read_id, c)) for c in copies for rec in records)
-    (write_pod5 if fmt == "pod5" else write_blow5)(path, out)
+    # the source run's flow cell and kit, as MinKNOW writes them into its own files: they name the pore
+    (write_pod5 if fmt == "pod5" else write_blow5)(path, out, run_metadata(src[0]))
 
 
 def replicate(data: Path, work: Path, copies: int, workers: int) -> dict:
@@ -385,6 +387,7 @@ def main() -> int:
         "fast5_gpu_abea_cpu_hmm_K1024": [*fast5, "-K", "1024", "--disable-cuda-hmm"],
         "fast5_cpu_K1024": [*fast5, "-K", "1024", "--disable-cuda"],
         "pod5_gpu_cuda_events": [*pod5, "--cuda-events"],
+        "pod5_gpu_cpu_events": [*pod5, "--no-cuda-events"],
         "pod5_gpu_budget_8G": [*pod5, "--memory-budget", "8G"],
         "pod5_gpu_budget_5G": [*pod5, "--memory-budget", "5G"],
         "pod5_gpu_budget_8G_K1024": [*pod5, "--memory-budget", "8G", "-K", "1024"],

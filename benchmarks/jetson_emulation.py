@@ -145,7 +145,8 @@ def trial(args, root: Path, prep: dict, pace: float, out: Path, standin: dict | 
         args.threads, "--memory-budget", args.budget, *(["--gpu-memory", args.gpu_memory] if args.gpu_memory != "none"
                                                          else []),
         "--basecalls", args.basecalls, *(["--align-engine", args.align_engine] if args.align_engine else []),
-        "--status-interval", "1", "--grace", "2", *(["--trace", out / "trace.json"] if args.daemon_trace else []))],
+        "--status-interval", "1", "--grace", "2", *(["--trace", out / "trace.json"] if args.daemon_trace else []),
+        *args.daemon_flag)],
         stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
     outs = [results / n for n in names] if len(names) > 1 else [results]  # one run's outputs are not in a folder of its name
     summaries = [o / "summary.json" for o in outs]
@@ -318,6 +319,8 @@ def main() -> int:
     r.add_argument("--align-engine", choices=ENGINES, help="the daemon's `--align-engine` [its default]")
     r.add_argument("--profile", default="jetson-orin-nx")
     r.add_argument("--budget", default="6G", help="host and GPU together [%(default)s]")
+    r.add_argument("--daemon-flag", action="append", default=[], metavar="FLAG",
+                   help="one more flag of the daemon's `streamer run`, as --daemon-flag=--cuda-events (repeatable)")
     r.add_argument("--daemon-trace", action="store_true",
                    help="the daemon writes its timeline (`streamer run --trace`) to OUT/trace.json")
     r.add_argument("--gpu-memory", default="3G", help="the GPU cap (`none`: no cap, the profile's share) [%(default)s]")

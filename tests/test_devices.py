@@ -13,6 +13,8 @@ import pytest
 from streamer.pipeline import planned
 from streamer.pipeline.runner import RunnerOptions
 from streamer.pipeline.abea import align_batch
+from streamer.pipeline.batch import pack
+from streamer.pipeline.events import detect_events
 from streamer.pipeline.devices import DevicePool
 from streamer.pipeline.gpu import CudaOptions
 from streamer.io.reference import Reference
@@ -77,6 +79,38 @@ class FakeAbea:
         self.meeting.wait(timeout=60)
         self.seen.append(self.dev_id)
         return align_batch(*args), None
+
+
+class FakeEvents:
+    """A lane's GPU events part that detects on the CPU and records which lane it is."""
+
+    def __init__(self, name: str, used: list):
+        self.name, self.used = name, used
+
+    def detect(self, signal, signal_off, params):
+        self.used.append(self.name)
+        return detect_events(signal, signal_off, params), None
+
+
+def test_events_run_ahead_on_the_front_lanes_own_part():
+    """With a GPU, `front` runs a batch's events on a lane of their own (the first GPU's, with its own
+    parts and lock), so they take no batch's lane; a batch not run ahead uses its lane's part."""
+    pipeline = Pipeline(PipelineOptions(threads=1, cuda=CudaOptions(disable=True)), [CpgCaller()])
+    pipeline.pool = DevicePool([GpuDevice(d, FakeAbea(d, threading.Barrier(1), [])) for d in range(2)])
+    used: list = []
+    for device in pipeline.devices:
+        device.parts["events"] = FakeEvents(f"lane {device.dev_id}", used)
+    front = pipeline.front_device
+    assert front.dev_id == 0 and front.parts == {} and front.lock is not pipeline.devices[0].lock
+    front.parts["events"] = FakeEvents("front", used)
+    ahead = pack([pipeline._synthetic_read()])
+    pipeline.front(ahead)
+    assert set(ahead.ran) == {"events", "scaling"} and used == ["front"]
+    result = pipeline.run_batch(ahead)
+    behind = pipeline.run_batch(pack([pipeline._synthetic_read()]))
+    assert used == ["front", "lane 0"]
+    assert np.array_equal(result.batch.ev_mean, behind.batch.ev_mean)
+    assert result.products["calls"].llr.tobytes() == behind.products["calls"].llr.tobytes()
 
 
 def test_batches_spread_over_n_devices_and_results_in_input_order(plans):

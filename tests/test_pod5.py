@@ -14,6 +14,8 @@ import pytest
 from conftest import ECOLI
 from streamer.errors import InputError
 from streamer.io.fast5 import iter_fast5
+from streamer.io.poretype import run_metadata
+from streamer.pipeline.chemistry import pore_of_file
 from streamer.io.pod5 import SIGNATURE, iter_pod5, pod5_is_complete, pod5_read_ids, read_pod5, read_pod5_many, write_pod5
 
 DORADO = Path("/work/shared/data/formats/pod5_dorado/chr1_MAT.pod5")
@@ -164,3 +166,18 @@ def test_corrupt_compressed_signal(tmp_path, ecoli_pod5, fast5_records):
     with pytest.raises(InputError, match="unreadable read"):
         read_pod5(path, first)
     assert read_pod5(path, fast5_records[3].read_id).read_id == fast5_records[3].read_id
+
+
+def test_a_fast5_runs_metadata_names_its_pore_in_the_pod5_written(tmp_path, fast5_records):
+    """A FAST5 run keeps its flow cell and kit in `tracking_id`/`context_tags` (here only in the protocol
+    script's name); written as POD5 (a replay, the benchmarks' data) they stay there, so the POD5 names
+    the pore as the FAST5 did."""
+    source = sorted((ECOLI / "fast5").glob("*.fast5"))[0]
+    run = run_metadata(source)
+    assert "FLO-MIN106" in run["exp_script_name"] and pore_of_file(source) == "r9"
+    path = tmp_path / "run.pod5"
+    write_pod5(path, fast5_records[:2], run=run)
+    assert run_metadata(path) == run and pore_of_file(path) == "r9"
+    bare = tmp_path / "bare.pod5"
+    write_pod5(bare, fast5_records[:2])
+    assert run_metadata(bare) == {} and pore_of_file(bare) is None

@@ -96,14 +96,20 @@ def read_pod5_many(path: str | Path, read_ids: Iterable[str]) -> Iterator[Signal
         yield from _records(path, reader.reads(selection=list(read_ids), missing_ok=True))
 
 
+CONTEXT_TAGS = ("experiment_kit", "experiment_type", "sequencing_kit")
+"""Run keys a FAST5 keeps in `context_tags` (the others in `tracking_id`); POD5's run info has both."""
+
+
 def write_pod5(path: str | Path, records: Iterable[SignalRecord], run: Mapping[str, str] | None = None) -> int:
     """Write reads to a new POD5 file with the official writer; returns how many.
 
     Calibration and ADC span are set as `pod5 convert fast5` sets them, so a FAST5 read
     written here reads back with the same pA bits. `run` sets string fields of the run
-    info (e.g. `flow_cell_product_code`, `sequencing_kit`, which tell the pore; keys the run info
-    has no field for are left out). For tests, benchmarks and replays; read ids must be UUIDs, as
-    POD5 requires.
+    info (e.g. `flow_cell_product_code`, `sequencing_kit`, which tell the pore); its other keys
+    go where a FAST5 keeps them, in the run info's `context_tags` (the kit and experiment type)
+    or `tracking_id` (the rest, such as `exp_script_name`), so a FAST5 run written here names its
+    pore as the source did. For tests, benchmarks and replays; read ids must be UUIDs, as POD5
+    requires.
     """
     import pod5
 
@@ -123,7 +129,11 @@ def write_pod5(path: str | Path, records: Iterable[SignalRecord], run: Mapping[s
                     sequencer_position="", sequencer_position_type="", software="streamer", system_name="",
                     system_type="", tracking_id={},
                 )
-                runs[key] = pod5.RunInfo(**{**fields, **{k: v for k, v in (run or {}).items() if k in fields}})
+                rest = {k: v for k, v in (run or {}).items() if k not in fields}
+                fields.update({k: v for k, v in (run or {}).items() if k in fields},
+                              context_tags={k: v for k, v in rest.items() if k in CONTEXT_TAGS},
+                              tracking_id={k: v for k, v in rest.items() if k not in CONTEXT_TAGS})
+                runs[key] = pod5.RunInfo(**fields)
             writer.add_read(pod5.Read(
                 read_id=uuid.UUID(rec.read_id),
                 pore=pod5.Pore(channel=1, well=1, pore_type="not_set"),

@@ -39,8 +39,9 @@ def _pod5_metadata(path: Path) -> dict[str, str]:
         read = next(reader.reads(), None)
         if read is None:
             return {}
-        return {"flow_cell_product_code": read.run_info.flow_cell_product_code,
-                "sequencing_kit": read.run_info.sequencing_kit}
+        info = read.run_info
+        tags = {k: v for group in (info.tracking_id, info.context_tags) for k, v in dict(group).items() if k in _KEYS}
+        return {**tags, "flow_cell_product_code": info.flow_cell_product_code, "sequencing_kit": info.sequencing_kit}
 
 
 def _slow5_metadata(path: Path) -> dict[str, str]:
