@@ -76,9 +76,10 @@ def call(tmp_path, name: str, *extra, fault: str = "") -> tuple[subprocess.Compl
 @needs_cuda_module
 def test_call_with_gpu_events_writes_the_cpus_calls(tmp_path):
     # ABEA's batches fail on purpose (its call 1 is the warm-up's) so that only events run on the
-    # simulated GPU; events' call 2 is the first batch of reads, call 3 fails: that batch's events
-    # come from the CPU, said in one line, the other batches' from the GPU
-    faults = ",".join(f"abea:{n}" for n in range(2, 40)) + ",events:3"
+    # simulated GPU; they run ahead on the front lane, whose part counts its own calls from the first
+    # batch of reads: its call 2 fails, so that batch's events come from the CPU, said in one line, the
+    # other batch's from the GPU
+    faults = ",".join(f"abea:{n}" for n in range(2, 40)) + ",events:2"
     on_cpu = call(tmp_path, "cpu", "--disable-cuda")[1]
     assert on_cpu.count(b"\n") > 10
     proc, calls = call(tmp_path, "gpu", "--cuda-events", fault=faults)

@@ -217,6 +217,8 @@ def test_pore_pipeline_follows_the_files(tmp_path):
     with pytest.raises(StreamerError, match="pores r10 and r9"):
         auto.process(reads(r10, r9))
     assert auto.process(reads(r9)) == R9 and len(built) == 3
+    default = PorePipeline(make, None, "", follow=True)  # built before any file: the default pore's (R9.4.1)
+    assert default.process(reads(r9)) is None and len(built) == 4 and default.pore == R9  # named: not built again
     fixed = PorePipeline(make, R9, "pipeline.pore r9", follow=False)
     assert fixed.process(reads(r10)) == R9
 

@@ -234,8 +234,11 @@ def test_the_front_step_lets_the_signal_go_once_the_events_are_in_unless_asked_t
     assert a.batch.signal.size == 10 and a.batch.ran == {}
 
 
-def test_records_are_packed_on_the_front_thread_and_kept_for_a_retry():
-    """The daemon assembles records (a retry goes read by read): the front step packs them first."""
+def test_records_are_packed_on_the_assembler_thread_and_kept_for_a_retry():
+    """The daemon assembles records (a retry goes read by read): the assembler's step packs them, so the
+    front step's time goes to the front stages; records the packer refuses stay records for the stages."""
+    from dataclasses import replace
+
     from streamer.pipeline.stages import synthetic_read
     from streamer.pore.model import load_kmer_model
 
@@ -246,6 +249,13 @@ def test_records_are_packed_on_the_front_thread_and_kept_for_a_retry():
             fronted.append(batch)
 
     reads = [synthetic_read(load_kmer_model(None))]
+    stages = Stages(Front(), isolate=True)
     a = Assembled(reads, None, [], 1)
-    Stages(Front(), isolate=True).front(a)
-    assert fronted == [a.batch] and a.batch.read_ids == ["warm-up"] and a.reads == reads
+    stages.prepare(a)
+    assert a.batch.read_ids == ["warm-up"] and a.reads == reads and fronted == []
+    stages.front(a)
+    assert fronted == [a.batch]
+    refused = Assembled([replace(reads[0], signal=None)], None, [], 1)
+    stages.prepare(refused)
+    stages.front(refused)
+    assert refused.batch is None and fronted == [a.batch]

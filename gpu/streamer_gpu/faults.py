@@ -3,8 +3,9 @@
 `STREAMER_CUDA_FAULT=abea:1,hmm:3` makes the first call of the GPU ABEA stage and the third
 of the GPU CpG HMM (`events:n`: GPU event detection; `seeds:n`: GPU seeding; `chain:n`: GPU
 chaining; `extend:n`: GPU extension) raise the device out-of-memory error a real launch raises (call 1
-is the pipeline's warm-up batch, call 2 the first batch of reads). Read when a GPU stage opens; unset,
-`check` costs a dictionary look-up.
+is the pipeline's warm-up batch, call 2 the first batch of reads). Each part counts its own calls: the
+events that run ahead on the front lane (`Pipeline.front_device`) count from the first batch of reads.
+Read when a GPU stage opens; unset, `check` costs a dictionary look-up.
 """
 
 from __future__ import annotations

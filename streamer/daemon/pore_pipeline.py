@@ -4,7 +4,7 @@ A daemon may start before its run has written a signal file, so the pore (a chem
 `streamer.pipeline.chemistry`, which picks the models) is not always known when the kernels are
 warmed: `PorePipeline` builds the pipeline for the pore the watched folder already shows (or the default one), and when a
 batch's signal files name another pore it builds that pore's pipeline in place of the first,
-once, with one log line. The sample rate (4 or 5 kHz R10.4.1) is each read's own, from its file.
+once, with one log line (files naming the default's pore keep the default's pipeline). The sample rate (4 or 5 kHz R10.4.1) is each read's own, from its file.
 With a fixed pore (`pipeline.pore` other than auto) it never changes.
 """
 
@@ -21,7 +21,7 @@ from streamer.errors import StreamerError
 from streamer.pipeline.gpu import CudaOptions
 from streamer.io.signal import SIGNAL_SUFFIXES
 from streamer.pipeline.stages import BatchResult, Pipeline
-from streamer.pipeline.chemistry import pore_of_file, title
+from streamer.pipeline.chemistry import DEFAULT, chemistry, pore_of_file, title
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +120,10 @@ class PorePipeline:
             if pore is None or (pore == self.pore and self.current is not None):
                 return
             path = min(p for told, p in self._told(paths) if told == pore)
+            if self.current is not None and self.pore is None and chemistry(pore) is DEFAULT:
+                log.info("%s: the run is %s", path, title(pore))  # the default's pipeline is that pore's
+                self.pore = pore
+                return
             log.info("%s: the run is %s: loading its models", path, title(pore))
             self.current = None  # its GPU memory goes before the next pipeline takes its share
             self.pore = pore

@@ -194,7 +194,8 @@ class Daemon:
             runner = RunnerOptions(compute_threads=threads, ahead=2 if threads > 1 else 1)  # as `memory_plan` sizes
             stages = Stages(self.pipeline, self.sinks.render, self.sinks.count, isolate=True,
                             keep_signal=self.sinks.needs_signal)  # fmt: skip
-            self.driver = BatchDriver(stages, compute_threads=threads, limit=runner.limit, front=stages.front)
+            self.driver = BatchDriver(stages, compute_threads=threads, limit=runner.limit, front=stages.front,
+                                      prepare=stages.prepare)
         except BaseException:
             self.close()
             raise

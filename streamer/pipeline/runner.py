@@ -65,13 +65,26 @@ class RunnerOptions:
 
 @dataclass
 class Assembled:
-    """A batch ready for the stages: packed (`batch`), or as records the pipeline packs (`reads`,
-    which a read-by-read retry needs); the records that could not go, and how many came in."""
+    """A batch ready for the stages: packed (`batch`), and as records where a read-by-read retry needs
+    them (`reads`: the daemon's; packed by `packed`, or by the pipeline where they could not be); the
+    records that could not go, and how many came in."""
 
     reads: list[ReadInput]
     batch: ReadBatch | None
     skipped: list[Skipped]
     records_in: int
+
+
+def packed(reads: list[ReadInput]) -> ReadBatch | None:
+    """Records packed for the stages on the assembler thread, kept beside them for a retry read by read;
+    None where there are none or one is refused (the compute step packs them again, and isolates it)."""
+    if not reads:
+        return None
+    try:
+        return pack(reads)
+    except Exception as exc:  # noqa: BLE001 - met again, and handled, where the batch computes
+        log.debug("a batch of %d records could not be packed (%s): the stages take the records", len(reads), exc)
+        return None
 
 
 @dataclass
@@ -104,9 +117,11 @@ class BatchDriver:
     """Jobs through `compute` on `compute_threads` threads, at most `limit` in flight, taken in order."""
 
     def __init__(self, compute: Callable[[Any], Done], *, compute_threads: int = 1, limit: int = 1,
-                 numba_threads: int | None = None, front: Callable[[Any], None] | None = None):  # fmt: skip
+                 numba_threads: int | None = None, front: Callable[[Any], None] | None = None,
+                 prepare: Callable[[Any], None] | None = None):  # fmt: skip
         self.compute = compute
         self.front = front  # run on each assembled batch on a thread of its own before `compute` (`Stages.front`)
+        self.prepare = prepare  # run on each on the assembler thread, after its job's `assemble` (`Stages.prepare`)
         self.compute_threads = max(1, compute_threads)
         self.limit = max(1, limit)
         self.numba_threads = numba_threads  # set on each compute thread (numba's count is per thread)
@@ -256,6 +271,8 @@ class BatchDriver:
                 seq, job = item
                 with timeline.span("assemble", batch=seq):
                     assembled = job.assemble()
+                    if self.prepare is not None:
+                        self.prepare(assembled)
                 self._hand_on(self._fronting if self.front is not None else self._computing, (seq, job, assembled))
         except _Stop:
             pass
@@ -341,21 +358,23 @@ class Stages:
         self.isolate = isolate
         self.keep_signal = keep_signal
 
+    def prepare(self, a: Assembled) -> None:
+        """The batch packed where it came as records alone (the daemon's, kept for a retry read by read), on
+        the driver's assembler thread, so that the front thread's time goes to the front stages."""
+        if a.batch is None and hasattr(self.pipeline, "front"):  # a test's stand-in may have none: it takes records
+            a.batch = packed(a.reads)
+
     def front(self, a: Assembled) -> None:
-        """The batch packed (the daemon's come as records, kept for a retry read by read) and its leading
-        stages that need no GPU (`Pipeline.front`), on the driver's front thread. Where they fail, `__call__`
-        runs them again with the rest, and fails or isolates as it does."""
-        front = getattr(self.pipeline, "front", None)  # a test's stand-in may have none: it takes records
-        if front is None or (a.batch is None and not a.reads):
+        """The batch's leading stages that need no lane (`Pipeline.front`), on the driver's front thread.
+        Where they fail, `__call__` runs them again with the rest, and fails or isolates as it does."""
+        front = getattr(self.pipeline, "front", None)
+        if front is None or a.batch is None:
             return
         try:
-            if a.batch is None:
-                a.batch = pack(a.reads)
             front(a.batch)
         except Exception as exc:  # noqa: BLE001 - the compute step meets it again, where it is handled
             log.debug("the front stages failed on a batch of %d records (%s): run with the rest", a.records_in, exc)
-            if a.batch is not None:
-                a.batch.ran.clear()
+            a.batch.ran.clear()
             return
         if not self.keep_signal and "events" in a.batch.ran:
             a.batch.signal = np.empty(0, a.batch.signal.dtype)
