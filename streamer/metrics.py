@@ -50,7 +50,6 @@ LIMITS = {
     "unified_memory": "1 where host and GPU are one memory (a Jetson's) and the budget holds both",
     "gpu_reserve": "device bytes never taken (left to a co-resident basecaller)",
     "gpu_memory": "most device bytes the GPU stages take (on a Jetson, the budget's share)",
-    "gpu_events": "1 where events are detected on the GPU",
 }
 STATES = ("new", "running", "finishing", "finished", "stopped", "failed")
 

@@ -598,21 +598,6 @@ def test_values_left_at_their_defaults_count_as_unset():
     assert user_set({"max_reads": 512, "max_lf": 2.0, "mem_frac": None}, defaults) == {"max_lf": 2.0}
 
 
-def test_events_on_the_gpu_where_the_profile_says_unless_given():
-    """Workstation and data-centre GPUs detect events on the GPU (the host's cores go to the rest); Jetsons,
-    laptops and the CPU do not; `gpu.events` / `--cuda-events` set either way wins."""
-    h100 = Machine(H100, 32, 256 * GIB)
-    assert plan(h100).gpu.events and plan(h100).limits()["gpu_events"] is True
-    assert plan(Machine(GpuInfo("NVIDIA GeForce RTX 4090", 24 * GIB, 23 * GIB, False), 16, 64 * GIB)).gpu.events
-    orin = Machine(GpuInfo("Orin", 16 * GIB, 12 * GIB, True), 8, 16 * GIB)
-    laptop = Machine(GpuInfo("NVIDIA RTX 3050 Laptop GPU", 4 * GIB, 4 * GIB, False), 8, 16 * GIB)
-    assert not any(plan(m).gpu.events for m in (orin, laptop, Machine(None, 8, 16 * GIB)))
-    off = plan(h100, given={"gpu_events": False})
-    assert not off.gpu.events and off.sources["gpu_events"] == "given"
-    assert not off.cuda_options(CudaOptions()).events and plan(h100).cuda_options(CudaOptions()).events
-    assert plan(orin, given={"gpu_events": True}).gpu.events
-
-
 def test_every_profile_is_within_the_bounds():
     for p in PROFILES.values():
         s = p.settings

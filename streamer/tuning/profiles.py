@@ -172,9 +172,7 @@ class Profile:
     """Starting settings for a class of machine; threads are every core but spare_cores, up to max_threads.
 
     unified: host and GPU are one memory (a Jetson's), so the memory budget is one for both;
-    gpu_reserve: device bytes never taken (`gpu.reserve`); stream_priority: of the GPU stages' CUDA streams;
-    gpu_events: whether events are detected on the GPU (`gpu.events`): where its memory and time are the
-    daemon's alone, it frees the host's cores (benchmarks/RESULTS-gpu-events.md).
+    gpu_reserve: device bytes never taken (`gpu.reserve`); stream_priority: of the GPU stages' CUDA streams.
     """
 
     name: str
@@ -193,7 +191,6 @@ class Profile:
     gpu_reserve: int = 0
     spare_cores: int = 0  # cores left to other work (MinKNOW's)
     stream_priority: str = "normal"
-    gpu_events: bool = False
 
     @property
     def settings(self) -> Settings:
@@ -233,15 +230,14 @@ PROFILES = {p.name: p for p in (
             3 * GIB, 4 * GIB),
     _jetson("jetson-orin", "Jetson AGX Orin: 12 cores, 32-64 GB shared", 2048, 10_000_000, 0.6, 12, 6 * GIB, 8 * GIB),
     Profile("laptop", "laptop or small GPU (up to 8 GB), or few CPU cores", 512, 5_000_000, 0.8, None, 1 << 30),
-    Profile("workstation", "desktop or workstation GPU (8-40 GB)", 1024, 10_000_000, 0.9, None, 2 << 30,
-            gpu_events=True),
+    Profile("workstation", "desktop or workstation GPU (8-40 GB)", 1024, 10_000_000, 0.9, None, 2 << 30),
     Profile("hpc", "data-centre GPU (40 GB or more, A100/H100/H200...) with 16 cores or more", 4096, 20_000_000, 0.9,
-            None, 3 << 30, gpu_events=True),
+            None, 3 << 30),
     Profile("cpu", "no GPU: ABEA on the CPU", 512, 5_000_000, None, None, 300 << 20, 64 << 20),
 )}  # fmt: skip
 PROFILE_NAMES = tuple(PROFILES)
 # the limits besides the knobs, threads and mem_frac that a user may set (`plan`'s `given`)
-LIMIT_KEYS = ("memory_budget", "gpu_reserve", "gpu_memory", "stream_priority", "gpu_events")
+LIMIT_KEYS = ("memory_budget", "gpu_reserve", "gpu_memory", "stream_priority")
 
 
 def pick_profile(machine: Machine) -> Profile:
@@ -266,12 +262,11 @@ def pick_profile(machine: Machine) -> Profile:
 class GpuLimits:
     """What the GPU stages may take and how they launch: device bytes never taken (`gpu.reserve`), the most
     the process takes (`gpu.memory`; None: mem_frac alone, or on a Jetson the budget's share), the
-    priority of their CUDA streams (`gpu.stream_priority`), whether events are detected there (`gpu.events`)."""
+    priority of their CUDA streams (`gpu.stream_priority`)."""
 
     reserve: int = 0
     memory: int | None = None
     stream_priority: str = "normal"
-    events: bool = False
 
 
 def bounds_for(machine: Machine, mem_frac: float | None, gpu: GpuLimits = GpuLimits()) -> Bounds:
@@ -306,7 +301,7 @@ class Plan:
         split thresholds and caps."""
         g = self.gpu
         return with_settings(replace(base, mem_frac=self.mem_frac, reserve=g.reserve, memory_cap=g.memory,
-                                     stream_priority=g.stream_priority, events=g.events), self.settings)  # fmt: skip
+                                     stream_priority=g.stream_priority), self.settings)  # fmt: skip
 
     def device_share(self, cuda: CudaOptions) -> DeviceShare | None:
         """The GPU part of the budget (`memory_plan`'s `device`) where host and GPU are one memory and the GPU
@@ -334,11 +329,11 @@ class Plan:
         """Every limit the plan sets, by its configuration name: the batch caps, the GPU split, threads, the
         arena's share of free GPU memory (None: the built-in share), the memory budget in bytes, whether it
         holds the GPU's memory too, the device bytes never taken, the most the GPU part takes (None: no cap
-        beyond mem_frac), the CUDA streams' priority and whether events are detected on the GPU."""
+        beyond mem_frac) and the CUDA streams' priority."""
         g = self.gpu
         return {**self.settings.as_dict(), "threads": self.threads, "mem_frac": self.mem_frac,
                 "memory_budget": self.budget, "unified_memory": self.profile.unified, "gpu_reserve": g.reserve,
-                "gpu_memory": g.memory, "stream_priority": g.stream_priority, "gpu_events": g.events}  # fmt: skip
+                "gpu_memory": g.memory, "stream_priority": g.stream_priority}  # fmt: skip
 
     def as_dict(self) -> dict[str, Any]:
         """The plan as summary.json records it, for `streamer status` and the metrics."""
@@ -355,7 +350,7 @@ class Plan:
                 f"threads {self.threads}, mem-frac {self.mem_frac if self.mem_frac is not None else 'default'}, "
                 f"budget {_mb(self.budget)}{' (host and GPU)' if self.profile.unified else ''}, GPU reserve "
                 f"{_mb(self.gpu.reserve)}, GPU cap {_mb(self.gpu.memory) if self.gpu.memory is not None else 'none'}, "
-                f"{self.gpu.stream_priority}-priority streams, events on the {'GPU' if self.gpu.events else 'CPU'}"
+                f"{self.gpu.stream_priority}-priority streams"
                 + (f"; not from the profile: {', '.join(f'{k} ({self.sources[k]})' for k in given)}" if given else ""))
 
 
@@ -375,7 +370,7 @@ def plan(machine: Machine, profile: str = "auto", given: Mapping[str, Any] | Non
     """Settings from the profile (`auto`: picked for the machine), learned values, then the user's.
 
     `given` maps knob names (and `threads`, `mem_frac`, `memory_budget`, `gpu_reserve`, `gpu_memory`,
-    `stream_priority`, `gpu_events`; sizes as numbers of bytes or text such as `2G`) to the values the user set (see
+    `stream_priority`; sizes as numbers of bytes or text such as `2G`) to the values the user set (see
     `user_set`); `learned` comes from `TuningStore.load` and is kept within this machine's bounds.
     """
     prof = pick_profile(machine) if profile == "auto" else PROFILES[profile]
@@ -385,8 +380,7 @@ def plan(machine: Machine, profile: str = "auto", given: Mapping[str, Any] | Non
     budget = prof.memory_budget(threads) if given.get("memory_budget") is None else parse_size(given["memory_budget"])
     gpu = GpuLimits(parse_size(given.get("gpu_reserve", prof.gpu_reserve)),
                     parse_size(given["gpu_memory"]) if given.get("gpu_memory") is not None else None,
-                    given.get("stream_priority", prof.stream_priority),
-                    bool(given.get("gpu_events", prof.gpu_events and machine.gpu is not None)))  # fmt: skip
+                    given.get("stream_priority", prof.stream_priority))  # fmt: skip
     bounds = bounds_for(machine, mem_frac, gpu)
     start = prof.settings
     values, sources = {}, {}
