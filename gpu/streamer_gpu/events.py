@@ -6,9 +6,10 @@ The kernels run the cells of `streamer.pipeline.event_cells` compiled for the de
 parallel scan reproduces, but the same additions from the same value round the same: so `sums` forms
 each read's in order on one thread and keeps every KEEP-th, and any other thread forms the ones it
 needs again from the nearest kept one. `tstats` then takes a thread per STEP samples for the two
-t-series, `peaks` a thread per read for the detectors (a few selects a sample, the one sequential
-step left), the host turns the boundary counts into event offsets, and `fill` takes a thread per
-event. A read's sequential steps are short, so the longest read no longer sets a launch's time.
+t-series, `peaks` a block per read for the detectors (a few selects a sample, the one sequential
+step left; `sums` and `peaks` stage a read's samples in shared memory for the thread that steps
+through them), the host turns the boundary counts into event offsets, and `fill` takes a thread per
+event. The longest read still sets a launch's time, but its sequential steps are now the short ones.
 
 `CudaEvents` owns one device's buffers (grown with the largest chunk seen) and a stream (of the
 priority asked for: `streamer_gpu.streams`). A batch's
