@@ -138,9 +138,9 @@ def test_replayed_run_gives_the_rows_of_streamer_call(fixture_copy, expected, da
     assert rep.wait(TIMEOUT) == 0
     assert d.wait() == 0, d.output()
     assert rows(out / "meth.tsv") == expected
-    # its timeline: each batch through the stages and committed
+    # its timeline: each landed file taken in, each batch's basecalls taken, through the stages and committed
     spans = {e["name"] for e in json.loads((tmp_path / "trace.json").read_text())["traceEvents"]}
-    assert {"batch", "events", "abea", "commit"} <= spans
+    assert {"intake", "basecalls", "batch", "events", "abea", "commit"} <= spans
     s = summary(out)
     assert s["state"] == "finished" and s["reads"]["called"] == 8 and s["rejected_files"] == []
     # the notify protocol: status while loading, READY once warm, then WATCHDOG and STATUS, STOPPING last

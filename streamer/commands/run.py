@@ -46,7 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, metavar="FILE",
                    help="YAML configuration (see config/streamer.yaml); flags override it")
     p.add_argument("--trace", type=Path, metavar="FILE",
-                   help="also write the daemon's timeline (each batch's reading, stages and commit, by thread) as a "
+                   help="also write the daemon's timeline (each landed file's intake; each batch's basecalls, reading, "
+                        "stages and commit; by thread) as a "
                         f"Chrome trace when it stops, for Perfetto: its first {TRACE_SPANS:,} spans")
     configuration.add_flags(p)
 

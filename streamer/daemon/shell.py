@@ -273,7 +273,8 @@ class Daemon:
                 return Ending(f"stop requested ({self._stop_why})", run_over=False)
             idle = not self._flights and not self._picks()[1]  # a full batch or one in flight waits for no event
             for outcome in self.watcher.poll(0.25 if idle else 0.0):
-                self.intake.take(outcome)
+                with timeline.span("intake"):  # a landed file's reads into the ledger (`--trace`)
+                    self.intake.take(outcome)
                 self._beat()
             self._submit_due(bool(self.watcher.pending))
             self._harvest(0.05 if self._flights else 0.0)
@@ -336,7 +337,8 @@ class Daemon:
     def _submit(self, picks: list[Pick]) -> None:
         """One batch to the driver: its basecalls taken, aligned where they came without, its signal begun."""
         t0 = time.monotonic()
-        picks, found, failed = basecalls_of(picks, self.cache, self.ledger)
+        with timeline.span("basecalls", reads=len(picks)):
+            picks, found, failed = basecalls_of(picks, self.cache, self.ledger)
         unaligned = [(rid, bc.seq) for rid, bc in found.items() if bc.records is None]
         for rid, records in self.aligning.align(unaligned).items():
             found[rid] = replace(found[rid], records=records)
