@@ -2,10 +2,11 @@
 
 A daemon may start before its run has written a signal file, so the pore (a chemistry of
 `streamer.pipeline.chemistry`, which picks the models) is not always known when the kernels are
-warmed: `PorePipeline` builds the pipeline for the pore the watched folder already shows (or the default one), and when a
-batch's signal files name another pore it builds that pore's pipeline in place of the first,
-once, with one log line (files naming the default's pore keep the default's pipeline). The sample rate (4 or 5 kHz R10.4.1) is each read's own, from its file.
-With a fixed pore (`pipeline.pore` other than auto) it never changes.
+warmed: `PorePipeline` builds the pipeline for the pore the watched folder already shows (or the
+default one), and when a batch's signal files name another pore it builds that pore's pipeline in
+place of the first, once, with one log line (files naming the default's pore keep the default's
+pipeline). The sample rate (4 or 5 kHz R10.4.1) is each read's own, from its file. With a fixed
+pore (`pipeline.pore` other than auto) it never changes.
 """
 
 from __future__ import annotations
