@@ -30,6 +30,7 @@ import time
 import numpy as np
 from numba import cuda
 
+from streamer.pipeline.batch import offsets_of
 from streamer.pipeline.event_cells import START, event_cells, scratch_size
 from streamer.pipeline.events import EventParams, batch_signal, detect_events_kernel, event_offsets
 from streamer.pipeline.gpu import EventsBatchStats
@@ -277,8 +278,8 @@ class CudaEvents:
         s, b = self.stream, self._buffers
         n = len(signal_off) - 1
         lengths = np.diff(signal_off)
-        keep_off = _offsets(lengths // KEEP + 1)
-        step_off = _offsets((lengths + STEP - 1) // STEP)
+        keep_off = offsets_of(lengths // KEEP + 1)
+        step_off = offsets_of((lengths + STEP - 1) // STEP)
         t0 = time.perf_counter()
         d_signal, d_off = b.put("signal", signal, s), b.put("signal_off", signal_off, s)
         d_keep_off, d_step_off = b.put("keep_off", keep_off, s), b.put("step_off", step_off, s)
@@ -313,13 +314,6 @@ class CudaEvents:
         times[1] += t2 - t1
         times[2] += t3 - t2
         return (ev_off, *host)
-
-
-def _offsets(counts: np.ndarray) -> np.ndarray:
-    """Each read's first item where read r has counts[r]: counts' prefix sums from 0."""
-    off = np.zeros(len(counts) + 1, np.int64)
-    np.cumsum(counts, out=off[1:])
-    return off
 
 
 def _grid(n: int) -> int:
