@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numba
 import numpy as np
-from numba.typed import List
+from numba import types
+from numba.core.extending import intrinsic
 
 from streamer.io.signal_record import SignalRecord
 from streamer.skips import Skip
@@ -161,11 +162,24 @@ class RefBases:
         return cls(text, off[:-1], np.diff(off), np.array([ord(c) if c else 0 for c in after], np.uint8))
 
 
+@intrinsic
+def _int16s_at(typingctx, address):
+    """The int16 array whose first element is at `address` (an array's data pointer), as a pointer for
+    `numba.carray`: `_gather` reaches its sources through their addresses, since a typed List of them
+    has methods numba compiles again in every process (a third of a second at each start)."""
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(types.CPointer(types.int16)))
+
+    return types.CPointer(types.int16)(types.int64), codegen
+
+
 @numba.njit(nogil=True, cache=True)
-def _gather(raws, source, start, unit, offset, signal_off, signal, text, at, ref_off, ref_seq):
-    """Each record's samples in pA, (float32(raws[source[i]][start[i]:]) + offset[i]) * unit[i] as
-    `SignalRecord.to_pa` rounds them, into signal[signal_off[i]:signal_off[i + 1]], and its reference
-    bases, text[at[i]:], into ref_seq[ref_off[i]:ref_off[i + 1]].
+def _gather(addresses, sizes, source, start, unit, offset, signal_off, signal, text, at, ref_off, ref_seq):
+    """Each record's samples in pA, (float32(raw[start[i]:]) + offset[i]) * unit[i] as `SignalRecord.to_pa`
+    rounds them, raw being the `sizes[source[i]]` int16 samples at `addresses[source[i]]`, into
+    signal[signal_off[i]:signal_off[i + 1]], and its reference bases, text[at[i]:], into
+    ref_seq[ref_off[i]:ref_off[i + 1]].
 
     One call a batch: the GIL let go and taken back once (taking it back can wait a switch interval,
     5 ms, for a thread busy in Python). The outputs come from numpy, which asks the kernel for huge
@@ -173,7 +187,8 @@ def _gather(raws, source, start, unit, offset, signal_off, signal, text, at, ref
     for i in range(source.shape[0]):
         o = signal_off[i]
         n = signal_off[i + 1] - o
-        src = raws[source[i]][start[i] : start[i] + n]
+        raw = numba.carray(_int16s_at(addresses[source[i]]), (sizes[source[i]],))
+        src = raw[start[i] : start[i] + n]
         to = signal[o : o + n]
         u, z = unit[i], offset[i]
         for t in range(n):
@@ -202,9 +217,11 @@ def _gather_all(samples: Samples, ref: RefBases) -> tuple[np.ndarray, np.ndarray
     signal_off, ref_off = offsets_of(samples.length), offsets_of(ref.length)
     signal, ref_seq = np.empty(signal_off[-1], np.float32), np.empty(ref_off[-1], np.uint8)
     if len(samples.source):
-        raws = List([np.ascontiguousarray(raw, np.int16) for raw in samples.sources])
-        _gather(raws, samples.source, samples.start, samples.unit, samples.offset, signal_off, signal, ref.text, ref.at,
-                ref_off, ref_seq)  # fmt: skip
+        raws = [np.ascontiguousarray(raw, np.int16) for raw in samples.sources]  # alive until _gather returns
+        addresses = np.fromiter((raw.ctypes.data for raw in raws), np.int64, len(raws))
+        sizes = np.fromiter(map(len, raws), np.int64, len(raws))
+        _gather(addresses, sizes, samples.source, samples.start, samples.unit, samples.offset, signal_off, signal,
+                ref.text, ref.at, ref_off, ref_seq)  # fmt: skip
     return signal, signal_off, ref_seq, ref_off
 
 
