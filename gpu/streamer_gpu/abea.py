@@ -38,6 +38,7 @@ from streamer_gpu.host import (
     merge,
     read_params,
 )
+from streamer_gpu.buffers import to_device, to_host
 from streamer_gpu.device import resident_threads
 from streamer_gpu.faults import from_env as fault_plan
 from streamer_gpu.memory import fixed_bytes, plan_memory
@@ -360,7 +361,7 @@ class CudaAbea:
         level_mean, level_stdv, level_log_stdv = self._device_model(model)
         for dev, host in ((a.seq, p.seq), (a.ev_mean, p.ev_mean), (a.base_off, p.base_off), (a.ev_off, p.ev_off),
                           (a.row_off, p.row_off), (a.shift, p.shift), (a.scale, p.scale), (a.lp, p.lp)):  # fmt: skip
-            dev[: len(host)].copy_to_device(host, stream=s)
+            to_device(dev, host, s)
         s.synchronize()
         t2 = time.perf_counter()
         kernels.kcache_kernel()[n, lay.block, s](a.seq, a.base_off, a.shift, a.scale, k, self._codes, level_mean,
@@ -377,22 +378,19 @@ class CudaAbea:
         )  # fmt: skip
         s.synchronize()
         t3 = time.perf_counter()
-        n_aligned = a.n_aligned[:n].copy_to_host(stream=s)
-        sum_emission = a.sum_emission[:n].copy_to_host(stream=s)
-        status = a.status[:n].copy_to_host(stream=s)
+        n_aligned, sum_emission, status = (to_host(d, n, s) for d in (a.n_aligned, a.sum_emission, a.status))
         s.synchronize()
         aln_off = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(np.where(status == 0, n_aligned, 0), out=aln_off[1:])
-        a.aln_off[: n + 1].copy_to_device(aln_off, stream=s)
+        to_device(a.aln_off, aln_off, s)
         t4 = time.perf_counter()
         kernels.compact_kernel()[n, lay.block, s](a.row_off, a.aln_off, a.cap_kmer, a.cap_event, n, a.steps,
                                                   a.first_kmer, a.first_event)  # fmt: skip
         s.synchronize()
         t5 = time.perf_counter()
         total = int(aln_off[-1])
-        steps = a.steps[:total].copy_to_host(stream=s) if total else np.zeros(0, np.uint8)
-        first_kmer = a.first_kmer[:n].copy_to_host(stream=s)
-        first_event = a.first_event[:n].copy_to_host(stream=s)
+        steps = to_host(a.steps, total, s)
+        first_kmer, first_event = to_host(a.first_kmer, n, s), to_host(a.first_event, n, s)
         s.synchronize()
         t6 = time.perf_counter()
         times = [p.seconds, t2 - t1, (t3 - t2) + (t5 - t4), (t4 - t3) + (t6 - t5)]

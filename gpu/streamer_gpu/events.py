@@ -34,7 +34,7 @@ from streamer.pipeline.batch import offsets_of
 from streamer.pipeline.event_cells import START, event_cells, scratch_size
 from streamer.pipeline.events import EventParams, batch_signal, detect_events_kernel, event_offsets
 from streamer.pipeline.gpu import EventsBatchStats
-from streamer_gpu.buffers import DeviceBuffers
+from streamer_gpu.buffers import DeviceBuffers, to_host
 from streamer_gpu.faults import from_env as fault_plan
 from streamer_gpu.memory import EVENT_CHUNK_SAMPLES
 from streamer_gpu.streams import open_stream
@@ -296,7 +296,7 @@ class CudaEvents:
                                                              n, keep_s, keep_q, t1s, t2s)  # fmt: skip
             self._peaks[n, WARP, s](t1s, t2s, d_off, p.w1, p.w2, np.float32(p.threshold1), np.float32(p.threshold2),
                                     np.float32(p.peak_height), d_peaks, d_n_peaks)  # fmt: skip
-        n_peaks = d_n_peaks.copy_to_host(stream=s)
+        n_peaks = to_host(d_n_peaks, n, s)
         s.synchronize()
         ev_off = event_offsets(signal_off, n_peaks)
         total = int(ev_off[-1])
@@ -307,7 +307,7 @@ class CudaEvents:
                                                b.put("ev_off", ev_off, s), n, keep_s, keep_q, *out)  # fmt: skip
         s.synchronize()
         t2 = time.perf_counter()
-        host = [d.copy_to_host(stream=s) if total else np.zeros(0, d.dtype) for d in out]
+        host = [to_host(d, total, s) for d in out]
         s.synchronize()
         t3 = time.perf_counter()
         times[0] += t1 - t0

@@ -197,13 +197,14 @@ class Host:
 
 
 def open_host(stack: ExitStack, args: argparse.Namespace, index: SignalIndex, options: PipelineOptions,
-              runner: RunnerOptions, analysis: Any) -> Host:
+              runner: RunnerOptions, analysis: Any, start: bool = True) -> Host:  # fmt: skip
     """Start the readers, index the reads file and load the pipeline (with `analysis` after the core's
-    stages) side by side, all closed with `stack`."""
+    stages) side by side, all closed with `stack`; without `start`, the pipeline's start is the caller's
+    (`Pipeline.start`)."""
     pool = reader_pool(index, runner.io_workers, runner.io_mode)  # readers start while the pipeline loads
     stack.callback(pool.shutdown, wait=True, cancel_futures=True)
     with ThreadPoolExecutor(1) as early:  # the reads file is indexed while the pipeline starts
         basecalls = early.submit(open_basecalls, args.reads)
-        pipeline = Pipeline(options, [analysis])
+        pipeline = Pipeline(options, [analysis], start=start)
         basecalls = stack.enter_context(basecalls.result())
     return Host(pool, basecalls, pipeline, stack.enter_context(Reference(args.genome)))

@@ -352,20 +352,35 @@ class _CallRun:
 
 
 def _here(run: _CallRun, tuning: CallTuning, sinks: list[Sink], memory: MemoryPlan) -> None:
-    """This host: reader pool, the pipeline (GPU if any), overlapped batches as many as the memory budget holds."""
+    """This host: reader pool, the pipeline (GPU if any), overlapped batches as many as the memory budget holds.
+
+    Where a GPU is planned for, the pipeline starts (its GPUs, the warm-up: a second or more of Python) once
+    the first batches' reads have begun, so that they are read, packed and their events detected meanwhile;
+    on the CPU alone it starts first (a few tenths of a second, which the overlap did not gain back on 2
+    cores). As f5c does, ultra-long reads wait for the end of the run where the GPU aligns the rest: where
+    one is planned for, as the batches are planned before the GPU's start-up is done.
+    """
     rows = row_sinks(sinks)[0]  # the calls TSV
     runner = runner_options(memory, run.args.io_workers)
     records = run.alignments(lambda: host.basecalls)  # the first batches planned from while the pipeline starts
-    with timeline.span("start-up"):
-        host = open_host(run.stack, run.args, run.index, run.options, runner, registry.analysis("cpg"))
-        pipeline, ref, pool, basecalls = host.pipeline, host.ref, host.pool, host.basecalls
-        rows.render(pipeline.warm_up_result)  # the TSV kernel, compiled now too
-        tuning.attach(pipeline.gpu)
-    run.summary.startup_s = run.summary.elapsed
-    # as f5c does, ultra-long reads wait for the end of the run only when the GPU aligns the rest
-    ultra = UltraLong(run.args.ultra_thresh, run.args.skip_ultra) if pipeline.gpu is not None else None
+    with timeline.span("open"):
+        host = open_host(run.stack, run.args, run.index, run.options, runner, registry.analysis("cpg"), start=False)
+    pipeline, ref, pool, basecalls = host.pipeline, host.ref, host.pool, host.basecalls
+    gpu_planned = not run.options.cuda.disable and tuning.plan.machine.gpu is not None
+    ultra = UltraLong(run.args.ultra_thresh, run.args.skip_ultra) if gpu_planned else None
     plans = plan_batches(records, basecalls, run.index, run.limits, str(run.args.reads), ultra)
+    before: list[int] = []
 
+    def start() -> None:
+        with timeline.span("start-up"):
+            pipeline.start()
+            rows.render(pipeline.warm_up_result)  # the TSV kernel, compiled now too
+            tuning.attach(pipeline.gpu)
+        run.summary.startup_s = run.summary.elapsed
+        before.extend(pipeline.pool.batches)  # the start-up's synthetic batch is not the run's
+
+    if not gpu_planned:
+        start()
     def on_done(done: Done) -> None:
         log_skipped(log, done.outcome.skipped)
         for result, text in zip(done.results, done.rendered):
@@ -375,9 +390,9 @@ def _here(run: _CallRun, tuning: CallTuning, sinks: list[Sink], memory: MemoryPl
                 sink.on_batch(result)
         run.written(done.outcome.calls, done.outcome.records_called)
 
-    before = list(pipeline.pool.batches)  # the start-up's synthetic batch is not the run's
     run_batches(pipeline, islice(plans, run.output.resumed, None), ref, pool, run.summary, on_done,
-                Stages(pipeline, rows.render, rows.count, keep_signal=False), runner)  # fmt: skip
+                Stages(pipeline, rows.render, rows.count, keep_signal=False), runner,
+                start if gpu_planned else lambda: None)  # fmt: skip
     for device, n, n0 in zip(pipeline.devices, pipeline.pool.batches, before):  # a GPU's lanes summed
         key = f"batches_on_gpu{device.dev_id}"
         run.summary.gpu[key] = run.summary.gpu.get(key, 0) + n - n0

@@ -92,9 +92,12 @@ def run_batches(
     on_done: Callable[[Done], None],
     stages: Stages | None = None,
     options: RunnerOptions = RunnerOptions(),
+    starting: Callable[[], None] = lambda: None,
 ) -> None:
     """Every planned batch through `stages` (default: the pipeline alone), counted into `summary`.
 
+    `starting` runs on the calling thread once the batches' reads have begun: a pipeline made with
+    `start=False` starts there, while the first batches are read, packed and their events detected.
     `on_done` gets each batch in order on the calling thread, after it is counted; the time it
     takes is the "write" stage of batches that reached the stages.
     """
@@ -105,7 +108,9 @@ def run_batches(
     driver = BatchDriver(stages, compute_threads=options.compute_threads, limit=options.limit,
                          numba_threads=pipeline.options.threads, front=stages.front)  # fmt: skip
     try:
-        for done in driver.run((reading.job(pending, skipped) for pending, skipped in plans)):
+        batches = driver.run(reading.job(pending, skipped) for pending, skipped in plans)
+        starting()
+        for done in batches:
             t0 = time.perf_counter()
             summary.add(done.outcome)
             on_done(done)

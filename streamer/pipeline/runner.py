@@ -164,7 +164,8 @@ class BatchDriver:
         self._assembling.put((seq, job))
 
     def run(self, jobs: Iterable[Job]) -> Iterator[Done]:
-        """Every job, submitted from a thread of its own (planning included), handed back in order."""
+        """Every job, submitted from a thread of its own (planning included) from now on, handed back in
+        order as the iterator is taken from: a caller may start other work between the two."""
         total: list[int] = []
 
         def feed() -> None:
@@ -185,6 +186,10 @@ class BatchDriver:
         first = self._taken
         feeder = threading.Thread(target=feed, name="feeder", daemon=True)
         feeder.start()
+        self._threads.append(feeder)  # joined by `close` too, where the results are never taken
+        return self._handed_back(first, total, feeder)
+
+    def _handed_back(self, first: int, total: list[int], feeder: threading.Thread) -> Iterator[Done]:
         try:
             while True:
                 with self._changed:
@@ -246,7 +251,9 @@ class BatchDriver:
 
     def close(self) -> None:
         """Stop the threads (batches in flight are dropped)."""
-        self._stopped.set()
+        with self._changed:
+            self._stopped.set()
+            self._changed.notify_all()
         self._assembling.put(_DONE)
         for t in self._threads:
             t.join()

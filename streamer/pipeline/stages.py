@@ -94,8 +94,9 @@ class Stage(Protocol):
     A stage with GPU work opens its part on each of `pipeline.devices` into `device.parts[name]`
     and uses `pipeline.device`'s (None: this batch, or this part of it, runs on the CPU). A leading
     stage may also say `ahead`: True where it needs no lane of its batch's, so `Pipeline.front` may run
-    it ahead on the pipeline's front lane (`Pipeline.front_device`, whose parts it opens too); a stage
-    without it never runs ahead.
+    it ahead on the pipeline's front lane (`Pipeline.front_device`, whose parts it opens too), or on the
+    CPU before it is opened, while the pipeline starts (`Pipeline.start`); a stage without it never runs
+    ahead.
     """
 
     name: str  # its key in the batch's stage timings (and in `batch.products` for an analysis)
@@ -244,21 +245,47 @@ class Pipeline:
     rest of that batch run on the CPU, with one line, and the next batch tries the GPU again.
     """
 
-    def __init__(self, options: PipelineOptions = PipelineOptions(), analyses: list[Stage] | tuple[Stage, ...] = ()):
+    def __init__(self, options: PipelineOptions = PipelineOptions(), analyses: list[Stage] | tuple[Stage, ...] = (),
+                 start: bool = True):  # fmt: skip
         self.options = options
         self.kmer_model: PoreModel = load_kmer_model(options.kmer_model)  # any k; a caller checks its own model
         self.stages: list[Stage] = [stage() for stage in CORE_STAGES] + list(analyses)
         numba.set_num_threads(max(1, min(options.threads, numba.config.NUMBA_NUM_THREADS)))
-        with timeline.span("devices"):  # the GPUs' arenas, buffers and kernels' modules
-            self.pool: DevicePool[GpuDevice] = DevicePool(open_devices(options.cuda))
+        self.pool: DevicePool[GpuDevice] = DevicePool([])
         self._front: GpuDevice | None = None
         self.gpu_lock = threading.Lock()  # for a GPU part set from outside (tests, benchmarks) with no device
         self._local = threading.local()
-        for stage in self.stages:
-            stage.open(self)
-        with timeline.span("warm-up"):
-            self.warm_up_result: BatchResult = self._warm_up()
+        self._started = threading.Event()
+        self._start_failed = False
+        self.warm_up_result: BatchResult | None = None
         """The synthetic read's result, which a host renders to compile its sinks' kernels (the calls TSV)."""
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """The GPUs' arenas, buffers and kernels' modules, each stage opened, and the warm-up, once.
+
+        A host may start the batches' reads first (`Pipeline(start=False)`) and start the pipeline on its
+        own thread while they go on, since the start-up is mostly Python holding the GIL: until it is done
+        `run_batch` waits, and `front` runs the ahead stages on the CPU (or waits, for events on the GPU).
+        """
+        try:
+            with timeline.span("devices"):  # the GPUs' arenas, buffers and kernels' modules
+                self.pool = DevicePool(open_devices(self.options.cuda))
+            for stage in self.stages:
+                stage.open(self)
+            with timeline.span("warm-up"):
+                self.warm_up_result = self._warm_up()
+        except BaseException:
+            self._start_failed = True
+            raise
+        finally:
+            self._started.set()
+
+    def _wait_started(self) -> None:
+        self._started.wait()
+        if self._start_failed:
+            raise RuntimeError("the pipeline did not start")
 
     @property
     def devices(self) -> list[GpuDevice]:
@@ -291,25 +318,35 @@ class Pipeline:
         """The leading stages that need no lane (`ahead`: event detection, scaling), run now on the calling
         thread, on `front_device`, and marked in `batch.ran`, which `run_batch` goes on after: so one
         batch's events run while another's GPU stages do (the driver's front thread). Nothing where there
-        is no GPU to overlap."""
+        is no GPU to overlap. Before `start` is done, on the CPU where a GPU may come (the events on the
+        GPU wait for it)."""
+        cuda = self.options.cuda
+        if not self._started.is_set() and not cuda.disable and not cuda.events:
+            self._ahead(batch, None)
+            return
+        self._wait_started()
         front = self.front_device
         if front is None:
             return
         with front.context():
-            for stage in self.stages:
-                if not getattr(stage, "ahead", False):
-                    break
-                t0 = time.perf_counter()
-                self._local.device = front
-                try:
-                    self._call(stage, batch)
-                finally:
-                    self._local.device = None
-                t1 = time.perf_counter()
-                batch.ran[stage.name] = t1 - t0
-                timeline.record(stage.name, t0, t1, reads=batch.n)
+            self._ahead(batch, front)
+
+    def _ahead(self, batch: ReadBatch, device: GpuDevice | None) -> None:
+        for stage in self.stages:
+            if not getattr(stage, "ahead", False):
+                break
+            t0 = time.perf_counter()
+            self._local.device = device
+            try:
+                self._call(stage, batch)
+            finally:
+                self._local.device = None
+            t1 = time.perf_counter()
+            batch.ran[stage.name] = t1 - t0
+            timeline.record(stage.name, t0, t1, reads=batch.n)
 
     def run_batch(self, batch: ReadBatch) -> BatchResult:
+        self._wait_started()
         i = self.pool.take()
         try:
             return self._run(batch, None if i is None else self.devices[i], recover=True)

@@ -35,7 +35,7 @@ import numpy as np
 from numba import cuda
 
 from streamer.pipeline.gpu import HmmBatchStats
-from streamer_gpu.buffers import DeviceBuffers
+from streamer_gpu.buffers import DeviceBuffers, to_host
 from streamer_gpu.faults import from_env as fault_plan
 from streamer_gpu.streams import open_stream
 from streamer_gpu.target import CUDA_ERRORS, DEVICE
@@ -188,6 +188,6 @@ class CudaHmm:
         self._kernel(model.dtype.name)[(threads + self.block - 1) // self.block, self.block, s](*args, dev_u, dev_m)
         s.synchronize()
         t2 = time.perf_counter()
-        got = (dev_u.copy_to_host(stream=s), dev_m.copy_to_host(stream=s))
+        got = (to_host(dev_u, n, s), to_host(dev_m, n, s))
         s.synchronize()
         return got, [t1 - t0, t2 - t1, time.perf_counter() - t2]
