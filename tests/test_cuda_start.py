@@ -3,6 +3,8 @@ there is no driver, the simulator or --disable-cuda."""
 
 from __future__ import annotations
 
+import ctypes.util
+
 from streamer.pipeline import cuda_start
 
 
@@ -22,5 +24,8 @@ def test_only_the_one_shot_pipeline_commands_begin_it_and_it_ends_quietly_withou
     assert thread is not None
     thread.join(60)  # this machine has a driver or not: either way the thread ends, raising nothing
     assert not thread.is_alive()
+    if ctypes.util.find_library("cuda") is None:  # no driver: no GPU start-up coming, no early readers
+        assert not cuda_start.found(0.0)
     monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "1")
     assert cuda_start.start("call", ["call"]) is None
+

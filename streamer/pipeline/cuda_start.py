@@ -15,6 +15,7 @@ import os
 import threading
 
 COMMANDS = ("call", "eventalign")  # those whose start-up is part of every run's wall time
+_FOUND = threading.Event()  # set once the driver has the device: a GPU start-up is coming
 
 
 def device_of(argv: list[str]) -> int | None:
@@ -46,6 +47,12 @@ def _retain_primary(dev_id: int) -> None:
     try:
         driver = ctypes.CDLL("libcuda.so.1")
         if driver.cuInit(0) == 0 and driver.cuDeviceGet(ctypes.byref(device), dev_id) == 0:
+            _FOUND.set()
             driver.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)  # kept for the process, as numba keeps it
     except (OSError, AttributeError):  # no driver here, or not one that has these calls
         return
+
+
+def found(timeout: float) -> bool:
+    """Whether the thread `start` began has found its device, waiting at most `timeout` seconds."""
+    return _FOUND.wait(timeout)

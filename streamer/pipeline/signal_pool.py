@@ -62,17 +62,28 @@ def signal_readers(suffixes: Iterable[str], workers: int, mode: str = "auto") ->
     worker imports for a second); they are started on a side thread, so they come up while the
     pipeline starts.
     """
-    if mode not in IO_MODES:
-        raise ValueError(f"io mode must be one of {', '.join(IO_MODES)}, not {mode!r}")
     suffixes = list(suffixes)
-    if mode == "auto":
-        slow5 = all(s.lower() in (".slow5", ".blow5") for s in suffixes)
-        mode = "threads" if slow5 else "processes"
-    if mode == "threads":
+    if reader_mode(suffixes, mode) == "threads":
         return ThreadPoolExecutor(workers, thread_name_prefix="signal-reader")
     pool = ReaderProcesses(workers, shared_samples.place(), reader_libraries(suffixes))
     threading.Thread(target=_start_workers, args=(pool, workers), name="reader-start", daemon=True).start()
     return pool
+
+
+def reader_mode(suffixes: Iterable[str], mode: str = "auto") -> str:
+    """"threads" or "processes": `mode`, where "auto" is threads only when every file suffix is SLOW5/BLOW5."""
+    if mode not in IO_MODES:
+        raise ValueError(f"io mode must be one of {', '.join(IO_MODES)}, not {mode!r}")
+    if mode == "auto":
+        return "threads" if all(s.lower() in (".slow5", ".blow5") for s in suffixes) else "processes"
+    return mode
+
+
+def start_fork_server(suffixes: Iterable[str]) -> None:
+    """The readers' fork server started now, with the libraries of these formats: begun early, it imports
+    them while this process still starts up (a second on a GPU box), so that the readers are up by the
+    time the first batches are planned."""
+    _fork_server(reader_libraries(suffixes))
 
 
 class ReaderProcesses(ProcessPoolExecutor):
