@@ -113,6 +113,34 @@ def test_events_run_ahead_on_the_front_lanes_own_part():
     assert result.products["calls"].llr.tobytes() == behind.products["calls"].llr.tobytes()
 
 
+def test_before_its_start_a_pipeline_runs_the_ahead_stages_on_the_cpu_and_computes_once_started(monkeypatch):
+    """`call` starts the pipeline while the first batches are read: until then `front` runs their events
+    and scalings on the CPU (a GPU may come), and `run_batch` waits; the results are a started one's."""
+    monkeypatch.setattr("streamer.pipeline.stages.open_devices", lambda cuda: [])  # no GPU, simulated or not
+    options = PipelineOptions(threads=1)
+    started = Pipeline(options, [CpgCaller()])
+    pipeline = Pipeline(options, [CpgCaller()], start=False)
+    assert pipeline.warm_up_result is None
+    early = pack([pipeline._synthetic_read()])
+    pipeline.front(early)
+    assert set(early.ran) == {"events", "scaling"}
+    got: list = []
+    computing = threading.Thread(target=lambda: got.append(pipeline.run_batch(early)))
+    computing.start()
+    computing.join(0.2)
+    assert computing.is_alive() and not got  # it waits for the start, however long that takes
+    pipeline.start()
+    computing.join(60)
+    expected = started.run_batch(pack([started._synthetic_read()]))
+    assert pipeline.warm_up_result is not None and len(got) == 1
+    for name in ("ev_mean", "aln_off", "aln_kmer", "aln_event", "shift", "scale"):
+        assert np.array_equal(getattr(got[0].batch, name), getattr(expected.batch, name))
+    assert got[0].products["calls"].llr.tobytes() == expected.products["calls"].llr.tobytes()
+    later = pack([pipeline._synthetic_read()])
+    pipeline.front(later)
+    assert not later.ran  # started, with no GPU: nothing to overlap, nothing runs ahead
+
+
 def test_batches_spread_over_n_devices_and_results_in_input_order(plans):
     n = 3
     work = plans[: n * (len(plans) // n)]

@@ -373,11 +373,12 @@ class _CallRun:
 def _here(run: _CallRun, tuning: CallTuning, sinks: list[Sink], memory: MemoryPlan) -> None:
     """This host: reader pool, the pipeline (GPU if any), overlapped batches as many as the memory budget holds.
 
-    Where a GPU is planned for, the pipeline starts (its GPUs, the warm-up: a second or more of Python) once
-    the first batches' reads have begun, so that they are read, packed and their events detected meanwhile;
-    on the CPU alone it starts first (a few tenths of a second, which the overlap did not gain back on 2
-    cores). As f5c does, ultra-long reads wait for the end of the run where the GPU aligns the rest: where
-    one is planned for, as the batches are planned before the GPU's start-up is done.
+    Where a GPU is planned for and the readers are processes, the pipeline starts (its GPUs, the warm-up:
+    a second or more of Python) once the first batches' reads have begun, so that they are read, packed
+    and their events detected meanwhile. On the CPU alone it starts first (a few tenths of a second, which
+    the overlap did not gain back on 2 cores), and so it does with reader threads (SLOW5), which would
+    take the GIL from it. As f5c does, ultra-long reads wait for the end of the run where the GPU aligns
+    the rest: where one is planned for, as the batches are planned before the GPU's start-up is done.
     """
     rows = row_sinks(sinks)[0]  # the calls TSV
     runner = runner_options(memory, run.args.io_workers)
@@ -398,8 +399,10 @@ def _here(run: _CallRun, tuning: CallTuning, sinks: list[Sink], memory: MemoryPl
         run.summary.startup_s = run.summary.elapsed
         before.extend(pipeline.pool.batches)  # the start-up's synthetic batch is not the run's
 
-    if not gpu_planned:
+    early = gpu_planned and reader_mode(run.index.suffixes(), memory.io_mode) == "processes"
+    if not early:
         start()
+
     def on_done(done: Done) -> None:
         log_skipped(log, done.outcome.skipped)
         for result, text in zip(done.results, done.rendered):
@@ -411,7 +414,7 @@ def _here(run: _CallRun, tuning: CallTuning, sinks: list[Sink], memory: MemoryPl
 
     run_batches(pipeline, islice(plans, run.output.resumed, None), ref, pool, run.summary, on_done,
                 Stages(pipeline, rows.render, rows.count, keep_signal=False), runner,
-                start if gpu_planned else lambda: None)  # fmt: skip
+                start if early else lambda: None)  # fmt: skip
     for device, n, n0 in zip(pipeline.devices, pipeline.pool.batches, before):  # a GPU's lanes summed
         key = f"batches_on_gpu{device.dev_id}"
         run.summary.gpu[key] = run.summary.gpu.get(key, 0) + n - n0
