@@ -26,6 +26,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +60,25 @@ def tally(outcome: BatchOutcome) -> Counter:
     counters.update(f"skipped.{s.reason.label}" for s in outcome.skipped)
     counters[f"skipped.{PIPELINE_ERROR}"] += outcome.records_lost
     return counters
+
+
+def count_gpu(gpu: Counter, seconds: Counter, result: Any) -> None:
+    """A batch result's GPU stage counts into `gpu` and, by part, their seconds into `seconds` (`BatchOutcome`'s
+    fields; the stage's wall time is in its `timings`)."""
+    g = getattr(result, "gpu_stats", None)
+    if g is not None:
+        gpu["abea_reads_gpu"] += g.n_gpu
+        gpu["abea_reads_cpu"] += g.n_cpu + g.n_ultra
+        gpu["abea_batches_fallback"] += bool(g.fallback)
+        seconds.update(abea_pack=g.t_pack, abea_h2d=g.t_h2d, abea_kernels=g.t_kernels, abea_d2h=g.t_d2h,
+                       abea_cpu_reads=g.t_cpu, abea_ultra_reads=g.t_ultra)  # fmt: skip
+    h = getattr(result, "hmm_stats", None)
+    if h is not None:
+        gpu["hmm_windows_gpu"] += h.n_gpu
+        gpu["hmm_windows_cpu"] += h.n_cpu
+        gpu["hmm_batches_fallback"] += bool(h.fallback)
+        seconds.update(hmm_pack=h.t_pack, hmm_h2d=h.t_h2d, hmm_kernel=h.t_kernel, hmm_d2h=h.t_d2h,
+                       hmm_cpu_windows=h.t_cpu)  # fmt: skip
 
 
 _FIELDS = {"records_in": "reads_in", "records_called": "reads_called", "bases": "bases", "calls": "calls"}

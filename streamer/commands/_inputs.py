@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import ExitStack
@@ -28,11 +29,12 @@ from streamer.io.reference import Reference
 from streamer.pipeline.gpu import CudaOptions
 from streamer.pipeline.runner import RunnerOptions
 from streamer.pipeline.parsing import ParseProcess
-from streamer.pipeline.signal_pool import reader_pool
+from streamer.pipeline import cuda_start
+from streamer.pipeline.signal_pool import reader_mode, reader_pool, start_fork_server
 from streamer.pipeline.stages import Pipeline, PipelineOptions
 from streamer.skips import Skipped
 from streamer.pore.motifs import motif
-from streamer.tuning.profiles import MemoryPlan, parse_size
+from streamer.tuning.profiles import SMALL_BUDGET, MemoryPlan, parse_size
 from streamer.pipeline.chemistry import (DEFAULT, PORES, as_rna, chemistry, default_models, folder_models, pore_models,
                                          pore_from_metadata, title)
 
@@ -194,6 +196,22 @@ class Host:
     basecalls: Any
     pipeline: Pipeline
     ref: Reference
+
+
+def readers_early(args: argparse.Namespace, suffixes: list[str]) -> None:
+    """Where a GPU's start-up is coming (the driver has found the device), the readers' fork server is
+    started now, on a side thread: its imports (a second on a GPU box) go on beside the plan and the
+    GPU's start-up, so that the readers are up when the first batches go out (`streamer call`). Elsewhere,
+    and where readers are threads or a budget under SMALL_BUDGET may make them so, it starts with them."""
+    if reader_mode(suffixes, args.io_mode) == "threads" or (
+            args.memory_budget not in (None, "auto") and parse_size(args.memory_budget) < SMALL_BUDGET):
+        return
+
+    def start() -> None:
+        if cuda_start.found(timeout=5.0):
+            start_fork_server(suffixes)
+
+    threading.Thread(target=start, name="fork-server-start", daemon=True).start()
 
 
 def open_host(stack: ExitStack, args: argparse.Namespace, index: SignalIndex, options: PipelineOptions,

@@ -34,6 +34,7 @@ from streamer.commands._inputs import (
     check_inputs,
     open_host,
     pipeline_options,
+    readers_early,
     runner_options,
     signal_index,
 )
@@ -48,15 +49,14 @@ from streamer.pipeline.parsing import ParseProcess
 from streamer.pipeline.chemistry import default_models
 from streamer.pore.motifs import CPG, MOTIFS
 from streamer.pipeline.resume import CallJournal, Resumed, journal_path, run_identity
-from streamer.pipeline import cuda_start
-from streamer.pipeline.signal_pool import IO_MODES, reader_mode, start_fork_server
+from streamer.pipeline.signal_pool import IO_MODES, reader_mode
 import streamer
 from streamer import registry
 from streamer.config import Config, OutputConfig, PipelineConfig
 from streamer.sinks import Sink, SinkContext, open_sinks, row_sinks
 from streamer.skips import Skipped, log_skipped
 from streamer.summary import RunSummary
-from streamer.tuning.profiles import SMALL_BUDGET, MemoryPlan, budget_bytes, memory_plan, parse_size
+from streamer.tuning.profiles import MemoryPlan, budget_bytes, memory_plan
 from streamer.tuning.session import CallTuning, add_call_arguments, first_gpu, probe_ahead
 
 NAME = "call"
@@ -185,7 +185,7 @@ def _run(args: argparse.Namespace, compiling: bool, probed: Future | None) -> in
     with timeline.span("index"):
         index = signal_index(args)
     if not args.dask:
-        _readers_early(args, index.suffixes())
+        readers_early(args, index.suffixes())
     with timeline.span("plan"):  # the GPU probe's answer awaited
         tuning = CallTuning.from_args(args, probed)
     cuda = CudaOptions(disable=args.disable_cuda, mem_frac=args.cuda_mem_frac, avg_epk=args.cuda_avg_epk,
@@ -246,22 +246,6 @@ def _run(args: argparse.Namespace, compiling: bool, probed: Future | None) -> in
     if args.trace:
         timeline.write(args.trace)
     return 0
-
-
-def _readers_early(args: argparse.Namespace, suffixes: list[str]) -> None:
-    """Where a GPU's start-up is coming (the driver has found the device), the readers' fork server is
-    started now, on a side thread: its imports (a second on a GPU box) go on beside the plan and the
-    GPU's start-up, so that the readers are up when the first batches go out (`_here`). Elsewhere,
-    and where readers are threads or a budget under SMALL_BUDGET may make them so, it starts with them."""
-    if reader_mode(suffixes, args.io_mode) == "threads" or (
-            args.memory_budget not in (None, "auto") and parse_size(args.memory_budget) < SMALL_BUDGET):
-        return
-
-    def start() -> None:
-        if cuda_start.found(timeout=5.0):
-            start_fork_server(suffixes)
-
-    threading.Thread(target=start, name="fork-server-start", daemon=True).start()
 
 
 def _check_combinations(args: argparse.Namespace) -> None:

@@ -39,7 +39,7 @@ from streamer.pipeline import timeline
 from streamer.pipeline.batch import ReadBatch, ReadInput, pack
 from streamer.pipeline.signal_pool import READS_PER_TASK
 from streamer.skips import Skipped
-from streamer.summary import BatchOutcome
+from streamer.summary import BatchOutcome, count_gpu
 
 log = logging.getLogger(__name__)
 
@@ -431,26 +431,9 @@ def outcome_of(a: Assembled, results: list[Any], failed: dict[str, str], calls: 
     for r in results:
         skipped += r.skipped
         timings.update(r.timings)
-        _count_gpu(gpu, seconds, r)
+        count_gpu(gpu, seconds, r)
     return BatchOutcome(a.records_in, sum(len(r.read_ids) - len(r.skipped) for r in results),
                         sum(r.n_bases for r in results), calls, skipped, failed,
                         sum(1 for r in a.reads if r.read_id in failed) if failed else 0, dict(timings), gpu,
                         seconds)  # fmt: skip
 
-
-def _count_gpu(gpu: Counter, seconds: Counter, result: Any) -> None:
-    """The GPU stages' counts and, by part, their seconds (the stage's wall time is in `timings`)."""
-    g = getattr(result, "gpu_stats", None)
-    if g is not None:
-        gpu["abea_reads_gpu"] += g.n_gpu
-        gpu["abea_reads_cpu"] += g.n_cpu + g.n_ultra
-        gpu["abea_batches_fallback"] += bool(g.fallback)
-        seconds.update(abea_pack=g.t_pack, abea_h2d=g.t_h2d, abea_kernels=g.t_kernels, abea_d2h=g.t_d2h,
-                       abea_cpu_reads=g.t_cpu, abea_ultra_reads=g.t_ultra)  # fmt: skip
-    h = getattr(result, "hmm_stats", None)
-    if h is not None:
-        gpu["hmm_windows_gpu"] += h.n_gpu
-        gpu["hmm_windows_cpu"] += h.n_cpu
-        gpu["hmm_batches_fallback"] += bool(h.fallback)
-        seconds.update(hmm_pack=h.t_pack, hmm_h2d=h.t_h2d, hmm_kernel=h.t_kernel, hmm_d2h=h.t_d2h,
-                       hmm_cpu_windows=h.t_cpu)  # fmt: skip

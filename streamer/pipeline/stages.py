@@ -27,16 +27,16 @@ import numpy as np
 
 from streamer.pipeline import timeline
 from streamer.pipeline.abea import align_batch
-from streamer.pipeline.batch import CIGAR_M, ReadBatch, ReadInput, pack
+from streamer.pipeline.batch import ReadBatch, ReadInput, pack
 from streamer.pipeline.devices import DevicePool
 from streamer.pipeline.events import detect_events, reverse_events
 from streamer.pipeline.gpu import AbeaBatchStats, CudaOptions, GpuAbea, GpuEvents, HmmBatchStats, gpu_package
-from streamer.io.signal_record import SignalRecord
 from streamer.pipeline.chemistry import DEFAULT, Chemistry
 from streamer.pore.model import PoreModel, load_kmer_model
 from streamer.pore.motifs import CPG, Motif
 from streamer.pipeline.postalign import recalibrate_batch
 from streamer.pipeline.scaling import estimate_scalings
+from streamer.pipeline.synthetic import synthetic_read
 from streamer.skips import Skip, Skipped
 
 log = logging.getLogger(__name__)
@@ -440,26 +440,3 @@ def skipped_of(batch: ReadBatch) -> list[Skipped]:
         for i in np.flatnonzero(batch.status != Skip.OK).tolist()
     ]
 
-
-def synthetic_read(model: PoreModel, n_bases: int = 600, samples_per_kmer: int = 9, seed: int = 7,
-                   reverse: bool = False) -> ReadInput:  # fmt: skip
-    """A read whose signal follows the model exactly (plus noise), aligned end to end to itself; `reverse`:
-    its signal runs 3'->5', as direct RNA's does."""
-    rng = np.random.default_rng(seed)
-    seq = "".join(rng.choice(list("ACGT"), n_bases))
-    ranks = [int(seq[i : i + model.k].translate(str.maketrans("ACGT", "0123")), 4) for i in range(n_bases - model.k + 1)]
-    levels = np.repeat(model.level_mean[ranks[::-1] if reverse else ranks], samples_per_kmer)
-    signal = levels + rng.normal(0, 1.0, len(levels))
-    unit = 0.125  # pA per ADC step
-    raw = np.round(signal / unit).astype(np.int16)
-    return ReadInput(
-        read_id="warm-up",
-        seq=seq,
-        signal=SignalRecord("warm-up", raw, digitisation=8.0, offset=0.0, range=1.0, sample_rate=4000.0),
-        ref_name="synthetic",
-        ref_start=0,
-        ref_end=n_bases,
-        rc=False,
-        cigar=np.array([[CIGAR_M, n_bases]], dtype=np.int32),
-        ref_seq=seq,
-    )
