@@ -10,6 +10,11 @@ gives the same events, so runs of two trees compare bit for bit. Runs from a che
 installing it (PYTHONPATH=<tree> runs another tree's kernel under this script):
 
     PYTHONPATH=$PWD python benchmarks/bench_events.py --data /work/shared/data/ecoli_2kb_region --copies 8 -t 1
+
+With `--callers N`, N Python threads also segment the batch at once, each its own parallel region on
+-t threads, as `streamer call`'s front and compute threads run theirs: the wall time of the N, against
+N times one caller's, says whether numba's threading layer (`NUMBA_THREADING_LAYER`: omp, tbb) shares
+the cores between them or oversubscribes them.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import argparse
 import hashlib
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -43,6 +49,7 @@ def main() -> int:
     ap.add_argument("-t", "--threads", type=int, default=1, help="numba threads [%(default)s]")
     ap.add_argument("--repeat", type=int, default=7, help="timed runs [%(default)s]")
     ap.add_argument("--rna", action="store_true", help="direct RNA's settings instead of DNA's")
+    ap.add_argument("--callers", type=int, default=1, help="threads segmenting the batch at once, too [%(default)s]")
     ap.add_argument("--json", type=Path, help="write the results here too")
     args = ap.parse_args()
 
@@ -70,9 +77,40 @@ def main() -> int:
     print(f"{result['reads']} reads, {n / 1e6:.1f} M samples, {result['events']} events, {result['threads']} "
           f"threads: CPU {result['cpu_ns_per_sample']} ns/sample, wall {result['wall_ns_per_sample']} ns/sample "
           f"(best of {args.repeat}); events digest {result['digest']}")  # fmt: skip
+    if args.callers > 1:
+        result |= at_once(signal, off, params, args.callers, args.repeat, numba.get_num_threads())
+        print(f"{args.callers} callers at once ({result['threading_layer']}): wall {result['callers_wall_s']} s, "
+              f"{result['callers_vs_serial']}x the time of {args.callers} calls one after another")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     return 0
+
+
+def at_once(signal, off, params, callers: int, repeat: int, threads: int) -> dict:
+    """The best wall time of `callers` threads each segmenting the batch at once, and its ratio to as many
+    calls one after another (1: the regions share the cores as well as taking turns would)."""
+    serial = min(_timed(lambda: [detect_events(signal, off, params) for _ in range(callers)]) for _ in range(repeat))
+
+    def one() -> None:
+        numba.set_num_threads(threads)  # numba's count is per thread
+        detect_events(signal, off, params)
+
+    def together() -> None:
+        workers = [threading.Thread(target=one) for _ in range(callers)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+
+    best = min(_timed(together) for _ in range(repeat))
+    return {"threading_layer": numba.threading_layer(), "callers": callers, "callers_wall_s": round(best, 4),
+            "serial_wall_s": round(serial, 4), "callers_vs_serial": round(best / serial, 2)}  # fmt: skip
+
+
+def _timed(work) -> float:
+    t0 = time.perf_counter()
+    work()
+    return time.perf_counter() - t0
 
 
 if __name__ == "__main__":

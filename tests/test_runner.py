@@ -239,7 +239,7 @@ def test_records_are_packed_on_the_assembler_thread_and_kept_for_a_retry():
     front step's time goes to the front stages; records the packer refuses stay records for the stages."""
     from dataclasses import replace
 
-    from streamer.pipeline.synthetic import synthetic_read
+    from streamer.pipeline.batch import synthetic_read
     from streamer.pore.model import load_kmer_model
 
     fronted = []

@@ -5,7 +5,8 @@ raw samples where the readers left them (`Samples`) and their reference bases (`
 `ReadBatch` whose arrays the numba stages work on, converting the samples to pA straight into the
 batch's flat array. `streamer call`'s batches go to it from the reader tasks' arrays
 (`streamer.pipeline.batching.assemble_batch`); `pack` takes `ReadInput`s, one alignment record's
-Python objects, which the daemon keeps for its read-by-read retry. The stages then fill the batch in:
+Python objects, which the daemon keeps for its read-by-read retry (`synthetic_read` makes the one a
+pipeline's warm-up runs). The stages then fill the batch in:
 events, scalings, the ABEA pairs, the recalibration (`post`), and what each analysis
 made of it (`products`). Field meanings: docs/design.md.
 """
@@ -22,6 +23,7 @@ from numba import types
 from numba.core.extending import intrinsic
 
 from streamer.io.signal_record import SignalRecord
+from streamer.pore.model import PoreModel
 from streamer.skips import Skip
 
 if TYPE_CHECKING:
@@ -262,3 +264,28 @@ def pack(reads: Sequence[ReadInput]) -> ReadBatch:
     return pack_records(reads, [r.seq for r in reads], Samples.of([r.signal for r in reads]),
                         RefBases.of([r.ref_seq for r in reads], [r.ref_next for r in reads]),
                         np.fromiter((r.number for r in reads), np.int64, len(reads)), [r.signal_path for r in reads])
+
+
+def synthetic_read(model: PoreModel, n_bases: int = 600, samples_per_kmer: int = 9, seed: int = 7,
+                   reverse: bool = False) -> ReadInput:  # fmt: skip
+    """A read whose signal follows the model exactly (plus noise), aligned end to end to itself: what a
+    pipeline's warm-up runs through every stage (`Pipeline.start`). `reverse`: its signal runs 3'->5', as
+    direct RNA's does."""
+    rng = np.random.default_rng(seed)
+    seq = "".join(rng.choice(list("ACGT"), n_bases))
+    ranks = [int(seq[i : i + model.k].translate(str.maketrans("ACGT", "0123")), 4) for i in range(n_bases - model.k + 1)]
+    levels = np.repeat(model.level_mean[ranks[::-1] if reverse else ranks], samples_per_kmer)
+    signal = levels + rng.normal(0, 1.0, len(levels))
+    unit = 0.125  # pA per ADC step
+    raw = np.round(signal / unit).astype(np.int16)
+    return ReadInput(
+        read_id="warm-up",
+        seq=seq,
+        signal=SignalRecord("warm-up", raw, digitisation=8.0, offset=0.0, range=1.0, sample_rate=4000.0),
+        ref_name="synthetic",
+        ref_start=0,
+        ref_end=n_bases,
+        rc=False,
+        cigar=np.array([[CIGAR_M, n_bases]], dtype=np.int32),
+        ref_seq=seq,
+    )

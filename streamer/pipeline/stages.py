@@ -27,7 +27,7 @@ import numpy as np
 
 from streamer.pipeline import timeline
 from streamer.pipeline.abea import align_batch
-from streamer.pipeline.batch import ReadBatch, ReadInput, pack
+from streamer.pipeline.batch import ReadBatch, ReadInput, pack, synthetic_read
 from streamer.pipeline.devices import DevicePool
 from streamer.pipeline.events import detect_events, reverse_events
 from streamer.pipeline.gpu import AbeaBatchStats, CudaOptions, GpuAbea, GpuEvents, HmmBatchStats, gpu_package
@@ -36,7 +36,6 @@ from streamer.pore.model import PoreModel, load_kmer_model
 from streamer.pore.motifs import CPG, Motif
 from streamer.pipeline.postalign import recalibrate_batch
 from streamer.pipeline.scaling import estimate_scalings
-from streamer.pipeline.synthetic import synthetic_read
 from streamer.skips import Skip, Skipped
 
 log = logging.getLogger(__name__)
