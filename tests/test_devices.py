@@ -141,6 +141,18 @@ def test_before_its_start_a_pipeline_runs_the_ahead_stages_on_the_cpu_and_comput
     assert not later.ran  # started, with no GPU: nothing to overlap, nothing runs ahead
 
 
+def test_the_warm_up_takes_no_batch_of_a_devices_count(monkeypatch):
+    """`batches_on_gpuN` in `call`'s summary is the pool's count alone: its batches may start before the
+    start-up is over, so nothing can be taken off it afterwards."""
+    monkeypatch.setattr("streamer.pipeline.stages.open_devices",
+                        lambda cuda: [GpuDevice(0, FakeAbea(0, threading.Barrier(1), []))])  # fmt: skip
+    pipeline = Pipeline(PipelineOptions(threads=1), start=False)
+    pipeline.start()
+    assert pipeline.pool.batches == [0]
+    pipeline.run_batch(pack([pipeline._synthetic_read()]))
+    assert pipeline.pool.batches == [1]
+
+
 def test_batches_spread_over_n_devices_and_results_in_input_order(plans):
     n = 3
     work = plans[: n * (len(plans) // n)]

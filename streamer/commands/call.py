@@ -373,7 +373,6 @@ def _here(run: _CallRun, tuning: CallTuning, sinks: list[Sink], memory: MemoryPl
     gpu_planned = not run.options.cuda.disable and tuning.plan.machine.gpu is not None
     ultra = UltraLong(run.args.ultra_thresh, run.args.skip_ultra) if gpu_planned else None
     plans = plan_batches(records, basecalls, run.index, run.limits, str(run.args.reads), ultra)
-    before: list[int] = []
 
     def start() -> None:
         with timeline.span("start-up"):
@@ -381,7 +380,6 @@ def _here(run: _CallRun, tuning: CallTuning, sinks: list[Sink], memory: MemoryPl
             rows.render(pipeline.warm_up_result)  # the TSV kernel, compiled now too
             tuning.attach(pipeline.gpu)
         run.summary.startup_s = run.summary.elapsed
-        before.extend(pipeline.pool.batches)  # the start-up's synthetic batch is not the run's
 
     early = gpu_planned and reader_mode(run.index.suffixes(), memory.io_mode) == "processes"
     if not early:
@@ -399,9 +397,9 @@ def _here(run: _CallRun, tuning: CallTuning, sinks: list[Sink], memory: MemoryPl
     run_batches(pipeline, islice(plans, run.output.resumed, None), ref, pool, run.summary, on_done,
                 Stages(pipeline, rows.render, rows.count, keep_signal=False), runner,
                 start if early else lambda: None)  # fmt: skip
-    for device, n, n0 in zip(pipeline.devices, pipeline.pool.batches, before):  # a GPU's lanes summed
+    for device, n in zip(pipeline.devices, pipeline.pool.batches):  # a GPU's lanes summed (the warm-up takes none)
         key = f"batches_on_gpu{device.dev_id}"
-        run.summary.gpu[key] = run.summary.gpu.get(key, 0) + n - n0
+        run.summary.gpu[key] = run.summary.gpu.get(key, 0) + n
     tuning.finish()
     if ultra is not None and ultra.skip_to is not None:
         write_records(run.args.bam, ultra.skip_to, ultra.skipped_ids, run.filt)
