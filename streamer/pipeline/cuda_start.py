@@ -16,6 +16,7 @@ import threading
 
 COMMANDS = ("call", "eventalign")  # those whose start-up is part of every run's wall time
 _FOUND = threading.Event()  # set once the driver has the device: a GPU start-up is coming
+_ANSWERED = threading.Event()  # set once that is known either way (or no thread asks the driver)
 
 
 def device_of(argv: list[str]) -> int | None:
@@ -36,6 +37,7 @@ def start(command: str, argv: list[str]) -> threading.Thread | None:
     """Begin the driver and device `device_of(argv)`'s primary context for a command of `COMMANDS`."""
     dev_id = device_of(argv)
     if command not in COMMANDS or dev_id is None or os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        _ANSWERED.set()
         return None
     thread = threading.Thread(target=_retain_primary, args=(dev_id,), name="cuda-start", daemon=True)
     thread.start()
@@ -48,11 +50,16 @@ def _retain_primary(dev_id: int) -> None:
         driver = ctypes.CDLL("libcuda.so.1")
         if driver.cuInit(0) == 0 and driver.cuDeviceGet(ctypes.byref(device), dev_id) == 0:
             _FOUND.set()
+            _ANSWERED.set()
             driver.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)  # kept for the process, as numba keeps it
     except (OSError, AttributeError):  # no driver here, or not one that has these calls
         return
+    finally:
+        _ANSWERED.set()
 
 
 def found(timeout: float) -> bool:
-    """Whether the thread `start` began has found its device, waiting at most `timeout` seconds."""
-    return _FOUND.wait(timeout)
+    """Whether the thread `start` began has found its device, waiting at most `timeout` seconds for the
+    answer (none where no thread was begun, or once it ends without the device)."""
+    _ANSWERED.wait(timeout)
+    return _FOUND.is_set()
