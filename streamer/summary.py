@@ -170,6 +170,7 @@ class RunSummary:
             "gpu_seconds": {k: round(v, 3) for k, v in sorted(self.gpu_seconds.items())},
             "memory_budget_mb": round(self.memory_budget / 2**20, 1),
             "peak_memory_mb": round(max(self.peak_memory, tree_pss()) / 2**20, 1),
+            "threading_layer": threading_layer(),
         }
 
     def progress_line(self) -> str:
@@ -210,6 +211,15 @@ class RunSummary:
         if self.gpu:
             lines.append("GPU:              " + ", ".join(f"{k} {v}" for k, v in sorted(self.gpu.items())))
         return "\n".join(lines)
+
+
+def threading_layer() -> str | None:
+    """numba's threading layer (`streamer.load_tbb`), once a parallel region has run; else None."""
+    numba = sys.modules.get("numba")
+    try:
+        return numba.threading_layer() if numba is not None else None
+    except ValueError:  # no region has run
+        return None
 
 
 def tree_pss(pid: int | None = None) -> int:

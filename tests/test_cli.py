@@ -51,6 +51,30 @@ def test_kernels_are_cached_where_they_can_be(tmp_path):
     assert homeless is not None and homeless.name.startswith("streamer-numba-") and homeless.is_dir()
 
 
+def test_parallel_regions_run_under_tbb_where_its_wheel_is_installed():
+    """The `tbb` wheel's library is off the loader's path; streamer loads it, so numba picks TBB. A layer
+    the user names (NUMBA_THREADING_LAYER) is theirs."""
+    import importlib.metadata
+    import os
+    import subprocess
+    import sys
+
+    from streamer import load_tbb
+
+    probe = ("import streamer, numba, numpy as np\n"
+             "f = numba.njit(parallel=True)(lambda a: (a * 2).sum())\n"
+             "f(np.ones(64)); print(numba.threading_layer())")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_THREADING_LAYER"}
+    try:
+        importlib.metadata.distribution("tbb")
+    except importlib.metadata.PackageNotFoundError:
+        assert load_tbb(env) is None
+    else:
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env)
+        assert out.stdout.split() == ["tbb"]
+    assert load_tbb({**env, "NUMBA_THREADING_LAYER": "omp"}) is None
+
+
 def test_version_answers_without_importing_the_commands():
     import subprocess
     import sys
