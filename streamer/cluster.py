@@ -26,7 +26,8 @@ from typing import Any
 
 from streamer.pipeline.batching import Pending, batch_inputs, load_signals, signal_requests
 from streamer.errors import InputError, StreamerError
-from streamer.pipeline.runner import Assembled, BatchDriver, Done, Stages
+from streamer.pipeline.runner import BatchDriver
+from streamer.pipeline.steps import Assembled, Done, Stages
 from streamer.config import Config
 from streamer.pipeline.stages import Pipeline, PipelineOptions
 from streamer.sinks import SinkContext, open_sinks, row_sinks

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from streamer.pipeline.runner import Assembled, BatchDriver, Done, Stages
+from streamer.pipeline.runner import BatchDriver
+from streamer.pipeline.steps import Assembled, Done, Stages
 from streamer.skips import Skip, Skipped
 from streamer.summary import PIPELINE_ERROR, BatchOutcome, RunSummary, tally
 
@@ -68,6 +69,35 @@ def test_the_front_step_runs_on_each_batch_in_order_before_its_compute_and_a_fai
     driver = BatchDriver(slow_compute, compute_threads=2, limit=4, front=failing)
     try:
         with pytest.raises(ValueError, match="front failed"):
+            list(driver.run(Numbered(n, []) for n in range(10)))
+    finally:
+        driver.close()
+
+
+def test_the_finishing_step_renders_off_the_compute_threads_and_a_failure_there_is_raised():
+    """Each computed batch is finished (its rows rendered) on a thread of its own before it is taken."""
+    finished: dict[int, str] = {}
+
+    def finish(done: Done) -> Done:
+        finished[done.outcome.records_in] = threading.current_thread().name
+        done.rendered = [str(done.outcome.records_in)]
+        return done
+
+    driver = BatchDriver(slow_compute, compute_threads=3, limit=6, finish=finish)
+    try:
+        got = [d.rendered for d in driver.run(Numbered(n, []) for n in range(30))]
+    finally:
+        driver.close()
+    assert got == [[str(n)] for n in range(30)] and set(finished.values()) == {"finish"}
+
+    def failing(done: Done) -> Done:
+        if done.outcome.records_in == 3:
+            raise ValueError("render failed")
+        return done
+
+    driver = BatchDriver(slow_compute, compute_threads=2, limit=4, finish=failing)
+    try:
+        with pytest.raises(ValueError, match="render failed"):
             list(driver.run(Numbered(n, []) for n in range(10)))
     finally:
         driver.close()

@@ -43,7 +43,8 @@ from streamer.io.bamreads import open_basecalls
 from streamer.io.index import SignalIndex
 from streamer.io.signal import reader_libraries
 from streamer.pipeline.planned import run_batches
-from streamer.pipeline.runner import Done, RunnerOptions, Stages
+from streamer.pipeline.runner import RunnerOptions
+from streamer.pipeline.steps import Done, Stages
 from streamer.pipeline.stages import PipelineOptions
 from streamer.pipeline.parsing import ParseProcess
 from streamer.pipeline.chemistry import default_models

@@ -19,7 +19,8 @@ from streamer.commands._checks import removed_on_failure
 from streamer.pipeline.gpu import CudaOptions, device_spec
 from streamer.io.alignments import iter_alignments
 from streamer.pipeline.planned import run_batches
-from streamer.pipeline.runner import Done, RunnerOptions, Stages
+from streamer.pipeline.runner import RunnerOptions
+from streamer.pipeline.steps import Done, Stages
 from streamer.config import Config, EventalignConfig
 from streamer.sinks import SinkContext, open_sinks, row_sinks
 from streamer.skips import log_skipped

@@ -22,7 +22,7 @@ from streamer.io.reference import Reference
 from streamer.daemon.aligner import ReadAligner
 from streamer.pipeline.batch import ReadInput
 from streamer.pipeline.batching import Pending, batch_inputs
-from streamer.pipeline.runner import Assembled
+from streamer.pipeline.steps import Assembled
 from streamer.pipeline.signal_pool import SignalBatch
 from streamer.skips import Skip, Skipped
 

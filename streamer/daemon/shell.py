@@ -63,7 +63,8 @@ from streamer.daemon.notify import Notifier
 from streamer.daemon.journal import SKIPPED_HEADER, Journal
 from streamer.publish.sink import PublishSink, PublisherLike
 from streamer.pipeline import timeline
-from streamer.pipeline.runner import BatchDriver, Done, RunnerOptions, Stages
+from streamer.pipeline.runner import BatchDriver, RunnerOptions
+from streamer.pipeline.steps import Done, Stages
 from streamer.pipeline.parsing import ParseProcess
 from streamer.pipeline.signal_pool import SignalReads, signal_readers
 from streamer.daemon.sink_set import EVENTALIGN, SinkSet
@@ -194,8 +195,8 @@ class Daemon:
             runner = RunnerOptions(compute_threads=threads, ahead=2 if threads > 1 else 1)  # as `memory_plan` sizes
             stages = Stages(self.pipeline, self.sinks.render, self.sinks.count, isolate=True,
                             keep_signal=self.sinks.needs_signal)  # fmt: skip
-            self.driver = BatchDriver(stages, compute_threads=threads, limit=runner.limit, front=stages.front,
-                                      prepare=stages.prepare)
+            self.driver = BatchDriver(stages.compute, compute_threads=threads, limit=runner.limit, front=stages.front,
+                                      prepare=stages.prepare, finish=stages.finish)
         except BaseException:
             self.close()
             raise

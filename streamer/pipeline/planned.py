@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 from streamer.io.reference import Reference
 from streamer.pipeline import timeline
 from streamer.pipeline.batching import Pending, assemble_batch, load_chunk, signal_requests
-from streamer.pipeline.runner import Assembled, BatchDriver, Done, RunnerOptions, Stages
+from streamer.pipeline.runner import BatchDriver, RunnerOptions
+from streamer.pipeline.steps import Assembled, Done, Stages
 from streamer.pipeline.signal_pool import READS_PER_TASK, read_tasks
 from streamer.skips import Skipped
 from streamer.summary import RunSummary
@@ -105,8 +106,8 @@ def run_batches(
         tighten_heap()
     reading = Reading(ref, pool, options.reads_per_task)
     stages = stages or Stages(pipeline)
-    driver = BatchDriver(stages, compute_threads=options.compute_threads, limit=options.limit,
-                         numba_threads=pipeline.options.threads, front=stages.front)  # fmt: skip
+    driver = BatchDriver(stages.compute, compute_threads=options.compute_threads, limit=options.limit,
+                         numba_threads=pipeline.options.threads, front=stages.front, finish=stages.finish)  # fmt: skip
     try:
         batches = driver.run(reading.job(pending, skipped) for pending, skipped in plans)
         starting()

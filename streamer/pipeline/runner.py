@@ -1,11 +1,12 @@
 """The one batch driver: every command's batches go through it, several in flight, handed back in order.
 
-    submit (caller) -> start: reads begun -> assemble: signal in hand, packed -> compute -> take (batch order)
+    submit (caller) -> start: reads begun -> assemble: signal in hand, packed -> compute -> finish -> take (batch order)
 
 A batch is a `Job`: `start` begins its reads when it is submitted (a reader pool's tasks, a Dask
 task); `assemble` waits for them and makes its inputs, on the one assembler thread, in batch
-order; a compute thread runs the stages on it (`Stages`: the pipeline, each result rendered by
-the sinks, the batch's `BatchOutcome`); `take` hands the batches back in the order submitted.
+order; a compute thread runs the stages on it (`Stages.compute`: the pipeline, the batch's
+`BatchOutcome`); the finishing thread renders its results for the sinks (`Stages.finish`), so the
+compute threads go on to the next batch meanwhile; `take` hands the batches back in the order submitted.
 At most `limit` batches are in flight (submitted, not yet taken): `submit` waits for room. So
 one batch's signal is read while another is packed and others are in the stages, and the
 output is that of batches run one by one.
@@ -29,17 +30,14 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numba
-import numpy as np
 
 from streamer.pipeline import timeline
-from streamer.pipeline.batch import ReadBatch, ReadInput, pack
 from streamer.pipeline.signal_pool import READS_PER_TASK
-from streamer.skips import Skipped
-from streamer.summary import BatchOutcome, count_gpu
+from streamer.pipeline.steps import Done
 
 log = logging.getLogger(__name__)
 
@@ -63,41 +61,6 @@ class RunnerOptions:
         return self.ahead + 1 + 2 * self.compute_threads
 
 
-@dataclass
-class Assembled:
-    """A batch ready for the stages: packed (`batch`), and as records where a read-by-read retry needs
-    them (`reads`: the daemon's; packed by `packed`, or by the pipeline where they could not be); the
-    records that could not go, and how many came in."""
-
-    reads: list[ReadInput]
-    batch: ReadBatch | None
-    skipped: list[Skipped]
-    records_in: int
-
-
-def packed(reads: list[ReadInput]) -> ReadBatch | None:
-    """Records packed for the stages on the assembler thread, kept beside them for a retry read by read;
-    None where there are none or one is refused (the compute step packs them again, and isolates it)."""
-    if not reads:
-        return None
-    try:
-        return pack(reads)
-    except Exception as exc:  # noqa: BLE001 - met again, and handled, where the batch computes
-        log.debug("a batch of %d records could not be packed (%s): the stages take the records", len(reads), exc)
-        return None
-
-
-@dataclass
-class Done:
-    """A batch through the stages: its results (one, or one per read after a retry), what the
-    sinks rendered of each, its outcome, and the job it was."""
-
-    outcome: BatchOutcome
-    results: list[Any] = field(default_factory=list)
-    rendered: list[Any] = field(default_factory=list)
-    job: Any = None
-
-
 class Job(Protocol):
     def start(self) -> None:
         """On submission, in the submitting thread: begin the batch's reads (quickly)."""
@@ -118,8 +81,9 @@ class BatchDriver:
 
     def __init__(self, compute: Callable[[Any], Done], *, compute_threads: int = 1, limit: int = 1,
                  numba_threads: int | None = None, front: Callable[[Any], None] | None = None,
-                 prepare: Callable[[Any], None] | None = None):  # fmt: skip
+                 prepare: Callable[[Any], None] | None = None, finish: Callable[[Done], Any] | None = None):  # fmt: skip
         self.compute = compute
+        self.finish = finish  # run on each computed batch on a thread of its own, before it is taken (`Stages.finish`)
         self.front = front  # run on each assembled batch on a thread of its own before `compute` (`Stages.front`)
         self.prepare = prepare  # run on each on the assembler thread, after its job's `assemble` (`Stages.prepare`)
         self.compute_threads = max(1, compute_threads)
@@ -129,10 +93,11 @@ class BatchDriver:
         self._assembling: queue.Queue = queue.Queue()
         self._fronting: queue.Queue = queue.Queue(maxsize=1)
         self._computing: queue.Queue = queue.Queue(maxsize=max(1, compute_threads))
+        self._finishing: queue.Queue = queue.Queue()  # bounded by `limit`
         self._results: dict[int, Done] = {}
         self._changed = threading.Condition()
         self._submitted = self._taken = 0
-        self._running: set[int] = set()  # batches in the stages now
+        self._running: set[int] = set()  # batches in the stages or being finished now
         self._halted = False  # `halt`: no batch goes into the stages any more
         self._error: BaseException | None = None
         self._stopped = threading.Event()
@@ -141,6 +106,8 @@ class BatchDriver:
             self._threads.append(threading.Thread(target=self._fronter, name="front", daemon=True))
         self._threads += [threading.Thread(target=self._computer, name=f"compute-{i}", daemon=True)
                           for i in range(max(1, compute_threads))]  # fmt: skip
+        if finish is not None:
+            self._threads.append(threading.Thread(target=self._finisher, name="finish", daemon=True))
         for t in self._threads:
             t.start()
 
@@ -338,102 +305,31 @@ class BatchDriver:
                     done = self.compute(assembled)
                 done.job = job
                 with self._changed:
-                    self._running.discard(seq)
-                    self._results[seq] = done
                     self.waits["stages_for_batches"] += idle
                     idle = 0.0
-                    self._changed.notify_all()
+                if self.finish is not None:
+                    self._finishing.put((seq, done))
+                else:
+                    self._done(seq, done)
         except BaseException as exc:  # re-raised in the caller
             self._fail(exc)
 
+    def _done(self, seq: int, done: Done) -> None:
+        with self._changed:
+            self._running.discard(seq)
+            self._results[seq] = done
+            self._changed.notify_all()
 
-class Stages:
-    """The compute step of local batches: the pipeline, each result rendered, the batch's outcome.
-
-    `render` and `count` are the main sink's (what it makes of a result, how many rows); with
-    `isolate` a batch the pipeline raises on is redone read by read (see the module's docstring).
-    Without `keep_signal` (no sink renders samples: `streamer call`) a batch's signal is let go once
-    its events are detected on the front thread: about a quarter of what a batch in flight holds.
-    """
-
-    def __init__(self, pipeline: Any, render: Callable[[Any], Any] = lambda result: None,
-                 count: Callable[[Any], int] = lambda result: 0, isolate: bool = False,
-                 keep_signal: bool = True):  # fmt: skip
-        self.pipeline = pipeline
-        self.render = render
-        self.count = count
-        self.isolate = isolate
-        self.keep_signal = keep_signal
-
-    def prepare(self, a: Assembled) -> None:
-        """The batch packed where it came as records alone (the daemon's, kept for a retry read by read), on
-        the driver's assembler thread, so that the front thread's time goes to the front stages."""
-        if a.batch is None and hasattr(self.pipeline, "front"):  # a test's stand-in may have none: it takes records
-            a.batch = packed(a.reads)
-
-    def front(self, a: Assembled) -> None:
-        """The batch's leading stages that need no lane (`Pipeline.front`), on the driver's front thread.
-        Where they fail, `__call__` runs them again with the rest, and fails or isolates as it does."""
-        front = getattr(self.pipeline, "front", None)
-        if front is None or a.batch is None:
-            return
+    def _finisher(self) -> None:
+        """Each computed batch through `finish`, in the order computed, then ready to be taken."""
         try:
-            front(a.batch)
-        except Exception as exc:  # noqa: BLE001 - the compute step meets it again, where it is handled
-            log.debug("the front stages failed on a batch of %d records (%s): run with the rest", a.records_in, exc)
-            a.batch.ran.clear()
-            return
-        if not self.keep_signal and "events" in a.batch.ran:
-            a.batch.signal = np.empty(0, a.batch.signal.dtype)
-
-    def __call__(self, a: Assembled) -> Done:
-        if a.batch is None and not a.reads:
-            return Done(BatchOutcome(a.records_in, skipped=a.skipped))
-        results, failed = self._run(a)
-        rendered = []
-        for r in results:
-            t0 = time.perf_counter()
-            rendered.append(self.render(r))
-            r.timings["format"] = time.perf_counter() - t0
-        return Done(outcome_of(a, results, failed, sum(self.count(r) for r in results)), results, rendered)
-
-    def _run(self, a: Assembled) -> tuple[list[Any], dict[str, str]]:
-        try:
-            return [self.pipeline.run_batch(a.batch) if a.batch is not None else self.pipeline.process(a.reads)], {}
-        except Exception as exc:  # noqa: BLE001 - isolated below, re-raised if not a read's fault
-            if not self.isolate or len({r.read_id for r in a.reads}) <= 1:
-                raise
-            log.error("the pipeline failed on a batch of %d records (%s); retrying read by read", len(a.reads), exc,
-                      exc_info=True)
-        by_read: dict[str, list[ReadInput]] = {}
-        for r in a.reads:
-            by_read.setdefault(r.read_id, []).append(r)
-        results, failed = [], {}
-        first_error: Exception | None = None
-        for rid, reads in by_read.items():
-            try:
-                results.append(self.pipeline.process(reads))
-            except Exception as exc:  # noqa: BLE001 - recorded against the read
-                first_error = first_error or exc
-                failed[rid] = f"{type(exc).__name__}: {exc}"
-                log.error("read %s: the pipeline fails on it: %s", rid, failed[rid])
-        if len(failed) == len(by_read):
-            raise first_error
-        return results, failed
-
-
-def outcome_of(a: Assembled, results: list[Any], failed: dict[str, str], calls: int) -> BatchOutcome:
-    """The outcome of an assembled batch from its results and the reads the pipeline failed on."""
-    timings: Counter = Counter()
-    gpu: Counter = Counter()
-    seconds: Counter = Counter()
-    skipped = list(a.skipped)
-    for r in results:
-        skipped += r.skipped
-        timings.update(r.timings)
-        count_gpu(gpu, seconds, r)
-    return BatchOutcome(a.records_in, sum(len(r.read_ids) - len(r.skipped) for r in results),
-                        sum(r.n_bases for r in results), calls, skipped, failed,
-                        sum(1 for r in a.reads if r.read_id in failed) if failed else 0, dict(timings), gpu,
-                        seconds)  # fmt: skip
-
+            while not self._stopped.is_set():
+                try:
+                    seq, done = self._finishing.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                with timeline.span("finish", batch=seq):
+                    self.finish(done)
+                self._done(seq, done)
+        except BaseException as exc:  # re-raised in the caller
+            self._fail(exc)
