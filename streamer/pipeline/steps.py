@@ -61,7 +61,7 @@ class Stages:
     result rendered (`finish`, on the driver's finishing thread; `__call__` runs both).
 
     `render` and `count` are the main sink's (what it makes of a result, how many rows); with
-    `isolate` a batch the pipeline raises on is redone read by read (see the module's docstring).
+    `isolate` a batch the pipeline raises on is redone read by read (`streamer.pipeline.runner`).
     Without `keep_signal` (no sink renders samples: `streamer call`) a batch's signal is let go once
     its events are detected on the front thread: about a quarter of what a batch in flight holds.
     """
