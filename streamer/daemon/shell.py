@@ -273,10 +273,14 @@ class Daemon:
             if self._stop.is_set():
                 return Ending(f"stop requested ({self._stop_why})", run_over=False)
             idle = not self._flights and not self._picks()[1]  # a full batch or one in flight waits for no event
-            for outcome in self.watcher.poll(0.25 if idle else 0.0):
+            landed = self.watcher.poll(0.25 if idle else 0.0)
+            for taken, outcome in enumerate(landed, 1):
                 with timeline.span("intake"):  # a landed file's reads into the ledger (`--trace`)
                     self.intake.take(outcome)
                 self._beat()
+                if taken < len(landed):  # the batches this file completes start, those done commit, before the next file
+                    self._submit_due(True)
+                    self._harvest(0.0)
             self._submit_due(bool(self.watcher.pending))
             self._harvest(0.05 if self._flights else 0.0)
             self._time_out_waiting()
