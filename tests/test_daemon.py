@@ -15,7 +15,7 @@ from streamer import config
 from streamer.daemon.aligner import ReadAligner
 from streamer.publish.client import Snapshot, Subscriber
 from streamer.daemon.policy import ALL_FILES_IN
-from streamer.daemon.shell import Daemon, State
+from streamer.daemon.shell import INTAKE_SLICE_S, Daemon, State
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
 from streamer.daemon.notify import Notifier
@@ -95,6 +95,38 @@ def test_a_replayed_run_is_processed_once(source, reference, reference_path, tmp
     # a restart after the end finds nothing to do and writes nothing twice
     code, _ = run_to_end(cfg, FakePipeline(), reference)
     assert code == 0 and rows(cfg.output.dir / "meth.tsv") == got
+
+
+def test_files_whose_intake_lasts_start_their_batches_before_the_rest_are_taken_in(source, reference,
+                                                                                    reference_path, tmp_path,
+                                                                                    no_leaks):  # fmt: skip
+    """A backlog whose files take long to take in (large BAMs on a busy machine) starts the full batches
+    taken in so far every `INTAKE_SLICE_S`, rather than after its last file; what is written is the same."""
+    replay(source, tmp_path / "live")
+    cfg = make_config(tmp_path, reference_path, **{"batch.max_reads": 1})
+    d = daemon_for(cfg, FakePipeline(), reference)
+    d.start()
+    events: list[str] = []
+    real_take, real_submit = d.intake.take, d._submit
+
+    def slow_take(outcome) -> None:
+        real_take(outcome)
+        events.append("intake")
+        time.sleep(INTAKE_SLICE_S)
+
+    def submit(picks) -> None:
+        events.append("submit")
+        real_submit(picks)
+
+    d.intake.take, d._submit = slow_take, submit
+    try:
+        assert d.run() == 0
+    finally:
+        d.close()
+    last_intake = len(events) - 1 - events[::-1].index("intake")
+    assert "submit" in events[:last_intake]
+    got = rows(cfg.output.dir / "meth.tsv")
+    assert len(got) == N_RECORDS == len(set(got))
 
 
 def test_read_ahead_changes_when_signal_is_read_not_what_is_written(source, reference, reference_path, tmp_path,

@@ -77,6 +77,11 @@ from streamer.daemon.watch import Watcher, WatchTimings
 log = logging.getLogger(__name__)
 
 SKIPPED_TSV = "skipped.tsv"
+# The files of one poll are taken in together (a batch then finds every partner file, the FASTQ that
+# stands in for an unreadable BAM among them), unless that lasts: a backlog's BAMs take 0.2-0.5 s each on a
+# busy GPU box, and its first batch waited 3.4 s for twelve of them. Then the full batches start, and those
+# done commit, every slice.
+INTAKE_SLICE_S = 0.2
 
 
 class BatchResultLike(Protocol):
@@ -274,13 +279,15 @@ class Daemon:
                 return Ending(f"stop requested ({self._stop_why})", run_over=False)
             idle = not self._flights and not self._picks()[1]  # a full batch or one in flight waits for no event
             landed = self.watcher.poll(0.25 if idle else 0.0)
+            sliced = time.monotonic()
             for taken, outcome in enumerate(landed, 1):
                 with timeline.span("intake"):  # a landed file's reads into the ledger (`--trace`)
                     self.intake.take(outcome)
                 self._beat()
-                if taken < len(landed):  # the batches this file completes start, those done commit, before the next file
-                    self._submit_due(True)
+                if taken < len(landed) and time.monotonic() - sliced >= INTAKE_SLICE_S:
+                    self._submit_due(True)  # the full batches taken in so far start, and those done commit
                     self._harvest(0.0)
+                    sliced = time.monotonic()
             self._submit_due(bool(self.watcher.pending))
             self._harvest(0.05 if self._flights else 0.0)
             self._time_out_waiting()
