@@ -323,6 +323,7 @@ class BatchDriver:
     def _finisher(self) -> None:
         """Each computed batch through `finish`, in the order computed, then ready to be taken."""
         try:
+            self._numba_threads()  # the rows' formatting runs parallel regions too
             while not self._stopped.is_set():
                 try:
                     seq, done = self._finishing.get(timeout=0.1)
