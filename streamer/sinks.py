@@ -82,6 +82,10 @@ def _nothing() -> None:
     pass
 
 
+def _here(fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args)
+
+
 @dataclass(frozen=True)
 class SinkContext:
     """Where sinks are opened, beside the configuration.
@@ -90,7 +94,9 @@ class SinkContext:
     `options`: how it asks them written (`eventalign --sam-out-version 2`);
     `out_dir`: the folder of a sink's own files (the daemon's output folder, the folder of
     `call -o`); `ledger` and `state_dir`: the daemon's, None elsewhere; `beat`: feeds the
-    daemon's watchdog through long work.
+    daemon's watchdog through long work; `offload(fn, *args)`: `fn(*args)` (a module-level function,
+    picklable arguments) in the daemon's parsing process, off the GIL its engine shares with the
+    stages (`streamer.pipeline.parsing`); elsewhere, here.
     """
 
     command: str  # "call", "eventalign", "meth-freq", "run"; "warm-up": what row sinks compile with
@@ -101,6 +107,7 @@ class SinkContext:
     state_dir: Path | None = None
     publishing: bool = False
     beat: Callable[[], None] = _nothing
+    offload: Callable[..., Any] = _here
 
     @property
     def daemon(self) -> bool:

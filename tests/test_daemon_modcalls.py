@@ -17,7 +17,7 @@ from pathlib import Path
 import pysam
 import pytest
 
-from conftest import ECOLI, REFERENCE
+from conftest import DATA, ECOLI, REFERENCE
 from daemon_support import no_leaks  # noqa: F401 (a fixture)
 
 TIMEOUT = 90
@@ -416,3 +416,12 @@ def test_a_counted_bam_removed_across_a_kill_9_is_named_once_and_restarts_are_cl
         code, _ = run_to_end(cfg, FakePipeline(), reference)
     assert code == 0 and not_counted(caplog, gone) == []
     assert summary(cfg)["modcalls"] == counts
+
+
+def test_a_bam_without_calls_counts_its_reads_as_the_table_does(tmp_path):
+    """The daemon reads a BAM through once off its engine (`tagless_reads`); the table reads only those with calls."""
+    from streamer_plugins.modbase.live import LiveModTable, tagless_reads
+
+    table = LiveModTable(tmp_path / "modkit.bed", REFERENCE, no_filtering=True)
+    assert tagless_reads(ECOLI / "reads.bam") == table.add_file(ECOLI / "reads.bam")[0] > 0
+    assert tagless_reads(DATA / "modbase" / "small.bam") is None

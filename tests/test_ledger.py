@@ -265,3 +265,31 @@ def test_matched_after_a_pick_passes_over_the_batches_in_flight_and_sees_every_w
     ledger.register_basecall_file(tmp_path / "b.fastq", "fastq", 1, 1, [("r4", 10), ("r5", 10)])  # a write: asked anew
     third, full = ledger.matched(2, 10_000, after=second[-1])
     assert [p.read_id for p in third] == ["r4", "r5"] and full
+
+
+
+def _one_file_and_its_batch(state, watch, n_reads: int) -> int:
+    """The statements a file's signal and basecalls, its batch's pick and its commit took."""
+    statements: list[str] = []
+    with Ledger(state, watch_dir=watch, clock=lambda: 1_764_245_926.123_456_7) as ledger:
+        ledger._db.set_trace_callback(statements.append)
+        ids = [f"r{i}" for i in range(n_reads)]
+        ledger.register_signal_file(watch / "a.pod5", "pod5", 1, 1, ids)
+        ledger.register_basecall_file(watch / "a.bam", "bam", 1, 1, [(r, 10) for r in ids])
+        assert ledger.open_reads_of(watch / "a.bam") == set(ids)
+        picks, _ = ledger.matched(n_reads, 10**9)
+        outcomes = [(p.read_id, "called" if i % 2 else "low_mapq") for i, p in enumerate(picks)]
+        ledger.commit(outcomes + [("r0", "called")], {"meth.tsv": 10}, {"called": n_reads // 2})
+        taken = len(statements)
+        assert [p.read_id for p in picks] == ids and picks[-1].matched == 1_764_245_926.123_456_7  # every digit
+        assert ledger.matched(n_reads, 10**9, after=picks[0]) == ([], False)
+        assert ledger.read_counts()["done"] == n_reads
+        assert (ledger.outcome("r0"), ledger.outcome("r1")) == ("low_mapq", "called")  # a read's first outcome
+    return taken
+
+
+def test_a_file_and_a_batch_take_as_many_statements_whatever_their_reads(tmp_path):
+    """Each statement's steps let go of the GIL: a file's reads go in, and a batch's come out and are
+    committed, in statements whose number does not grow with the reads (`benchmarks/bench_ledger.py`)."""
+    assert _one_file_and_its_batch(tmp_path / "s3", tmp_path, 3) == _one_file_and_its_batch(tmp_path / "s300",
+                                                                                           tmp_path, 300)

@@ -24,7 +24,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from streamer.daemon.policy import RECOVERED, EndOfRun, files_to_account
 from streamer.errors import InputError, one_line
@@ -45,14 +45,17 @@ class FileIntake:
 
     `on_reopened_bams` gets the ledger ids of basecall BAMs whose modBAM copy must be made again
     (a late signal file reopened some of their reads); `on_bam` is told of each basecall BAM
-    registered (its modified-base calls are counted then).
+    registered (its modified-base calls are counted then). `offload(fn, *args)` reads a signal
+    file's ids where the cache reads basecall files: in the parsing process, off the engine's GIL.
     """
 
     def __init__(self, ledger: Ledger, cache: BasecallCache, filt: AlignmentFilter, end: EndOfRun, layout: RunLayout,
-                 on_reopened_bams: Callable[[tuple[int, ...]], None], on_bam: Callable[[], None] = lambda: None):
+                 on_reopened_bams: Callable[[tuple[int, ...]], None], on_bam: Callable[[], None] = lambda: None,
+                 offload: Callable[..., Any] = lambda fn, *args: fn(*args)):
         self.ledger, self.cache, self.filt, self.end, self.layout = ledger, cache, filt, end, layout
         self.on_reopened_bams = on_reopened_bams
         self.on_bam = on_bam
+        self.offload = offload
         self._spare_runs: set[Path] = set()  # runs whose FASTQ was said to be the spare source
 
     def take(self, outcome: Ready | Rejected) -> None:
@@ -126,7 +129,7 @@ class FileIntake:
             self._reject(f, ready.size, ready.mtime_ns, f"{f.fmt.upper()} signal files cannot be read by this "
                          f"streamer (it reads {', '.join(SIGNAL_SUFFIXES)})")
             return
-        ids = self._read(ready, signal_read_ids, f.path)
+        ids = self._read(ready, self.offload, signal_read_ids, f.path)
         if ids is None:
             return
         reg = self.ledger.register_signal_file(f.path, f.fmt, ready.size, ready.mtime_ns, ids)

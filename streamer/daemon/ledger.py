@@ -16,6 +16,11 @@ to `superseded`, its counters are taken back, and the read is matched like any o
 batch that processes it commits its new outcome. So a read has one outcome at any time, and
 a kill at any point leaves it either reported or open, never both, never called twice.
 
+A file's or a batch's reads go in and come out as one JSON value, in one statement: SQLite's
+Python module lets go of the GIL for every row it steps through, and the engine that asks runs
+beside threads that hold it; a thousand rows then cost a thousand waits for it, seconds on a
+busy machine (`benchmarks/bench_ledger.py`).
+
 The tables and the upgrades of an older ledger are in `streamer.daemon.ledger_schema`; what the
 output sinks keep here (modBAM copies, modified-base counts) in `streamer.daemon.ledger_sinks`.
 """
@@ -33,6 +38,11 @@ from pathlib import Path
 from streamer.daemon.ledger_schema import LedgerError, check_meta, connect
 from streamer.daemon.ledger_sinks import SinkRecords
 from streamer.skips import Skip
+
+# a file's reads, (read id, bases) pairs in one JSON parameter after the file's id and the time, as the rows of an
+# INSERT (`WHERE true` keeps SQLite from reading its upsert's ON as a join's)
+_EACH_READ = ("SELECT json_extract(value, '$[0]'), ?, json_extract(value, '$[1]'), ? FROM json_each(?) "
+              "WHERE true ORDER BY key")
 
 
 @dataclass(frozen=True)
@@ -101,6 +111,7 @@ class Ledger(SinkRecords):
         self._db = connect(self.path)
         check_meta(self._db, self.path, Path(watch_dir), clock)
         self._last_matched: tuple[tuple, tuple[list[Pick], bool]] | None = None  # `matched`'s last question and answer
+        self._file_names: dict[int, tuple[Path, str]] = {}  # file id -> (path, format), as asked
 
     def close(self) -> None:
         if self._db is not None:
@@ -148,11 +159,11 @@ class Ledger(SinkRecords):
         `reads`: (read id, number of bases). How many reads it gave, when `use`."""
         with self._tx():
             fid = self._upsert_file(path, "basecalls", fmt, size, mtime_ns, "spare", None, len(reads))
-            self._db.executemany(
-                "INSERT INTO reads (read_id, spare_file, n_bases, since) VALUES (?, ?, ?, ?) "
+            self._db.execute(
+                f"INSERT INTO reads (read_id, spare_file, n_bases, since) {_EACH_READ} "
                 "ON CONFLICT(read_id) DO UPDATE SET spare_file = excluded.spare_file, "
                 "n_bases = CASE WHEN basecall_file IS NULL THEN excluded.n_bases ELSE n_bases END "
-                "WHERE spare_file IS NULL", ((rid, fid, n, self._clock()) for rid, n in reads))
+                "WHERE spare_file IS NULL", (fid, self._clock(), json.dumps(reads)))
             return self._use_spares([str(path)]).get(path, 0) if use else 0
 
     def use_spares(self) -> dict[Path, int]:
@@ -216,12 +227,12 @@ class Ledger(SinkRecords):
         with self._tx():
             fid = self._upsert_file(path, kind, fmt, size, mtime_ns, "registered", None, len(reads))
             bases = "n_bases = excluded.n_bases, " if kind == "basecalls" else ""
-            self._db.executemany(
-                f"INSERT INTO reads (read_id, {mine}, n_bases, since) VALUES (?, ?, ?, ?) "
+            self._db.execute(
+                f"INSERT INTO reads (read_id, {mine}, n_bases, since) {_EACH_READ} "
                 f"ON CONFLICT(read_id) DO UPDATE SET {mine} = excluded.{mine}, {bases}"
                 f"matched = CASE WHEN {other} IS NOT NULL THEN excluded.since ELSE NULL END "
                 f"WHERE {mine} IS NULL",
-                ((rid, fid, n, now) for rid, n in reads))
+                (fid, now, json.dumps(reads)))
             late, bams = self._reopen_late(mine, fid, missing)
             mine_count, matched = self._db.execute(
                 f"SELECT count(*), count(matched) FILTER (WHERE outcome IS NULL) FROM reads WHERE {mine} = ?",
@@ -284,19 +295,34 @@ class Ledger(SinkRecords):
     def _matched(self, max_reads: int, max_bases: int, key: tuple[float, int]) -> tuple[list[Pick], bool]:
         picks: list[Pick] = []
         bases = 0
-        rows = self._db.execute(
-            "SELECT r.read_id, r.n_bases, s.path, b.path, b.fmt, r.matched, r.id, r.superseded, x.path, x.fmt "
-            "FROM reads r JOIN files s ON s.id = r.signal_file JOIN files b ON b.id = r.basecall_file "
-            "LEFT JOIN files x ON x.id = r.spare_file AND r.spare_file != r.basecall_file "
-            "WHERE r.outcome IS NULL AND r.matched IS NOT NULL AND (r.matched, r.id) > (?, ?) "
-            "ORDER BY r.matched, r.id LIMIT ?", (*key, max_reads))
-        for rid, n, sp, bp, fmt, matched, number, superseded, xp, xfmt in rows:
+        rows = self._rows(  # `matched` as text with every digit: JSON's numbers keep 15, and it is a key
+            "SELECT json_group_array(json_array(read_id, n_bases, signal_file, basecall_file, "
+            "printf('%!.17g', matched), id, superseded, nullif(spare_file, basecall_file))) FROM "
+            "(SELECT * FROM reads WHERE outcome IS NULL AND matched IS NOT NULL AND (matched, id) > (?, ?) "
+            "ORDER BY matched, id LIMIT ?)", (*key, max_reads))
+        rows.sort(key=lambda r: (float(r[4]), r[5]))
+        files = self._files_by_id({fid for r in rows for fid in (r[2], r[3], r[7]) if fid is not None})
+        for rid, n, signal, basecalls, matched, number, superseded, spare in rows:
             if picks and bases + n > max_bases:
                 return picks, True
-            picks.append(Pick(rid, n, Path(sp), Path(bp), fmt, matched, number, superseded,
-                              None if xp is None else Path(xp), xfmt or ""))
+            (sp, _), (bp, fmt) = files[signal], files[basecalls]
+            xp, xfmt = files[spare] if spare is not None else (None, "")
+            picks.append(Pick(rid, n, sp, bp, fmt, float(matched), number, superseded, xp, xfmt))
             bases += n
         return picks, len(picks) == max_reads or bases >= max_bases
+
+    def _files_by_id(self, ids: set[int]) -> dict[int, tuple[Path, str]]:
+        """(path, format) of these files, each asked of the database once: a file's row keeps both."""
+        missing = [i for i in ids if i not in self._file_names]
+        if missing:
+            for fid, path, fmt in self._rows("SELECT json_group_array(json_array(id, path, fmt)) FROM files "
+                                             "WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(missing),)):
+                self._file_names[fid] = (Path(path), fmt)
+        return {i: self._file_names[i] for i in ids}
+
+    def _rows(self, sql: str, params: tuple = ()) -> list:
+        """The rows a `json_group_array` query gives, as lists: one step of the database for them all."""
+        return json.loads(self._db.execute(sql, params).fetchone()[0])
 
     def waiting(self, since_before: float | None = None) -> list[Waiting]:
         """Open reads with one file only, first registered before `since_before` (all if None)."""
@@ -309,10 +335,9 @@ class Ledger(SinkRecords):
 
     def open_reads_of(self, basecall_path: Path) -> set[str]:
         """Open reads whose basecalls are in this file (to reload them after a restart)."""
-        rows = self._db.execute(
-            "SELECT r.read_id FROM reads r JOIN files f ON f.id = r.basecall_file "
-            "WHERE f.path = ? AND r.outcome IS NULL", (str(basecall_path),))
-        return {r for (r,) in rows}
+        return set(self._rows(
+            "SELECT json_group_array(r.read_id) FROM reads r JOIN files f ON f.id = r.basecall_file "
+            "WHERE f.path = ? AND r.outcome IS NULL", (str(basecall_path),)))
 
     def read_counts(self) -> dict[str, int]:
         row = self._db.execute(
@@ -359,8 +384,9 @@ class Ledger(SinkRecords):
                     (batch.n_reads, batch.n_records, batch.n_calls, batch.bases, batch.seconds, batch.latency_sum,
                      batch.latency_max, self._clock()))
                 bid = cur.lastrowid
-            self._db.executemany("UPDATE reads SET outcome = ?, batch = ? WHERE read_id = ? AND outcome IS NULL",
-                                 ((outcome, bid, rid) for rid, outcome in outcomes))
+            for outcome, ids in _by_outcome(outcomes).items():
+                self._db.execute("UPDATE reads SET outcome = ?, batch = ? WHERE read_id IN "
+                                 "(SELECT value FROM json_each(?)) AND outcome IS NULL", (outcome, bid, json.dumps(ids)))
             self._db.executemany(
                 "INSERT INTO outputs VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET offset = excluded.offset",
                 offsets.items())
@@ -369,3 +395,14 @@ class Ledger(SinkRecords):
                 ((k, v) for k, v in counters.items() if v))
         return bid
 
+
+
+def _by_outcome(outcomes: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
+    """The read ids of each outcome; a read given two keeps its first."""
+    first: dict[str, str] = {}
+    for rid, outcome in outcomes:
+        first.setdefault(rid, outcome)
+    by: dict[str, list[str]] = {}
+    for rid, outcome in first.items():
+        by.setdefault(outcome, []).append(rid)
+    return by

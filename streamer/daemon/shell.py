@@ -176,7 +176,7 @@ class Daemon:
         cfg = self.config
         try:
             self.ledger = Ledger(cfg.state_dir(), watch_dir=cfg.watch.dir)
-            self.sinks = SinkSet.open(cfg, self.ledger, self.publish, self._beat)
+            self.sinks = SinkSet.open(cfg, self.ledger, self.publish, self._beat, self.parser.run)
             headers = self.sinks.headers() | {SKIPPED_TSV: SKIPPED_HEADER}
             self.outputs = Journal(cfg.output.dir, headers, self.ledger.offsets())
             if self.outputs.fresh:
@@ -190,7 +190,7 @@ class Daemon:
             timings = WatchTimings(cfg.watch.poll_interval, cfg.watch.settle, cfg.watch.incomplete_timeout)
             self.intake = FileIntake(self.ledger, self.cache, self._filter, self.end, layout,
                                      lambda bams: self.sinks.each("on_reopened", bams),
-                                     lambda: self.sinks.each("on_file", "basecalls", "bam"))
+                                     lambda: self.sinks.each("on_file", "basecalls", "bam"), self.parser.run)
             self.watcher = Watcher(layout, timings, poll=cfg.watch.poll, known=self.ledger.is_known)
             self.watcher.start()
             workers = cfg.pipeline.threads or os.cpu_count() or 1

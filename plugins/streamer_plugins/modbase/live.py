@@ -162,7 +162,7 @@ class LiveModTable:
         reads = calls = 0
         for batch in record_batches(inputs):
             if not any(_has_mod_tags(rec) for rec, _ in batch):
-                reads += sum(1 for rec, _ in batch if is_used(rec))
+                reads += _used(batch)
                 continue
             counts = self._counts_for(bam, inputs.contigs)
             before = counts.n_reads
@@ -283,6 +283,18 @@ def columns_of(text: str) -> dict[str, list] | None:
         else:
             out[name] = [int(x) for x in column]
     return out
+
+
+def tagless_reads(bam: Path) -> int | None:
+    """The reads `add_file` counts in a BAM none of whose records carries MM tags (most runs' BAMs); None
+    when one does. A module function with a small answer: the daemon reads the file in its parsing process,
+    off the GIL its engine shares with the stages (`streamer.sinks.SinkContext.offload`)."""
+    batch = list(BamInputs([bam]).records(None))
+    return None if any(_has_mod_tags(rec) for rec, _ in batch) else _used(batch)
+
+
+def _used(batch: list) -> int:
+    return sum(1 for rec, _ in batch if is_used(rec))
 
 
 def _has_mod_tags(rec) -> bool:

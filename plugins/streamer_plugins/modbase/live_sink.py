@@ -50,10 +50,12 @@ class ModkitSink(BaseSink):
             filter_threshold=mc.filter_threshold, filter_percentile=mc.filter_percentile, no_filtering=mc.no_filtering,
             cpg=mc.cpg, combine_strands=mc.combine_strands, ignore=mc.ignore, combine_mods=mc.combine_mods,
         )  # fmt: skip
-        return cls(table, context.ledger, context.state_dir / CHECKPOINT, context.beat)
+        return cls(table, context.ledger, context.state_dir / CHECKPOINT, context.beat, context.offload)
 
-    def __init__(self, table: LiveModTable, ledger: SinkLedger, checkpoint: Path, beat=lambda: None):
+    def __init__(self, table: LiveModTable, ledger: SinkLedger, checkpoint: Path, beat=lambda: None,
+                 offload=lambda fn, *args: fn(*args)):
         self.table, self.ledger, self.checkpoint, self.beat = table, ledger, checkpoint, beat
+        self.offload = offload  # where a BAM is first read through: off the daemon's engine
         self.channel: SiteChannel | None = None
         self._files: set[FileState] = set()  # the BAMs in the table
         self._saved: set[FileState] = set()  # those the checkpoint holds
@@ -117,14 +119,23 @@ class ModkitSink(BaseSink):
 
     def _count(self) -> None:
         """Count each registered BAM not counted yet, then record it: the table holds each file once."""
+        from streamer_plugins.modbase.live import tagless_reads  # loaded with the table (`open`)
+
         for fid, path, size, mtime_ns, changed in self.ledger.uncounted_bams():
             self.beat()
             if changed:
                 log.info("%s changed after its modified-base calls were counted: rebuilding %s", path, MODKIT_BED)
                 self.ledger.forget_modcalls([fid])
                 self._rebuild()
-            if self.table.thresholds is None and not self._estimate(path):
-                self.ledger.record_modcalls(fid, size, mtime_ns, 0, 0)  # no calls to count in it
+            try:
+                tagless = self.offload(tagless_reads, path)
+            except Exception as exc:  # noqa: BLE001 - nothing of it is counted yet
+                self._unreadable(fid, path, size, mtime_ns, exc)
+                continue
+            if tagless is not None or (self.table.thresholds is None and not self._estimate(path)):
+                # no calls to count in it; its reads count once the run's thresholds are known, as in add_file
+                reads = (tagless or 0) if self.table.thresholds is not None else 0
+                self.ledger.record_modcalls(fid, size, mtime_ns, reads, 0)
                 continue
             try:
                 n_reads, n_calls = self.table.add_file(path)
