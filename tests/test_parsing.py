@@ -7,14 +7,20 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from pathlib import Path
 
+import pysam
 import pytest
 
 from streamer.daemon.basecall_cache import read_basecall_file
 from streamer.errors import InputError
 from streamer.io.alignments import AlignmentFilter, iter_alignments
+from streamer.pipeline import parsing, shared_samples
 from streamer.pipeline.parsing import ParseProcess
 from streamer.skips import Skipped
+
+
+needs_shm = pytest.mark.skipif(not os.access(shared_samples.SHM, os.W_OK), reason="no writable /dev/shm")
 
 
 def rec(r):
@@ -43,6 +49,29 @@ def test_basecall_files_come_back_as_parsed_here(ecoli, parser):
     assert parts(parser.run(read_basecall_file, ecoli / "reads.fasta", "fasta", AlignmentFilter(), some)) == parts(
         read_basecall_file(ecoli / "reads.fasta", "fasta", AlignmentFilter(), some))
     assert parser._pool is not None  # it did run in a process
+
+
+def copies_of(bam: Path, out: Path, n: int) -> Path:
+    """`bam`'s records `n` times over, under new read names: a file whose reads pickle past a pipe-full."""
+    with pysam.AlignmentFile(str(bam)) as src, pysam.AlignmentFile(str(out), "wb", template=src) as dst:
+        records = list(src.fetch(until_eof=True))
+        for i in range(n):
+            for r in records:
+                r.query_name = f"{r.query_name.split('~')[0]}~{i}"
+                dst.write(r)
+    return out
+
+
+@needs_shm
+def test_a_large_result_comes_back_through_a_file_and_leaves_none(ecoli, tmp_path, parser):
+    bam = copies_of(ecoli / "reads.bam", tmp_path / "copies.bam", 4)
+    want = read_basecall_file(bam, "bam", AlignmentFilter())
+    shared = shared_samples.place(tmp_path)
+    handed = parsing._handed_back(shared, read_basecall_file, (bam, "bam", AlignmentFilter()))
+    assert isinstance(handed, parsing._InFile) and shared.left()  # what the process hands back for it
+    assert parts(parsing._taken_back(handed)) == parts(want) and not shared.left()
+    assert parts(parser.run(read_basecall_file, bam, "bam", AlignmentFilter())) == parts(want) and len(want) == 32
+    assert not parser._pool.shared.left()
 
 
 def test_records_come_back_in_file_order_in_chunks(ecoli):

@@ -1,9 +1,11 @@
-"""Samples handed from a reader process to its owner through a file under /dev/shm, not a pipe.
+"""Samples, and other large results, handed from a reader process to its owner through a file under
+/dev/shm, not a pipe.
 
-The reader writes a task's int16 samples to a new file and sends its name (`write`); the owner
-maps the file and unlinks it at once (`mapped`), so the pages are freed when the array is. Sent
-through the pipe, every byte would be read and unpickled on the owner's result thread, holding
-the GIL. No resource tracker is involved, and nothing is left behind: a pool's files are named
+The reader writes a task's int16 samples (or a parsed file, pickled) to a new file and sends its
+name (`write`); the owner maps the file and unlinks it at once (`mapped`, `unpickled`), so the pages
+are freed when the array is. Sent through the pipe, every byte would be read and unpickled on the
+owner's result thread, holding the GIL, a pipe-full at a time, waiting for it again before each
+(seconds for a BAM's reads beside busy stages). No resource tracker is involved, and nothing is left behind: a pool's files are named
 `streamer-<owner pid>-<pool>-<reader pid>-<n>`; a reader whose owner is gone removes the files it
 made that were not taken (`remove_untaken`), a pool's shutdown those of its readers that died
 mid-task (`SharedFiles.left`), and a new pool those of owners that died (`place`).
@@ -15,12 +17,14 @@ import itertools
 import logging
 import mmap
 import os
+import pickle
 import secrets
 import sys
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -64,13 +68,25 @@ def place(folder: Path = SHM) -> SharedFiles | None:
 def mapped(path: str, count: int) -> np.ndarray:
     """In the owner: the `count` samples of a reader's file, mapped, the file unlinked at once (the
     mapping lives as long as the array and its views)."""
+    return np.frombuffer(_map(path, 2 * count), np.int16)
+
+
+def unpickled(path: str, nbytes: int) -> Any:
+    """In the owner: what a reader pickled into its file (`nbytes` long), the file unlinked and let go."""
+    buf = _map(path, nbytes)
+    try:
+        return pickle.loads(buf)
+    finally:
+        buf.close()
+
+
+def _map(path: str, nbytes: int) -> mmap.mmap:
     fd = os.open(path, os.O_RDWR)
     try:
         os.unlink(path)
-        buf = mmap.mmap(fd, 2 * count, flags=mmap.MAP_SHARED | _POPULATE)
+        return mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | _POPULATE)
     finally:
         os.close(fd)
-    return np.frombuffer(buf, np.int16)
 
 
 # In a reader process: the files it made that its owner has not yet taken.
@@ -80,11 +96,12 @@ _serial = itertools.count()
 _told_write = False
 
 
-def write(files: SharedFiles, raw: np.ndarray) -> str | None:
-    """In a reader: int16 `raw` written to a new file of `files`, its path; None where it is small or no file
-    takes it. Written, not mapped: a full /dev/shm gives an error here rather than a SIGBUS."""
+def write(files: SharedFiles, raw: np.ndarray | bytes) -> str | None:
+    """In a reader: `raw` (int16 samples, or bytes) written to a new file of `files`, its path; None where it
+    is small or no file takes it. Written, not mapped: a full /dev/shm gives an error here rather than a SIGBUS."""
     global _told_write
-    if raw.nbytes < MIN_BYTES:
+    data = memoryview(np.ascontiguousarray(raw, np.int16) if isinstance(raw, np.ndarray) else raw).cast("B")
+    if data.nbytes < MIN_BYTES:
         return None
     path = str(files.folder / f"{files.prefix}{os.getpid()}-{next(_serial)}")
     try:
@@ -95,7 +112,7 @@ def write(files: SharedFiles, raw: np.ndarray) -> str | None:
         error = exc
     else:
         try:
-            data, done = memoryview(np.ascontiguousarray(raw, np.int16)).cast("B"), 0
+            done = 0
             while done < len(data):
                 done += os.write(fd, data[done:])
             return path
@@ -105,7 +122,7 @@ def write(files: SharedFiles, raw: np.ndarray) -> str | None:
         finally:
             os.close(fd)
     if not _told_write:
-        log.debug("reader %d: samples through the pipe (%s)", os.getpid(), error)
+        log.debug("reader %d: results through the pipe (%s)", os.getpid(), error)
         _told_write = True
     return None
 
