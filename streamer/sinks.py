@@ -82,10 +82,6 @@ def _nothing() -> None:
     pass
 
 
-def _here(fn: Callable[..., Any], *args: Any) -> Any:
-    return fn(*args)
-
-
 @dataclass(frozen=True)
 class SinkContext:
     """Where sinks are opened, beside the configuration.
@@ -94,9 +90,9 @@ class SinkContext:
     `options`: how it asks them written (`eventalign --sam-out-version 2`);
     `out_dir`: the folder of a sink's own files (the daemon's output folder, the folder of
     `call -o`); `ledger` and `state_dir`: the daemon's, None elsewhere; `beat`: feeds the
-    daemon's watchdog through long work; `offload(fn, *args)`: `fn(*args)` (a module-level function,
-    picklable arguments) in the daemon's parsing process, off the GIL its engine shares with the
-    stages (`streamer.pipeline.parsing`); elsewhere, here.
+    daemon's watchdog through long work; `begin(fn, *args)`: the daemon's, `fn(*args)` (a module-level
+    function, picklable arguments) begun in its parsing process, off the GIL its engine shares with the
+    stages, and handed back as a `streamer.pipeline.parsing.Parsed` (`done()`, `result()`).
     """
 
     command: str  # "call", "eventalign", "meth-freq", "run"; "warm-up": what row sinks compile with
@@ -107,7 +103,7 @@ class SinkContext:
     state_dir: Path | None = None
     publishing: bool = False
     beat: Callable[[], None] = _nothing
-    offload: Callable[..., Any] = _here
+    begin: Callable[..., Any] | None = None
 
     @property
     def daemon(self) -> bool:

@@ -15,7 +15,7 @@ from streamer import config
 from streamer.daemon.aligner import ReadAligner
 from streamer.publish.client import Snapshot, Subscriber
 from streamer.daemon.policy import ALL_FILES_IN
-from streamer.daemon.shell import INTAKE_SLICE_S, Daemon, State
+from streamer.daemon.shell import Daemon, State
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
 from streamer.daemon.notify import Notifier
@@ -97,34 +97,39 @@ def test_a_replayed_run_is_processed_once(source, reference, reference_path, tmp
     assert code == 0 and rows(cfg.output.dir / "meth.tsv") == got
 
 
-def test_files_whose_intake_lasts_start_their_batches_before_the_rest_are_taken_in(source, reference,
-                                                                                    reference_path, tmp_path,
-                                                                                    no_leaks):  # fmt: skip
-    """A backlog whose files take long to take in (large BAMs on a busy machine) starts the full batches
-    taken in so far every `INTAKE_SLICE_S`, rather than after its last file; what is written is the same."""
+def test_a_backlog_is_taken_in_a_batch_file_at_a_time_and_its_batches_start_in_between(source, reference,
+                                                                                      reference_path, tmp_path,
+                                                                                      no_leaks):  # fmt: skip
+    """A backlog's files are read ahead and taken into the ledger a batch file (its POD5, BAM and FASTQ,
+    named alike) at a time; the full batches start in between, not after its last file; what is written
+    is the same."""
     replay(source, tmp_path / "live")
     cfg = make_config(tmp_path, reference_path, **{"batch.max_reads": 1})
     d = daemon_for(cfg, FakePipeline(), reference)
     d.start()
-    events: list[str] = []
+    events: list[tuple[str, str]] = []
     real_take, real_submit = d.intake.take, d._submit
 
-    def slow_take(outcome) -> None:
-        real_take(outcome)
-        events.append("intake")
-        time.sleep(INTAKE_SLICE_S)
+    def take(landing) -> None:
+        real_take(landing)
+        events.append(("intake", landing.outcome.file.path.name.split(".")[0]))
 
     def submit(picks) -> None:
-        events.append("submit")
+        events.append(("submit", ""))
         real_submit(picks)
 
-    d.intake.take, d._submit = slow_take, submit
+    d.intake.take, d._submit = take, submit
     try:
         assert d.run() == 0
     finally:
         d.close()
-    last_intake = len(events) - 1 - events[::-1].index("intake")
-    assert "submit" in events[:last_intake]
+    taken = [(i, stem) for i, (what, stem) in enumerate(events) if what == "intake" and "_" in stem]
+    assert len({stem for _, stem in taken}) > 1
+    for (i, stem), (j, after) in zip(taken, taken[1:]):
+        if stem != after:  # between two batch files: batches may start; within one: none does
+            continue
+        assert ("submit", "") not in events[i:j]
+    assert ("submit", "") in events[:taken[-1][0]]
     got = rows(cfg.output.dir / "meth.tsv")
     assert len(got) == N_RECORDS == len(set(got))
 
@@ -231,7 +236,7 @@ def test_sigterm_finishes_the_batches_in_hand_and_the_rest_waits(source, referen
     assert 1 <= in_hand <= d.driver.compute_threads
     s = summary(cfg)
     assert s["state"] == "stopped" and s["reads"]["done"] == 3 * in_hand
-    assert s["reads"]["matched"] == N_READS - 3 * in_hand
+    assert s["reads"]["matched"] <= N_READS - 3 * in_hand  # the files not yet taken in wait on disk
     code, _ = run_to_end(cfg, FakePipeline(), reference)
     got = rows(cfg.output.dir / "meth.tsv")
     assert code == 0 and len(got) == N_RECORDS == len(set(got))

@@ -9,6 +9,12 @@ files go to the end-of-run policy, the latter with how many files of each format
 see of that run (`streamer.daemon.policy.files_to_account`). The completeness checks themselves
 live with the format readers, which the watcher asks.
 
+Files are read in the daemon's parsing process (`streamer.pipeline.parsing`), begun as they land, a few
+files ahead (`Landings`), and taken into the ledger in the order they landed, one batch file at a time:
+the files of one poll that MinKNOW named alike (a batch's POD5, BAM and FASTQ) together, so a batch
+started between them finds every partner file, the FASTQ that stands in for an unreadable BAM among
+them. The engine thread only waits for what is read, and starts batches and commits them in between.
+
 Where a run writes both BAM and FASTQ (`basecalls: auto`), the choice is made read by read: the
 FASTQ is registered as a spare, and a read takes its basecalls from it only if no BAM record of
 it can be read: its BAM (the one of the same name) was set aside, or the run ended without one.
@@ -22,22 +28,37 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from streamer.daemon.policy import RECOVERED, EndOfRun, files_to_account
 from streamer.errors import InputError, one_line
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.signal import SIGNAL_SUFFIXES, signal_read_ids
-from streamer.daemon.basecall_cache import SPARE_USED, BasecallCache
+from streamer.daemon.basecall_cache import SPARE_USED, BasecallCache, ReadBasecalls, read_basecall_file
 from streamer.daemon.ledger import Ledger, Registered
 from streamer.daemon.runfolder import Kind, RunFile, RunLayout, files_written
 from streamer.daemon.watch import VANISHED, Ready, Rejected
+from streamer.pipeline.parsing import Parsed, ParseProcess
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Landing:
+    """A file the watcher reported, and its reading (ids or basecalls), begun (`FileIntake.begin`)."""
+
+    outcome: Ready | Rejected
+    read: Parsed | None = None  # None: nothing to read (set aside, STOP, a final summary)
+
+    def done(self) -> bool:
+        return self.read is None or self.read.done()
 
 
 class FileIntake:
@@ -45,20 +66,30 @@ class FileIntake:
 
     `on_reopened_bams` gets the ledger ids of basecall BAMs whose modBAM copy must be made again
     (a late signal file reopened some of their reads); `on_bam` is told of each basecall BAM
-    registered (its modified-base calls are counted then). `offload(fn, *args)` reads a signal
-    file's ids where the cache reads basecall files: in the parsing process, off the engine's GIL.
+    registered (its modified-base calls are counted then). `parser` reads the files.
     """
 
     def __init__(self, ledger: Ledger, cache: BasecallCache, filt: AlignmentFilter, end: EndOfRun, layout: RunLayout,
-                 on_reopened_bams: Callable[[tuple[int, ...]], None], on_bam: Callable[[], None] = lambda: None,
-                 offload: Callable[..., Any] = lambda fn, *args: fn(*args)):
+                 on_reopened_bams: Callable[[tuple[int, ...]], None], on_bam: Callable[[], None], parser: ParseProcess):
         self.ledger, self.cache, self.filt, self.end, self.layout = ledger, cache, filt, end, layout
         self.on_reopened_bams = on_reopened_bams
         self.on_bam = on_bam
-        self.offload = offload
+        self.parser = parser
         self._spare_runs: set[Path] = set()  # runs whose FASTQ was said to be the spare source
 
-    def take(self, outcome: Ready | Rejected) -> None:
+    def begin(self, outcome: Ready | Rejected) -> Landing:
+        """The file's reading begun: a signal file's read ids, a basecall file's reads (`take` ends it)."""
+        if isinstance(outcome, Ready):
+            f = outcome.file
+            if f.kind is Kind.SIGNAL and f.path.suffix.lower() in SIGNAL_SUFFIXES:
+                return Landing(outcome, self.parser.begin(signal_read_ids, f.path))
+            if f.kind is Kind.BASECALLS:
+                return Landing(outcome, self.parser.begin(read_basecall_file, f.path, f.fmt, self.filt))
+        return Landing(outcome)
+
+    def take(self, landing: Landing) -> None:
+        """The file into the ledger (waiting for its reading), the basecall cache or the end-of-run policy."""
+        outcome = landing.outcome
         f = outcome.file
         if isinstance(outcome, Rejected):
             self._reject(outcome.file, outcome.size, outcome.mtime_ns, outcome.reason)
@@ -71,9 +102,9 @@ class FileIntake:
             self._final_summary(f)
             return
         if f.kind is Kind.SIGNAL:
-            self._register_signal(outcome)
+            self._register_signal(outcome, landing.read)
         else:
-            self._register_basecalls(outcome)
+            self._register_basecalls(outcome, landing.read)
 
     def _final_summary(self, f: RunFile) -> None:
         """The run's end, with the files its summary counts (none if it cannot be read: the grace decides)."""
@@ -123,13 +154,13 @@ class FileIntake:
             self._reject(f, ready.size, ready.mtime_ns, reason)
             return None
 
-    def _register_signal(self, ready: Ready) -> None:
+    def _register_signal(self, ready: Ready, read: Parsed[list[str]] | None) -> None:
         f = ready.file
-        if f.path.suffix.lower() not in SIGNAL_SUFFIXES:
+        if read is None:
             self._reject(f, ready.size, ready.mtime_ns, f"{f.fmt.upper()} signal files cannot be read by this "
                          f"streamer (it reads {', '.join(SIGNAL_SUFFIXES)})")
             return
-        ids = self._read(ready, self.offload, signal_read_ids, f.path)
+        ids = self._read(ready, read.result)
         if ids is None:
             return
         reg = self.ledger.register_signal_file(f.path, f.fmt, ready.size, ready.mtime_ns, ids)
@@ -137,9 +168,9 @@ class FileIntake:
         if reg.reopened_bams:
             self.on_reopened_bams(reg.reopened_bams)
 
-    def _register_basecalls(self, ready: Ready) -> None:
+    def _register_basecalls(self, ready: Ready, read: Parsed[dict[str, ReadBasecalls]]) -> None:
         f = ready.file
-        reads = self._read(ready, self.cache.read, f.path, f.fmt, self.filt)
+        reads = self._read(ready, read.result)
         if reads is None:
             return
         if f.spare:
@@ -167,10 +198,55 @@ class FileIntake:
                      "record cannot be read", f.run_root)
 
 
+class Landings:
+    """The files the watcher reported, in order, their reading begun up to `ahead` files ahead; handed
+    out a batch file at a time (`ready`): the files of one poll named alike, once each is read."""
+
+    def __init__(self, intake: FileIntake, ahead: int):
+        self.intake, self.ahead = intake, ahead
+        self._polls = 0
+        self._waiting: deque[tuple[tuple[int, str], Ready | Rejected]] = deque()  # (poll, stem), not begun
+        self._begun: deque[tuple[tuple[int, str], Landing]] = deque()
+
+    def __bool__(self) -> bool:
+        return bool(self._waiting or self._begun)
+
+    def add(self, landed: list[Ready | Rejected]) -> None:
+        """One poll's files, those of a batch file together, in the order the first of each landed."""
+        self._polls += 1
+        first: dict[str, int] = {}
+        keyed = [(first.setdefault(_stem(o.file.path), len(first)), o) for o in landed]
+        keyed.sort(key=lambda k: k[0])
+        self._waiting.extend(((self._polls, group), o) for group, o in keyed)
+        self._begin_more()
+
+    def ready(self) -> list[Landing] | None:
+        """The oldest batch file's files, once each is read; None while one is not."""
+        if not self._begun:
+            return None
+        key = self._begun[0][0]
+        n = next((i for i, (k, _) in enumerate(self._begun) if k != key), len(self._begun))
+        if not all(landing.done() for _, landing in islice(self._begun, n)):  # a batch file is begun whole
+            return None
+        group = [self._begun.popleft()[1] for _ in range(n)]
+        self._begin_more()
+        return group
+
+    def wait(self, timeout: float) -> None:
+        """Until the oldest file begun is read, or `timeout` seconds."""
+        if self._begun and self._begun[0][1].read is not None:
+            self._begun[0][1].read.wait(timeout)
+
+    def _begin_more(self) -> None:
+        while self._waiting and (len(self._begun) < self.ahead or self._waiting[0][0] == self._begun[-1][0]):
+            key, outcome = self._waiting.popleft()
+            self._begun.append((key, self.intake.begin(outcome)))
+
+
 def _stem(path: Path) -> str:
-    """A basecall file's name without its format's suffixes: MinKNOW names a batch's FASTQ and BAM alike."""
+    """A run file's name without its format's suffixes: MinKNOW names a batch's POD5, FASTQ and BAM alike."""
     name = path.name.lower()
-    for suffix in (".gz", ".bam", ".fastq", ".fq", ".fasta", ".fa"):
+    for suffix in (".gz", ".bam", ".fastq", ".fq", ".fasta", ".fa", *SIGNAL_SUFFIXES):
         name = name.removesuffix(suffix)
     return name
 

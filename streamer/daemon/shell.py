@@ -49,7 +49,7 @@ from streamer.daemon.aligner import ReadAligner
 from streamer.pipeline.batch import ReadInput
 from streamer.config import Config
 from streamer.daemon.batches import Aligning, DaemonBatch, basecalls_of, eventalign_of, picked, signal_wanted
-from streamer.daemon.intake import FileIntake
+from streamer.daemon.intake import FileIntake, Landings
 from streamer.daemon.policy import (PIPELINE_ERROR, EndOfRun, Ending, JoinTimeout, account, batch_due,
                                     missing_partner, recovered_row, skip_counters, skip_row)  # fmt: skip
 from streamer.errors import StreamerError
@@ -77,11 +77,9 @@ from streamer.daemon.watch import Watcher, WatchTimings
 log = logging.getLogger(__name__)
 
 SKIPPED_TSV = "skipped.tsv"
-# The files of one poll are taken in together (a batch then finds every partner file, the FASTQ that
-# stands in for an unreadable BAM among them), unless that lasts: a backlog's BAMs take 0.2-0.5 s each on a
-# busy GPU box, and its first batch waited 3.4 s for twelve of them. Then the full batches start, and those
-# done commit, every slice.
-INTAKE_SLICE_S = 0.2
+# Files read ahead of the ledger in the parsing process (`streamer.daemon.intake.Landings`): two batch files'
+# POD5, BAM and FASTQ keep it busy; each read BAM waits in /dev/shm (about 10 MB for 1,000 reads).
+LANDINGS_AHEAD = 6
 
 
 class BatchResultLike(Protocol):
@@ -152,6 +150,7 @@ class Daemon:
         self.outputs: Journal | None = None
         self.watcher: Watcher | None = None
         self.intake: FileIntake | None = None
+        self.landings: Landings | None = None  # files landed, read ahead, not yet in the ledger
         self.signal: SignalReads | None = None
         self.sinks = SinkSet([])  # opened with the ledger (`start`), from the configuration
         self.driver: BatchDriver | None = None  # the batches in flight, handed back in order
@@ -176,7 +175,7 @@ class Daemon:
         cfg = self.config
         try:
             self.ledger = Ledger(cfg.state_dir(), watch_dir=cfg.watch.dir)
-            self.sinks = SinkSet.open(cfg, self.ledger, self.publish, self._beat, self.parser.run)
+            self.sinks = SinkSet.open(cfg, self.ledger, self.publish, self._beat, self.parser.begin)
             headers = self.sinks.headers() | {SKIPPED_TSV: SKIPPED_HEADER}
             self.outputs = Journal(cfg.output.dir, headers, self.ledger.offsets())
             if self.outputs.fresh:
@@ -190,7 +189,8 @@ class Daemon:
             timings = WatchTimings(cfg.watch.poll_interval, cfg.watch.settle, cfg.watch.incomplete_timeout)
             self.intake = FileIntake(self.ledger, self.cache, self._filter, self.end, layout,
                                      lambda bams: self.sinks.each("on_reopened", bams),
-                                     lambda: self.sinks.each("on_file", "basecalls", "bam"), self.parser.run)
+                                     lambda: self.sinks.each("on_file", "basecalls", "bam"), self.parser)
+            self.landings = Landings(self.intake, LANDINGS_AHEAD)
             self.watcher = Watcher(layout, timings, poll=cfg.watch.poll, known=self.ledger.is_known)
             self.watcher.start()
             workers = cfg.pipeline.threads or os.cpu_count() or 1
@@ -277,36 +277,56 @@ class Daemon:
             self._beat()
             if self._stop.is_set():
                 return Ending(f"stop requested ({self._stop_why})", run_over=False)
-            idle = not self._flights and not self._picks()[1]  # a full batch or one in flight waits for no event
-            landed = self.watcher.poll(0.25 if idle else 0.0)
-            sliced = time.monotonic()
-            for taken, outcome in enumerate(landed, 1):
-                with timeline.span("intake"):  # a landed file's reads into the ledger (`--trace`)
-                    self.intake.take(outcome)
-                self._beat()
-                if taken < len(landed) and time.monotonic() - sliced >= INTAKE_SLICE_S:
-                    self._submit_due(True)  # the full batches taken in so far start, and those done commit
-                    self._harvest(0.0)
-                    sliced = time.monotonic()
-            self._submit_due(bool(self.watcher.pending))
-            self._harvest(0.05 if self._flights else 0.0)
+            # a full batch, one in flight or a file being read waits for no new file
+            idle = not self._flights and not self._picks()[1] and not self.landings
+            self.landings.add(self.watcher.poll(0.25 if idle else 0.0))
+            self._take_landed()
+            self._submit_due(self._files_pending)
+            if self._flights:
+                self._harvest(0.05)
+            else:
+                self.landings.wait(0.05)
             self._time_out_waiting()
             self._refresh_if_due()
             if time.monotonic() >= self._next_status:
                 self._refresh_status()
             accounted = {root: self.ledger.files_under(root) for root in self.end.counting()}
             ending = self.end.check(time.monotonic(), self.watcher.last_activity, self.watcher.run_roots,
-                                    bool(self.watcher.pending), accounted)  # fmt: skip
+                                    self._files_pending, accounted)  # fmt: skip
             if ending is not None:
                 return ending
+
+    @property
+    def _files_pending(self) -> bool:
+        """Files the watcher has seen that are not yet in the ledger."""
+        return bool(self.watcher.pending) or bool(self.landings)
+
+    def _take_landed(self, wait: bool = False) -> None:
+        """The landed files read so far into the ledger, a batch file at a time (`wait`: every one landed);
+        between batch files, the full batches start and those done commit. A stop ends it: no batch starts after."""
+        while self.landings and not self._stop.is_set():
+            group = self.landings.ready()
+            if group is None:
+                if not wait:
+                    return
+                self._beat()
+                self.landings.wait(1.0)
+                continue
+            for landing in group:
+                with timeline.span("intake"):  # a landed file's reads into the ledger (`--trace`)
+                    self.intake.take(landing)
+                self._beat()
+            self._submit_due(True)
+            self._harvest(0.0)
 
     def _finish(self, ending: Ending) -> None:
         log.info("run loop ended: %s", ending.reason)
         if ending.run_over:
             self.state = State.FINISHING
             self.notifier.stopping(f"run over ({ending.reason}): finishing")
+            self._take_landed(wait=True)
             for rejected in self.watcher.reject_pending("still incomplete when the run ended"):
-                self.intake.take(rejected)
+                self.intake.take(self.intake.begin(rejected))
             self.intake.use_spares("by the end of the run")
             while not self._stop.is_set():
                 self._beat()
@@ -414,12 +434,16 @@ class Daemon:
         (the frequency table changes before its `meth.freq` update is published, as `serve_sites` requires).
         `texts`: each row sink's rows, by its journal file."""
         lines = {name: [text] if text else [] for name, text in texts.items()} | {SKIPPED_TSV: skip_rows}
-        offsets = self.outputs.append(lines)
-        self.ledger.commit(outcomes, offsets, counters, batch)
-        for r in results:
-            self.sinks.each("on_batch", r)
-        self._refresh_status()  # heartbeats and the metrics carry the counts as committed
-        self._send("status", self._status)
+        with timeline.span("journal"):  # the parts of a commit, for `--trace`
+            offsets = self.outputs.append(lines)
+        with timeline.span("ledger"):
+            self.ledger.commit(outcomes, offsets, counters, batch)
+        with timeline.span("sinks"):
+            for r in results:
+                self.sinks.each("on_batch", r)
+        with timeline.span("status"):
+            self._refresh_status()  # heartbeats and the metrics carry the counts as committed
+            self._send("status", self._status)
 
     def _time_out_waiting(self) -> None:
         """Reads that waited `join.timeout` for their partner are recorded as missing it."""

@@ -26,12 +26,12 @@ class SinkSet:
 
     @classmethod
     def open(cls, config: Any, ledger: Any, publish: Any, beat: Callable[[], None],
-             offload: Callable[..., Any]) -> SinkSet:
+             begin: Callable[..., Any]) -> SinkSet:
         """Opened with the daemon's ledger, each attached to the publisher (`streamer.publish.sink.PublishSink`)
-        if any; `beat` feeds the watchdog through their long work, `offload` runs their file reading off the
+        if any; `beat` feeds the watchdog through their long work, `begin` reads their files off the
         engine (`streamer.sinks.SinkContext`)."""
         context = SinkContext("run", out_dir=config.output.dir, ledger=ledger, state_dir=config.state_dir(),
-                              publishing=publish is not None, beat=beat, offload=offload)
+                              publishing=publish is not None, beat=beat, begin=begin)
         opened = cls(open_sinks(config, context))
         if publish is not None:
             opened.each("attach", publish)

@@ -18,13 +18,13 @@ import threading
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future, wait
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import suppress
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from streamer.io.alignments import AlignmentFilter, AlignmentRecord, iter_alignments
 from streamer.pipeline import shared_samples
@@ -51,13 +51,21 @@ class ParseProcess:
 
     def run(self, parse: Callable[..., T], *args) -> T:
         """`parse(*args)` in the process (a module-level function, picklable arguments), else here."""
+        return self.begin(parse, *args).result()
+
+    def begin(self, parse: Callable[..., T], *args) -> Parsed[T]:
+        """`parse(*args)` begun in the process, its result taken later (`Parsed`); where there is no process,
+        parsed by whoever takes it."""
         pool = self._open()
+        future = None
         if pool is not None:
             try:
-                return _taken_back(pool.submit(_handed_back, pool.shared, parse, args).result())
+                future = pool.submit(_handed_back, pool.shared, parse, args)
             except BrokenProcessPool:
                 self._lost()
-        return parse(*args)
+            except RuntimeError:  # shut down meanwhile: parsed here
+                pass
+        return Parsed(self, future, parse, args)
 
     def records(self, path: Path, filt: AlignmentFilter) -> Iterator[AlignmentRecord | Skipped]:
         """`iter_alignments(path, filt)`: parsed in the process a chunk of records a task, `AHEAD` tasks
@@ -141,6 +149,31 @@ def _handed_back(shared: SharedFiles | None, parse: Callable[..., T], args: tupl
 def _taken_back(result: T | _InFile) -> T:
     """In the caller: the reader's result, read from its file where it came in one."""
     return shared_samples.unpickled(result.path, result.nbytes) if isinstance(result, _InFile) else result
+
+
+class Parsed(Generic[T]):
+    """A parse begun by `ParseProcess.begin`: whether it is done, without waiting; its result, waiting."""
+
+    def __init__(self, owner: ParseProcess, future: Future | None, parse: Callable[..., T], args: tuple):
+        self._owner, self._future, self._parse, self._args = owner, future, parse, args
+
+    def done(self) -> bool:
+        return self._future is None or self._future.done()
+
+    def wait(self, timeout: float) -> bool:
+        """Done within `timeout` seconds."""
+        return self._future is None or bool(wait([self._future], timeout).done)
+
+    def result(self) -> T:
+        """What the parse gave, or raised; parsed here if the process stopped before it was done."""
+        if self._future is not None:
+            try:
+                return _taken_back(self._future.result())
+            except BrokenProcessPool:
+                self._owner._lost()
+            except CancelledError:  # the process was shut down first
+                pass
+        return self._parse(*self._args)
 
 
 # in the reader process: the files `records` is going through, by token (None once at their end)

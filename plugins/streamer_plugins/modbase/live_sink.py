@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,12 +50,13 @@ class ModkitSink(BaseSink):
             filter_threshold=mc.filter_threshold, filter_percentile=mc.filter_percentile, no_filtering=mc.no_filtering,
             cpg=mc.cpg, combine_strands=mc.combine_strands, ignore=mc.ignore, combine_mods=mc.combine_mods,
         )  # fmt: skip
-        return cls(table, context.ledger, context.state_dir / CHECKPOINT, context.beat, context.offload)
+        return cls(table, context.ledger, context.state_dir / CHECKPOINT, context.begin, context.beat)
 
-    def __init__(self, table: LiveModTable, ledger: SinkLedger, checkpoint: Path, beat=lambda: None,
-                 offload=lambda fn, *args: fn(*args)):
+    def __init__(self, table: LiveModTable, ledger: SinkLedger, checkpoint: Path, begin: Callable[..., Any],
+                 beat: Callable[[], None] = lambda: None):
         self.table, self.ledger, self.checkpoint, self.beat = table, ledger, checkpoint, beat
-        self.offload = offload  # where a BAM is first read through: off the daemon's engine
+        self.begin = begin  # where each BAM is first read through: off the daemon's engine
+        self._reading: dict[int, tuple[Path, int, int, Any]] = {}  # file id -> (path, size, mtime_ns, its reading)
         self.channel: SiteChannel | None = None
         self._files: set[FileState] = set()  # the BAMs in the table
         self._saved: set[FileState] = set()  # those the checkpoint holds
@@ -77,9 +78,10 @@ class ModkitSink(BaseSink):
 
     def on_file(self, kind: str, fmt: str) -> None:
         if kind == "basecalls" and fmt == "bam":
-            self._count()
+            self._count(wait=False)
 
     def refresh(self, final: bool = False) -> None:
+        self._count(wait=final)
         self.table.dirty |= final
         self.table.refresh()
         self._save(final)
@@ -117,39 +119,53 @@ class ModkitSink(BaseSink):
                 return
             checkpoint = False
 
-    def _count(self) -> None:
-        """Count each registered BAM not counted yet, then record it: the table holds each file once."""
+    def _count(self, wait: bool = True) -> None:
+        """Begin reading each registered BAM not counted yet, off the engine; then count those read, in
+        order (`wait`: every one), and record each: the table holds each file once."""
         from streamer_plugins.modbase.live import tagless_reads  # loaded with the table (`open`)
 
         for fid, path, size, mtime_ns, changed in self.ledger.uncounted_bams():
+            if fid in self._reading:
+                continue
             self.beat()
             if changed:
                 log.info("%s changed after its modified-base calls were counted: rebuilding %s", path, MODKIT_BED)
                 self.ledger.forget_modcalls([fid])
                 self._rebuild()
-            try:
-                tagless = self.offload(tagless_reads, path)
-            except Exception as exc:  # noqa: BLE001 - nothing of it is counted yet
-                self._unreadable(fid, path, size, mtime_ns, exc)
-                continue
-            if tagless is not None or (self.table.thresholds is None and not self._estimate(path)):
-                # no calls to count in it; its reads count once the run's thresholds are known, as in add_file
-                reads = (tagless or 0) if self.table.thresholds is not None else 0
-                self.ledger.record_modcalls(fid, size, mtime_ns, reads, 0)
-                continue
-            try:
-                n_reads, n_calls = self.table.add_file(path)
-            except Exception as exc:  # noqa: BLE001 - one file's fault never stops the daemon
-                self._unreadable(fid, path, size, mtime_ns, exc)
-                self._rebuild()
-                continue
-            self.ledger.record_modcalls(fid, size, mtime_ns, n_reads, n_calls)
-            if n_calls:
-                self._files.add((fid, size, mtime_ns))
-                log.info("%s: %d modified-base calls of %d reads counted into %s", path, n_calls, n_reads, MODKIT_BED)
+            self._reading[fid] = (path, size, mtime_ns, self.begin(tagless_reads, path))
+        while self._reading:
+            fid, (path, size, mtime_ns, reading) = next(iter(self._reading.items()))
+            if not (wait or reading.done()):
+                break
+            del self._reading[fid]
+            self.beat()
+            self._count_file(fid, path, size, mtime_ns, reading)
         changes = self.table.take_changes()
         if self.channel is not None and changes is not None:
             self.channel.publish_modcalls(changes)
+
+    def _count_file(self, fid: int, path: Path, size: int, mtime_ns: int, reading: Any) -> None:
+        """One BAM, read through (`reading`: how many reads it has if none has calls): counted, recorded."""
+        try:
+            tagless = reading.result()
+        except Exception as exc:  # noqa: BLE001 - nothing of it is counted yet
+            self._unreadable(fid, path, size, mtime_ns, exc)
+            return
+        if tagless is not None or (self.table.thresholds is None and not self._estimate(path)):
+            # no calls to count in it; its reads count once the run's thresholds are known, as in add_file
+            reads = (tagless or 0) if self.table.thresholds is not None else 0
+            self.ledger.record_modcalls(fid, size, mtime_ns, reads, 0)
+            return
+        try:
+            n_reads, n_calls = self.table.add_file(path)
+        except Exception as exc:  # noqa: BLE001 - one file's fault never stops the daemon
+            self._unreadable(fid, path, size, mtime_ns, exc)
+            self._rebuild()
+            return
+        self.ledger.record_modcalls(fid, size, mtime_ns, n_reads, n_calls)
+        if n_calls:
+            self._files.add((fid, size, mtime_ns))
+            log.info("%s: %d modified-base calls of %d reads counted into %s", path, n_calls, n_reads, MODKIT_BED)
 
     def _unreadable(self, fid: int, path: Path, size: int, mtime_ns: int, exc: Exception) -> None:
         """One line, and the ledger's record of the file (as it is now) as unreadable: never counted again."""
