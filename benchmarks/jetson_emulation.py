@@ -71,7 +71,6 @@ from emulation_data import PREP, copies_for, prepare  # noqa: E402
 from emulation_report import (backlog, batch_latency, batch_times, file_latencies, growth, landings,  # noqa: E402
                                markdown, peak_memory, period_change, row_difference, stagger, sustained)
 from streamer.align import ENGINES  # noqa: E402
-from streamer.tuning.profiles import parse_size  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 REFERENCE = HERE.parent / "tests" / "data" / "ecoli_k12_mg1655.fa.gz"
@@ -207,13 +206,14 @@ def trial(args, root: Path, prep: dict, pace: float, out: Path, standin: dict | 
             batches += db.execute("SELECT n_reads, latency_sum, latency_max FROM batches").fetchall()
             times += db.execute("SELECT n_reads, bases, seconds FROM batches ORDER BY id").fetchall()
     bases = sum(json.loads(p.read_text())["bases"] for p in summaries)
+    limits = json.loads(summaries[0].read_text())["profile"]
     rows = sorted(line for o in outs for line in (o / "meth.tsv").read_text().splitlines()[1:])
     return {"pace": pace, "exit": code, "replays": paces, "replay_skew_s": skew, "arena": arena,
             "growth": growth(series, landed), "backlog": series,
             "latency": batch_latency(files, batches), "batch_times": batch_times(times),
             "alignment_engine": json.loads(summaries[0].read_text()).get("alignment_engine"),
-            "memory": peak_memory(samples, parse_size(args.budget)),
-            "limits": json.loads(summaries[0].read_text())["profile"], "rows": len(rows), "rows_list": rows,
+            "memory": peak_memory(samples, limits["limits"]["memory_budget"]),
+            "limits": limits, "rows": len(rows), "rows_list": rows,
             "read_latency_s": [json.loads(p.read_text())["latency_s"] for p in summaries],
             "mbases": bases / 1e6,
             "standin": stop_standin(beside, out / "standin.json") if beside else None}  # fmt: skip
@@ -318,7 +318,7 @@ def main() -> int:
     r.add_argument("--threads", type=int, default=4)
     r.add_argument("--align-engine", choices=ENGINES, help="the daemon's `--align-engine` [its default]")
     r.add_argument("--profile", default="jetson-orin-nx")
-    r.add_argument("--budget", default="6G", help="host and GPU together [%(default)s]")
+    r.add_argument("--budget", default="6G", help="host and GPU together, or `auto`: the profile's [%(default)s]")
     r.add_argument("--daemon-flag", action="append", default=[], metavar="FLAG",
                    help="one more flag of the daemon's `streamer run`, as --daemon-flag=--cuda-events (repeatable)")
     r.add_argument("--daemon-trace", action="store_true",

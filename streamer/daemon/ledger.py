@@ -320,10 +320,6 @@ class Ledger(SinkRecords):
                 self._file_names[fid] = (Path(path), fmt)
         return {i: self._file_names[i] for i in ids}
 
-    def _rows(self, sql: str, params: tuple = ()) -> list:
-        """The rows a `json_group_array` query gives, as lists: one step of the database for them all."""
-        return json.loads(self._db.execute(sql, params).fetchone()[0])
-
     def waiting(self, since_before: float | None = None) -> list[Waiting]:
         """Open reads with one file only, first registered before `since_before` (all if None)."""
         cutoff = float("inf") if since_before is None else since_before

@@ -7,6 +7,7 @@ one transaction of the ledger, so a sink restores from it what it had committed.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -23,6 +24,11 @@ class SinkRecords:
     def _tx(self) -> Transaction:
         return Transaction(self._db)
 
+    def _rows(self, sql: str, params: tuple = ()) -> list:
+        """What a `json_group_array` query gives, decoded: one step of the database for all its rows, each
+        of which would let go of the GIL (`streamer.daemon.ledger`)."""
+        return json.loads(self._db.execute(sql, params).fetchone()[0])
+
     # ------------------------------------------------------------------ modBAM copies
 
     def finished_bams(self) -> list[tuple[int, Path]]:
@@ -34,14 +40,13 @@ class SinkRecords:
         return [(fid, Path(p)) for fid, p in rows]
 
     def reads_of_file(self, file_id: int) -> set[str]:
-        return {r for (r,) in self._db.execute("SELECT read_id FROM reads WHERE basecall_file = ?", (file_id,))}
+        return set(self._rows("SELECT json_group_array(read_id) FROM reads WHERE basecall_file = ?", (file_id,)))
 
     def reads_awaiting_modbam(self) -> set[str]:
         """Reads of basecall BAMs whose modBAM is not written yet (their calls are still needed)."""
-        rows = self._db.execute(
-            "SELECT r.read_id FROM reads r JOIN files f ON f.id = r.basecall_file WHERE f.fmt = 'bam' "
-            "AND f.state = 'registered' AND f.id NOT IN (SELECT file FROM modbams)")
-        return {r for (r,) in rows}
+        return set(self._rows(
+            "SELECT json_group_array(r.read_id) FROM reads r JOIN files f ON f.id = r.basecall_file "
+            "WHERE f.fmt = 'bam' AND f.state = 'registered' AND f.id NOT IN (SELECT file FROM modbams)"))
 
     def record_modbam(self, file_id: int, output: Path | None, reason: str | None = None) -> None:
         with self._tx():
