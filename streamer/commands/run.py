@@ -16,7 +16,7 @@ from streamer import config as configuration
 from streamer import registry
 from streamer.align.engine import SeedAligner
 from streamer.daemon.aligner import ReadAligner, open_aligner
-from streamer.daemon.shell import Daemon, PipelineLike
+from streamer.daemon.shell import PARSE_WORKERS, Daemon, PipelineLike
 from streamer.daemon.runs import RunSet, check_publishing, made_once, several_runs
 from streamer.errors import ConfigError, ModelError, StreamerError
 from streamer.pipeline import timeline
@@ -131,8 +131,9 @@ def budgeted(cfg: configuration.Config, plan: Plan) -> tuple[configuration.Confi
     threads = cfg.pipeline.threads or os.cpu_count() or 1
     budget = budget_bytes(cfg.pipeline.memory_budget, plan.profile, threads)
     pending = cache_bases(budget, cfg.join.max_pending_bases)
-    # its signal readers and the process that parses its basecall files (`BasecallReader`)
-    memory = memory_plan(budget, cfg.batch.max_bases, cfg.pipeline.compute_threads, threads + 1, cfg.pipeline.io_mode,
+    # its signal readers and the processes that read its landed files
+    memory = memory_plan(budget, cfg.batch.max_bases, cfg.pipeline.compute_threads, threads + PARSE_WORKERS,
+                         cfg.pipeline.io_mode,
                          plan.device_share(cuda_options(cfg)), held=pending * CACHED_BYTES_PER_BASE)  # fmt: skip
     if memory.max_bases < cfg.batch.max_bases:
         log.debug("batches of at most %d bases to keep within the memory budget of %d MB", memory.max_bases,

@@ -40,10 +40,13 @@ AHEAD = 2  # tasks asked for before their records are taken
 
 
 class ParseProcess:
-    """One reader process (started with the first file) that parses, or the caller where there is none."""
+    """A reader process (started with the first file) that parses, or the caller where there is none;
+    `workers` processes for files parsed whole (`begin`), where one would queue them: `records` (one
+    file's chunks, parsed by the process that holds it) takes one."""
 
-    def __init__(self, processes: bool, chunk: int = CHUNK, libraries: Iterable[str] = ()):
+    def __init__(self, processes: bool, chunk: int = CHUNK, libraries: Iterable[str] = (), workers: int = 1):
         self._processes = processes
+        self._workers = workers
         self._chunk = chunk
         self._libraries = list(libraries)  # the signal formats' libraries, where this process starts the fork server
         self._pool: ReaderProcesses | None = None
@@ -71,6 +74,8 @@ class ParseProcess:
         """`iter_alignments(path, filt)`: parsed in the process a chunk of records a task, `AHEAD` tasks
         ahead, the first asked for now; if the process stops midway, the rest here, from the record
         where it stopped."""
+        if self._workers != 1:
+            raise ValueError("records are parsed by one process a file: a ParseProcess of one worker")
         pool = self._open()
         if pool is None:
             return iter_alignments(path, filt)
@@ -113,7 +118,7 @@ class ParseProcess:
     def _open(self) -> ReaderProcesses | None:
         with self._lock:
             if self._processes and self._pool is None:
-                self._pool = ReaderProcesses(1, shared_samples.place(), self._libraries)
+                self._pool = ReaderProcesses(self._workers, shared_samples.place(), self._libraries)
             return self._pool if self._processes else None
 
     def _lost(self) -> None:
