@@ -97,13 +97,34 @@ def file_latencies(reads: Iterable[tuple[int, int, int]], registered: Mapping[in
     return list(per_file.values())
 
 
+def landing_latencies(reads: Iterable[tuple[int, int, int]], names: Mapping[int, str], committed: Mapping[int, float],
+                      landed: Sequence[float]) -> list[float]:
+    """Seconds from each signal file's landing to the commit of its last read: reads as the ledger's (signal
+    file, basecall file, batch) rows, `names` its files' paths, committed its batches' times (`at`), and
+    `landed` when the cell's batch files land, in turn (wall clock). A batch file's number ends its name,
+    as MinKNOW and the replay write them. Unlike `file_latencies`, this counts the time a file waits to be
+    taken into the ledger."""
+    last: dict[int, float] = {}
+    for sig, _, batch in reads:
+        last[sig] = max(last.get(sig, 0.0), committed[batch])
+    return [at - landed[_batch_number(names[sig])] for sig, at in last.items()]
+
+
+def _batch_number(path: str) -> int:
+    return int(path.rpartition("/")[2].split(".")[0].rpartition("_")[2])
+
+
+def latency_summary(seconds: Sequence[float]) -> dict[str, float]:
+    return {"files": len(seconds), "mean_s": statistics.fmean(seconds) if seconds else 0.0,
+            "max_s": max(seconds, default=0.0)}  # fmt: skip
+
+
 def batch_latency(files: Sequence[float], batches: Sequence[tuple[int, float, float]]) -> dict[str, float]:
     """Latency per batch file (mean, max) and per batch, the daemon's own (each batch's reads' mean from both
     files registered to commit, mean over batches; and the largest of any read): batches as the ledger's
     (n_reads, latency_sum, latency_max) rows."""
     means = [total / n for n, total, _ in batches if n]
-    return {"files": len(files), "mean_s": statistics.fmean(files) if files else 0.0, "max_s": max(files, default=0.0),
-            "batches": len(batches), "batch_mean_s": statistics.fmean(means) if means else 0.0,
+    return {**latency_summary(files), "batches": len(batches), "batch_mean_s": statistics.fmean(means) if means else 0.0,
             "batch_max_s": max((m for _, _, m in batches), default=0.0)}  # fmt: skip
 
 
@@ -160,7 +181,10 @@ def markdown(res: Mapping[str, Any]) -> str:
         f"{g['landing_reads_per_s']:.1f} landing: {'grows' if g['grows'] else 'does not grow'} |",
         f"| largest backlog | {g['max_backlog']} reads |",
         f"| finished after the last file | {_s(g['drain_s'])} |",
-        f"| latency per batch file | mean {lat['mean_s']:.1f} s, max {lat['max_s']:.1f} s ({lat['files']} files) |",
+        *([f"| latency per batch file, from its landing | mean {m['landing_latency']['mean_s']:.1f} s, max "
+           f"{m['landing_latency']['max_s']:.1f} s |"] if m.get("landing_latency") else []),
+        f"| latency per batch file, from its registration | mean {lat['mean_s']:.1f} s, max {lat['max_s']:.1f} s "
+        f"({lat['files']} files) |",
         f"| latency per batch | mean {lat['batch_mean_s']:.1f} s, max {lat['batch_max_s']:.1f} s ({lat['batches']} "
         "batches; reads' files registered to commit) |",
         f"| peak host PSS + GPU | {mem['host_pss_mb']:.0f} + {mem['gpu_mb']:.0f} MB (largest sum "
@@ -184,11 +208,13 @@ def markdown(res: Mapping[str, Any]) -> str:
         lines.append(f"\nPeriod beside / alone: mean {c['mean']:+.1%}, p50 {c['p50']:+.1%}, p99 {c['p99']:+.1%}.")
     if res.get("search"):
         lines += ["", "| pace (Mbases/s) | backlog troughs' slope (reads/s) | finished after last file | latency per "
-                  "file mean / max | stand-in period mean | kept |", "| --- | --- | --- | --- | --- | --- |"]
+                  "file mean / max, from landing | from registration | stand-in period mean | kept |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
         for t in res["search"]:
-            tg, tl = t["growth"], t["latency"]
+            tg, tl, ll = t["growth"], t["latency"], t.get("landing_latency")
             period = f"{t['standin']['period']['mean_ms']:.1f} ms" if t.get("standin") else "-"
-            lines.append(f"| {t['pace']:g} | {tg['slope_reads_per_s']:+.2f} | {_s(tg['drain_s'])} | "
+            landed = f"{ll['mean_s']:.1f} / {ll['max_s']:.1f} s" if ll else "-"
+            lines.append(f"| {t['pace']:g} | {tg['slope_reads_per_s']:+.2f} | {_s(tg['drain_s'])} | {landed} | "
                          f"{tl['mean_s']:.1f} / {tl['max_s']:.1f} s | {period} | {'yes' if t['sustained'] else 'no'} |")
         lines.append(f"\nLargest pace kept: {res['largest_pace']} Mbases/s.")
     return "\n".join(lines) + "\n"

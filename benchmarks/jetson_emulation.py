@@ -16,7 +16,8 @@ Steps of `run`: (0) the data, prepared unless in place (`emulation_data.py`); (1
 the same reads (the reference rows; it also compiles the kernels into numba's cache); (2) the stand-in
 alone; (3) the daemon following the replay, the stand-in beside it, sampled every second: the
 backlog (reads landed less reads done), host PSS of the daemon's processes and its GPU memory
-(nvidia-smi); then its latency per batch file (from its ledgers), its rows against (1); (4) with
+(nvidia-smi); then its latency per batch file (from the file's landing, as the replay's plan has it, and
+from its registration in the ledger, which leaves out any wait to be taken in), its rows against (1); (4) with
 `--search`, the same at faster paces until one is not kept. Writes OUT/results.json and
 OUT/results.md. The GPU memory counted is all the daemon's process holds on the device, its CUDA
 context included, and the budget plans for the HMM kernel's local memory on every thread the device
@@ -68,9 +69,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from streamer.summary import tree_pss  # noqa: E402
 from emulation_data import PREP, copies_for, prepare  # noqa: E402
-from emulation_report import (backlog, batch_latency, batch_times, file_latencies, growth, landings,  # noqa: E402
-                               markdown, peak_memory, period_change, row_difference, stagger, sustained)
+from emulation_report import (backlog, batch_latency, batch_times, file_latencies, growth, landing_latencies,  # noqa: E402
+                               landings, latency_summary, markdown, peak_memory, period_change, row_difference, stagger,
+                               sustained)
 from streamer.align import ENGINES  # noqa: E402
+from streamer.daemon.replay_plan import BatchTiming, ReplayOptions, landing_times  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 REFERENCE = HERE.parent / "tests" / "data" / "ecoli_k12_mg1655.fa.gz"
@@ -166,7 +169,7 @@ def trial(args, root: Path, prep: dict, pace: float, out: Path, standin: dict | 
             "replay", prep["cells"][i]["staged"], live, "--keep-staged", "--mbases-per-s", pace / len(names))],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
 
-    t0, samples, ended = time.monotonic(), [], {}
+    t0, wall0, samples, ended = time.monotonic(), time.time(), [], {}
     for i, at in enumerate(offsets):
         threading.Timer(at, replay, (i,)).start()
     landed = landings(prep["cells"], pace, offsets)
@@ -196,13 +199,17 @@ def trial(args, root: Path, prep: dict, pace: float, out: Path, standin: dict | 
     samples = [{**x, "t": x["t"] - skew} for x in samples]
     arena = [line.split("] ")[-1] for line in (out / "daemon.log").read_text().splitlines() if "arena" in line]
     series = backlog(samples, landed)
-    files, batches, times = [], [], []
-    for o in outs:
+    files, from_landing, batches, times = [], [], [], []
+    for o, cell, at in zip(outs, prep["cells"], offsets):
+        planned = landing_times([BatchTiming(0.0, b) for b in cell["bases"]],
+                                ReplayOptions(mbases_per_s=pace / len(names)))  # as `landings`, per cell
         with contextlib.closing(sqlite3.connect(o / ".streamer" / "ledger.sqlite")) as db:
             registered = dict(db.execute("SELECT id, at FROM files"))
             committed = dict(db.execute("SELECT id, at FROM batches"))
-            files += file_latencies(db.execute("SELECT signal_file, basecall_file, batch FROM reads WHERE batch IS NOT "
-                                               "NULL"), registered, committed)  # fmt: skip
+            reads = db.execute("SELECT signal_file, basecall_file, batch FROM reads WHERE batch IS NOT NULL").fetchall()
+            files += file_latencies(reads, registered, committed)
+            from_landing += landing_latencies(reads, dict(db.execute("SELECT id, path FROM files")), committed,
+                                              [wall0 + skew + at + t for t in planned])  # fmt: skip
             batches += db.execute("SELECT n_reads, latency_sum, latency_max FROM batches").fetchall()
             times += db.execute("SELECT n_reads, bases, seconds FROM batches ORDER BY id").fetchall()
     bases = sum(json.loads(p.read_text())["bases"] for p in summaries)
@@ -210,7 +217,8 @@ def trial(args, root: Path, prep: dict, pace: float, out: Path, standin: dict | 
     rows = sorted(line for o in outs for line in (o / "meth.tsv").read_text().splitlines()[1:])
     return {"pace": pace, "exit": code, "replays": paces, "replay_skew_s": skew, "arena": arena,
             "growth": growth(series, landed), "backlog": series,
-            "latency": batch_latency(files, batches), "batch_times": batch_times(times),
+            "latency": batch_latency(files, batches), "landing_latency": latency_summary(from_landing),
+            "batch_times": batch_times(times),
             "alignment_engine": json.loads(summaries[0].read_text()).get("alignment_engine"),
             "memory": peak_memory(samples, limits["limits"]["memory_budget"]),
             "limits": limits, "rows": len(rows), "rows_list": rows,

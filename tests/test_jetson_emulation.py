@@ -17,8 +17,9 @@ from conftest import ROOT, SHARED, needs_shared
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from emulation_data import PREP, copies_for, prepare  # noqa: E402
-from emulation_report import (backlog, batch_latency, batch_times, file_latencies, growth, landings,  # noqa: E402
-                              markdown, peak_memory, period_change, row_difference, stagger, sustained)
+from emulation_report import (backlog, batch_latency, batch_times, file_latencies, growth, landing_latencies,  # noqa: E402
+                              landings, latency_summary, markdown, peak_memory, period_change, row_difference, stagger,
+                              sustained)
 
 CELLS = [{"name": f"fc{c}", "bases": [500_000] * 10, "reads": [100] * 10} for c in range(2)]
 
@@ -93,6 +94,10 @@ def test_latency_memory_and_period_summaries():
     reads = [(1, 2, 10), (1, 2, 11), (3, 4, 11)]
     files = file_latencies(reads, {1: 100.0, 2: 101.0, 3: 102.0, 4: 100.5}, {10: 104.0, 11: 106.0})
     assert sorted(files) == [4.0, 5.0]  # file 1 waits for its last read's batch, from its basecalls' landing
+    names = {1: "/live/fc0/pod5_pass/FAK1_pass_ab_cd_1.pod5", 3: "/live/fc0/pod5_pass/FAK1_pass_ab_cd_0.pod5"}
+    landed = landing_latencies(reads, names, {10: 104.0, 11: 106.0}, [99.0, 99.5])  # files 0 and 1 land at 99, 99.5
+    assert sorted(landed) == [6.5, 7.0]  # from its landing: file 1 (first field) at 99.5, its last read at 106
+    assert latency_summary(landed) == {"files": 2, "mean_s": 6.75, "max_s": 7.0}
     lat = batch_latency(files, [(2, 6.0, 4.0), (4, 4.0, 1.5)])
     assert lat == {"files": 2, "mean_s": 4.5, "max_s": 5.0, "batches": 2, "batch_mean_s": 2.0, "batch_max_s": 4.0}
     samples = [{"pss": 2 << 30, "gpu": 3 << 30}, {"pss": 3 << 30, "gpu": 1 << 30}]
@@ -116,6 +121,7 @@ def test_markdown_table_of_a_run():
     period = {"mean_ms": 100.0, "p50_ms": 99.0, "p99_ms": 120.0, "max_ms": 130.0}
     latency = {"files": 20, "mean_s": 3.2, "max_s": 7.5, "batches": 8, "batch_mean_s": 2.5, "batch_max_s": 6.0}
     trial = {"pace": 1.0, "mbases": 10.0, "growth": g, "latency": latency,
+             "landing_latency": {"files": 20, "mean_s": 4.1, "max_s": 8.0},
              "memory": peak_memory([{"pss": 2 << 30, "gpu": 1 << 30}], 6 << 30), "rows_identical": True,
              "rows": 1234}  # fmt: skip
     res = {"cells": 2, "daemon_cores": "0-3", "profile": "jetson-orin-nx", "budget": "6G", "gpu_memory": "3G",
@@ -125,7 +131,9 @@ def test_markdown_table_of_a_run():
                        "change": {"mean": 0.0, "p50": 0.0, "p99": 0.0}},
            "search": [{**trial, "pace": 2.0, "sustained": False}], "largest_pace": 1.0}  # fmt: skip
     text = markdown(res)
-    assert "| latency per batch file | mean 3.2 s, max 7.5 s (20 files) |" in text
+    assert "| latency per batch file, from its landing | mean 4.1 s, max 8.0 s |" in text
+    assert "| latency per batch file, from its registration | mean 3.2 s, max 7.5 s (20 files) |" in text
+    assert "| 4.1 / 8.0 s | 3.2 / 7.5 s |" in text  # the search's row
     assert "| latency per batch | mean 2.5 s, max 6.0 s (8 batches;" in text
     assert "does not grow" in text and "| rows identical to `streamer call` | True (1234 rows) |" in text
     assert "| beside the daemon | 100.0 ms |" in text and "Largest pace kept: 1.0 Mbases/s." in text
