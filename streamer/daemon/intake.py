@@ -9,7 +9,7 @@ files go to the end-of-run policy, the latter with how many files of each format
 see of that run (`streamer.daemon.policy.files_to_account`). The completeness checks themselves
 live with the format readers, which the watcher asks.
 
-Files are read in the daemon's parsing process (`streamer.pipeline.parsing`), begun as they land, a few
+Files are read in the daemon's parsing processes (`streamer.pipeline.parsing`), begun as they land, a few
 files ahead (`Landings`), and taken into the ledger in the order they landed, one batch file at a time:
 the files of one poll that MinKNOW named alike (a batch's POD5, BAM and FASTQ) together, so a batch
 started between them finds every partner file, the FASTQ that stands in for an unreadable BAM among
@@ -156,7 +156,7 @@ class FileIntake:
 
     def _register_signal(self, ready: Ready, read: Parsed[list[str]] | None) -> None:
         f = ready.file
-        if read is None:
+        if read is None:  # not begun: a signal format this streamer does not read
             self._reject(f, ready.size, ready.mtime_ns, f"{f.fmt.upper()} signal files cannot be read by this "
                          f"streamer (it reads {', '.join(SIGNAL_SUFFIXES)})")
             return
@@ -205,8 +205,9 @@ class Landings:
     def __init__(self, intake: FileIntake, ahead: int):
         self.intake, self.ahead = intake, ahead
         self._polls = 0
-        self._waiting: deque[tuple[tuple[int, str], Ready | Rejected]] = deque()  # (poll, stem), not begun
-        self._begun: deque[tuple[tuple[int, str], Landing]] = deque()
+        # keyed (poll, batch file of the poll): not begun yet, and begun
+        self._waiting: deque[tuple[tuple[int, int], Ready | Rejected]] = deque()
+        self._begun: deque[tuple[tuple[int, int], Landing]] = deque()
 
     def __bool__(self) -> bool:
         return bool(self._waiting or self._begun)

@@ -1,13 +1,14 @@
-"""Input files parsed in a reader process of their own, off the GIL the stages share.
+"""Input files parsed in reader processes of their own, off the GIL the stages share.
 
 Parsing a BAM holds the parsing thread's GIL some 35-55 µs a record (pysam: a Python object per
 record and its CIGAR), and a run's stages need that GIL between their kernels; handed back pickled,
-a record costs about 3-4 µs of unpickling (2 cores). A large result comes back pickled in a file under
-/dev/shm (`streamer.pipeline.shared_samples`), read by the caller in one call: through the pool's pipe,
-a BAM of 1,000 reads took 2 s to come back beside two busy threads on 2 cores, against 0.2 s. The daemon's basecall files (`run`, with
+a record costs about 3-4 µs of unpickling (2 cores). A large result comes back pickled in a file
+under /dev/shm (`streamer.pipeline.shared_samples`), read by the caller in one call: through the
+pool's pipe, a BAM of 1,000 reads took 2 s to come back beside two busy threads on 2 cores, against
+0.2 s. The daemon's landed files (`begin`: a signal file's read ids, a basecall file's reads with
 `streamer.daemon.basecall_cache.read_basecall_file`) and `streamer call`'s alignment records
-(`records`) go through one such process where reader processes fit the memory budget; where they do
-not, or the process stops, the calling thread parses, as before, with the same results and errors.
+(`records`, one process) go through them where reader processes fit the memory budget; where they
+do not, or the process stops, the calling thread parses, as before, with the same results and errors.
 """
 
 from __future__ import annotations
