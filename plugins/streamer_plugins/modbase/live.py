@@ -288,7 +288,7 @@ def columns_of(text: str) -> dict[str, list] | None:
 def tagless_reads(bam: Path) -> int | None:
     """The reads `add_file` counts in a BAM none of whose records carries MM tags (most runs' BAMs); None
     when one does. A module function with a small answer: the daemon reads the file in its parsing process,
-    off the GIL its engine shares with the stages (`streamer.sinks.SinkContext.offload`)."""
+    off the GIL its engine shares with the stages (`streamer.sinks.SinkContext.begin`)."""
     batch = list(BamInputs([bam]).records(None))
     return None if any(_has_mod_tags(rec) for rec, _ in batch) else _used(batch)
 
