@@ -165,3 +165,24 @@ def test_batch_counts_round_the_ratio_as_printed():
             for i, x in enumerate(llr.tolist()) if abs(round(x, 2)) >= 2.5}
     assert {k: (s.called_sites, s.called_sites_methylated) for k, s in freq.sites.items()} == want
     assert changed == set(want) and freq.select(sorted(want)) == {k: freq.sites[k] for k in sorted(want)}
+
+
+def test_site_index_counts_repeated_keys_across_growth():
+    """Keys repeated across batches, on several contigs, with ends that differ only past the start (the
+    index's third key part), through the index's rebuilds: each site's counts equal a plain count's."""
+    rng = np.random.default_rng(7)
+    freq, want = MethFreq(), {}
+    for batch in range(6):
+        n = 3000
+        start = rng.integers(0, 5000, n) * 2
+        end = start + rng.integers(0, 2, n)
+        contig = rng.integers(0, 3, n)
+        llr = np.full(n, 3.0)
+        calls = MethCalls(contig, start, end, np.ones(n, np.int8), llr, np.zeros(n), np.zeros(n),
+                          np.ones(n, np.int32), Texts.of(["ACG"] * n))
+        freq.add_calls(calls, ["c0", "c1", "c2"])
+        for c, s, e in zip(contig.tolist(), start.tolist(), end.tolist()):
+            want[(f"c{c}", s, e)] = want.get((f"c{c}", s, e), 0) + 1
+    assert {k: s.called_sites for k, s in freq.sites.items()} == want
+    keys = sorted(want)[::97]
+    assert [s.called_sites for s in freq.select(keys).values()] == [want[k] for k in keys]

@@ -10,8 +10,7 @@ counts agree with `streamer meth-freq -s`): modified if positive, canonical othe
 threshold it counts as Nfail. Only the motif's sites of the reference are called, so Ndelete, Ndiff, Nnocall and
 Nother_mod are 0. As in modkit, rows with no valid coverage are not written; rows are sorted by
 contig (byte order), position and strand. Calls are counted in compiled code over the batch's
-arrays (`site_rows`): a site is a row of (contig, position, strand: 0 +, 1 -, chain, modified, canonical,
-failed).
+arrays (`site_rows`): a site is a row of (contig, position, strand: 0 +, 1 -, modified, canonical, failed).
 """
 
 from __future__ import annotations
@@ -26,8 +25,8 @@ import numpy as np
 from streamer.pore.motifs import CPG, Motif
 from streamer_plugins.cpg.calls import MethCalls
 from streamer_plugins.outputs.methfreq import CALL_THRESHOLD
-from streamer_plugins.outputs.site_rows import (Contigs, called_bound, grown, methylated_bound, new_index, next_site,
-                                                one_call, row_of)
+from streamer_plugins.outputs.site_rows import (Contigs, called_bound, grown, indexed, methylated_bound, new_index,
+                                                next_site, one_call, row_of)
 
 COLOUR = "255,0,0"
 
@@ -57,7 +56,7 @@ def _add(index, rows, n, contig, strand, start, llr, blob, off, bound, meth_boun
         if n + length // motif.shape[1] > rows.shape[0]:
             break
         x = llr[i]
-        outcome = 6 if x < bound and x > -bound else (4 if x >= meth_bound else 5)  # column: fail, mod, canonical
+        outcome = 5 if x < bound and x > -bound else (3 if x >= meth_bound else 4)  # column: fail, mod, canonical
         reverse = strand[i] != 1
         shift = marks[1] if reverse else marks[0]
         first = j = next_site(blob, o, length, 0, motif)
@@ -77,7 +76,7 @@ class BedMethyl:
         self.motif = motif
         self.contigs = Contigs()
         self._index = new_index()
-        self._rows = np.zeros((0, 7), np.int64)
+        self._rows = np.zeros((0, 6), np.int64)
         self._n = 0
 
     def add(self, chrom: str, strand: str, start: int, llr: float, sequence: str) -> None:
@@ -93,6 +92,7 @@ class BedMethyl:
         i = 0
         while i < len(calls):
             self._rows = grown(self._rows, self._n + max(off[i + 1] - off[i], 2 * (len(calls) - i)))
+            self._index = indexed(self._index, self._rows, self._n)
             i, self._n = _add(self._index, self._rows, self._n, *args, i)
 
     @property
@@ -102,12 +102,12 @@ class BedMethyl:
 
     def _listed(self, rows: np.ndarray) -> list[tuple[str, int, str, SiteCounts]]:
         return list(zip(self.contigs.names[rows[:, 0]].tolist(), rows[:, 1].tolist(),
-                        [_STRANDS[k] for k in rows[:, 2].tolist()], map(SiteCounts, *rows[:, 4:7].T.tolist())))
+                        [_STRANDS[k] for k in rows[:, 2].tolist()], map(SiteCounts, *rows[:, 3:6].T.tolist())))
 
     def rows(self) -> list[tuple[str, int, str, SiteCounts]]:
         """Sites with valid coverage, in output order."""
         rows = self._rows[: self._n]
-        rows = rows[rows[:, 4] + rows[:, 5] > 0]
+        rows = rows[rows[:, 3] + rows[:, 4] > 0]
         return self._listed(rows[self.contigs.order(rows[:, 0], rows[:, 1], rows[:, 2])])
 
     def write(self, fh: TextIO) -> None:

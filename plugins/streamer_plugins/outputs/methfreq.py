@@ -14,7 +14,7 @@ from records are rounded the same way before the threshold applies; a calls TSV 
 records by `streamer_plugins.outputs.calls_tsv`.
 
 Calls are counted in compiled code over the batch's arrays (`site_rows`): a site is a row of
-(contig, start, end, chain, group size, called, methylated, sequence offset, sequence length) with its
+(contig, start, end, group size, called, methylated, sequence offset, sequence length) with its
 first call's sequence in a byte arena (length -1: "split-group").
 
 The daemon's table is also the one the publisher serves snapshots from (one table for a
@@ -34,8 +34,8 @@ import numpy as np
 
 from streamer.pore.motifs import CPG, Motif
 from streamer_plugins.cpg.calls import MethCalls
-from streamer_plugins.outputs.site_rows import (Contigs, called_bound, grown, lookup, methylated_bound, new_index,
-                                                next_site, one_call, row_of)
+from streamer_plugins.outputs.site_rows import (Contigs, called_bound, grown, indexed, lookup, methylated_bound,
+                                                new_index, next_site, one_call, row_of)
 
 CALL_THRESHOLD = 2.5
 SPLIT_SEQUENCE = "split-group"
@@ -57,7 +57,7 @@ class SiteStats(NamedTuple):
     sequence: str
 
 
-_CONTIG, _START, _END, _NEXT, _GROUP, _CALLED, _METH, _SEQ, _LEN = range(9)
+_CONTIG, _START, _END, _GROUP, _CALLED, _METH, _SEQ, _LEN = range(8)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -118,7 +118,7 @@ class MethFreq:
         self.lock = threading.Lock()
         self.contigs = Contigs()
         self._index = new_index()
-        self._rows = np.zeros((0, 9), np.int64)
+        self._rows = np.zeros((0, 8), np.int64)
         self._arena = np.zeros(0, np.uint8)
         self._n = self._n_bytes = 0
         """Rows and arena are written only under `lock`; read freely by the writer's own thread."""
@@ -147,6 +147,7 @@ class MethFreq:
             while i < len(num):
                 more = off[i + 1] - off[i] + 1  # room for the call it stopped at, at least
                 self._rows = grown(self._rows, self._n + max(more, len(num) - i))
+                self._index = indexed(self._index, self._rows, self._n)
                 self._arena = grown(self._arena, self._n_bytes + more)
                 touched = grown(touched, t + more)
                 i, self._n, self._n_bytes, t = _add(self._index, self._rows, self._n, self._arena, self._n_bytes,

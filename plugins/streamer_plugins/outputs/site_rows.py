@@ -1,11 +1,14 @@
 """What the frequency tables (`methfreq`, `bedmethyl`) share: a batch's calls as flat arrays,
-site rows kept in a numpy array keyed by a numba dict, and the calls' thresholds as exact bounds.
+site rows kept in a numpy array keyed by an open-addressing hash index, and the calls' thresholds as
+exact bounds.
 
 The tables count each call in compiled code (no Python per call: the daemon's engine thread adds
 hundreds of thousands of calls a minute while it holds the GIL). A site is a row of int64 columns,
-keyed by a triple (contig, position, third: a strand or an end) in columns 0-2: a typed dict maps
-contig and position to the first row of that pair, whose column 3 chains the rows of other thirds
-(-1 ends the chain); the tables' counts follow. Rows only ever grow.
+keyed by a triple (contig, position, third: a strand or an end) in columns 0-2; the tables' counts
+follow. The index is an int64 array of slots (-1: empty), a power of two at least twice the rows'
+capacity, each slot a row found by hashing its key and probing the next slots in turn: one or two
+cache lines a call, where numba's typed dict cost a call into its C hash table at every lookup (two
+to four times the time a call). Rows only ever grow, and the index is rebuilt from them when they do.
 
 Both tables compare the log-likelihood ratio as the calls TSV prints it, `round(llr, 2)`. Rounding
 is monotonic and odd, so `|round(x, 2)| >= t` is `x >= b or x <= -b` for the least double `b` with
@@ -21,14 +24,13 @@ from functools import lru_cache
 
 import numba
 import numpy as np
-from numba import types
-from numba.typed import Dict
 
 from streamer_plugins.cpg.calls import MethCalls
 from streamer_plugins.cpg.hmm import site_at
 from streamer_plugins.texts import Texts
 
-_POSITION_BITS = 33  # positions below 2**33: an index key is contig << 33 | position
+_EMPTY = -1
+_MIX = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9)  # odd multipliers of the hash
 
 
 def _ordered(x: float) -> int:
@@ -66,8 +68,9 @@ def methylated_bound() -> float:
     return _least(lambda x: round(x, 2) > 0, -1.0, 1.0)
 
 
-def new_index() -> Dict:
-    return Dict.empty(key_type=types.int64, value_type=types.int64)
+def new_index() -> np.ndarray:
+    """An empty index, for rows of no capacity yet (`indexed` sizes it to the rows)."""
+    return np.full(2, _EMPTY, np.int64)
 
 
 def grown(array: np.ndarray, size: int) -> np.ndarray:
@@ -109,31 +112,45 @@ def one_call(start: int, end: int, strand: int, llr: float, num_motifs: int, seq
                      np.array([num_motifs], np.int32), Texts.of([sequence]))
 
 
+@numba.njit(nogil=True, cache=True, inline="always")
+def _slot(index, rows, a, b, c):
+    """The slot of key (a, b, c): the one holding its row, else the empty one where it would go."""
+    mask = np.uint64(index.shape[0] - 1)
+    h = np.uint64(a) * np.uint64(_MIX[0]) ^ np.uint64(b) * np.uint64(_MIX[1]) ^ np.uint64(c) * np.uint64(_MIX[2])
+    s = (h ^ (h >> np.uint64(29))) & mask
+    while True:
+        row = index[s]
+        if row == _EMPTY or (rows[row, 0] == a and rows[row, 1] == b and rows[row, 2] == c):
+            return s
+        s = (s + np.uint64(1)) & mask
+
+
 @numba.njit(nogil=True, cache=True)
-def _find(index, rows, a, b, c):
-    """The row of key (a, b, c), else -(1 + the last row of (a, b)) or -1 when (a, b) has none."""
-    key = a << _POSITION_BITS | b
-    if key not in index:
-        return -1
-    row = index[key]
-    while rows[row, 2] != c:
-        if rows[row, 3] < 0:
-            return -(1 + row)
-        row = rows[row, 3]
-    return row
+def _rehashed(rows, n, size):
+    index = np.full(size, _EMPTY, np.int64)
+    for row in range(n):
+        index[_slot(index, rows, rows[row, 0], rows[row, 1], rows[row, 2])] = row
+    return index
+
+
+def indexed(index: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
+    """`index`, or one rebuilt from the first `n` rows with room for all of `rows` at half load."""
+    size = 2 * max(1, rows.shape[0])
+    if index.shape[0] >= size:
+        return index
+    return _rehashed(rows, n, 1 << (size - 1).bit_length())
 
 
 @numba.njit(nogil=True, cache=True)
 def row_of(index, rows, n, a, b, c):
-    """The row of key (a, b, c), added with its key in columns 0-2 when new; returns (row, n)."""
-    row = _find(index, rows, a, b, c)
-    if row >= 0:
+    """The row of key (a, b, c), added with its key in columns 0-2 when new (room for it in `rows` and,
+    at half load, in `index`); returns (row, n)."""
+    s = _slot(index, rows, a, b, c)
+    row = index[s]
+    if row != _EMPTY:
         return row, n
-    if row == -1:
-        index[a << _POSITION_BITS | b] = n
-    else:
-        rows[-(1 + row), 3] = n
-    rows[n, 0], rows[n, 1], rows[n, 2], rows[n, 3] = a, b, c, -1
+    index[s] = n
+    rows[n, 0], rows[n, 1], rows[n, 2] = a, b, c
     return n, n + 1
 
 
@@ -152,5 +169,5 @@ def lookup(index, rows, a, b, c):
     """The rows of keys (a[i], b[i], c[i]); -1 where absent."""
     out = np.empty(a.shape[0], np.int64)
     for i in range(a.shape[0]):
-        out[i] = max(_find(index, rows, a[i], b[i], c[i]), -1)
+        out[i] = index[_slot(index, rows, a[i], b[i], c[i])]
     return out
