@@ -39,7 +39,7 @@ from streamer.tuning.session import AutoTuner, prepare
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_call import replicate  # noqa: E402
-from common import shared_data_parser, timed_call  # noqa: E402
+from common import STREAMER, shared_data_parser, timed_call  # noqa: E402
 from bench_gpu_abea import scaled_batch  # noqa: E402
 
 GOOD = Settings(max_reads=4096, max_bases=20_000_000)
@@ -164,7 +164,7 @@ def main() -> int:
         rep = args.work / f"x{args.call_copies}"
         if not (rep / "reads.bam.bai").exists():
             res["replicate"] = replicate(args.data, rep, args.call_copies)
-        subprocess.run([sys.executable, "-m", "streamer", "index", "-d", str(rep / "fast5"), str(rep / "reads.fasta")],
+        subprocess.run([*STREAMER, "index", "-d", str(rep / "fast5"), str(rep / "reads.fasta")],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
         # the CpG HMM stays on the CPU: the runs differ only where the tuner acts
         common = ["-b", str(rep / "reads.bam"), "-g", str(args.work / "ref.fa"), "-r", str(rep / "reads.fasta"),

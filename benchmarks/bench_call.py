@@ -27,7 +27,7 @@ from pathlib import Path
 
 import h5py
 
-from common import new_id, replicate_bam
+from common import STREAMER, new_id, replicate_bam
 from streamer.summary import tree_pss
 from streamer.io.fastx import load_basecalls
 
@@ -102,13 +102,13 @@ def main() -> int:
     common = ["-r", str(data / "reads.fasta"), "-b", str(data / "reads.bam"), "-g", str(ref), "-t", str(args.threads)]
     results = {"info": info, "threads": args.threads, "machine_cores": os.cpu_count()}
 
-    subprocess.run([sys.executable, "-m", "streamer", "index", "-d", str(data / "fast5"), str(data / "reads.fasta")],
+    subprocess.run([*STREAMER, "index", "-d", str(data / "fast5"), str(data / "reads.fasta")],
                    check=True)
     cache = Path(tempfile.mkdtemp(prefix="numba-cache-"))
     env = dict(os.environ, NUMBA_CACHE_DIR=str(cache))
     for label in ("streamer_cold", "streamer_warm"):
         stats = args.work / f"{label}.stats.json"
-        r = timed([sys.executable, "-m", "streamer", "call", *common, "-o", str(args.work / f"{label}.tsv"),
+        r = timed([*STREAMER, "call", *common, "-o", str(args.work / f"{label}.tsv"),
                    "--stats-json", str(stats)], env=env, log=args.work / f"{label}.log")
         r["stage_seconds"] = json.loads(stats.read_text())["stage_seconds"]
         results[label] = r

@@ -36,7 +36,7 @@ from pathlib import Path
 import numba
 import numpy as np
 
-from common import gpu_rows, new_id, replicate_bam, shared_data_parser
+from common import STREAMER, gpu_rows, new_id, replicate_bam, shared_data_parser
 from streamer.io.fastx import load_basecalls
 
 REFERENCE = Path(__file__).resolve().parents[1] / "tests" / "data" / "ecoli_k12_mg1655.fa.gz"
@@ -96,9 +96,9 @@ def replicate(data: Path, work: Path, copies: int, workers: int) -> dict:
     for fmt in ("pod5", "blow5"):
         # the index is cached beside the reads file: one reads file per signal format
         (work / fmt / "reads.fasta").symlink_to(work / "reads.fasta")
-        subprocess.run([sys.executable, "-m", "streamer", "index", "-d", str(work / fmt), str(work / fmt / "reads.fasta")],
+        subprocess.run([*STREAMER, "index", "-d", str(work / fmt), str(work / fmt / "reads.fasta")],
                        check=True, capture_output=True)  # fmt: skip
-    subprocess.run([sys.executable, "-m", "streamer", "index", "-d", str(work / "fast5"), str(work / "reads.fasta")],
+    subprocess.run([*STREAMER, "index", "-d", str(work / "fast5"), str(work / "reads.fasta")],
                    check=True, capture_output=True)  # fmt: skip
     return {"copies": copies, "records": copies * len(records), "seconds": time.perf_counter() - t0}
 
@@ -109,7 +109,7 @@ def call(args: list[str], out: Path, log: Path, trace: Path | None = None) -> di
     if trace is not None:
         args = [*args, "--trace", str(trace)]
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "streamer", "call", *args, "-o", str(out), "--stats-json", str(stats)],
+    proc = subprocess.run([*STREAMER, "call", *args, "-o", str(out), "--stats-json", str(stats)],
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
     t1 = time.perf_counter()
     log.write_text(proc.stderr)

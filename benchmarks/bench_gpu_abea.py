@@ -44,7 +44,7 @@ from streamer.pipeline.scaling import estimate_scalings
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_call import replicate  # noqa: E402
-from common import gpu_rows, shared_data_parser, timed_call  # noqa: E402
+from common import STREAMER, gpu_rows, shared_data_parser, timed_call  # noqa: E402
 
 REFERENCE = Path(__file__).resolve().parents[1] / "tests" / "data" / "ecoli_k12_mg1655.fa.gz"
 LAYOUTS = [Layout(128, 1, 64), Layout(64, 1, 64), Layout(32, 1, 64), Layout(32, 2, 64), Layout(32, 4, 64),
@@ -179,7 +179,7 @@ def main() -> int:
             t0 = time.perf_counter()
             res["replicate"] = replicate(args.data, rep, copies)
             res["replicate_s"] = time.perf_counter() - t0
-        subprocess.run([sys.executable, "-m", "streamer", "index", "-d", str(rep / "fast5"), str(rep / "reads.fasta")],
+        subprocess.run([*STREAMER, "index", "-d", str(rep / "fast5"), str(rep / "reads.fasta")],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
         big_common = ["-b", str(rep / "reads.bam"), "-g", str(ref), "-t", str(threads), "-r", str(rep / "reads.fasta"),
                       "-K", str(args.K), "-B", str(args.B)]  # fmt: skip

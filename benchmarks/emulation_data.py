@@ -25,7 +25,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from bench_end_to_end import _write_copies
-from common import new_id, replicate_bam
+from common import STREAMER, new_id, replicate_bam
 from streamer.io.fastx import load_basecalls
 
 PREP = "prep.json"
@@ -59,7 +59,7 @@ def prepare(data: Path, work: Path, cells: int, copies: int, file_reads: int, ba
     sources = [root / "finished" / f"fc{c}" for c in range(cells)]
     with ProcessPoolExecutor(min(cells, os.cpu_count() or 1)) as pool:
         list(pool.map(_cell_source, [(data, run, c * copies, copies) for c, run in enumerate(sources)]))
-    stagers = [subprocess.Popen([sys.executable, "-m", "streamer", "replay", str(run), str(root / "staged"),
+    stagers = [subprocess.Popen([*STREAMER, "replay", str(run), str(root / "staged"),
                                  "--stage-only", "--signal-format", "pod5", "--batch-size", str(file_reads),
                                  "--flowcell", f"FAK{c:05d}", *(["--no-bam"] if basecalls == "fastq" else [])],
                                 stdout=subprocess.PIPE,

@@ -31,10 +31,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_end_to_end import REFERENCE, replicate  # noqa: E402
+from common import STREAMER  # noqa: E402
 
 
 def streamer(*args) -> list[str]:
-    return [sys.executable, "-m", "streamer", *map(str, args)]
+    return [*STREAMER, *map(str, args)]
 
 
 def start(args: list, log: Path) -> tuple[subprocess.Popen, float]:

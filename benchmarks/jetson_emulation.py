@@ -68,6 +68,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from streamer.summary import tree_pss  # noqa: E402
+from common import STREAMER  # noqa: E402
 from emulation_data import PREP, copies_for, prepare  # noqa: E402
 from emulation_report import (backlog, batch_latency, batch_times, file_latencies, growth, landing_latencies,  # noqa: E402
                                landings, latency_summary, markdown, peak_memory, period_change, row_difference, stagger,
@@ -81,7 +82,7 @@ WORK = HERE.parent / ".devdata" / "jetson"
 
 
 def streamer(*args) -> list[str]:
-    return [sys.executable, "-m", "streamer", *map(str, args)]
+    return [*STREAMER, *map(str, args)]
 
 
 def pinned(cores: str, nice: bool = False) -> list[str]:

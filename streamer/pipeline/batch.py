@@ -176,7 +176,7 @@ def _int16s_at(typingctx, address):
     return types.CPointer(types.int16)(types.int64), codegen
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(nogil=True, cache=True, parallel=True)
 def _gather(addresses, sizes, source, start, unit, offset, signal_off, signal, text, at, ref_off, ref_seq):
     """Each record's samples in pA, (float32(raw[start[i]:]) + offset[i]) * unit[i] as `SignalRecord.to_pa`
     rounds them, raw being the `sizes[source[i]]` int16 samples at `addresses[source[i]]`, into
@@ -184,9 +184,11 @@ def _gather(addresses, sizes, source, start, unit, offset, signal_off, signal, t
     ref_seq[ref_off[i]:ref_off[i + 1]].
 
     One call a batch: the GIL let go and taken back once (taking it back can wait a switch interval,
-    5 ms, for a thread busy in Python). The outputs come from numpy, which asks the kernel for huge
-    pages: an array made here faulted its pages in one by one, five times the time of the arithmetic."""
-    for i in range(source.shape[0]):
+    5 ms, for a thread busy in Python). The records go to numba's threads one at a time: on the GPU box
+    the one assembler thread spent 30 ms a batch here, serially, while the stages waited for its batches.
+    The outputs come from numpy, which asks the kernel for huge pages: an array made here faulted its
+    pages in one by one, five times the time of the arithmetic."""
+    for i in numba.prange(source.shape[0]):
         o = signal_off[i]
         n = signal_off[i + 1] - o
         raw = numba.carray(_int16s_at(addresses[source[i]]), (sizes[source[i]],))
@@ -222,8 +224,9 @@ def _gather_all(samples: Samples, ref: RefBases) -> tuple[np.ndarray, np.ndarray
         raws = [np.ascontiguousarray(raw, np.int16) for raw in samples.sources]  # alive until _gather returns
         addresses = np.fromiter((raw.ctypes.data for raw in raws), np.int64, len(raws))
         sizes = np.fromiter(map(len, raws), np.int64, len(raws))
-        _gather(addresses, sizes, samples.source, samples.start, samples.unit, samples.offset, signal_off, signal,
-                ref.text, ref.at, ref_off, ref_seq)  # fmt: skip
+        with numba.parallel_chunksize(1):  # records of very different lengths
+            _gather(addresses, sizes, samples.source, samples.start, samples.unit, samples.offset, signal_off,
+                    signal, ref.text, ref.at, ref_off, ref_seq)  # fmt: skip
     return signal, signal_off, ref_seq, ref_off
 
 
