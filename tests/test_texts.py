@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 import pytest
 
@@ -18,6 +19,8 @@ def test_slices_are_the_strings_of_their_bounds():
     assert got.off.tolist() == [0, 4, 4, 11, 11, 23] and got.blob.tobytes() == "".join(want).encode()
     again = Texts.of(want)
     assert np.array_equal(again.blob, got.blob) and np.array_equal(again.off, got.off)
+    # one array type from either source: a kernel given both is compiled once
+    assert numba.typeof(again.blob) == numba.typeof(got.blob) and numba.typeof(again.off) == numba.typeof(got.off)
 
 
 def test_empty_and_not_ascii():

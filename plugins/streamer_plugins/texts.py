@@ -37,10 +37,12 @@ class Texts:
 
     @classmethod
     def of(cls, strings: Sequence[str]) -> Texts:
-        """From `str`s (text read back); UnicodeEncodeError if one is not ASCII."""
+        """From `str`s (text read back); UnicodeEncodeError if one is not ASCII. The blob is writable, as
+        those of `slices` are: a kernel given both would otherwise be compiled for each (the daemon's first
+        batch compiled its frequency tables again after their warm-up: 2.2 s on the GPU box)."""
         off = np.zeros(len(strings) + 1, np.int64)
         np.cumsum(np.fromiter(map(len, strings), np.int64, len(strings)), out=off[1:])
-        return cls(np.frombuffer("".join(strings).encode("ascii"), np.uint8), off)
+        return cls(np.frombuffer(bytearray("".join(strings).encode("ascii")), np.uint8), off)
 
     @classmethod
     def slices(cls, src: np.ndarray, start: np.ndarray, end: np.ndarray) -> Texts:
