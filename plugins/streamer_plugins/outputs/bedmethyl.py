@@ -25,8 +25,8 @@ import numpy as np
 from streamer.pore.motifs import CPG, Motif
 from streamer_plugins.cpg.calls import MethCalls
 from streamer_plugins.outputs.methfreq import CALL_THRESHOLD
-from streamer_plugins.outputs.site_rows import (Contigs, called_bound, grown, indexed, methylated_bound, new_index,
-                                                next_site, one_call, row_of)
+from streamer_plugins.outputs.site_rows import (Contigs, called_bound, methylated_bound, new_index, next_site, one_call,
+                                                row_of, with_room)
 
 COLOUR = "255,0,0"
 
@@ -91,8 +91,8 @@ class BedMethyl:
                 self.motif.table(), self.motif.marks())
         i = 0
         while i < len(calls):
-            self._rows = grown(self._rows, self._n + max(off[i + 1] - off[i], 2 * (len(calls) - i)))
-            self._index = indexed(self._index, self._rows, self._n)
+            size = self._n + max(off[i + 1] - off[i], 2 * (len(calls) - i))
+            self._rows, self._index = with_room(self._rows, self._index, self._n, size)
             i, self._n = _add(self._index, self._rows, self._n, *args, i)
 
     @property

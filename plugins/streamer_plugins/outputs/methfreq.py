@@ -34,8 +34,8 @@ import numpy as np
 
 from streamer.pore.motifs import CPG, Motif
 from streamer_plugins.cpg.calls import MethCalls
-from streamer_plugins.outputs.site_rows import (Contigs, called_bound, grown, indexed, lookup, methylated_bound,
-                                                new_index, next_site, one_call, row_of)
+from streamer_plugins.outputs.site_rows import (Contigs, called_bound, grown, lookup, methylated_bound, new_index,
+                                                next_site, one_call, row_of, with_room)
 
 CALL_THRESHOLD = 2.5
 SPLIT_SEQUENCE = "split-group"
@@ -121,7 +121,7 @@ class MethFreq:
         self._rows = np.zeros((0, 8), np.int64)
         self._arena = np.zeros(0, np.uint8)
         self._n = self._n_bytes = 0
-        """Rows and arena are written only under `lock`; read freely by the writer's own thread."""
+        """Rows, their index and the arena are written only under `lock`; read freely by the writer's own thread."""
 
     def _bounds(self, num: np.ndarray) -> np.ndarray:
         """The called bound per group size 0..max(num)."""
@@ -146,8 +146,8 @@ class MethFreq:
         with self.lock:
             while i < len(num):
                 more = off[i + 1] - off[i] + 1  # room for the call it stopped at, at least
-                self._rows = grown(self._rows, self._n + max(more, len(num) - i))
-                self._index = indexed(self._index, self._rows, self._n)
+                size = self._n + max(more, len(num) - i)
+                self._rows, self._index = with_room(self._rows, self._index, self._n, size)
                 self._arena = grown(self._arena, self._n_bytes + more)
                 touched = grown(touched, t + more)
                 i, self._n, self._n_bytes, t = _add(self._index, self._rows, self._n, self._arena, self._n_bytes,

@@ -69,7 +69,7 @@ def methylated_bound() -> float:
 
 
 def new_index() -> np.ndarray:
-    """An empty index, for rows of no capacity yet (`indexed` sizes it to the rows)."""
+    """An empty index, for rows of no capacity yet (`with_room` sizes it to the rows)."""
     return np.full(2, _EMPTY, np.int64)
 
 
@@ -127,18 +127,21 @@ def _slot(index, rows, a, b, c):
 
 @numba.njit(nogil=True, cache=True)
 def _rehashed(rows, n, size):
+    """An index of `size` slots over the first n rows."""
     index = np.full(size, _EMPTY, np.int64)
     for row in range(n):
         index[_slot(index, rows, rows[row, 0], rows[row, 1], rows[row, 2])] = row
     return index
 
 
-def indexed(index: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
-    """`index`, or one rebuilt from the first `n` rows with room for all of `rows` at half load."""
-    size = 2 * max(1, rows.shape[0])
-    if index.shape[0] >= size:
-        return index
-    return _rehashed(rows, n, 1 << (size - 1).bit_length())
+def with_room(rows: np.ndarray, index: np.ndarray, n: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """`rows` grown to hold `size` rows (`grown`, its first n kept), and `index` rebuilt where it would be more
+    than half full of them."""
+    rows = grown(rows, size)
+    slots = 2 * max(1, rows.shape[0])
+    if index.shape[0] < slots:
+        index = _rehashed(rows, n, 1 << (slots - 1).bit_length())
+    return rows, index
 
 
 @numba.njit(nogil=True, cache=True)
