@@ -21,6 +21,11 @@ import pysam
 STREAMER = [sys.executable, *(["-P"] if sys.version_info >= (3, 11) else []), "-m", "streamer"]
 
 
+def streamer(*args) -> list[str]:
+    """The command line `streamer ARGS` (paths and numbers as text)."""
+    return [*STREAMER, *map(str, args)]
+
+
 def new_id(read_id: str, copy: int) -> str:
     """The read id of copy `copy` of a read: the same in every benchmark, so their inputs can be shared."""
     return str(uuid.uuid5(uuid.NAMESPACE_OID, f"{read_id}/{copy}"))

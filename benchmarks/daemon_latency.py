@@ -37,15 +37,11 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pysam
-from common import STREAMER
+from common import streamer
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "ecoli_2kb_region"
 REFERENCE = ROOT / "tests" / "data" / "ecoli_k12_mg1655.fa.gz"
-
-
-def streamer(*args) -> list[str]:
-    return [*STREAMER, *map(str, args)]
 
 
 def finished_run(work: Path, source: Path | None, copies: int) -> Path:

@@ -31,11 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_end_to_end import REFERENCE, replicate  # noqa: E402
-from common import STREAMER  # noqa: E402
-
-
-def streamer(*args) -> list[str]:
-    return [*STREAMER, *map(str, args)]
+from common import streamer  # noqa: E402
 
 
 def start(args: list, log: Path) -> tuple[subprocess.Popen, float]:

@@ -68,7 +68,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from streamer.summary import tree_pss  # noqa: E402
-from common import STREAMER  # noqa: E402
+from common import streamer  # noqa: E402
 from emulation_data import PREP, copies_for, prepare  # noqa: E402
 from emulation_report import (backlog, batch_latency, batch_times, file_latencies, growth, landing_latencies,  # noqa: E402
                                landings, latency_summary, markdown, peak_memory, period_change, row_difference, stagger,
@@ -79,10 +79,6 @@ from streamer.daemon.replay_plan import BatchTiming, ReplayOptions, landing_time
 HERE = Path(__file__).resolve().parent
 REFERENCE = HERE.parent / "tests" / "data" / "ecoli_k12_mg1655.fa.gz"
 WORK = HERE.parent / ".devdata" / "jetson"
-
-
-def streamer(*args) -> list[str]:
-    return [*STREAMER, *map(str, args)]
 
 
 def pinned(cores: str, nice: bool = False) -> list[str]:
