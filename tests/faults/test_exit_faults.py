@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import subprocess
 import threading
 from pathlib import Path
@@ -96,14 +97,18 @@ def test_a_full_disk_fails_with_the_summary_saying_so_and_a_restart_finishes(sou
 
 
 def test_a_second_daemon_on_the_same_output_folder_is_refused_whatever_its_state_folder(source, reference_path,
-                                                                                       tmp_path, start, capsys):
+                                                                                       tmp_path, start, capsys, caplog):
     live = tmp_path / "live"
     run = Replayer(source, live, ReplayOptions(speed=0, batch_reads=3)).run()
     for f in run.glob("final_summary*"):
         f.unlink()
     cfg = make_config(tmp_path, reference_path, **{"end.follow": True, "output.refresh_interval": 0.05})
+    caplog.set_level(logging.INFO, logger="streamer.daemon.shell")
     first = start(cfg)
     wait_for(lambda: current(cfg).get("reads", {}).get("done") == N_READS, "the first daemon's reads")
+    # the first daemon logs each batch after committing it: its last line must not land in the second's stderr
+    wait_for(lambda: sum(r.args[0] for r in caplog.records if r.msg.startswith("batch of ")) == N_READS,
+             "the first daemon's batch lines")
     before = (cfg.output.dir / "meth.tsv").read_bytes()
     code = cli.main(["run", "--watch", str(live), "-g", str(reference_path), "-o", str(cfg.output.dir),
                      "--state-dir", str(tmp_path / "elsewhere")])
