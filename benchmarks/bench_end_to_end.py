@@ -38,6 +38,7 @@ import numpy as np
 
 from common import STREAMER, gpu_rows, new_id, replicate_bam, shared_data_parser
 from streamer.io.fastx import load_basecalls
+from streamer.pipeline.chunks import chunked
 
 REFERENCE = Path(__file__).resolve().parents[1] / "tests" / "data" / "ecoli_k12_mg1655.fa.gz"
 HMM_LAUNCHES = [(64, True), (128, True), (256, True), (128, False)]  # (block, costliest windows first)
@@ -292,7 +293,7 @@ def signal_stages(data: Path, ref_path: Path, reads: Path, copies: int) -> dict:
         numba.set_num_threads(threads)
         detect_events(signal[: signal_off[n]], signal_off[: n + 1])  # loads the kernel
         t0 = time.perf_counter()
-        with numba.parallel_chunksize(1):
+        with chunked(1):
             ev_off, _, _, ev_mean, _ = detect_events(signal, signal_off)
         t1 = time.perf_counter()
         estimate_scalings(seq, seq_off, ev_mean, ev_off, status, model)

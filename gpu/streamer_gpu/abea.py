@@ -18,10 +18,10 @@ import time
 import warnings
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 from numba import cuda
 
+from streamer.pipeline.chunks import chunked
 from streamer.pipeline.abea import AbeaParams, AbeaReads, Alignment, abea, abea_arrays, model_arrays
 from streamer.pipeline.gpu import AbeaBatchStats, CudaOptions
 from streamer_gpu import kernels
@@ -254,7 +254,7 @@ class CudaAbea:
             st = np.where(mine, status, np.int8(NOT_MINE))
             t0 = time.perf_counter()
             # reads of very different lengths: hand them out one at a time, not in equal slices
-            with numba.parallel_chunksize(1):
+            with chunked(1):
                 out = abea(seq, seq_off, ev_mean, ev_off, st, shift, scale, *cpu_args)
             return out, st, time.perf_counter() - t0
 

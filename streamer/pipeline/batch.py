@@ -23,6 +23,7 @@ from numba import types
 from numba.core.extending import intrinsic
 
 from streamer.io.signal_record import SignalRecord
+from streamer.pipeline.chunks import chunked
 from streamer.pore.model import PoreModel
 from streamer.skips import Skip
 
@@ -224,7 +225,7 @@ def _gather_all(samples: Samples, ref: RefBases) -> tuple[np.ndarray, np.ndarray
         raws = [np.ascontiguousarray(raw, np.int16) for raw in samples.sources]  # alive until _gather returns
         addresses = np.fromiter((raw.ctypes.data for raw in raws), np.int64, len(raws))
         sizes = np.fromiter(map(len, raws), np.int64, len(raws))
-        with numba.parallel_chunksize(1):  # records of very different lengths
+        with chunked(1):  # records of very different lengths
             _gather(addresses, sizes, samples.source, samples.start, samples.unit, samples.offset, signal_off,
                     signal, ref.text, ref.at, ref_off, ref_seq)  # fmt: skip
     return signal, signal_off, ref_seq, ref_off

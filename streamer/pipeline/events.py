@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
+from streamer.pipeline.chunks import chunked
 from streamer.pipeline.event_cells import START, event_cells, scratch_size
 from streamer.pipeline.targets import CPU, LANE
 
@@ -110,7 +111,7 @@ def detect_events_kernel(signal, signal_off, w1, w2, threshold1, threshold2, pea
     peaks = np.empty(len(signal), np.int32)
     settings = (np.int32(w1), np.int32(w2), np.float32(threshold1), np.float32(threshold2), np.float32(peak_height))
     order, alone, bounds = lane_groups(np.diff(signal_off), numba.get_num_threads())
-    with numba.parallel_chunksize(1):
+    with chunked(1):
         n_peaks = batch_peaks(signal, signal_off, settings, order, alone, bounds, peaks)
         ev_off = event_offsets(signal_off, n_peaks)
         total = ev_off[-1]

@@ -27,6 +27,7 @@ import numpy as np
 
 from streamer.pipeline import timeline
 from streamer.pipeline.abea import align_batch
+from streamer.pipeline.chunks import chunked
 from streamer.pipeline.batch import ReadBatch, ReadInput, pack, synthetic_read
 from streamer.pipeline.devices import DevicePool
 from streamer.pipeline.events import detect_events, reverse_events
@@ -377,7 +378,7 @@ class Pipeline:
         return BatchResult(batch, skipped_of(batch), timings)
 
     def _call(self, stage: Stage, batch: ReadBatch) -> None:
-        with numba.parallel_chunksize(stage.chunk):
+        with chunked(stage.chunk):
             stage(batch, self)
 
     def _warm_up(self) -> BatchResult:

@@ -1,0 +1,25 @@
+"""How numba hands a parallel loop's iterations to its threads: a chunk size, set per launching thread.
+
+numba's own `numba.parallel_chunksize` keeps the size it replaces on one object that every thread and
+every nesting share, so a nested or concurrent use restores another's size: a thread kept the size
+of its first stage for the rest of the run, and a loop of cheap iterations (the GPU HMM's jobs) then
+went one iteration a task, 80 times slower on 2 cores. `chunked` keeps the replaced size on the stack.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import numba
+
+
+@contextlib.contextmanager
+def chunked(size: int) -> Iterator[None]:
+    """Parallel loops launched from this thread inside the block hand out `size` iterations at a time
+    (1 where iterations differ by orders of magnitude, as reads do; 0: an equal share a thread)."""
+    replaced = numba.set_parallel_chunksize(size)
+    try:
+        yield
+    finally:
+        numba.set_parallel_chunksize(replaced)
