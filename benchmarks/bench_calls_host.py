@@ -34,12 +34,13 @@ from streamer_plugins.outputs.methfreq import MethFreq  # noqa: E402
 
 
 class _Capture(CpgCaller):
-    """The caller stage, keeping its batch (status as it came) and the HMM's scores."""
+    """The caller stage, keeping its batch (status as it came), the HMM's jobs, inputs and scores."""
 
     def __call__(self, batch, pipeline):
         self.batch, self.pipeline, self.status = batch, pipeline, batch.status.copy()
 
         def scorer(jobs, inputs):
+            self.jobs, self.inputs = jobs, inputs
             self.scores = score_jobs(jobs, inputs)
             return self.scores
 
@@ -49,9 +50,9 @@ class _Capture(CpgCaller):
                                                    batch.post.events_per_base, log_var=self.log_var, scorer=scorer)
 
 
-def capture(reads: Path, bam: Path, signal: Path) -> _Capture:
+def capture(reads: Path, bam: Path, signal: Path, copies: int = 1) -> _Capture:
     stage = _Capture()
-    cpu_pipeline([stage]).run_batch(fixture_batch(reads, bam, signal))
+    cpu_pipeline([stage]).run_batch(fixture_batch(reads, bam, signal, copies))
     return stage
 
 

@@ -42,9 +42,9 @@ FIXTURE = ROOT / "tests" / "data" / "ecoli"
 REFERENCE = ROOT / "tests" / "data" / "ecoli_k12_mg1655.fa.gz"
 
 
-def fixture_batch(reads: Path, bam: Path, signal: Path) -> ReadBatch:
-    """Every alignment record of the reads packed as one batch (the basecalls read from a copy, whose
-    signal index goes with it)."""
+def fixture_batch(reads: Path, bam: Path, signal: Path, copies: int = 1) -> ReadBatch:
+    """Every alignment record of the reads packed as one batch, `copies` times over (the basecalls read from
+    a copy, whose signal index goes with it)."""
     with tempfile.TemporaryDirectory() as tmp:
         local = Path(tmp) / "reads.fasta"
         local.write_text(reads.read_text())
@@ -54,7 +54,7 @@ def fixture_batch(reads: Path, bam: Path, signal: Path) -> ReadBatch:
         with Reference(REFERENCE) as ref:
             batches = list(offline_batches(iter_alignments(bam, filt), load_basecalls(local, wanted), index, ref,
                                            BatchLimits(), str(local)))  # fmt: skip
-    return pack([r for rs, _ in batches for r in rs])
+    return pack([r for rs, _ in batches for r in rs] * copies)
 
 
 def cpu_pipeline(analyses: list) -> pipeline_module.Pipeline:
