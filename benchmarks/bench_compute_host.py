@@ -8,8 +8,9 @@ box's memory plan), then times each step at `-t` numba threads, launched under t
 
   recalibration        `recalibrate_batch`, the Recalibrate stage
   methylation plan     `call_methylation` with the HMM's scores handed back
-  GPU HMM job packing  `pack_jobs` and `launch_order`, as `CudaHmm.score` runs them before its copies
+  GPU HMM job packing  `pack_jobs`, then `launch_order`, as `CudaHmm.score` runs them before its copies
   ABEA packing         `CudaAbea._pack` of every read but each 50th (the gather, where some go to the CPU)
+  calls TSV rows       `format_calls`, which the finishing thread runs (at its own size, 0)
 
 reporting the fastest and median milliseconds of `--repeat`. Meant for before/after comparisons in one
 session on one machine.
@@ -37,7 +38,7 @@ from streamer.pipeline.abea import AbeaParams, abea_arrays  # noqa: E402
 from streamer.pipeline.chunks import chunked  # noqa: E402
 from streamer.pipeline.postalign import PostalignReads, recalibrate_batch  # noqa: E402
 from streamer_gpu.abea import CudaAbea  # noqa: E402
-from streamer_plugins.cpg.calls import call_methylation  # noqa: E402
+from streamer_plugins.cpg.calls import call_methylation, format_calls  # noqa: E402
 from streamer_plugins.cpg.hmm_jobs import DEFAULT_MAX_KMERS, launch_order, pack_jobs  # noqa: E402
 
 
@@ -68,14 +69,18 @@ def main() -> int:
                          scorer=lambda jobs, inputs: c.scores)
 
     def hmm_jobs():
-        packed = pack_jobs(*jobs, inputs.ref_seq_off, inputs.ev_off, inputs.k, DEFAULT_MAX_KMERS)
-        launch_order(np.flatnonzero(packed[-1]), packed[-2], True)
+        return pack_jobs(*jobs, inputs.ref_seq_off, inputs.ev_off, inputs.k, DEFAULT_MAX_KMERS)
+
+    packed = hmm_jobs()
+    calls = batch.products["calls"]
 
     reads, some = abea_arrays(batch), np.flatnonzero(np.arange(batch.n) % 50 != 0)
     report = {"reads": batch.n, "bases": batch.n_bases, "hmm_jobs": len(jobs.read), "threads": numba.get_num_threads(),
               "chunk": a.chunk}
     cases = {"recalibration": recalibrate, "methylation plan": plan, "GPU HMM job packing": hmm_jobs,
-             "ABEA packing": lambda: CudaAbea._pack(some, reads, model.k, AbeaParams().skip_prob)}
+             "GPU HMM launch order": lambda: launch_order(np.flatnonzero(packed[-1]), packed[-2], True),
+             "ABEA packing": lambda: CudaAbea._pack(some, reads, model.k, AbeaParams().skip_prob),
+             "calls TSV rows (the finishing thread's)": lambda: format_calls(calls, batch.read_ids, batch.ref_names)}
     with chunked(a.chunk):
         for name, fn in cases.items():
             t = timed(fn, a.repeat)
