@@ -25,7 +25,7 @@ for _root in (ROOT / "plugins", ROOT / "gpu", ROOT):
 
 import numpy as np  # noqa: E402
 
-from bench_cpu_kernels import FIXTURE, SHARED, cpu_pipeline, fixture_batch, timed  # noqa: E402
+from bench_cpu_kernels import cpu_pipeline, fixture_batch, reads_source, timed  # noqa: E402
 from streamer_plugins.cpg.caller import CpgCaller  # noqa: E402
 from streamer_plugins.cpg.calls import call_methylation, format_calls  # noqa: E402
 from streamer_plugins.cpg.hmm import score_jobs  # noqa: E402
@@ -61,10 +61,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=21)
     ap.add_argument("--fixture", action="store_true", help="the fixture reads even when ../shared is present")
     a = ap.parse_args()
-    if SHARED.is_dir() and not a.fixture:
-        src = (SHARED / "reads.fasta", SHARED / "reads.mg1655.sorted.bam", SHARED / "fast5_files")
-    else:
-        src = (FIXTURE / "reads.fasta", FIXTURE / "reads.bam", FIXTURE / "fast5")
+    src = reads_source(a.fixture)
     c = capture(*src)
     batch = c.batch
 

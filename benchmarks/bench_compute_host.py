@@ -33,7 +33,7 @@ import numba  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench_calls_host import capture  # noqa: E402
-from bench_cpu_kernels import FIXTURE, SHARED, timed  # noqa: E402
+from bench_cpu_kernels import reads_source, timed  # noqa: E402
 from streamer.pipeline.abea import AbeaParams, abea_arrays  # noqa: E402
 from streamer.pipeline.chunks import chunked  # noqa: E402
 from streamer.pipeline.postalign import PostalignReads, recalibrate_batch  # noqa: E402
@@ -50,10 +50,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=9)
     ap.add_argument("--fixture", action="store_true", help="the fixture reads even when ../shared is present")
     a = ap.parse_args()
-    if SHARED.is_dir() and not a.fixture:
-        src = (SHARED / "reads.fasta", SHARED / "reads.mg1655.sorted.bam", SHARED / "fast5_files")
-    else:
-        src = (FIXTURE / "reads.fasta", FIXTURE / "reads.bam", FIXTURE / "fast5")
+    src = reads_source(a.fixture)
     c = capture(*src, copies=a.copies)
     batch, model = c.batch, c.pipeline.kmer_model
     numba.set_num_threads(min(a.threads, numba.config.NUMBA_NUM_THREADS))

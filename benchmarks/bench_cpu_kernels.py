@@ -42,6 +42,14 @@ FIXTURE = ROOT / "tests" / "data" / "ecoli"
 REFERENCE = ROOT / "tests" / "data" / "ecoli_k12_mg1655.fa.gz"
 
 
+def reads_source(fixture: bool) -> tuple[Path, Path, Path]:
+    """(basecalls, BAM, signal folder): the shared 112 E. coli reads when present and not `fixture`, else the
+    fixture reads in tests/data."""
+    if SHARED.is_dir() and not fixture:
+        return SHARED / "reads.fasta", SHARED / "reads.mg1655.sorted.bam", SHARED / "fast5_files"
+    return FIXTURE / "reads.fasta", FIXTURE / "reads.bam", FIXTURE / "fast5"
+
+
 def fixture_batch(reads: Path, bam: Path, signal: Path, copies: int = 1) -> ReadBatch:
     """Every alignment record of the reads packed as one batch, `copies` times over (the basecalls read from
     a copy, whose signal index goes with it)."""
@@ -103,10 +111,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--fixture", action="store_true", help="the fixture reads even when ../shared is present")
     a = ap.parse_args()
-    if SHARED.is_dir() and not a.fixture:
-        src = (SHARED / "reads.fasta", SHARED / "reads.mg1655.sorted.bam", SHARED / "fast5_files")
-    else:
-        src = (FIXTURE / "reads.fasta", FIXTURE / "reads.bam", FIXTURE / "fast5")
+    src = reads_source(a.fixture)
     abea_args, hmm_args = capture(*src)
     status = abea_args[0].status
 
