@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda
 
-from streamer.pipeline.chunks import chunked
 from streamer.pipeline.abea import AbeaParams, AbeaReads, Alignment, abea, abea_arrays, model_arrays
+from streamer.pipeline.chunks import chunked
 from streamer.pipeline.gpu import AbeaBatchStats, CudaOptions
 from streamer_gpu import kernels
 from streamer_gpu.host import (

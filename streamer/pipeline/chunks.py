@@ -1,9 +1,9 @@
 """How numba hands a parallel loop's iterations to its threads: a chunk size, set per launching thread.
 
 numba's own `numba.parallel_chunksize` keeps the size it replaces on one object that every thread and
-every nesting share, so a nested or concurrent use restores another's size: a thread kept the size
-of its first stage for the rest of the run, and a loop of cheap iterations (the GPU HMM's jobs) then
-went one iteration a task, 80 times slower on 2 cores. `chunked` keeps the replaced size on the stack.
+every nesting share, so a nested or concurrent use restores another's size: a pipeline's warm-up left
+its thread at 1, and a loop of cheap iterations there went one iteration a task (the GPU HMM's job
+packing 8 times slower than at its stage's size, on 2 cores). `chunked` keeps the size on the stack.
 """
 
 from __future__ import annotations
