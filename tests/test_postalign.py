@@ -11,8 +11,9 @@ from streamer.pipeline.abea import AbeaReads, align_batch
 from streamer.pipeline.events import detect_events
 from streamer.io.fast5 import iter_fast5
 from streamer.io.fastx import load_basecalls
-from streamer.pipeline.postalign import PostalignParams, PostalignReads, recalibrate_batch
-from streamer.pipeline.scaling import estimate_scalings
+from streamer.pipeline.postalign import PostalignParams, PostalignReads, m_events, recalibrate_batch
+from streamer.pore.model import kmer_rank
+from streamer.pipeline.scaling import F5C_CODES, estimate_scalings
 from streamer.skips import Skip
 
 from conftest import ECOLI, READ1, SHARED, needs_shared
@@ -169,3 +170,23 @@ def test_2kb_region_reads_match_f5c(nuc_model):
     ids, status, out = run_signal_pipeline(SHARED / "fast5_files", SHARED / "reads.fasta", nuc_model)
     expected = expected_scalings(SHARED / "expected" / "f5c-1.1-read-level" / "recalibrated_scalings.tsv")
     check_against_f5c(ids, status, out, expected)
+
+
+@pytest.mark.parametrize("k", [5, 6, 9])
+def test_m_events_roll_the_ranks_kmer_rank_gives(k):
+    """The M events' rolling ranks are `kmer_rank`'s, -1 included for a k-mer with a letter outside the table."""
+    rng = np.random.default_rng(k)
+    seq = rng.choice(np.frombuffer(b"ACGTN", np.uint8), 300, p=[0.24, 0.24, 0.24, 0.24, 0.04])
+    n_kmers = len(seq) - k + 1
+    b2e_start = np.where(rng.random(n_kmers) < 0.9, np.arange(n_kmers), -1).astype(np.int32)
+    for codes in (F5C_CODES, np.where(np.arange(256) == ord("N"), -1, F5C_CODES).astype(np.int8)):
+        m_rank, m_event = np.empty(n_kmers, np.int32), np.empty(n_kmers, np.int32)
+        n_m = m_events(seq, 0, k, codes, b2e_start, 0, n_kmers, m_rank, m_event)
+        want, prev = [], -1
+        for j in np.flatnonzero(b2e_start != -1):
+            r = kmer_rank(seq, j, k, codes, 4)
+            if r != prev:
+                want.append((r, b2e_start[j]))
+            prev = r
+        assert list(zip(m_rank[:n_m].tolist(), m_event[:n_m].tolist())) == want
+    assert -1 in m_rank[:n_m]  # the table with N outside it gave some

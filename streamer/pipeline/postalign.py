@@ -16,8 +16,9 @@ Events per base (float64 per read) = (last aligned event - first aligned event)
 / number of k-mers: the span of aligned events, not the event count. The
 methylation HMM takes its stay probability from it (1 - 1/events_per_base).
 
-The kernel `postalign` takes its eighteen flat arrays and scalars because numba compiles no
-Python objects; `recalibrate_batch` takes the batch record and `PostalignParams` and unpacks them once.
+The kernel `postalign` takes flat arrays and scalars, its outputs among them, because numba compiles
+no Python objects; `recalibrate_batch` takes the batch record and `PostalignParams`, unpacks them once
+and allocates the outputs with numpy (huge pages, where the kernel's own would fault in 4 KiB ones).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import numba
 import numpy as np
 
 from streamer.pore.model import PoreModel
-from streamer.pipeline.scaling import F5C_CODES, read_kmer_ranks, require_dtype, require_nucleotide
+from streamer.pipeline.scaling import F5C_CODES, require_dtype, require_nucleotide
 from streamer.skips import Skip
 
 
@@ -56,21 +57,21 @@ def kmer_offsets(seq_off, k):
 def base_to_event_map(aln_kmer, aln_event, a0, a1, b2e_start, b2e_stop, m0, n_kmers):
     """Fill one read's map from its pairs (an event counts only for the first k-mer it pairs with).
 
-    Returns events per base, (max event - min event) / n_kmers.
+    Returns events per base, (max event - min event) / n_kmers. Whether a k-mer has its first event yet
+    is a select, not a branch: half the pairs start a k-mer, so a branch there is mispredicted every other pair.
     """
-    for j in range(n_kmers):
-        b2e_start[m0 + j] = -1
-        b2e_stop[m0 + j] = -1
+    b2e_start[m0 : m0 + n_kmers] = -1
+    b2e_stop[m0 : m0 + n_kmers] = -1
     max_event = 0
     min_event = np.iinfo(np.int32).max
     prev = -1
     for j in range(a0, a1):
-        kk = aln_kmer[j]
         e = aln_event[j]
         if e != prev:
-            if b2e_start[m0 + kk] == -1:
-                b2e_start[m0 + kk] = e
-            b2e_stop[m0 + kk] = e
+            at = m0 + aln_kmer[j]
+            first = b2e_start[at]
+            b2e_start[at] = e if first == -1 else first
+            b2e_stop[at] = e
         max_event = max(max_event, e)
         min_event = min(min_event, e)
         prev = e
@@ -78,140 +79,116 @@ def base_to_event_map(aln_kmer, aln_event, a0, a1, b2e_start, b2e_stop, m0, n_km
 
 
 @numba.njit(nogil=True, cache=True)
-def _m_events(ranks, b2e_start, b2e_stop, m0):
-    """(rank, event) of the read's M events, k-mer by k-mer as f5c visits them: an event counts
-    where the k-mer's rank differs from the one before."""
-    n = 0
-    for j in range(len(ranks)):
-        if b2e_start[m0 + j] != -1:
-            n += b2e_stop[m0 + j] - b2e_start[m0 + j] + 1
-    rank = np.empty(n, np.int64)
-    event = np.empty(n, np.int64)
-    m = 0
+def m_events(seq, s0, k, codes, b2e_start, m0, n_kmers, m_rank, m_event):
+    """The read's M events, k-mer by k-mer as f5c visits them: the first event of each k-mer with events
+    whose rank differs from the last such k-mer's, into m_rank and m_event from m0. Returns their count.
+
+    The ranks roll along the read (a base in, one out), as `kmer_rank` would give them: -1 for a k-mer
+    with a letter outside the alphabet.
+    """
+    mask = (1 << (2 * k)) - 1
+    r = 0
+    bad = -1  # the last position of a letter outside the alphabet
+    for i in range(k - 1):
+        c = codes[seq[s0 + i]]
+        if c < 0:
+            bad, c = i, 0
+        r = ((r << 2) | c) & mask
     prev_rank = -1
-    for j in range(len(ranks)):
-        start = b2e_start[m0 + j]
-        if start == -1:
+    n_m = 0
+    for j in range(n_kmers):
+        c = codes[seq[s0 + j + k - 1]]
+        if c < 0:
+            bad, c = j + k - 1, 0
+        r = ((r << 2) | c) & mask
+        e = b2e_start[m0 + j]
+        if e == -1:
             continue
-        r = ranks[j]
-        for e in range(start, b2e_stop[m0 + j] + 1):
-            if r != prev_rank:
-                rank[m] = r
-                event[m] = e
-                m += 1
-            prev_rank = r
-    return rank[:m], event[:m]
+        rank = r if bad < j else -1
+        if rank != prev_rank:
+            m_rank[m0 + n_m] = rank
+            m_event[m0 + n_m] = e
+            n_m += 1
+            prev_rank = rank
+    return n_m
 
 
 @numba.njit(nogil=True, cache=True)
-def recalibrate_read(ranks, b2e_start, b2e_stop, m0, ev_mean, e0, level_mean, level_stdv, min_events):
-    """Weighted least-squares (shift, scale, var) over the read's M events, in double.
-
-    Returns (recalibrated, shift, scale, var); not recalibrated when fewer than
-    min_events M events. Events are visited k-mer by k-mer, as f5c orders them.
-    """
-    rank, event = _m_events(ranks, b2e_start, b2e_stop, m0)
-    n_m = len(rank)
+def recalibrate_read(m_rank, m_event, m0, n_m, ev_mean, e0, level_mean, level_stdv):
+    """Weighted least-squares (shift, scale, var) over the read's n_m M events, in double, in their order."""
     a00 = 0.0
     a01 = 0.0
     a11 = 0.0
     b0 = 0.0
     b1 = 0.0
-    for i in range(n_m):
-        mu = np.float64(level_mean[rank[i]])
-        sd = np.float64(level_stdv[rank[i]])
-        x = np.float64(ev_mean[e0 + event[i]])
+    for i in range(m0, m0 + n_m):
+        mu = np.float64(level_mean[m_rank[i]])
+        sd = np.float64(level_stdv[m_rank[i]])
+        x = np.float64(ev_mean[e0 + m_event[i]])
         inv_var = 1.0 / (sd * sd)
         a00 += inv_var
         a01 += mu * inv_var
         a11 += mu * mu * inv_var
         b0 += x * inv_var
         b1 += mu * x * inv_var
-    if n_m < min_events:
-        return False, 0.0, 0.0, 0.0
     a10 = a01
     div = a00 * a11 - a01 * a10
     shift = -(a01 * b1 - a11 * b0) / div
     scale = (a00 * b1 - a10 * b0) / div
 
     var = 0.0
-    for i in range(n_m):
-        mu = np.float64(level_mean[rank[i]])
-        sd = np.float64(level_stdv[rank[i]])
-        y = np.float64(ev_mean[e0 + event[i]]) - shift - scale * mu
+    for i in range(m0, m0 + n_m):
+        mu = np.float64(level_mean[m_rank[i]])
+        sd = np.float64(level_stdv[m_rank[i]])
+        y = np.float64(ev_mean[e0 + m_event[i]]) - shift - scale * mu
         var += y * y / (sd * sd)
-    var = np.sqrt(var / n_m)
-    return True, shift, scale, var
+    return shift, scale, np.sqrt(var / n_m)
 
 
 @numba.njit(nogil=True, cache=True, parallel=True)
-def postalign(
-    seq,
-    seq_off,
-    ev_mean,
-    ev_off,
-    aln_kmer,
-    aln_event,
-    aln_off,
-    status,
-    shift,
-    scale,
-    var,
-    level_mean,
-    level_stdv,
-    k,
-    codes,
-    min_events=200,
-    max_var=2.5,
-    max_events_per_base=5.0,
-):
-    """Map, recalibrate and QC every read with status 0 (status updated in place).
+def postalign(seq, seq_off, ev_mean, ev_off, aln_kmer, aln_event, aln_off, status, shift, scale, var, level_mean,
+              level_stdv, k, codes, min_events, max_var, max_events_per_base, kmer_off, out, exact, events_per_base,
+              b2e_start, b2e_stop, m_rank, m_event):  # fmt: skip
+    """Map, recalibrate and QC every read with status 0 (status updated in place), into the arrays given.
 
-    Returns (shift, scale, var) float32 copies with recalibrated values written, the
-    recalibrated values as computed (float64[n, 3], NaN where not recalibrated),
-    events_per_base float64[n] (0 for reads not aligned), and the base-to-event
-    map b2e_start, b2e_stop int32 with offsets kmer_off int64[n + 1] (-1 for
-    k-mers without events and for reads not aligned).
+    out[0:3] are (shift, scale, var) as float32, recalibrated where that succeeded; exact the recalibrated
+    values as computed (NaN where not); events_per_base (max - min aligned event) / k-mers (0 for reads not
+    aligned); b2e_start and b2e_stop the base-to-event map by kmer_off (-1 for k-mers without events and for
+    reads not aligned). m_rank and m_event are scratch by kmer_off.
     """
-    n = len(seq_off) - 1
-    new_shift = shift.astype(np.float32)
-    new_scale = scale.astype(np.float32)
-    new_var = var.astype(np.float32)
-    exact = np.full((n, 3), np.nan)
-    events_per_base = np.zeros(n, dtype=np.float64)
-    kmer_off = kmer_offsets(seq_off, k)
-    b2e_start = np.full(kmer_off[n], -1, dtype=np.int32)
-    b2e_stop = np.full(kmer_off[n], -1, dtype=np.int32)
-    for i in numba.prange(n):
-        if status[i] != 0:
+    for i in numba.prange(len(seq_off) - 1):  # each read writes its own entries, whatever befalls it
+        out[0, i] = np.float32(shift[i])
+        out[1, i] = np.float32(scale[i])
+        out[2, i] = np.float32(var[i])
+        exact[i, :] = np.nan
+        events_per_base[i] = 0.0
+        m0 = kmer_off[i]
+        n_kmers = kmer_off[i + 1] - m0
+        a0, a1 = aln_off[i], aln_off[i + 1]
+        if status[i] != 0 or a1 == a0 or n_kmers == 0:
+            b2e_start[m0 : m0 + n_kmers] = -1
+            b2e_stop[m0 : m0 + n_kmers] = -1
+            if status[i] == 0:
+                status[i] = Skip.ALIGNMENT_FAILED
             continue
-        n_kmers = kmer_off[i + 1] - kmer_off[i]
-        if aln_off[i + 1] == aln_off[i] or n_kmers == 0:
-            status[i] = Skip.ALIGNMENT_FAILED
-            continue
-        epb = base_to_event_map(
-            aln_kmer, aln_event, aln_off[i], aln_off[i + 1], b2e_start, b2e_stop, kmer_off[i], n_kmers
-        )
+        epb = base_to_event_map(aln_kmer, aln_event, a0, a1, b2e_start, b2e_stop, m0, n_kmers)
+        n_m = m_events(seq, seq_off[i], k, codes, b2e_start, m0, n_kmers, m_rank, m_event)
         events_per_base[i] = epb
-        ranks = read_kmer_ranks(seq, seq_off[i], n_kmers, k, codes)
-        ok, s, c, v = recalibrate_read(
-            ranks, b2e_start, b2e_stop, kmer_off[i], ev_mean, ev_off[i], level_mean, level_stdv, min_events
-        )
-        if not ok:
+        if n_m < min_events:
             status[i] = Skip.RECALIBRATION_FAILED
             continue
-        new_shift[i] = np.float32(s)
-        new_scale[i] = np.float32(c)
-        new_var[i] = np.float32(v)
+        s, c, v = recalibrate_read(m_rank, m_event, m0, n_m, ev_mean, ev_off[i], level_mean, level_stdv)
+        out[0, i] = np.float32(s)
+        out[1, i] = np.float32(c)
+        out[2, i] = np.float32(v)
         exact[i, 0] = s
         exact[i, 1] = c
         exact[i, 2] = v
-        if new_var[i] > max_var:
+        if out[2, i] > max_var:
             status[i] = Skip.RECALIBRATION_FAILED
             continue
         if epb > max_events_per_base:
             status[i] = Skip.QC_FAILED
-    return new_shift, new_scale, new_var, exact, events_per_base, b2e_start, b2e_stop, kmer_off
 
 
 class PostAlign(NamedTuple):
@@ -246,10 +223,15 @@ class PostalignReads(NamedTuple):
 
 def recalibrate_batch(reads, model: PoreModel, params: PostalignParams = PostalignParams()) -> PostAlign:
     """Post-alignment stage over a batch (a `ReadBatch` or `PostalignReads`) with the nucleotide model
-    (status updated in place)."""
+    (status updated in place). Its arrays are numpy's, which asks the kernel for huge pages."""
     require_nucleotide(model)
     require_dtype("ev_mean", reads.ev_mean, np.float32)
     require_dtype("status", reads.status, np.int8)
-    arrays = (getattr(reads, name) for name in PostalignReads._fields)
-    return PostAlign(*postalign(*arrays, model.level_mean, model.level_stdv, model.k, F5C_CODES, params.min_events,
-                                params.max_var, params.max_events_per_base))  # fmt: skip
+    n = len(reads.seq_off) - 1
+    kmer_off = kmer_offsets(reads.seq_off, model.k)
+    out, exact, events_per_base = np.empty((3, n), np.float32), np.empty((n, 3)), np.empty(n)
+    b2e_start, b2e_stop, m_rank, m_event = (np.empty(kmer_off[-1], np.int32) for _ in range(4))
+    postalign(*(getattr(reads, name) for name in PostalignReads._fields), model.level_mean, model.level_stdv, model.k,
+              F5C_CODES, params.min_events, params.max_var, params.max_events_per_base, kmer_off, out, exact,
+              events_per_base, b2e_start, b2e_stop, m_rank, m_event)  # fmt: skip
+    return PostAlign(out[0], out[1], out[2], exact, events_per_base, b2e_start, b2e_stop, kmer_off)
