@@ -47,7 +47,7 @@ class _Capture(CpgCaller):
         with np.errstate(divide="ignore", invalid="ignore"):
             self.log_var = np.log(batch.post.exact[:, 2])
         batch.products["calls"] = call_methylation(batch, pipeline.kmer_model, self.meth_model,
-                                                   batch.post.events_per_base, log_var=self.log_var, scorer=scorer)
+                                                   batch.post.event_map, log_var=self.log_var, scorer=scorer)
 
 
 def capture(reads: Path, bam: Path, signal: Path, copies: int = 1) -> _Capture:
@@ -67,7 +67,7 @@ def main() -> int:
 
     def call():
         batch.status[:] = c.status
-        return call_methylation(batch, c.pipeline.kmer_model, c.meth_model, batch.post.events_per_base,
+        return call_methylation(batch, c.pipeline.kmer_model, c.meth_model, batch.post.event_map,
                                 log_var=c.log_var, scorer=lambda jobs, inputs: c.scores)
 
     calls = call()

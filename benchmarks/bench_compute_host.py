@@ -62,7 +62,7 @@ def main() -> int:
 
     def plan():
         batch.status[:] = c.status
-        call_methylation(batch, model, c.meth_model, batch.post.events_per_base, log_var=c.log_var,
+        call_methylation(batch, model, c.meth_model, batch.post.event_map, log_var=c.log_var,
                          scorer=lambda jobs, inputs: c.scores)
 
     def hmm_jobs():

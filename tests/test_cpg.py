@@ -12,15 +12,8 @@ from streamer_plugins.cpg.calls import CALLS_HEADER, call_methylation, format_ca
 from streamer_plugins.cpg.hmm import profile_forward, score_windows, window_kmer_rank
 from streamer_plugins.cpg.hmm_model import HmmParams, block_transitions, pack_model, pack_scalings
 from streamer_plugins.cpg.logsum import LOGSUM_TABLE, flogsum
-from streamer_plugins.cpg.lookup import (
-    aligned_pairs,
-    batch_events_per_base,
-    closest_event,
-    event_reference_map,
-    events_bounding,
-    is_spliced,
-    kmer_first_event,
-)
+from streamer_plugins.cpg.lookup import aligned_pairs, closest_event, event_reference_map, events_bounding, is_spliced
+from streamer.pipeline.postalign import event_map
 from streamer_plugins.cpg.sites import DISAMBIGUATE, disambiguated, group_sites, motif_sites, read_windows
 from streamer.pore.model import load_default_models
 from streamer.pore.motifs import CPG
@@ -81,7 +74,8 @@ def test_aligned_pairs_walks_soft_clips_insertions_deletions_hard_clips():
 
 def test_kmer_first_event_ignores_a_repeated_event():
     # k-mer 1 is skipped (it repeats event 1), k-mer 2 gets events 2 and 3, k-mer 3 none
-    first = kmer_first_event(np.array([0, 0, 1, 2, 2, 4]), np.array([0, 1, 1, 2, 3, 4]), 6)
+    first = event_map(np.array([0, 8]), np.array([0, 0, 1, 2, 2, 4], np.int32), np.array([0, 1, 1, 2, 3, 4], np.int32),
+                      np.array([0, 6]), 3).b2e_start  # fmt: skip
     assert first.tolist() == [0, -1, 2, -1, 4, -1]
 
 
@@ -137,8 +131,8 @@ def test_events_bounding():
 def test_events_per_base():
     seq_off = np.array([0, 12, 20])
     # read 0: 12 bases, k=3 -> 10 k-mers, events 3..18; read 1: no pairs
-    got = batch_events_per_base(seq_off, np.array([3, 7, 18], np.int32), np.array([0, 3, 3]), 3)
-    assert got.tolist() == [1.5, 0.0]
+    got = event_map(seq_off, np.array([0, 1, 9], np.int32), np.array([3, 7, 18], np.int32), np.array([0, 3, 3]), 3)
+    assert got.events_per_base.tolist() == [1.5, 0.0]
 
 
 # ---------------------------------------------------------------- CpG sites

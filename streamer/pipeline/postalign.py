@@ -191,6 +191,39 @@ def postalign(seq, seq_off, ev_mean, ev_off, aln_kmer, aln_event, aln_off, statu
             status[i] = Skip.QC_FAILED
 
 
+class EventMap(NamedTuple):
+    """Each read's first event per k-mer and its events per base: what the methylation stage places
+    events on the reference with."""
+
+    b2e_start: np.ndarray  # int32, per k-mer of each read: first event, -1 if none
+    kmer_off: np.ndarray  # int64[n + 1]: read i owns b2e_start[kmer_off[i]:kmer_off[i + 1]]
+    events_per_base: np.ndarray  # float64[n]: aligned event span / k-mers (HMM p_stay), 0 without pairs
+
+
+@numba.njit(nogil=True, cache=True, parallel=True)
+def _event_maps(aln_kmer, aln_event, aln_off, kmer_off, b2e_start, b2e_stop, events_per_base):
+    for i in numba.prange(len(kmer_off) - 1):
+        m0 = kmer_off[i]
+        n_kmers = kmer_off[i + 1] - m0
+        if aln_off[i + 1] == aln_off[i] or n_kmers == 0:
+            b2e_start[m0 : m0 + n_kmers] = -1
+            events_per_base[i] = 0.0
+        else:
+            events_per_base[i] = base_to_event_map(aln_kmer, aln_event, aln_off[i], aln_off[i + 1], b2e_start,
+                                                   b2e_stop, m0, n_kmers)  # fmt: skip
+
+
+def event_map(seq_off: np.ndarray, aln_kmer: np.ndarray, aln_event: np.ndarray, aln_off: np.ndarray,
+              k: int) -> EventMap:  # fmt: skip
+    """The map of every read with pairs, whatever its status, for a batch that was not recalibrated (the
+    recalibration's is `PostAlign.event_map`)."""
+    kmer_off = kmer_offsets(seq_off, k)
+    b2e_start, b2e_stop = np.empty(kmer_off[-1], np.int32), np.empty(kmer_off[-1], np.int32)
+    events_per_base = np.empty(len(seq_off) - 1)
+    _event_maps(aln_kmer, aln_event, aln_off, kmer_off, b2e_start, b2e_stop, events_per_base)
+    return EventMap(b2e_start, kmer_off, events_per_base)
+
+
 class PostAlign(NamedTuple):
     """Recalibrated scalings and what the methylation stage needs from the alignment."""
 
@@ -202,6 +235,10 @@ class PostAlign(NamedTuple):
     b2e_start: np.ndarray  # int32, per k-mer of each read: first event, -1 if none
     b2e_stop: np.ndarray  # int32, per k-mer of each read: last event (inclusive), -1 if none
     kmer_off: np.ndarray  # int64[n + 1]: read i owns b2e_*[kmer_off[i]:kmer_off[i + 1]]
+
+    @property
+    def event_map(self) -> EventMap:
+        return EventMap(self.b2e_start, self.kmer_off, self.events_per_base)
 
 
 class PostalignReads(NamedTuple):

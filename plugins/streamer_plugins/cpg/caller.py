@@ -49,7 +49,7 @@ class CpgCaller:
         # f5c takes log var from the double var (NaN for reads not recalibrated, which are not scored)
         with np.errstate(divide="ignore", invalid="ignore"):
             log_var = np.log(post.exact[:, 2])
-        args = (batch, pipeline.kmer_model, self.meth_model, post.events_per_base)
+        args = (batch, pipeline.kmer_model, self.meth_model, post.event_map)
         motif = pipeline.options.motif
         device = pipeline.device
         gpu = self.gpu if self.gpu is not None else device.parts.get(self.name) if device is not None else None

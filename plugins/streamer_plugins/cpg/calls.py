@@ -19,19 +19,14 @@ import numba
 import numpy as np
 
 from streamer.pipeline.batch import ReadBatch
+from streamer.pipeline.postalign import EventMap, event_map
 from streamer_plugins import printf
 from streamer_plugins.cpg import tsv
 from streamer_plugins.cpg.hmm import HmmInputs, HmmJobs, score_jobs
 from streamer_plugins.cpg.hmm_model import (HmmParams, nanopolish_scaling, pack_model, pack_model64, pack_scalings,
                                              pack_scalings64)
 from streamer_plugins.cpg.logsum import LOGSUM_TABLE
-from streamer_plugins.cpg.lookup import (
-    CLOSEST_EVENT_SEARCH,
-    batch_events_per_base,
-    event_reference_map,
-    is_spliced,
-    kmer_first_event,
-)
+from streamer_plugins.cpg.lookup import CLOSEST_EVENT_SEARCH, event_reference_map, is_spliced
 from streamer_plugins.cpg.sites import (
     DISAMBIGUATE,
     MAX_SPAN,
@@ -96,7 +91,7 @@ def _count_sites(ref_seq, ref_seq_off, ref_next, status, motif):
 
 @numba.njit(parallel=True, nogil=True, cache=True)
 def _plan_windows(
-    ref_seq, ref_seq_off, ref_next, ref_start, rc, cigar, cigar_off, seq_off, aln_kmer, aln_event, aln_off, status,
+    ref_seq, ref_seq_off, ref_next, ref_start, rc, cigar, cigar_off, seq_off, b2e_start, kmer_off, status,
     slot_off, k, search, motif, min_separation, max_span, min_event_span,
 ):  # fmt: skip
     """Fill each read's slots (sized by its count of motif sites) with its kept windows; returns the
@@ -118,10 +113,9 @@ def _plan_windows(
             outcome[i] = _PLAN_SPLICED
             continue
         read_len = seq_off[i + 1] - seq_off[i]
-        a0, a1 = aln_off[i], aln_off[i + 1]
-        if a1 == a0 or read_len < k:
+        if read_len < k:
             continue
-        first_event = kmer_first_event(aln_kmer[a0:a1], aln_event[a0:a1], read_len - k + 1)
+        first_event = b2e_start[kmer_off[i] : kmer_off[i + 1]]
         map_ref, map_event = event_reference_map(cig, ref_start[i], rc[i], read_len, k, first_event, search)
         f, l, s, x1, x2 = read_windows(
             ref_seq[ref_seq_off[i] : ref_seq_off[i + 1]], ref_next[i], ref_start[i], map_ref, map_event, motif,
@@ -152,7 +146,7 @@ class _Jobs:
     spliced: np.ndarray  # per read: alignment skips reference
 
 
-def _plan_jobs(batch: ReadBatch, ref: np.ndarray, status: np.ndarray, k: int, sites: np.ndarray,
+def _plan_jobs(batch: ReadBatch, events: EventMap, ref: np.ndarray, status: np.ndarray, k: int, sites: np.ndarray,
                groups: Grouping) -> _Jobs:  # fmt: skip
     ref_next = np.where(batch.ref_next != 0, DISAMBIGUATE[batch.ref_next], 0).astype(np.uint8)
     n_slots = _count_sites(ref, batch.ref_seq_off, ref_next, status, sites)
@@ -160,7 +154,7 @@ def _plan_jobs(batch: ReadBatch, ref: np.ndarray, status: np.ndarray, k: int, si
     np.cumsum(n_slots, out=slot_off[1:])
     first, last, n_sites, e1, e2, kept, outcome = _plan_windows(
         ref, batch.ref_seq_off, ref_next, batch.ref_start, batch.rc, batch.cigar, batch.cigar_off, batch.seq_off,
-        batch.aln_kmer, batch.aln_event, batch.aln_off, status, slot_off,
+        events.b2e_start, events.kmer_off, status, slot_off,
         k, groups.event_search, sites, groups.min_separation, groups.max_span, groups.min_event_span,
     )  # fmt: skip
     take = np.arange(slot_off[-1]) - np.repeat(slot_off[:-1], n_slots) < np.repeat(kept, n_slots)
@@ -180,7 +174,7 @@ def call_methylation(
     batch: ReadBatch,
     kmer_model: PoreModel,
     meth_model: PoreModel,
-    events_per_base: np.ndarray | None = None,
+    events: EventMap | None = None,
     *,
     motif: Motif = CPG,
     log_var: np.ndarray | None = None,
@@ -194,9 +188,9 @@ def call_methylation(
     `kmer_model` is the model ABEA aligned with (its k places events on the reference);
     `meth_model` (alphabet ACGMT, M the motif's modified base) scores both hypotheses, as in
     nanopolish and f5c.
-    `events_per_base` (float64[n]) defaults to f5c's (max event - min event) / k-mers from the
-    ABEA pairs. `log_var` (float[n]) is log of recalibration's double-precision var, which f5c
-    uses; without it the log is taken of the float32 `batch.var` (differs by at most an ulp). A motif
+    `events` are the reads' first events per k-mer and events per base (f5c's (max event - min event) /
+    k-mers): the recalibration's (`PostAlign.event_map`), by default made again from the ABEA pairs.
+    `log_var` (float[n]) is log of recalibration's double-precision var, which f5c uses; without it the log is taken of the float32 `batch.var` (differs by at most an ulp). A motif
     whose calls are nanopolish's (`Motif.compat`) is scored with nanopolish's arithmetic instead:
     the reads recalibrated again in double (`nanopolish_scaling`, from `batch.mom_scalings`) and the
     models in double.
@@ -208,9 +202,9 @@ def call_methylation(
     if batch.ev_mean.dtype != np.float32:
         raise ValueError(f"ev_mean must be float32 (f5c precision), got {batch.ev_mean.dtype}")
     k = kmer_model.k
-    if events_per_base is None:
-        events_per_base = batch_events_per_base(batch.seq_off, batch.aln_event, batch.aln_off, k)
-    events_per_base = np.asarray(events_per_base, dtype=np.float64)
+    if events is None:
+        events = event_map(batch.seq_off, batch.aln_kmer, batch.aln_event, batch.aln_off, k)
+    events_per_base = events.events_per_base
     # A read without a positive event rate cannot set the HMM's stay probability.
     status = batch.status.copy()
     status[(status == Skip.OK) & ~(events_per_base > 0)] = Skip.QC_FAILED
@@ -225,7 +219,7 @@ def call_methylation(
     ref = disambiguated(batch.ref_seq)
 
     sites = motif.table()
-    jobs = _plan_jobs(batch, ref, status, k, sites, groups)
+    jobs = _plan_jobs(batch, events, ref, status, k, sites, groups)
     span_len = np.diff(batch.ref_seq_off)[jobs.read]
     sep = groups.min_separation
     ll_u, ll_m = scorer(

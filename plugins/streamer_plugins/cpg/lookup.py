@@ -72,35 +72,6 @@ def aligned_pairs(cigar, ref_start):
 
 
 @numba.njit(nogil=True, cache=True)
-def kmer_first_event(aln_kmer, aln_event, n_kmers):
-    """First event aligned to each k-mer (-1 where none), from ascending ABEA pairs.
-
-    A pair repeating the previous pair's event (a skipped k-mer) does not claim that event.
-    """
-    first = np.full(n_kmers, -1, np.int64)
-    prev_event = -1
-    for i in range(aln_kmer.shape[0]):
-        e = aln_event[i]
-        if e != prev_event and first[aln_kmer[i]] == -1:
-            first[aln_kmer[i]] = e
-        prev_event = e
-    return first
-
-
-@numba.njit(nogil=True, cache=True)
-def events_per_base(aln_event, n_kmers):
-    """(max event - min event) / k-mers: the read's events per base as f5c's postalign sets it."""
-    if aln_event.shape[0] == 0 or n_kmers <= 0:
-        return 0.0
-    lo = aln_event[0]
-    hi = aln_event[0]
-    for e in aln_event:
-        lo = min(lo, e)
-        hi = max(hi, e)
-    return (hi - lo) / n_kmers
-
-
-@numba.njit(nogil=True, cache=True)
 def _next_event(first_event, start, stop, step):
     while start != stop:
         e = first_event[start]
@@ -125,7 +96,8 @@ def event_reference_map(cigar, ref_start, rc, read_len, k, first_event, search):
     """(reference position, event index) pairs for the read's aligned bases, reference order.
 
     Bases within k of either read end are left out; a map whose first and last events are the
-    same is degenerate and comes back empty. `first_event` comes from `kmer_first_event`.
+    same is degenerate and comes back empty. `first_event` is the read's first event per k-mer
+    (`streamer.pipeline.postalign.EventMap`).
     """
     ref_pos, read_pos = aligned_pairs(cigar, ref_start)
     out_ref = np.empty(ref_pos.shape[0], np.int64)
@@ -173,14 +145,3 @@ def events_bounding(map_ref, map_event, ref_first, ref_last):
     if not (map_ref[i] == ref_first or i > 0):
         return False, -1, -1
     return True, map_event[i], map_event[j]
-
-
-@numba.njit(parallel=True, nogil=True, cache=True)
-def batch_events_per_base(seq_off, aln_event, aln_off, k):
-    """float64[n]: `events_per_base` of every read of a batch (0 where a read has no pairs)."""
-    n = seq_off.shape[0] - 1
-    out = np.zeros(n, np.float64)
-    for i in numba.prange(n):
-        n_kmers = seq_off[i + 1] - seq_off[i] - k + 1
-        out[i] = events_per_base(aln_event[aln_off[i] : aln_off[i + 1]], n_kmers)
-    return out
