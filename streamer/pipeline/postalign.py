@@ -86,6 +86,8 @@ def m_events(seq, s0, k, codes, b2e_start, m0, n_kmers, m_rank, m_event):
     The ranks roll along the read (a base in, one out), as `kmer_rank` would give them: -1 for a k-mer
     with a letter outside the alphabet.
     """
+    if n_kmers <= 0:  # a read shorter than k: nothing to roll over
+        return 0
     mask = (1 << (2 * k)) - 1
     r = 0
     bad = -1  # the last position of a letter outside the alphabet
