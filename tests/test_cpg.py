@@ -120,12 +120,16 @@ def test_event_map_degenerate_is_empty():
 def test_events_bounding():
     ref = np.array([10, 11, 14, 15, 20])
     ev = np.array([1, 2, 3, 4, 5])
-    assert events_bounding(ref, ev, 11, 15) == (True, 2, 4)
-    assert events_bounding(ref, ev, 12, 16) == (True, 3, 5)  # inner start is covered by 11
-    assert events_bounding(ref, ev, 10, 20) == (True, 1, 5)
+    assert events_bounding(ref, ev, 11, 15)[:3] == (True, 2, 4)
+    assert events_bounding(ref, ev, 12, 16)[:3] == (True, 3, 5)  # inner start is covered by 11
+    assert events_bounding(ref, ev, 10, 20)[:3] == (True, 1, 5)
     assert events_bounding(ref, ev, 9, 15)[0] is False  # nothing at or before the start
     assert events_bounding(ref, ev, 11, 21)[0] is False  # nothing at or after the end
     assert events_bounding(ref[:0], ev[:0], 0, 1)[0] is False
+    # a read's windows ask in ascending order, each from where the last one's entries were found
+    _, _, _, i, j = events_bounding(ref, ev, 11, 15)
+    assert (i, j) == (1, 3)
+    assert events_bounding(ref, ev, 12, 16, i, j) == events_bounding(ref, ev, 12, 16)
 
 
 def test_events_per_base():

@@ -117,31 +117,27 @@ def event_reference_map(cigar, ref_start, rc, read_len, k, first_event, search):
 
 
 @numba.njit(nogil=True, cache=True)
-def _lower_bound(ref_pos, v):
-    lo = 0
-    hi = ref_pos.shape[0]
-    while lo < hi:
-        mid = lo + (hi - lo) // 2
-        if ref_pos[mid] < v:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
+def _at_or_after(map_ref, v, i):
+    """The first entry from i on whose reference position is at or after v (the entries ascend)."""
+    n = map_ref.shape[0]
+    while i < n and map_ref[i] < v:
+        i += 1
+    return i
 
 
 @numba.njit(nogil=True, cache=True)
-def events_bounding(map_ref, map_event, ref_first, ref_last):
+def events_bounding(map_ref, map_event, ref_first, ref_last, i=0, j=0):
     """Events at the first map entries at or after `ref_first` and `ref_last`; ok False if unbounded.
 
     Bounded means both entries exist and the window start is covered: an entry exactly at
     `ref_first` or any entry before it. (The tools' right-bound test always holds once the
-    entry exists.)
+    entry exists.) The entries are looked for from i and j on: a read's windows ask in ascending
+    order, each from where the one before ended (the last two values returned), so that a read's
+    windows walk its map once.
     """
     n = map_ref.shape[0]
-    i = _lower_bound(map_ref, ref_first)
-    j = _lower_bound(map_ref, ref_last)
-    if i == n or j == n:
-        return False, -1, -1
-    if not (map_ref[i] == ref_first or i > 0):
-        return False, -1, -1
-    return True, map_event[i], map_event[j]
+    i = _at_or_after(map_ref, ref_first, i)
+    j = _at_or_after(map_ref, ref_last, max(i, j))
+    if i == n or j == n or not (map_ref[i] == ref_first or i > 0):
+        return False, -1, -1, i, j
+    return True, map_event[i], map_event[j], i, j

@@ -109,14 +109,16 @@ def read_windows(ref, after, ref_start, map_ref, map_event, motif, min_separatio
     ev_first = np.empty(n, np.int64)
     ev_last = np.empty(n, np.int64)
     kept = 0
+    at_first = at_last = 0  # where the last window's entries were found: the next look from there on
     for g in range(n):
         s_first = sites[g_first[g]]
         s_last = sites[g_end[g] - 1]
         if s_first - min_separation <= min_separation or s_last - s_first > max_span:
             continue
-        ok, e1, e2 = events_bounding(
-            map_ref, map_event, ref_start + s_first - min_separation, ref_start + s_last + min_separation
-        )
+        ok, e1, e2, at_first, at_last = events_bounding(
+            map_ref, map_event, ref_start + s_first - min_separation, ref_start + s_last + min_separation, at_first,
+            at_last,
+        )  # fmt: skip
         if not ok or abs(e2 - e1) <= min_event_span or e1 < 0 or e2 < 0:
             continue
         first[kept] = s_first
