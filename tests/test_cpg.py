@@ -14,7 +14,8 @@ from streamer_plugins.cpg.hmm_model import HmmParams, block_transitions, pack_mo
 from streamer_plugins.cpg.logsum import LOGSUM_TABLE, flogsum
 from streamer_plugins.cpg.lookup import aligned_pairs, closest_event, event_reference_map, events_bounding, is_spliced
 from streamer.pipeline.postalign import event_map
-from streamer_plugins.cpg.sites import DISAMBIGUATE, disambiguated, group_sites, motif_sites, read_windows
+from streamer_plugins.cpg.sites import (DISAMBIGUATE, disambiguated, group_sites, group_slots, motif_sites,
+                                       read_windows)
 from streamer.pore.model import load_default_models
 from streamer.pore.motifs import CPG
 from streamer.skips import Skip
@@ -165,6 +166,16 @@ def place_cpgs(length, positions):
     return s
 
 
+def test_a_span_holds_no_more_groups_than_its_slots():
+    rng = np.random.default_rng(7)
+    for span in (1, 2, 11, 12, 23, 500):
+        for _ in range(50):  # the densest groups: sites every 11 bases, 11 = min_separation + 1
+            sites = np.unique(rng.integers(0, span, rng.integers(1, span + 1)))
+            assert len(group_sites(sites, 10)[0]) <= group_slots(np.array([span]), 10)[0]
+        assert len(group_sites(np.arange(0, span, 11), 10)[0]) == group_slots(np.array([span]), 10)[0]
+    assert group_slots(np.array([0]), 10)[0] == 0
+
+
 def test_read_windows_applies_every_rule():
     ref_start = 1000
     # 20: too close to the start; 40 and 50 merge; 100, 110, ..., 300 span 200 (kept);
@@ -173,18 +184,19 @@ def test_read_windows_applies_every_rule():
     ref = place_cpgs(800, [20, 40, 50, *chain, *range(400, 591, 10), 599, 601, 700])
     map_ref = ref_start + np.arange(800)
     sites = CPG.table()
-    first, last, n_sites, e1, e2 = read_windows(ref, 0, ref_start, map_ref, np.arange(800) * 2, sites, 10, 200, 10)
+    at = motif_sites(ref, 0, sites)
+    first, last, n_sites, e1, e2 = read_windows(at, ref_start, map_ref, np.arange(800) * 2, 10, 200, 10)
     assert first.tolist() == [40, 100, 700]
     assert last.tolist() == [50, 300, 700]
     assert n_sites.tolist() == [2, len(chain), 1]
     assert e1.tolist() == [60, 180, 1380] and e2.tolist() == [120, 620, 1420]
-    ref = place_cpgs(800, [21, 700])
-    assert read_windows(ref, 0, ref_start, map_ref, np.arange(800), sites, 10, 200, 10)[0].tolist() == [21, 700]
+    at = motif_sites(place_cpgs(800, [21, 700]), 0, sites)
+    assert read_windows(at, ref_start, map_ref, np.arange(800), 10, 200, 10)[0].tolist() == [21, 700]
     # events too close together: a window of 21 bases over 21 // 3 events is not scored
-    assert read_windows(ref, 0, ref_start, map_ref, np.arange(800) // 3, sites, 10, 200, 10)[0].tolist() == []
-    assert read_windows(ref, 0, ref_start, map_ref, np.arange(800) // 3, sites, 10, 200, 5)[0].tolist() == [21, 700]
+    assert read_windows(at, ref_start, map_ref, np.arange(800) // 3, 10, 200, 10)[0].tolist() == []
+    assert read_windows(at, ref_start, map_ref, np.arange(800) // 3, 10, 200, 5)[0].tolist() == [21, 700]
     # the map must reach past the window end
-    assert read_windows(ref, 0, ref_start, map_ref[:710], np.arange(710), sites, 10, 200, 10)[0].tolist() == [21]
+    assert read_windows(at, ref_start, map_ref[:710], np.arange(710), 10, 200, 10)[0].tolist() == [21]
 
 
 # ---------------------------------------------------------------- profile HMM

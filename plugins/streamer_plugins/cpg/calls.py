@@ -33,6 +33,7 @@ from streamer_plugins.cpg.sites import (
     MIN_EVENT_SPAN,
     MIN_SEPARATION,
     disambiguated,
+    group_slots,
     motif_sites,
     read_windows,
 )
@@ -79,23 +80,12 @@ class Grouping:
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
-def _count_sites(ref_seq, ref_seq_off, ref_next, status, motif):
-    """Motif sites per read still going: an upper bound on its scored groups."""
-    n = status.shape[0]
-    out = np.zeros(n, np.int64)
-    for i in numba.prange(n):
-        if status[i] == 0:
-            out[i] = motif_sites(ref_seq[ref_seq_off[i] : ref_seq_off[i + 1]], ref_next[i], motif).shape[0]
-    return out
-
-
-@numba.njit(parallel=True, nogil=True, cache=True)
 def _plan_windows(
     ref_seq, ref_seq_off, ref_next, ref_start, rc, cigar, cigar_off, seq_off, b2e_start, kmer_off, status,
     slot_off, k, search, motif, min_separation, max_span, min_event_span,
 ):  # fmt: skip
-    """Fill each read's slots (sized by its count of motif sites) with its kept windows; returns the
-    per-slot arrays, the number kept per read and a per-read planning outcome."""
+    """Fill each read's slots (as many as its span can hold groups: `group_slots`) with its kept windows;
+    returns the per-slot arrays, the number kept per read and a per-read planning outcome."""
     n = status.shape[0]
     total = slot_off[n]
     first = np.empty(total, np.int64)
@@ -106,7 +96,10 @@ def _plan_windows(
     kept = np.zeros(n, np.int64)
     outcome = np.zeros(n, np.int8)
     for i in numba.prange(n):
-        if status[i] != 0 or slot_off[i + 1] == slot_off[i]:
+        if status[i] != 0:
+            continue
+        sites = motif_sites(ref_seq[ref_seq_off[i] : ref_seq_off[i + 1]], ref_next[i], motif)
+        if sites.shape[0] == 0:
             continue
         cig = cigar[cigar_off[i] : cigar_off[i + 1]]
         if is_spliced(cig):
@@ -117,10 +110,8 @@ def _plan_windows(
             continue
         first_event = b2e_start[kmer_off[i] : kmer_off[i + 1]]
         map_ref, map_event = event_reference_map(cig, ref_start[i], rc[i], read_len, k, first_event, search)
-        f, l, s, x1, x2 = read_windows(
-            ref_seq[ref_seq_off[i] : ref_seq_off[i + 1]], ref_next[i], ref_start[i], map_ref, map_event, motif,
-            min_separation, max_span, min_event_span,
-        )  # fmt: skip
+        f, l, s, x1, x2 = read_windows(sites, ref_start[i], map_ref, map_event, min_separation, max_span,
+                                       min_event_span)  # fmt: skip
         o = slot_off[i]
         m = f.shape[0]
         first[o : o + m] = f
@@ -149,7 +140,8 @@ class _Jobs:
 def _plan_jobs(batch: ReadBatch, events: EventMap, ref: np.ndarray, status: np.ndarray, k: int, sites: np.ndarray,
                groups: Grouping) -> _Jobs:  # fmt: skip
     ref_next = np.where(batch.ref_next != 0, DISAMBIGUATE[batch.ref_next], 0).astype(np.uint8)
-    n_slots = _count_sites(ref, batch.ref_seq_off, ref_next, status, sites)
+    n_slots = np.where(status == Skip.OK, group_slots(np.diff(batch.ref_seq_off) + (ref_next != 0), groups.min_separation),
+                       0)  # fmt: skip
     slot_off = np.zeros(batch.n + 1, np.int64)
     np.cumsum(n_slots, out=slot_off[1:])
     first, last, n_sites, e1, e2, kept, outcome = _plan_windows(

@@ -68,6 +68,12 @@ def motif_sites(ref, after, sites):
     return out[:m]
 
 
+def group_slots(span: np.ndarray, min_separation: int) -> np.ndarray:
+    """The most groups a span of each length holds: the first sites of two groups are more than
+    `min_separation` apart (`group_sites`). Sizes the planner's slots without finding the sites twice."""
+    return np.where(span > 0, (span - 1) // (min_separation + 1) + 1, 0)
+
+
 @numba.njit(nogil=True, cache=True)
 def group_sites(sites, min_separation):
     """Split ascending sites into runs whose neighbours are at most `min_separation` apart.
@@ -90,17 +96,14 @@ def group_sites(sites, min_separation):
 
 
 @numba.njit(nogil=True, cache=True)
-def read_windows(ref, after, ref_start, map_ref, map_event, motif, min_separation, max_span, min_event_span):
+def read_windows(sites, ref_start, map_ref, map_event, min_separation, max_span, min_event_span):
     """The groups of one read that get scored, in reference order.
 
-    `ref` is the disambiguated reference of the aligned span starting at `ref_start`, `after` the base
-    after it (`motif_sites`);
-    `map_ref`/`map_event` the read's event-to-reference map; `motif` the motif's sites
-    (`Motif.table`). Returns per kept group the reference-span-local positions of its first and
-    last site, its number of sites and the events bounding its window
-    `[first - min_separation, last + min_separation]`.
+    `sites` are the motif's sites in the read's aligned span starting at `ref_start` (`motif_sites`);
+    `map_ref`/`map_event` the read's event-to-reference map. Returns per kept group the
+    reference-span-local positions of its first and last site, its number of sites and the events
+    bounding its window `[first - min_separation, last + min_separation]`.
     """
-    sites = motif_sites(ref, after, motif)
     g_first, g_end = group_sites(sites, min_separation)
     n = g_first.shape[0]
     first = np.empty(n, np.int64)
