@@ -199,8 +199,8 @@ class PipelineConfig:
         None, f"Folder of per-pore models ({folder_models()}); default `$STREAMER_MODEL_DIR`, else "
         "`$XDG_DATA_HOME/streamer/models`.", type=Path, flag="--model-dir")
     io_mode: str = _key(
-        "auto", "Signal readers of `batch.read_ahead` as `processes` or `threads`; `auto` takes processes, as "
-        "FAST5 and POD5 readers hold a lock or the GIL (threads suit SLOW5/BLOW5).", type=str, flag="--io-mode",
+        "auto", "Signal readers of `batch.read_ahead` as `processes` or `threads`; `auto` takes processes (threads "
+        "under a budget below 1G), as reader threads hold a lock or the GIL from the stages.", type=str, flag="--io-mode",
         choices=("auto", "processes", "threads"))
     memory_budget: str = _key(
         "auto", "Host memory the run may take, summed over its processes (e.g. `300M`, `2G`): the batch cap B, the "

@@ -75,12 +75,12 @@ def test_signal_packed_from_chunks_is_packs_signal(plans):
                 assert got == value, name
 
 
-def test_readers_are_threads_for_slow5_processes_otherwise():
+def test_readers_are_processes_unless_threads_are_asked_for():
     fast5 = SignalIndex({"a": Path("x.fast5"), "b": Path("y.blow5")}, [], {})
     pod5 = SignalIndex({"a": Path("x.pod5")}, [], {})
     blow5 = SignalIndex({"a": Path("x.blow5"), "b": Path("y.slow5")}, [], {})
     for index, mode, kind in ((fast5, "auto", ProcessPoolExecutor), (pod5, "auto", ProcessPoolExecutor),
-                              (blow5, "auto", ThreadPoolExecutor), (fast5, "threads", ThreadPoolExecutor),
+                              (blow5, "auto", ProcessPoolExecutor), (fast5, "threads", ThreadPoolExecutor),
                               (blow5, "processes", ProcessPoolExecutor)):
         pool = signal_pool.reader_pool(index, 1, mode)
         assert isinstance(pool, kind)

@@ -91,8 +91,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     numeric(p, "--io-workers", type=int, minimum=1, default=RunnerOptions.io_workers,
             help="signal readers working ahead of the stages [%(default)s]")
     p.add_argument("--io-mode", choices=IO_MODES, default=RunnerOptions.io_mode,
-                   help="signal readers as processes or threads; auto: threads for SLOW5/BLOW5, processes "
-                        "otherwise (FAST5 and POD5 readers hold a lock or the GIL) [%(default)s]")
+                   help="signal readers as processes or threads; auto: processes, threads under a memory budget "
+                        "below 1G (reader threads hold a lock or the GIL from the stages) [%(default)s]")
     numeric(p, "--compute-threads", type=int, minimum=1, default=RunnerOptions.compute_threads,
             help="batches in the stages at once, so CPU and GPU stages overlap; each has a lane of its own on a GPU "
                  "(an arena, buffers and a stream) [%(default)s]")
@@ -361,8 +361,8 @@ def _here(run: _CallRun, tuning: CallTuning, sinks: list[Sink], memory: MemoryPl
     Where a GPU is planned for and the readers are processes, the pipeline starts (its GPUs, the warm-up:
     a second or more of Python) once the first batches' reads have begun, so that they are read, packed
     and their events detected meanwhile. On the CPU alone it starts first (a few tenths of a second, which
-    the overlap did not gain back on 2 cores), and so it does with reader threads (SLOW5), which would
-    take the GIL from it. As f5c does, ultra-long reads wait for the end of the run where the GPU aligns
+    the overlap did not gain back on 2 cores), and so it does with reader threads (a small budget's), which
+    would take the GIL from it. As f5c does, ultra-long reads wait for the end of the run where the GPU aligns
     the rest: where one is planned for, as the batches are planned before the GPU's start-up is done.
     """
     rows = row_sinks(sinks)[0]  # the calls TSV
@@ -382,7 +382,7 @@ def _here(run: _CallRun, tuning: CallTuning, sinks: list[Sink], memory: MemoryPl
             tuning.attach(pipeline.gpu)
         run.summary.startup_s = run.summary.elapsed
 
-    early = gpu_planned and reader_mode(run.index.suffixes(), memory.io_mode) == "processes"
+    early = gpu_planned and reader_mode(memory.io_mode) == "processes"
     if not early:
         start()
 

@@ -2,10 +2,12 @@
 
 `streamer call` hands each planned batch's reads to the pool in small tasks (`read_tasks`,
 `streamer.pipeline.batching.load_chunk`) several batches ahead; the daemon reads the next batch's
-signal while a batch computes (`SignalReads`). FAST5 and POD5 go to processes: h5py
-serialises every thread of a process on one lock, and the POD5 reader holds the GIL for most
-of its work (on 16 cores, threads spent 44 s reading what processes read in 2.5 s).
-SLOW5/BLOW5, read through slow5lib with the GIL released, go to threads. A task hands back
+signal while a batch computes (`SignalReads`). Readers are processes unless the memory budget is
+small (`streamer.tuning.profiles.memory_plan`): h5py serialises every thread of a process on one
+lock, the POD5 reader holds the GIL for most of its work (on 16 cores, threads spent 44 s reading
+what processes read in 2.5 s), and slow5lib, though it lets the GIL go while it decodes, takes it
+back after every read, which on 16 cores slowed the compute threads beside it (BLOW5 7.8-7.9 s with
+threads, 5.5-6.2 s with processes, `benchmarks/RESULTS-cpu-half.md`). A task hands back
 its reads' raw samples as one int16 array (half the bytes of pA). A reader process pickles its
 result with that array in a file under /dev/shm (`streamer.pipeline.shared_samples`), which the
 owner maps as it unpickles: through the pool's pipe, the owner's result thread held the GIL to
@@ -55,7 +57,7 @@ def reader_pool(index: SignalIndex, workers: int, mode: str = "auto") -> Executo
 
 
 def signal_readers(suffixes: Iterable[str], workers: int, mode: str = "auto") -> Executor:
-    """Signal readers: processes, threads, or ("auto") threads only when every file suffix is SLOW5/BLOW5.
+    """Signal readers: processes (also for "auto") or threads.
 
     Processes come from a fork server that has imported the readers once, with the libraries of
     these formats (a fork of this process could inherit its threads' locks; a fresh interpreter per
@@ -63,20 +65,18 @@ def signal_readers(suffixes: Iterable[str], workers: int, mode: str = "auto") ->
     pipeline starts.
     """
     suffixes = list(suffixes)
-    if reader_mode(suffixes, mode) == "threads":
+    if reader_mode(mode) == "threads":
         return ThreadPoolExecutor(workers, thread_name_prefix="signal-reader")
     pool = ReaderProcesses(workers, shared_samples.place(), reader_libraries(suffixes))
     threading.Thread(target=_start_workers, args=(pool, workers), name="reader-start", daemon=True).start()
     return pool
 
 
-def reader_mode(suffixes: Iterable[str], mode: str = "auto") -> str:
-    """"threads" or "processes": `mode`, where "auto" is threads only when every file suffix is SLOW5/BLOW5."""
+def reader_mode(mode: str = "auto") -> str:
+    """"threads" or "processes": `mode`, where "auto" is processes (a small budget's plan has made it threads)."""
     if mode not in IO_MODES:
         raise ValueError(f"io mode must be one of {', '.join(IO_MODES)}, not {mode!r}")
-    if mode == "auto":
-        return "threads" if all(s.lower() in (".slow5", ".blow5") for s in suffixes) else "processes"
-    return mode
+    return "processes" if mode == "auto" else mode
 
 
 def start_fork_server(suffixes: Iterable[str]) -> None:
