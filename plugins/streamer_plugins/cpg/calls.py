@@ -257,7 +257,7 @@ def format_calls(calls: MethCalls, read_ids: Sequence[str], ref_names: Sequence[
         calls.read, calls.start, calls.end, calls.strand, calls.llr, calls.ll_meth, calls.ll_unmeth, calls.num_motifs,
         refs, ref_off, ids, id_off, calls.sequence.blob, calls.sequence.off,
     )  # fmt: skip
-    return text.tobytes().decode()
+    return printf.text(text)
 
 
 def _format_calls_python(calls: MethCalls, read_ids: Sequence[str], ref_names: Sequence[str]) -> str:

@@ -124,9 +124,9 @@ def format_tsv(rows: EventalignRows, batch: ReadBatch, read_labels: Sequence[str
     if printf.fits(*values, limit=printf.FLOAT32_LIMIT):
         contig, contig_off = printf.blob(batch.ref_names)
         label, label_off = printf.blob(read_labels)
-        text = write_rows(rows.read, rows.position, rows.ref, rows.kmer_at, rows.k, rows.event_index, *values[:3],
-                          rows.model_rank, *values[3:], rows.start_idx, rows.end_idx, contig, contig_off, label,
-                          label_off, options.signal_index).tobytes().decode()  # fmt: skip
+        text = printf.text(write_rows(rows.read, rows.position, rows.ref, rows.kmer_at, rows.k, rows.event_index,
+                                      *values[:3], rows.model_rank, *values[3:], rows.start_idx, rows.end_idx, contig,
+                                      contig_off, label, label_off, options.signal_index))  # fmt: skip
         lines = text.split("\n")[:-1]
     else:
         lines = _format_python(rows, batch, read_labels, options)

@@ -13,6 +13,8 @@ import math
 import numpy as np
 from numba import njit
 
+from streamer_plugins import printf
+
 
 @njit(nogil=True, cache=True)
 def _put_int(buf, at, v):
@@ -109,7 +111,7 @@ def render_text(tid, pos, name, strand, values, percent, name_list: list[str], c
                        np.frombuffer(b"".join(names) or b" ", np.uint8), _offsets(names),
                        np.frombuffer(b"".join(chroms) or b" ", np.uint8), _offsets(chroms),
                        32 if mixed else 9, buf)
-    return buf[:used].tobytes().decode()
+    return printf.text(buf[:used])
 
 
 def _offsets(parts: list[bytes]) -> np.ndarray:
