@@ -200,8 +200,8 @@ class PipelineConfig:
         "`$XDG_DATA_HOME/streamer/models`.", type=Path, flag="--model-dir")
     io_mode: str = _key(
         "auto", "Signal readers of `batch.read_ahead` as `processes` or `threads`; `auto` takes processes (threads "
-        "under a budget below 1G), as reader threads hold a lock or the GIL from the stages.", type=str, flag="--io-mode",
-        choices=("auto", "processes", "threads"))
+        "under a budget below 1G), as reader threads hold a lock or the GIL from the stages.", type=str,
+        flag="--io-mode", choices=("auto", "processes", "threads"))
     memory_budget: str = _key(
         "auto", "Host memory the run may take, summed over its processes (e.g. `300M`, `2G`): the batch cap B, the "
         "batches read ahead and in the stages at once, and whether signal readers are processes are derived from it, "

@@ -124,7 +124,6 @@ def blob(strings) -> tuple[np.ndarray, np.ndarray]:
     return np.frombuffer(b"".join(encoded), np.uint8), off
 
 
-
 def text(buf: np.ndarray) -> str:
     """The `str` of a kernel's UTF-8 output (a contiguous uint8 array), decoded from the array itself.
 
