@@ -140,8 +140,8 @@ class _Jobs:
 def _plan_jobs(batch: ReadBatch, events: EventMap, ref: np.ndarray, status: np.ndarray, k: int, sites: np.ndarray,
                groups: Grouping) -> _Jobs:  # fmt: skip
     ref_next = np.where(batch.ref_next != 0, DISAMBIGUATE[batch.ref_next], 0).astype(np.uint8)
-    n_slots = np.where(status == Skip.OK, group_slots(np.diff(batch.ref_seq_off) + (ref_next != 0), groups.min_separation),
-                       0)  # fmt: skip
+    span = np.diff(batch.ref_seq_off) + (ref_next != 0)  # a read's reference bases and the one after them
+    n_slots = np.where(status == Skip.OK, group_slots(span, groups.min_separation), 0)
     slot_off = np.zeros(batch.n + 1, np.int64)
     np.cumsum(n_slots, out=slot_off[1:])
     first, last, n_sites, e1, e2, kept, outcome = _plan_windows(
