@@ -118,7 +118,7 @@ def call(args: list[str], out: Path, log: Path, trace: Path | None = None) -> di
         raise RuntimeError(f"streamer call {' '.join(args)} failed: {proc.stderr[-2000:]}")
     res = {"wall_s": t1 - t0, **json.loads(stats.read_text()), "tsv": str(out)}
     if trace is not None:  # its clock is this one (the system's monotonic clock): what lies outside its spans
-        spans = json.loads(trace.read_text())["traceEvents"]
+        spans = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
         res["before_first_span_s"] = min(e["ts"] for e in spans) / 1e6 - t0
         res["after_last_span_s"] = t1 - max(e["ts"] + e["dur"] for e in spans) / 1e6
         res["launch_spans_s"] = {e["name"]: e["dur"] / 1e6 for e in spans if e["name"] in LAUNCH_SPANS}

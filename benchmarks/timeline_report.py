@@ -1,5 +1,6 @@
 """What a `streamer call --trace` timeline says: per thread, how busy it was and with what; per stage,
-its summed seconds; and how long the compute threads sat with no batch (the run's pipeline bubbles).
+its summed seconds; how long the compute threads sat with no batch (the run's pipeline bubbles); and
+when the run's memory peaked.
 
     python benchmarks/timeline_report.py run.trace.json [more.trace.json ...]
 """
@@ -23,7 +24,9 @@ def union_seconds(spans: list[tuple[float, float]]) -> float:
 
 
 def summarise(path: Path) -> dict:
-    events = json.loads(path.read_text())["traceEvents"]
+    every = json.loads(path.read_text())["traceEvents"]
+    events = [e for e in every if e["ph"] == "X"]
+    memory = sorted((e["ts"], e["args"]["memory MB"]) for e in every if e["ph"] == "C" and "memory MB" in e["args"])
     t0 = min(e["ts"] for e in events)
     t1 = max(e["ts"] + e["dur"] for e in events)
     wall = (t1 - t0) / 1e6
@@ -40,7 +43,16 @@ def summarise(path: Path) -> dict:
     compute = [(a / 1e6, (a + d) / 1e6) for a, d in batches]
     return {"trace": path.name, "wall_s": wall, "batches": len(batches), "first_batch_starts_s": first_batch,
             "last_batch_ends_s": last_batch_end, "some_batch_computing_s": union_seconds(compute),
-            "stage_s": dict(sorted(stages.items())), "thread_busy_s": dict(sorted(busy.items()))}
+            "stage_s": dict(sorted(stages.items())), "thread_busy_s": dict(sorted(busy.items())),
+            **peak_memory(memory, t0)}
+
+
+def peak_memory(samples: list[tuple[float, float]], t0: float) -> dict:
+    """The largest summed PSS sampled (`memory MB`) and when, in seconds from the first span; {} if none."""
+    if not samples:
+        return {}
+    ts, mb = max(samples, key=lambda s: s[1])
+    return {"peak_memory_mb": mb, "peak_memory_at_s": (ts - t0) / 1e6}
 
 
 def main() -> None:
@@ -55,7 +67,8 @@ def main() -> None:
             continue
         print(f"{s['trace']}: {s['wall_s']:.2f} s traced, {s['batches']} batches; the first batch computes from "
               f"{s['first_batch_starts_s']:.2f} s, the last ends at {s['last_batch_ends_s']:.2f} s; some batch "
-              f"computing {s['some_batch_computing_s']:.2f} s")
+              f"computing {s['some_batch_computing_s']:.2f} s"
+              + (f"; peak memory {s['peak_memory_mb']:.0f} MB at {s['peak_memory_at_s']:.2f} s" if s.get("peak_memory_mb") else ""))
         print("  stages (summed s): " + ", ".join(f"{k} {v:.2f}" for k, v in s["stage_s"].items()))
         print("  busy (s, union of spans): " + ", ".join(f"{k} {v:.2f}" for k, v in s["thread_busy_s"].items()))
 

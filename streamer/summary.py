@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from streamer.pipeline import timeline
 from streamer.skips import Skip, Skipped
 
 PIPELINE_ERROR = "pipeline error"  # an outcome beyond `Skip`: the pipeline raised on this read alone
@@ -105,7 +106,8 @@ class RunSummary:
 
     @contextmanager
     def watching_memory(self, every: float = 0.2, tree_every: int = 10) -> Iterator[None]:
-        """Sample the process tree's memory into `peak_memory` while the block runs (a thread, joined at its end).
+        """Sample the process tree's memory into `peak_memory` while the block runs (a thread, joined at its end),
+        and into the timeline where one is recorded, so that it shows what the peak held.
 
         The tree (every thread's children of every process: hundreds of /proc reads with numba's and
         the readers' threads) is walked again every `tree_every` samples only; its PSS every sample.
@@ -118,9 +120,12 @@ class RunSummary:
                 n += 1
                 if n % tree_every == 0:
                     pids = tree_pids()
-                self.peak_memory = max(self.peak_memory, sum(map(_pss, pids)))
+                now = sum(map(_pss, pids))
+                self.peak_memory = max(self.peak_memory, now)
+                timeline.count("memory MB", round(now / 2**20))
 
         self.peak_memory = max(self.peak_memory, tree_pss())
+        timeline.count("memory MB", round(self.peak_memory / 2**20))
         thread = threading.Thread(target=sample, name="memory-watch", daemon=True)
         thread.start()
         try:

@@ -47,6 +47,17 @@ def record(name: str, t0: float, t1: float, where: str | None = None, **args: ob
             _events.append(event)
 
 
+def count(name: str, value: float) -> None:
+    """A counter's value now (Perfetto draws it as a track beside the threads: the run's memory)."""
+    if _events is None:
+        return
+    event = {"name": name, "ph": "C", "ts": round(time.perf_counter() * 1e6, 1), "pid": "streamer",
+             "args": {name: value}}
+    with _lock:
+        if _events is not None and (_limit is None or len(_events) < _limit):
+            _events.append(event)
+
+
 @contextmanager
 def span(name: str, **args: object) -> Iterator[None]:
     """The time the `with` block takes, as a span on this thread."""
