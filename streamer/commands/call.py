@@ -69,6 +69,9 @@ if TYPE_CHECKING:  # imported where a run without -b needs an aligner (`open_rea
 
 log = logging.getLogger(__name__)
 
+# the first batches hold B/4 and B/2 bases (`plan_batches`): the stages begin on the first sooner
+RAMP = 2
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_input_arguments(p, "call-methylation TSV", align=True)
@@ -373,7 +376,7 @@ def _here(run: _CallRun, tuning: CallTuning, sinks: list[Sink], memory: MemoryPl
     pipeline, ref, pool, basecalls = host.pipeline, host.ref, host.pool, host.basecalls
     gpu_planned = not run.options.cuda.disable and tuning.plan.machine.gpu is not None
     ultra = UltraLong(run.args.ultra_thresh, run.args.skip_ultra) if gpu_planned else None
-    plans = plan_batches(records, basecalls, run.index, run.limits, str(run.args.reads), ultra)
+    plans = plan_batches(records, basecalls, run.index, run.limits, str(run.args.reads), ultra, RAMP)
 
     def start() -> None:
         with timeline.span("start-up"):

@@ -89,16 +89,23 @@ def plan_batches(
     limits: BatchLimits,
     reads_path: str = "the reads file",
     ultra: UltraLong | None = None,
+    ramp: int = 0,
 ) -> Iterator[tuple[list[Pending], list[Skipped]]]:
     """Yield (records to load, skipped) per batch from BAM records in file order; no signal is read.
 
     With `ultra`, reads longer than its threshold are set aside: batched after all the others
     (so they do not hold up a batch of ordinary reads), or skipped and listed for writing out.
+    The first `ramp` batches hold at most B/2, B/4... bases (the first B/2**ramp): the stages wait for
+    the first batch to be read, packed and through its events, so a small one lets them begin sooner.
     """
     pending: list[Pending] = []
     skipped: list[Skipped] = []
     deferred: list[Pending] = []
     bases = 0
+    batch = 0
+
+    def full() -> bool:
+        return len(pending) >= limits.max_reads or bases >= limits.max_bases >> max(0, ramp - batch)
     for number, aln in enumerate(records):
         if isinstance(aln, Skipped):
             skipped.append(aln)
@@ -121,9 +128,9 @@ def plan_batches(
             continue
         pending.append(Pending(aln, seq, path, number))
         bases += len(seq)
-        if len(pending) >= limits.max_reads or bases >= limits.max_bases:
+        if full():
             yield pending, skipped
-            pending, skipped, bases = [], [], 0
+            pending, skipped, bases, batch = [], [], 0, batch + 1
     for item in deferred:
         if pending and (len(pending) >= limits.max_reads or bases + len(item.seq) > limits.max_bases):
             yield pending, skipped

@@ -19,7 +19,7 @@ from typing import Any, TextIO
 
 from streamer.errors import InputError
 
-VERSION = 1
+VERSION = 2  # 2: the first batches ramp up to B (`plan_batches`), so a version 1 journal's batches differ
 # Fault injection for tests: the process dies (as kill -9 would) once this many batches are journaled.
 EXIT_AFTER_ENV = "STREAMER_FAULT_EXIT_AFTER_BATCHES"
 
