@@ -26,7 +26,7 @@ def union_seconds(spans: list[tuple[float, float]]) -> float:
 def summarise(path: Path) -> dict:
     every = json.loads(path.read_text())["traceEvents"]
     events = [e for e in every if e["ph"] == "X"]
-    memory = sorted((e["ts"], e["args"]["memory MB"]) for e in every if e["ph"] == "C" and "memory MB" in e["args"])
+    memory = sorted((e["ts"], sum(e["args"].values()), e["args"]) for e in every if e["name"] == "memory MB")
     t0 = min(e["ts"] for e in events)
     t1 = max(e["ts"] + e["dur"] for e in events)
     wall = (t1 - t0) / 1e6
@@ -47,12 +47,12 @@ def summarise(path: Path) -> dict:
             **peak_memory(memory, t0)}
 
 
-def peak_memory(samples: list[tuple[float, float]], t0: float) -> dict:
-    """The largest summed PSS sampled (`memory MB`) and when, in seconds from the first span; {} if none."""
+def peak_memory(samples: list[tuple[float, float, dict]], t0: float) -> dict:
+    """The largest summed PSS sampled (`memory MB`), when (seconds from the first span) and by whom; {} if none."""
     if not samples:
         return {}
-    ts, mb = max(samples, key=lambda s: s[1])
-    return {"peak_memory_mb": mb, "peak_memory_at_s": (ts - t0) / 1e6}
+    ts, mb, series = max(samples, key=lambda s: s[1])
+    return {"peak_memory_mb": mb, "peak_memory_at_s": (ts - t0) / 1e6, "peak_memory_by": series}
 
 
 def main() -> None:
@@ -68,7 +68,8 @@ def main() -> None:
         print(f"{s['trace']}: {s['wall_s']:.2f} s traced, {s['batches']} batches; the first batch computes from "
               f"{s['first_batch_starts_s']:.2f} s, the last ends at {s['last_batch_ends_s']:.2f} s; some batch "
               f"computing {s['some_batch_computing_s']:.2f} s"
-              + (f"; peak memory {s['peak_memory_mb']:.0f} MB at {s['peak_memory_at_s']:.2f} s" if s.get("peak_memory_mb") else ""))
+              + (f"; peak memory {s['peak_memory_mb']:.0f} MB at {s['peak_memory_at_s']:.2f} s "
+                 f"({', '.join(f'{k} {v}' for k, v in s['peak_memory_by'].items())})" if s.get("peak_memory_mb") else ""))
         print("  stages (summed s): " + ", ".join(f"{k} {v:.2f}" for k, v in s["stage_s"].items()))
         print("  busy (s, union of spans): " + ", ".join(f"{k} {v:.2f}" for k, v in s["thread_busy_s"].items()))
 

@@ -120,12 +120,11 @@ class RunSummary:
                 n += 1
                 if n % tree_every == 0:
                     pids = tree_pids()
-                now = sum(map(_pss, pids))
-                self.peak_memory = max(self.peak_memory, now)
-                timeline.count("memory MB", round(now / 2**20))
+                each = [_pss(pid) for pid in pids]
+                self.peak_memory = max(self.peak_memory, sum(each))
+                timeline.count("memory MB", this_process=each[0] >> 20, other_processes=sum(each[1:]) >> 20)
 
         self.peak_memory = max(self.peak_memory, tree_pss())
-        timeline.count("memory MB", round(self.peak_memory / 2**20))
         thread = threading.Thread(target=sample, name="memory-watch", daemon=True)
         thread.start()
         try:

@@ -47,12 +47,11 @@ def record(name: str, t0: float, t1: float, where: str | None = None, **args: ob
             _events.append(event)
 
 
-def count(name: str, value: float) -> None:
-    """A counter's value now (Perfetto draws it as a track beside the threads: the run's memory)."""
+def count(name: str, **series: float) -> None:
+    """A counter's values now, by series (Perfetto draws them stacked, on a track beside the threads)."""
     if _events is None:
         return
-    event = {"name": name, "ph": "C", "ts": round(time.perf_counter() * 1e6, 1), "pid": "streamer",
-             "args": {name: value}}
+    event = {"name": name, "ph": "C", "ts": round(time.perf_counter() * 1e6, 1), "pid": "streamer", "args": series}
     with _lock:
         if _events is not None and (_limit is None or len(_events) < _limit):
             _events.append(event)
