@@ -12,6 +12,7 @@ import pytest
 
 from streamer.pipeline import planned
 from streamer.pipeline.runner import RunnerOptions
+from streamer.pipeline.steps import Stages
 from streamer.pipeline.abea import align_batch
 from streamer.pipeline.batch import pack
 from streamer.pipeline.events import detect_events
@@ -187,6 +188,29 @@ def test_batches_spread_over_n_devices_and_results_in_input_order(plans):
         # with GPUs, the events and scalings ran ahead on the driver's front thread, and are timed as stages
         assert set(a.batch.ran) == {"events", "scaling"} and not b.batch.ran
         assert set(a.timings) == set(b.timings)
+
+
+def test_a_batch_lets_its_events_spread_go_after_the_scalings_where_no_sink_renders_them(plans):
+    """`streamer call` keeps only the events' means once the scalings are made ahead (`keep_events=False`):
+    the stages after them give the same alignments and calls as with every field kept."""
+    options = PipelineOptions(threads=1, cuda=CudaOptions(disable=True))
+    runs = {}
+    for keep in (True, False):
+        pipeline = Pipeline(options, [CpgCaller()])
+        pipeline.pool = DevicePool([GpuDevice(0, FakeAbea(0, threading.Barrier(1), []))])  # so events run ahead
+        got: list = []
+        with Reference(REFERENCE) as ref, ThreadPoolExecutor(2) as pool:
+            planned.run_batches(pipeline, iter(plans), ref, pool, RunSummary(), lambda done: got.extend(done.results),
+                                Stages(pipeline, keep_signal=keep, keep_events=keep))  # fmt: skip
+        runs[keep] = got
+    for kept, lean in zip(runs[True], runs[False]):
+        assert set(lean.batch.ran) == {"events", "scaling"}
+        for name in ("ev_start", "ev_length", "ev_stdv", "signal"):
+            assert getattr(lean.batch, name).size == 0 < getattr(kept.batch, name).size
+        for name in ("ev_mean", "aln_off", "aln_kmer", "aln_event", "status", "shift", "scale", "var"):
+            assert np.array_equal(getattr(lean.batch, name), getattr(kept.batch, name))
+        assert lean.products["calls"].llr.tobytes() == kept.products["calls"].llr.tobytes()
+    assert sum(len(r.products["calls"].llr) for r in runs[False]) > 0
 
 
 class FakeLanes:

@@ -399,7 +399,8 @@ def _here(run: _CallRun, tuning: CallTuning, sinks: list[Sink], memory: MemoryPl
         run.written(done.outcome.calls, done.outcome.records_called)
 
     run_batches(pipeline, islice(plans, run.output.resumed, None), ref, pool, run.summary, on_done,
-                Stages(pipeline, rows.render, rows.count, keep_signal=False), runner,
+                Stages(pipeline, rows.render, rows.count, keep_signal=False,
+                       keep_events=any(sink.needs_events for sink in sinks)), runner,
                 start if early else lambda: None)  # fmt: skip
     for device, n in zip(pipeline.devices, pipeline.pool.batches):  # a GPU's lanes summed (the warm-up takes none)
         key = f"batches_on_gpu{device.dev_id}"

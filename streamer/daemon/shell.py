@@ -203,7 +203,7 @@ class Daemon:
             threads = cfg.pipeline.compute_threads
             runner = RunnerOptions(compute_threads=threads, ahead=2 if threads > 1 else 1)  # as `memory_plan` sizes
             stages = Stages(self.pipeline, self.sinks.render, self.sinks.count, isolate=True,
-                            keep_signal=self.sinks.needs_signal)  # fmt: skip
+                            keep_signal=self.sinks.needs_signal, keep_events=self.sinks.needs_events)  # fmt: skip
             self.driver = BatchDriver(stages.compute, compute_threads=threads, limit=runner.limit, front=stages.front,
                                       prepare=stages.prepare, finish=stages.finish)
         except BaseException:

@@ -23,6 +23,7 @@ class SinkSet:
         self.rows = [s for s in sinks if s.journal]
         self.eventalign: Any = next((s for s in self.rows if s.journal == EVENTALIGN_TSV), None)
         self.needs_signal = any(s.needs_signal for s in sinks)
+        self.needs_events = any(s.needs_events for s in sinks)
 
     @classmethod
     def open(cls, config: Any, ledger: Any, publish: Any, beat: Callable[[], None],

@@ -63,17 +63,20 @@ class Stages:
     `render` and `count` are the main sink's (what it makes of a result, how many rows); with
     `isolate` a batch the pipeline raises on is redone read by read (`streamer.pipeline.runner`).
     Without `keep_signal` (no sink renders samples: `streamer call`) a batch's signal is let go once
-    its events are detected on the front thread: about a quarter of what a batch in flight holds.
+    its events are detected on the front thread: about a third of what a batch in flight holds. Without
+    `keep_events` (no sink renders events) their starts, lengths and spreads go too once the scalings are
+    made there, as only the means are aligned and scored: about half of what the batch holds then.
     """
 
     def __init__(self, pipeline: Any, render: Callable[[Any], Any] = lambda result: None,
                  count: Callable[[Any], int] = lambda result: 0, isolate: bool = False,
-                 keep_signal: bool = True):  # fmt: skip
+                 keep_signal: bool = True, keep_events: bool = True):  # fmt: skip
         self.pipeline = pipeline
         self.render = render
         self.count = count
         self.isolate = isolate
         self.keep_signal = keep_signal
+        self.keep_events = keep_events
 
     def prepare(self, a: Assembled) -> None:
         """The batch packed where it came as records alone (the daemon's, kept for a retry read by read), on
@@ -93,8 +96,12 @@ class Stages:
             log.debug("the front stages failed on a batch of %d records (%s): run with the rest", a.records_in, exc)
             a.batch.ran.clear()
             return
-        if not self.keep_signal and "events" in a.batch.ran:
-            a.batch.signal = np.empty(0, a.batch.signal.dtype)
+        batch = a.batch
+        if not self.keep_signal and "events" in batch.ran:
+            batch.signal = np.empty(0, batch.signal.dtype)
+        if not self.keep_events and "scaling" in batch.ran:
+            batch.ev_start, batch.ev_length, batch.ev_stdv = (np.empty(0, x.dtype) for x in
+                                                              (batch.ev_start, batch.ev_length, batch.ev_stdv))  # fmt: skip
 
     def __call__(self, a: Assembled) -> Done:
         return self.finish(self.compute(a))

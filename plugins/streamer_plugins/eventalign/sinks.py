@@ -51,6 +51,7 @@ class EventalignTsv(BaseSink):
     """The eventalign TSV rows, and the same rows as message columns (`messages`)."""
 
     journal = EVENTALIGN_TSV
+    needs_events = True  # each row's event
 
     @classmethod
     def open(cls, config: Any, context: SinkContext) -> EventalignTsv | None:
@@ -149,6 +150,8 @@ class EventalignSam(BaseSink):
     records (nanopolish's, f5c 1.1's); version 2 (`sam_out_version`, f5c 1.6's default): each input record
     of a read with rows, as it is, with f5c's `si`, `ss`, `sc` and `sh` tags appended."""
 
+    needs_events = True  # the rows' events, as the TSV's
+
     @classmethod
     def open(cls, config: Any, context: SinkContext) -> EventalignSam | None:
         path = context.files.get("eventalign-sam")
@@ -193,6 +196,8 @@ class EventalignSam(BaseSink):
 class EventalignSummary(BaseSink):
     """One line per read (`--summary`), signal files named relative to the working directory; under
     `compat` f5c a SLOW5/BLOW5 file is `slow5`, as f5c 1.6 names its signal."""
+
+    needs_events = True  # each read's samples, summed from its events' lengths
 
     @classmethod
     def open(cls, config: Any, context: SinkContext) -> EventalignSummary | None:
