@@ -68,8 +68,8 @@ def main() -> None:
         print(f"{s['trace']}: {s['wall_s']:.2f} s traced, {s['batches']} batches; the first batch computes from "
               f"{s['first_batch_starts_s']:.2f} s, the last ends at {s['last_batch_ends_s']:.2f} s; some batch "
               f"computing {s['some_batch_computing_s']:.2f} s"
-              + (f"; peak memory {s['peak_memory_mb']:.0f} MB at {s['peak_memory_at_s']:.2f} s "
-                 f"({', '.join(f'{k} {v}' for k, v in s['peak_memory_by'].items())})" if s.get("peak_memory_mb") else ""))
+              + (f"; peak memory {s['peak_memory_mb']:.0f} MB at {s['peak_memory_at_s']:.2f} s ("
+                 + ", ".join(f"{k} {v}" for k, v in s["peak_memory_by"].items()) + ")" if s.get("peak_memory_mb") else ""))
         print("  stages (summed s): " + ", ".join(f"{k} {v:.2f}" for k, v in s["stage_s"].items()))
         print("  busy (s, union of spans): " + ", ".join(f"{k} {v:.2f}" for k, v in s["thread_busy_s"].items()))
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from streamer.pipeline import timeline
-from streamer.pipeline.batching import BatchLimits, UltraLong, plan_batches
+from streamer.pipeline.batching import RAMP, BatchLimits, UltraLong, plan_batches
 from streamer.errors import UsageError
 from streamer.commands._checks import numeric, removed_on_failure
 from streamer.pipeline.gpu import CudaOptions, device_spec
@@ -68,9 +68,6 @@ if TYPE_CHECKING:  # imported where a run without -b needs an aligner (`open_rea
     from streamer.daemon.aligner import ReadAligner
 
 log = logging.getLogger(__name__)
-
-# the first batches hold B/4 and B/2 bases (`plan_batches`): the stages begin on the first sooner
-RAMP = 2
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

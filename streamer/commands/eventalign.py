@@ -10,7 +10,7 @@ from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 
-from streamer.pipeline.batching import BatchLimits, plan_batches
+from streamer.pipeline.batching import RAMP, BatchLimits, plan_batches
 from streamer.pipeline.chemistry import CHEMISTRIES, as_rna, title
 from streamer.commands._inputs import (add_input_arguments, add_memory_argument, alignment_filter, check_inputs,
                                        open_host, pipeline_options, runner_options, signal_index)
@@ -114,7 +114,7 @@ def _run(args: argparse.Namespace, compiling: bool, probed: Future | None) -> in
                     sink.on_batch(result)
             log_skipped(log, done.outcome.skipped)
 
-        plans = plan_batches(iter_alignments(args.bam, filt), host.basecalls, index, limits, str(args.reads))
+        plans = plan_batches(iter_alignments(args.bam, filt), host.basecalls, index, limits, str(args.reads), ramp=RAMP)
         render = rows.render if out is not None else (lambda result: None)
         stages = Stages(pipeline, render, rows.count, keep_signal=any(s.needs_signal for s in sinks))
         run_batches(pipeline, plans, host.ref, host.pool, summary, on_done, stages, runner)

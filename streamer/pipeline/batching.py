@@ -34,6 +34,9 @@ from streamer.io.signal import read_signal, read_signals
 from streamer.skips import Skip, Skipped
 
 
+RAMP = 2  # `streamer call`'s and `eventalign`'s first batches hold B/4 and B/2 bases (`plan_batches`)
+
+
 @dataclass(frozen=True)
 class BatchLimits:
     """K: most alignment records per batch; B: most read bases per batch."""

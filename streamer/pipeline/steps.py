@@ -100,8 +100,8 @@ class Stages:
         if not self.keep_signal and "events" in batch.ran:
             batch.signal = np.empty(0, batch.signal.dtype)
         if not self.keep_events and "scaling" in batch.ran:
-            batch.ev_start, batch.ev_length, batch.ev_stdv = (np.empty(0, x.dtype) for x in
-                                                              (batch.ev_start, batch.ev_length, batch.ev_stdv))  # fmt: skip
+            spread = (batch.ev_start, batch.ev_length, batch.ev_stdv)
+            batch.ev_start, batch.ev_length, batch.ev_stdv = (np.empty(0, x.dtype) for x in spread)
 
     def __call__(self, a: Assembled) -> Done:
         return self.finish(self.compute(a))
