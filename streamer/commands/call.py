@@ -373,7 +373,7 @@ def _here(run: _CallRun, tuning: CallTuning, sinks: list[Sink], memory: MemoryPl
     pipeline, ref, pool, basecalls = host.pipeline, host.ref, host.pool, host.basecalls
     gpu_planned = not run.options.cuda.disable and tuning.plan.machine.gpu is not None
     ultra = UltraLong(run.args.ultra_thresh, run.args.skip_ultra) if gpu_planned else None
-    plans = plan_batches(records, basecalls, run.index, run.limits, str(run.args.reads), ultra, RAMP)
+    plans = plan_batches(records, basecalls, run.index, run.limits, str(run.args.reads), ultra, ramp=RAMP)
 
     def start() -> None:
         with timeline.span("start-up"):
