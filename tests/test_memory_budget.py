@@ -8,7 +8,8 @@ import pytest
 
 from streamer.config import build, ConfigError
 from streamer.tuning.profiles import (PROFILES, SMALL_BUDGET, BATCH_BYTES_PER_BASE, CACHED_BYTES_PER_BASE, PROCESS_BYTES, DeviceShare,
-                                      Machine, budget_bytes, memory_plan, parse_size, plan)
+                                      EVENT_BYTES_PER_BASE, GPU_PROCESS_BYTES, FORK_SERVER_BYTES, READER_PROCESS_BYTES,
+                                      Machine, batch_bytes_per_base, budget_bytes, memory_plan, parse_size, plan)
 
 
 def test_sizes():
@@ -33,6 +34,22 @@ def test_small_budget_reads_in_threads_one_batch_at_a_time():
     assert (m.io_mode, m.ahead, m.compute_threads) == ("threads", 1, 1)
     in_flight = m.ahead + 1 + 2 * m.compute_threads
     assert PROCESS_BYTES + in_flight * m.max_bases * BATCH_BYTES_PER_BASE <= 300 << 20
+
+
+def test_batches_grow_where_abea_is_on_a_discrete_gpu_and_their_events_go_after_the_scalings():
+    """The GPU box's 3G plan (16 reader processes and the parser): its batches hold fewer bytes a base than
+    the CPU's, and fewer still without their events, so B grows; the host's whole plan stays within it."""
+    args = (3 << 30, 50_000_000, 2, 17)
+    cpu, gpu_kept, gpu = (memory_plan(*args, discrete_gpu=g, events=e) for g, e in ((False, True), (True, True),
+                                                                                     (True, False)))
+    assert cpu.max_bases < gpu_kept.max_bases < gpu.max_bases
+    assert batch_bytes_per_base(True, False) == batch_bytes_per_base(True, True) - EVENT_BYTES_PER_BASE
+    assert batch_bytes_per_base(False, True) == BATCH_BYTES_PER_BASE
+    in_flight = gpu.ahead + 1 + 2 * gpu.compute_threads
+    host = (PROCESS_BYTES + GPU_PROCESS_BYTES + FORK_SERVER_BYTES + 17 * READER_PROCESS_BYTES
+            + in_flight * gpu.max_bases * batch_bytes_per_base(True, False))
+    assert host <= 3 << 30 < host + in_flight * 20_000 * batch_bytes_per_base(True, False)
+    assert memory_plan(*args, events=False).max_bases > cpu.max_bases  # the CPU's batches let them go too
 
 
 def test_batch_cap_does_not_grow_past_the_given_one_and_has_a_floor():
@@ -82,8 +99,12 @@ def test_the_daemon_sizes_its_batches_and_readers_from_its_budget(tmp_path):
     small, small_plan = budgeted(config.Config(pipeline=config.PipelineConfig(threads=2, memory_budget="300M")), cpu)
     assert small.batch.max_bases < base.batch.max_bases and small.pipeline.io_mode == "threads"
     held = small.join.max_pending_bases * CACHED_BYTES_PER_BASE  # its basecall cache, within a tenth of the budget
-    assert small.batch.max_bases == memory_plan(300 << 20, base.batch.max_bases, 1, 2, held=held).max_bases
+    # without eventalign or a plugin's sink its batches let their events go
+    assert small.batch.max_bases == memory_plan(300 << 20, base.batch.max_bases, 1, 2, held=held, events=False).max_bases
     assert 0 < held <= 30 << 20
+    rendering = replace(base, pipeline=config.PipelineConfig(threads=2, memory_budget="300M"),
+                        eventalign=replace(base.eventalign, enabled=True))
+    assert budgeted(rendering, cpu)[0].batch.max_bases < small.batch.max_bases
     assert small_plan.limits()["memory_budget"] == 300 << 20 and small.gpu.memory is None
     roomy, _ = budgeted(config.Config(pipeline=config.PipelineConfig(threads=2, memory_budget="64G")), cpu)
     assert roomy.batch == base.batch and roomy.pipeline.io_mode == base.pipeline.io_mode

@@ -195,25 +195,26 @@ def _run(args: argparse.Namespace, compiling: bool, probed: Future | None) -> in
                        autotune=args.autotune, reserve=args.gpu_reserve, memory_cap=args.gpu_memory,
                        stream_priority=args.gpu_stream_priority,
                        lanes=args.compute_threads).with_devices(args.cuda_dev_id)  # fmt: skip
-    # the signal readers and the process that parses -b (`ParseProcess`)
-    memory = memory_plan(budget_bytes(args.memory_budget, tuning.plan.profile, args.threads), args.max_bases,
-                         args.compute_threads, args.io_workers + 1, args.io_mode, tuning.plan.device_share(cuda))
-    if memory.max_bases < args.max_bases:
-        log.debug("batches of at most %d bases (-B %d) to keep within the memory budget of %d MB",
-                 memory.max_bases, args.max_bases, memory.budget >> 20)
-        args.max_bases = memory.max_bases
-    tuning.budgeted(memory)  # the tuner grows B no further than the budget holds
-    limits = tuning.limits(BatchLimits(max_reads=args.batchsize, max_bases=args.max_bases))
-    cuda = replace(cuda, max_reads=limits.max_reads, max_bases=limits.max_bases, memory_cap=tuning.plan.gpu.memory,
-                   lanes=memory.compute_threads)  # fmt: skip
     filt = alignment_filter(args)
-    summary = RunSummary(compiled=compiling, memory_budget=memory.budget)
     progress = sys.stderr.isatty()
     with ExitStack() as stack:
-        stack.enter_context(summary.watching_memory())
-        sinks = _open_sinks(args, filt)
+        sinks = _open_sinks(args, filt)  # before the memory plan: whether the batches keep their events
         for sink in sinks:
             stack.callback(sink.close)
+        # the signal readers and the process that parses -b (`ParseProcess`)
+        memory = memory_plan(budget_bytes(args.memory_budget, tuning.plan.profile, args.threads), args.max_bases,
+                             args.compute_threads, args.io_workers + 1, args.io_mode, tuning.plan.device_share(cuda),
+                             discrete_gpu=tuning.plan.discrete_gpu(cuda), events=_events_kept(sinks))  # fmt: skip
+        if memory.max_bases < args.max_bases:
+            log.debug("batches of at most %d bases (-B %d) to keep within the memory budget of %d MB",
+                      memory.max_bases, args.max_bases, memory.budget >> 20)
+            args.max_bases = memory.max_bases
+        tuning.budgeted(memory)  # the tuner grows B no further than the budget holds
+        limits = tuning.limits(BatchLimits(max_reads=args.batchsize, max_bases=args.max_bases))
+        cuda = replace(cuda, max_reads=limits.max_reads, max_bases=limits.max_bases,
+                       memory_cap=tuning.plan.gpu.memory, lanes=memory.compute_threads)  # fmt: skip
+        summary = RunSummary(compiled=compiling, memory_budget=memory.budget)
+        stack.enter_context(summary.watching_memory())
         options = pipeline_options(args, index, cuda, methylation=True)
         aligner = open_read_aligner(args, filt)
         output = _Output.open(args, row_sinks(sinks)[0].header, [options.kmer_model, options.meth_model])
@@ -396,8 +397,7 @@ def _here(run: _CallRun, tuning: CallTuning, sinks: list[Sink], memory: MemoryPl
         run.written(done.outcome.calls, done.outcome.records_called)
 
     run_batches(pipeline, islice(plans, run.output.resumed, None), ref, pool, run.summary, on_done,
-                Stages(pipeline, rows.render, rows.count, keep_signal=False,
-                       keep_events=any(sink.needs_events for sink in sinks)), runner,
+                Stages(pipeline, rows.render, rows.count, keep_signal=False, keep_events=_events_kept(sinks)), runner,
                 start if early else lambda: None)  # fmt: skip
     for device, n in zip(pipeline.devices, pipeline.pool.batches):  # a GPU's lanes summed (the warm-up takes none)
         key = f"batches_on_gpu{device.dev_id}"
@@ -407,6 +407,11 @@ def _here(run: _CallRun, tuning: CallTuning, sinks: list[Sink], memory: MemoryPl
         write_records(run.args.bam, ultra.skip_to, ultra.skipped_ids, run.filt)
     for sink in sinks:
         sink.refresh(final=True)
+
+
+def _events_kept(sinks: list[Sink]) -> bool:
+    """Whether a batch keeps its events' starts, lengths and spreads past the scalings: a sink renders them."""
+    return any(sink.needs_events for sink in sinks)
 
 
 def _on_cluster(run: _CallRun) -> None:

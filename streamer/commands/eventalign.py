@@ -79,7 +79,8 @@ def _run(args: argparse.Namespace, compiling: bool, probed: Future | None) -> in
                        stream_priority=plan.gpu.stream_priority,
                        lanes=RunnerOptions.compute_threads).with_devices(args.cuda_dev_id)
     memory = memory_plan(budget_bytes(args.memory_budget, plan.profile, args.threads), args.max_bases,
-                         RunnerOptions.compute_threads, RunnerOptions.io_workers, device=plan.device_share(cuda))
+                         RunnerOptions.compute_threads, RunnerOptions.io_workers, device=plan.device_share(cuda),
+                         discrete_gpu=plan.discrete_gpu(cuda))  # its sinks render the events: kept
     limits = BatchLimits(max_reads=args.batchsize, max_bases=memory.max_bases)
     cuda = replace(cuda, max_bases=limits.max_bases, memory_cap=plan.budgeted(memory).gpu.memory,
                    lanes=memory.compute_threads)

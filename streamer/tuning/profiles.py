@@ -48,6 +48,16 @@ PROCESS_BYTES = 230 << 20
 READER_PROCESS_BYTES = 40 << 20
 FORK_SERVER_BYTES = 75 << 20
 BATCH_BYTES_PER_BASE = 130
+# Where ABEA runs on a discrete GPU its bands and the HMM's windows stay on the device: on the 16-core H200
+# box (`streamer call` at B 2.4-6M, 15 runs) a batch in flight held 33 bytes a base (38 at most) with its
+# events' starts, lengths and spreads let go after the scalings, 63 with them kept; the process held 1.46 GB
+# besides its batches, its readers 0.53-0.65 GB of it, and itself the CUDA context, numba-cuda and the
+# kernels' modules beside what a CPU run holds.
+GPU_BATCH_BYTES_PER_BASE = 75
+GPU_PROCESS_BYTES = 650 << 20
+# a batch's events' starts (int64), lengths and spreads (float32), at about 1.75 events a base: let go after
+# the scalings where no sink renders them (`Sink.needs_events`)
+EVENT_BYTES_PER_BASE = 28
 # the daemon's basecalls waiting for their signal, per base (the sequence and its alignment records: 1.9
 # bytes measured), and the share of the budget they may take
 CACHED_BYTES_PER_BASE = 2
@@ -97,13 +107,15 @@ class DeviceShare:
 
 
 def memory_plan(budget: int, max_bases: int, compute_threads: int, io_workers: int, io_mode: str = "auto",
-                device: DeviceShare | None = None, held: int = 0) -> MemoryPlan:  # fmt: skip
+                device: DeviceShare | None = None, held: int = 0, *, discrete_gpu: bool = False,
+                events: bool = True) -> MemoryPlan:  # fmt: skip
     """B, read-ahead, compute threads and reader kind for `budget` bytes (B never above `max_bases`).
 
     Batches in flight are those the batch driver allows (`RunnerOptions.limit`: read ahead, one
     being packed, one queued and one computing per compute thread); each may hold
-    `BATCH_BYTES_PER_BASE` per base of what the process, its readers and `held` (what else the caller
-    keeps: the daemon's basecall cache, `cache_bases`) leave of the budget. With
+    `batch_bytes_per_base` per base of what the process, its readers and `held` (what else the caller
+    keeps: the daemon's basecall cache, `cache_bases`) leave of the budget. discrete_gpu: ABEA runs on
+    a GPU of its own memory; events: a sink renders the events, so batches keep them. With
     `device` (host and GPU are one memory), B is the largest whose batches and GPU part fit the
     budget together, the GPU part within its cap; what the host part leaves is the GPU's share.
     """
@@ -112,8 +124,8 @@ def memory_plan(budget: int, max_bases: int, compute_threads: int, io_workers: i
     if small and io_mode == "auto":
         io_mode = "threads"
     readers = 0 if io_mode == "threads" else FORK_SERVER_BYTES + io_workers * READER_PROCESS_BYTES
-    per_base = (ahead + 1 + 2 * compute_threads) * BATCH_BYTES_PER_BASE
-    room = budget - PROCESS_BYTES - readers - held
+    per_base = (ahead + 1 + 2 * compute_threads) * batch_bytes_per_base(discrete_gpu, events)
+    room = budget - PROCESS_BYTES - (GPU_PROCESS_BYTES if discrete_gpu else 0) - readers - held
     most = Bounds().max_bases[1]
     if device is None:
         held = max(MIN_BATCH_BASES, room // per_base)
@@ -139,6 +151,13 @@ def memory_plan(budget: int, max_bases: int, compute_threads: int, io_workers: i
     if device.cap is not None:
         gpu_bytes = min(gpu_bytes, device.cap)
     return MemoryPlan(budget, b, ahead, compute_threads, io_mode, small, gpu_bytes, largest(most))
+
+
+def batch_bytes_per_base(discrete_gpu: bool = False, events: bool = True) -> int:
+    """Host bytes a batch in flight may hold per base: less where ABEA's bands are on a discrete GPU, and
+    where no sink renders the events."""
+    kept = GPU_BATCH_BYTES_PER_BASE if discrete_gpu else BATCH_BYTES_PER_BASE
+    return kept if events else kept - EVENT_BYTES_PER_BASE
 
 
 def cache_bases(budget: int, max_pending_bases: int) -> int:
@@ -312,6 +331,10 @@ class Plan:
         package = gpu_package()
         return DeviceShare(lambda b: package.device_bytes(replace(cuda, max_bases=b), BANDWIDTH, gpu.resident_threads),
                            self.gpu.memory)  # fmt: skip
+
+    def discrete_gpu(self, cuda: CudaOptions) -> bool:
+        """Whether the stages' ABEA runs on a GPU of its own memory (`memory_plan`'s discrete_gpu)."""
+        return self.machine.gpu is not None and not cuda.disable and not self.profile.unified
 
     def budgeted(self, memory: MemoryPlan) -> Plan:
         """This plan with the budget a run was sized for, B's bound within it (so the tuner never grows batches
