@@ -99,12 +99,8 @@ def test_the_daemon_sizes_its_batches_and_readers_from_its_budget(tmp_path):
     small, small_plan = budgeted(config.Config(pipeline=config.PipelineConfig(threads=2, memory_budget="300M")), cpu)
     assert small.batch.max_bases < base.batch.max_bases and small.pipeline.io_mode == "threads"
     held = small.join.max_pending_bases * CACHED_BYTES_PER_BASE  # its basecall cache, within a tenth of the budget
-    # without eventalign or a plugin's sink its batches let their events go
-    assert small.batch.max_bases == memory_plan(300 << 20, base.batch.max_bases, 1, 2, held=held, events=False).max_bases
+    assert small.batch.max_bases == memory_plan(300 << 20, base.batch.max_bases, 1, 2, held=held).max_bases
     assert 0 < held <= 30 << 20
-    rendering = replace(base, pipeline=config.PipelineConfig(threads=2, memory_budget="300M"),
-                        eventalign=replace(base.eventalign, enabled=True))
-    assert budgeted(rendering, cpu)[0].batch.max_bases < small.batch.max_bases
     assert small_plan.limits()["memory_budget"] == 300 << 20 and small.gpu.memory is None
     roomy, _ = budgeted(config.Config(pipeline=config.PipelineConfig(threads=2, memory_budget="64G")), cpu)
     assert roomy.batch == base.batch and roomy.pipeline.io_mode == base.pipeline.io_mode

@@ -131,13 +131,11 @@ def budgeted(cfg: configuration.Config, plan: Plan) -> tuple[configuration.Confi
     threads = cfg.pipeline.threads or os.cpu_count() or 1
     budget = budget_bytes(cfg.pipeline.memory_budget, plan.profile, threads)
     pending = cache_bases(budget, cfg.join.max_pending_bases)
-    cuda = cuda_options(cfg)
-    # its signal readers and the processes that read its landed files; the events kept where eventalign or a
-    # plugin's sink may render them (`Sink.needs_events`, known once the sinks open)
+    # its signal readers and the processes that read its landed files; a batch's bytes a base as the CPU's (at
+    # B 3.6M the GPU box's daemon held 3.2 GB where `streamer call` holds 2.5: its file parsers, its sinks' tables)
     memory = memory_plan(budget, cfg.batch.max_bases, cfg.pipeline.compute_threads, threads + PARSE_WORKERS,
-                         cfg.pipeline.io_mode, plan.device_share(cuda), held=pending * CACHED_BYTES_PER_BASE,
-                         discrete_gpu=plan.discrete_gpu(cuda),
-                         events=cfg.eventalign.enabled or bool(cfg.output.sinks))  # fmt: skip
+                         cfg.pipeline.io_mode,
+                         plan.device_share(cuda_options(cfg)), held=pending * CACHED_BYTES_PER_BASE)  # fmt: skip
     if memory.max_bases < cfg.batch.max_bases:
         log.debug("batches of at most %d bases to keep within the memory budget of %d MB", memory.max_bases,
                  memory.budget >> 20)
