@@ -97,20 +97,27 @@ def file_latencies(reads: Iterable[tuple[int, int, int]], registered: Mapping[in
     return list(per_file.values())
 
 
-def landing_latencies(reads: Iterable[tuple[int, int, int]], names: Mapping[int, str], committed: Mapping[int, float],
-                      landed: Sequence[float]) -> list[float]:
+def landing_latencies(reads: Iterable[tuple[int, int, int]], landed: Mapping[int, float],
+                      committed: Mapping[int, float]) -> list[float]:
     """Seconds from each signal file's landing to the commit of its last read: reads as the ledger's (signal
-    file, basecall file, batch) rows, `names` its files' paths, committed its batches' times (`at`), and
-    `landed` when the cell's batch files land, in turn (wall clock). A batch file's number ends its name,
-    as MinKNOW and the replay write them. Unlike `file_latencies`, this counts the time a file waits to be
+    file, basecall file, batch) rows, `landed` when each signal file landed (wall clock, `landed_at`),
+    committed its batches' times (`at`). Unlike `file_latencies`, this counts the time a file waits to be
     taken into the ledger."""
     last: dict[int, float] = {}
     for sig, _, batch in reads:
         last[sig] = max(last.get(sig, 0.0), committed[batch])
-    return [at - landed[_batch_number(names[sig])] for sig, at in last.items()]
+    return [at - landed[sig] for sig, at in last.items()]
+
+
+def lateness(landed: Mapping[int, float], names: Mapping[int, str], planned: Sequence[float]) -> list[float]:
+    """Seconds each file landed after its cell's plan had it (`planned`: wall clock, by batch number; the
+    replays' start-up): the samples are moved by their mean, so that the backlog counts reads landed
+    when they really did."""
+    return [at - planned[_batch_number(names[i])] for i, at in landed.items()]
 
 
 def _batch_number(path: str) -> int:
+    """A batch file's number, which ends its name, as MinKNOW and the replay write them."""
     return int(path.rpartition("/")[2].split(".")[0].rpartition("_")[2])
 
 

@@ -16,8 +16,9 @@ Steps of `run`: (0) the data, prepared unless in place (`emulation_data.py`); (1
 the same reads (the reference rows; it also compiles the kernels into numba's cache); (2) the stand-in
 alone; (3) the daemon following the replay, the stand-in beside it, sampled every second: the
 backlog (reads landed less reads done), host PSS of the daemon's processes and its GPU memory
-(nvidia-smi); then its latency per batch file (from the file's landing, as the replay's plan has it, and
-from its registration in the ledger, which leaves out any wait to be taken in), its rows against (1); (4) with
+(nvidia-smi), counted from when the files really landed (their renames into the live folder, against the
+plan: the replays' start-up); then its latency per batch file (from the file's landing, and from its
+registration in the ledger, which leaves out any wait to be taken in), its rows against (1); (4) with
 `--search`, the same at faster paces until one is not kept. Writes OUT/results.json and
 OUT/results.md. The GPU memory counted is all the daemon's process holds on the device, its CUDA
 context included, and the budget plans for the HMM kernel's local memory on every thread the device
@@ -55,7 +56,6 @@ import contextlib
 import gzip
 import json
 import os
-import re
 import shutil
 import signal
 import sqlite3
@@ -64,13 +64,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from streamer.summary import tree_pss  # noqa: E402
 from common import streamer  # noqa: E402
 from emulation_data import PREP, copies_for, prepare  # noqa: E402
-from emulation_report import (backlog, batch_latency, batch_times, file_latencies, growth, landing_latencies,  # noqa: E402
+from emulation_report import (backlog, batch_latency, batch_times, file_latencies, growth, landing_latencies, lateness,  # noqa: E402
                                landings, latency_summary, markdown, peak_memory, period_change, row_difference, stagger,
                                sustained)
 from streamer.align import ENGINES  # noqa: E402
@@ -121,13 +122,11 @@ def stop_standin(proc: subprocess.Popen, out: Path) -> dict:
     return json.loads(out.read_text())
 
 
-def replay_skew(paces: list[list[str]], ended: list[float], offsets: list[float]) -> float:
-    """How long after they were due the replays' clocks started (each links its files in place first): its
-    end less the seconds its pace line says it took and its offset, averaged; 0 where a line is missing."""
-    took = [re.search(r"in ([\d.]+) s:", " ".join(lines)) for lines in paces]
-    if not all(took):
-        return 0.0
-    return statistics.fmean(end - float(m.group(1)) - at for end, m, at in zip(ended, took, offsets))
+def landed_at(paths: Mapping[int, str]) -> dict[int, float]:
+    """When each file landed in the live folder (wall clock): its inode's change time, which the replay's
+    rename into place sets and nothing after it touches (a file system that kept it from the staging link
+    would give an earlier time: a longer latency, never a shorter one)."""
+    return {i: os.stat(path).st_ctime for i, path in paths.items()}
 
 
 def trial(args, root: Path, prep: dict, pace: float, out: Path, standin: dict | None) -> dict:
@@ -166,7 +165,7 @@ def trial(args, root: Path, prep: dict, pace: float, out: Path, standin: dict | 
             "replay", prep["cells"][i]["staged"], live, "--keep-staged", "--mbases-per-s", pace / len(names))],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
 
-    t0, wall0, samples, ended = time.monotonic(), time.time(), [], {}
+    t0, wall0, samples = time.monotonic(), time.time(), []
     for i, at in enumerate(offsets):
         threading.Timer(at, replay, (i,)).start()
     landed = landings(prep["cells"], pace, offsets)
@@ -180,7 +179,6 @@ def trial(args, root: Path, prep: dict, pace: float, out: Path, standin: dict | 
 
     while daemon.poll() is None and time.monotonic() < deadline:
         sample()
-        ended.update({i: time.monotonic() for i, r in list(replays.items()) if i not in ended and r.poll() is not None})
         time.sleep(args.sample_s)
     if daemon.poll() is None:
         daemon.send_signal(signal.SIGTERM)
@@ -191,24 +189,25 @@ def trial(args, root: Path, prep: dict, pace: float, out: Path, standin: dict | 
     while len(replays) < len(offsets):  # a daemon that failed early: every replay still runs to its end
         time.sleep(0.1)
     paces = [replays[i].communicate()[1].strip().splitlines()[-2:] for i in range(len(offsets))]
-    ended.update({i: time.monotonic() for i in range(len(offsets)) if i not in ended})
-    skew = replay_skew(paces, [ended[i] - t0 for i in range(len(offsets))], offsets)
-    samples = [{**x, "t": x["t"] - skew} for x in samples]
     arena = [line.split("] ")[-1] for line in (out / "daemon.log").read_text().splitlines() if "arena" in line]
-    series = backlog(samples, landed)
-    files, from_landing, batches, times = [], [], [], []
+    files, from_landing, late, batches, times = [], [], [], [], []
     for o, cell, at in zip(outs, prep["cells"], offsets):
         planned = landing_times([BatchTiming(0.0, b) for b in cell["bases"]],
                                 ReplayOptions(mbases_per_s=pace / len(names)))  # as `landings`, per cell
         with contextlib.closing(sqlite3.connect(o / ".streamer" / "ledger.sqlite")) as db:
             registered = dict(db.execute("SELECT id, at FROM files"))
+            paths = dict(db.execute("SELECT id, path FROM files"))
             committed = dict(db.execute("SELECT id, at FROM batches"))
             reads = db.execute("SELECT signal_file, basecall_file, batch FROM reads WHERE batch IS NOT NULL").fetchall()
+            landed_files = landed_at({sig: paths[sig] for sig in {r[0] for r in reads}})
             files += file_latencies(reads, registered, committed)
-            from_landing += landing_latencies(reads, dict(db.execute("SELECT id, path FROM files")), committed,
-                                              [wall0 + skew + at + t for t in planned])  # fmt: skip
+            from_landing += landing_latencies(reads, landed_files, committed)
+            late += lateness(landed_files, paths, [wall0 + at + t for t in planned])
             batches += db.execute("SELECT n_reads, latency_sum, latency_max FROM batches").fetchall()
             times += db.execute("SELECT n_reads, bases, seconds FROM batches ORDER BY id").fetchall()
+    skew = statistics.fmean(late) if late else 0.0  # the replays' start-up: the samples counted from their files
+    samples = [{**x, "t": x["t"] - skew} for x in samples]
+    series = backlog(samples, landed)
     bases = sum(json.loads(p.read_text())["bases"] for p in summaries)
     limits = json.loads(summaries[0].read_text())["profile"]
     rows = sorted(line for o in outs for line in (o / "meth.tsv").read_text().splitlines()[1:])

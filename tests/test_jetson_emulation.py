@@ -17,7 +17,7 @@ from conftest import ROOT, SHARED, needs_shared
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from emulation_data import PREP, copies_for, prepare  # noqa: E402
-from emulation_report import (backlog, batch_latency, batch_times, file_latencies, growth, landing_latencies,  # noqa: E402
+from emulation_report import (backlog, batch_latency, batch_times, file_latencies, growth, landing_latencies, lateness,  # noqa: E402
                               landings, latency_summary, markdown, peak_memory, period_change, row_difference, stagger,
                               sustained)
 
@@ -95,8 +95,10 @@ def test_latency_memory_and_period_summaries():
     files = file_latencies(reads, {1: 100.0, 2: 101.0, 3: 102.0, 4: 100.5}, {10: 104.0, 11: 106.0})
     assert sorted(files) == [4.0, 5.0]  # file 1 waits for its last read's batch, from its basecalls' landing
     names = {1: "/live/fc0/pod5_pass/FAK1_pass_ab_cd_1.pod5", 3: "/live/fc0/pod5_pass/FAK1_pass_ab_cd_0.pod5"}
-    landed = landing_latencies(reads, names, {10: 104.0, 11: 106.0}, [99.0, 99.5])  # files 0 and 1 land at 99, 99.5
+    at = {1: 99.5, 3: 99.0}  # files 1 and 0 of the cell landed at 99.5 and 99
+    landed = landing_latencies(reads, at, {10: 104.0, 11: 106.0})
     assert sorted(landed) == [6.5, 7.0]  # from its landing: file 1 (first field) at 99.5, its last read at 106
+    assert sorted(lateness(at, names, [98.75, 99.0])) == [0.25, 0.5]  # each against the plan for its number
     assert latency_summary(landed) == {"files": 2, "mean_s": 6.75, "max_s": 7.0}
     lat = batch_latency(files, [(2, 6.0, 4.0), (4, 4.0, 1.5)])
     assert lat == {"files": 2, "mean_s": 4.5, "max_s": 5.0, "batches": 2, "batch_mean_s": 2.0, "batch_max_s": 4.0}
