@@ -14,6 +14,7 @@ from streamer.daemon.replay_plan import BatchTiming, ReplayOptions, landing_time
 
 # a backlog that grows by less than this share of the landing rate (reads/s) is noise, not a trend
 GROWTH_TOLERANCE = 0.05
+PROGRESS_STEP = 0.05  # seconds between the backlog's points, rebuilt from the ledger (`progress`)
 
 
 def stagger(cells: Sequence[Mapping[str, Any]], pace: float) -> list[float]:
@@ -44,6 +45,22 @@ def backlog(samples: Sequence[Mapping[str, Any]], landed: Sequence[tuple[float, 
             total += landed[i][1]
             i += 1
         out.append({"t": s["t"], "landed": total, "done": s["done"], "backlog": total - s["done"]})
+    return out
+
+
+def progress(commits: Iterable[tuple[float, int]], step: float = PROGRESS_STEP) -> list[dict[str, float]]:
+    """Reads done over time, from the ledger's commits ((seconds after the replays start, reads) each):
+    a sample every `step` seconds up to the last commit. Exact where the daemon's status, written once a
+    second, is not: a trough of the backlog is the moment before its file lands."""
+    commits = sorted(commits)
+    out, i, done = [], 0, 0
+    end = commits[-1][0] if commits else 0.0
+    for k in range(int(end / step) + 2):
+        t = k * step
+        while i < len(commits) and commits[i][0] <= t:
+            done += commits[i][1]
+            i += 1
+        out.append({"t": t, "done": done})
     return out
 
 

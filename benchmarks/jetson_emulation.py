@@ -14,10 +14,10 @@ beside the daemon.
 
 Steps of `run`: (0) the data, prepared unless in place (`emulation_data.py`); (1) `streamer call` on
 the same reads (the reference rows; it also compiles the kernels into numba's cache); (2) the stand-in
-alone; (3) the daemon following the replay, the stand-in beside it, sampled every second: the
-backlog (reads landed less reads done), host PSS of the daemon's processes and its GPU memory
-(nvidia-smi), counted from when the files really landed (their renames into the live folder, against the
-plan: the replays' start-up); then its latency per batch file (from the file's landing, and from its
+alone; (3) the daemon following the replay, the stand-in beside it: host PSS of the daemon's processes
+and its GPU memory (nvidia-smi) sampled every second; the backlog (reads landed less reads done) every
+50 ms from its ledger's commits, counted from when the files really landed (their renames into the live
+folder, against the plan: the replays' start-up); then its latency per batch file (from the file's landing, and from its
 registration in the ledger, which leaves out any wait to be taken in), its rows against (1); (4) with
 `--search`, the same at faster paces until one is not kept. Writes OUT/results.json and
 OUT/results.md. The GPU memory counted is all the daemon's process holds on the device, its CUDA
@@ -72,7 +72,7 @@ from streamer.summary import tree_pss  # noqa: E402
 from common import streamer  # noqa: E402
 from emulation_data import PREP, copies_for, prepare  # noqa: E402
 from emulation_report import (backlog, batch_latency, batch_times, file_latencies, growth, landing_latencies, lateness,  # noqa: E402
-                               landings, latency_summary, markdown, peak_memory, period_change, row_difference, stagger,
+                               landings, latency_summary, markdown, peak_memory, period_change, progress, row_difference, stagger,
                                sustained)
 from streamer.align import ENGINES  # noqa: E402
 from streamer.daemon.replay_plan import BatchTiming, ReplayOptions, landing_times  # noqa: E402
@@ -171,26 +171,18 @@ def trial(args, root: Path, prep: dict, pace: float, out: Path, standin: dict | 
     landed = landings(prep["cells"], pace, offsets)
     deadline = t0 + landed[-1][0] + args.drain_timeout
 
-    def sample() -> None:
-        status = [json.loads(p.read_text()) for p in summaries]
-        samples.append({"t": time.monotonic() - t0, "done": sum(s["reads"]["done"] for s in status),
-                        "queued": sum(s["reads"]["matched"] for s in status), "pss": tree_pss(daemon.pid),
-                        "gpu": gpu_memory_by_pid().get(daemon.pid, 0)})  # fmt: skip
-
-    while daemon.poll() is None and time.monotonic() < deadline:
-        sample()
+    while daemon.poll() is None and time.monotonic() < deadline:  # its memory; its progress is the ledger's
+        samples.append({"pss": tree_pss(daemon.pid), "gpu": gpu_memory_by_pid().get(daemon.pid, 0)})
         time.sleep(args.sample_s)
     if daemon.poll() is None:
         daemon.send_signal(signal.SIGTERM)
-    else:
-        sample()  # as it finished: every read it did
     code = daemon.wait(120)
     log.close()
     while len(replays) < len(offsets):  # a daemon that failed early: every replay still runs to its end
         time.sleep(0.1)
     paces = [replays[i].communicate()[1].strip().splitlines()[-2:] for i in range(len(offsets))]
     arena = [line.split("] ")[-1] for line in (out / "daemon.log").read_text().splitlines() if "arena" in line]
-    files, from_landing, late, batches, times = [], [], [], [], []
+    files, from_landing, late, batches, times, commits = [], [], [], [], [], []
     for o, cell, at in zip(outs, prep["cells"], offsets):
         planned = landing_times([BatchTiming(0.0, b) for b in cell["bases"]],
                                 ReplayOptions(mbases_per_s=pace / len(names)))  # as `landings`, per cell
@@ -205,9 +197,9 @@ def trial(args, root: Path, prep: dict, pace: float, out: Path, standin: dict | 
             late += lateness(landed_files, paths, [wall0 + at + t for t in planned])
             batches += db.execute("SELECT n_reads, latency_sum, latency_max FROM batches").fetchall()
             times += db.execute("SELECT n_reads, bases, seconds FROM batches ORDER BY id").fetchall()
-    skew = statistics.fmean(late) if late else 0.0  # the replays' start-up: the samples counted from their files
-    samples = [{**x, "t": x["t"] - skew} for x in samples]
-    series = backlog(samples, landed)
+            commits += [(at - wall0, n) for at, n in db.execute("SELECT at, n_reads FROM batches")]
+    skew = statistics.fmean(late) if late else 0.0  # the replays' start-up: times counted from their files
+    series = backlog(progress([(t - skew, n) for t, n in commits]), landed)
     bases = sum(json.loads(p.read_text())["bases"] for p in summaries)
     limits = json.loads(summaries[0].read_text())["profile"]
     rows = sorted(line for o in outs for line in (o / "meth.tsv").read_text().splitlines()[1:])

@@ -18,7 +18,8 @@ from conftest import ROOT, SHARED, needs_shared
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from emulation_data import PREP, copies_for, prepare  # noqa: E402
 from emulation_report import (backlog, batch_latency, batch_times, file_latencies, growth, landing_latencies, lateness,  # noqa: E402
-                              landings, latency_summary, markdown, peak_memory, period_change, row_difference, stagger,
+                              landings, latency_summary, markdown, peak_memory, period_change, progress, row_difference,
+                              stagger,
                               sustained)
 
 CELLS = [{"name": f"fc{c}", "bases": [500_000] * 10, "reads": [100] * 10} for c in range(2)]
@@ -70,6 +71,13 @@ def test_landings_follow_the_replay_pace():
 def _a_second_behind() -> list[dict]:
     """Samples every half second of a daemon that has done, at each, what had landed a second before."""
     return [{"t": k / 2, "done": min(2000, max(0, 200 * int(k / 2) - 200))} for k in range(29)]
+
+
+def test_progress_is_rebuilt_from_the_commits_at_every_step():
+    done = progress([(0.12, 30), (0.02, 10), (0.12, 5)], step=0.05)
+    assert [p["t"] for p in done] == pytest.approx([0.0, 0.05, 0.1, 0.15])
+    assert [p["done"] for p in done] == [0, 10, 10, 45]  # two commits at 0.12 s both counted by 0.15 s
+    assert [p["done"] for p in progress([])] == [0, 0]  # no commits: none done
 
 
 def test_a_daemon_that_keeps_up_has_no_growing_backlog():
