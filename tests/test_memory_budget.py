@@ -50,6 +50,10 @@ def test_batches_grow_where_abea_is_on_a_discrete_gpu_and_their_events_go_after_
             + in_flight * gpu.max_bases * batch_bytes_per_base(True, False))
     assert host <= 3 << 30 < host + in_flight * 20_000 * batch_bytes_per_base(True, False)
     assert memory_plan(*args, events=False).max_bases > cpu.max_bases  # the CPU's batches let them go too
+    # a laptop's 1G leaves the GPU's process too little: its batches are planned on the host's account, not
+    # left at the floor
+    laptop = (1 << 30, 5_000_000, 2, 3)
+    assert memory_plan(*laptop, discrete_gpu=True, events=False) == memory_plan(*laptop, events=False)
 
 
 def test_batch_cap_does_not_grow_past_the_given_one_and_has_a_floor():

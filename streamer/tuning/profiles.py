@@ -114,8 +114,11 @@ def memory_plan(budget: int, max_bases: int, compute_threads: int, io_workers: i
     Batches in flight are those the batch driver allows (`RunnerOptions.limit`: read ahead, one
     being packed, one queued and one computing per compute thread); each may hold
     `batch_bytes_per_base` per base of what the process, its readers and `held` (what else the caller
-    keeps: the daemon's basecall cache, `cache_bases`) leave of the budget. discrete_gpu: ABEA runs on
-    a GPU of its own memory; events: a sink renders the events, so batches keep them. With
+    keeps: the daemon's basecall cache, `cache_bases`) leave of the budget. events: a sink renders
+    the events, so batches keep them. discrete_gpu: ABEA runs on a GPU of its own memory, where a
+    batch holds fewer bytes and the process `GPU_PROCESS_BYTES` more: B is the larger of that account
+    and the host's, which a budget too small for the GPU's process (a laptop's 1G) keeps, as planned
+    before the GPU's was measured, rather than batches too small to keep a GPU busy. With
     `device` (host and GPU are one memory), B is the largest whose batches and GPU part fit the
     budget together, the GPU part within its cap; what the host part leaves is the GPU's share.
     """
@@ -124,11 +127,15 @@ def memory_plan(budget: int, max_bases: int, compute_threads: int, io_workers: i
     if small and io_mode == "auto":
         io_mode = "threads"
     readers = 0 if io_mode == "threads" else FORK_SERVER_BYTES + io_workers * READER_PROCESS_BYTES
-    per_base = (ahead + 1 + 2 * compute_threads) * batch_bytes_per_base(discrete_gpu, events)
-    room = budget - PROCESS_BYTES - (GPU_PROCESS_BYTES if discrete_gpu else 0) - readers - held
+    in_flight = ahead + 1 + 2 * compute_threads
+    per_base = in_flight * batch_bytes_per_base(False, events)
+    room = budget - PROCESS_BYTES - readers - held
     most = Bounds().max_bases[1]
     if device is None:
-        held = max(MIN_BATCH_BASES, room // per_base)
+        held = room // per_base
+        if discrete_gpu:
+            held = max(held, (room - GPU_PROCESS_BYTES) // (in_flight * batch_bytes_per_base(True, events)))
+        held = max(MIN_BATCH_BASES, held)
         return MemoryPlan(budget, int(min(max_bases, held)), ahead, compute_threads, io_mode, small,
                           most_bases=int(min(most, held)))  # fmt: skip
 
