@@ -128,7 +128,7 @@ def landing_latencies(reads: Iterable[tuple[int, int, int]], landed: Mapping[int
 
 def lateness(landed: Mapping[int, float], names: Mapping[int, str], planned: Sequence[float]) -> list[float]:
     """Seconds each file landed after its cell's plan had it (`planned`: wall clock, by batch number; the
-    replays' start-up): the samples are moved by their mean, so that the backlog counts reads landed
+    replays' start-up): the commits are moved by their mean, so that the backlog counts reads landed
     when they really did."""
     return [at - planned[_batch_number(names[i])] for i, at in landed.items()]
 

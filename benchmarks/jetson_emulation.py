@@ -16,9 +16,10 @@ Steps of `run`: (0) the data, prepared unless in place (`emulation_data.py`); (1
 the same reads (the reference rows; it also compiles the kernels into numba's cache); (2) the stand-in
 alone; (3) the daemon following the replay, the stand-in beside it: host PSS of the daemon's processes
 and its GPU memory (nvidia-smi) sampled every second; the backlog (reads landed less reads done) every
-50 ms from its ledger's commits, counted from when the files really landed (their renames into the live
-folder, against the plan: the replays' start-up); then its latency per batch file (from the file's landing, and from its
-registration in the ledger, which leaves out any wait to be taken in), its rows against (1); (4) with
+50 ms from its ledger's commits, counted from when the files really landed (their renames into the
+live folder, against the plan: the replays' start-up); then its latency per batch file (from the
+file's landing, and from its registration in the ledger, which leaves out any wait to be taken in),
+its rows against (1); (4) with
 `--search`, the same at faster paces until one is not kept. Writes OUT/results.json and
 OUT/results.md. The GPU memory counted is all the daemon's process holds on the device, its CUDA
 context included, and the budget plans for the HMM kernel's local memory on every thread the device

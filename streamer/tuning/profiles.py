@@ -132,12 +132,12 @@ def memory_plan(budget: int, max_bases: int, compute_threads: int, io_workers: i
     room = budget - PROCESS_BYTES - readers - held
     most = Bounds().max_bases[1]
     if device is None:
-        held = room // per_base
+        fit = room // per_base
         if discrete_gpu:
-            held = max(held, (room - GPU_PROCESS_BYTES) // (in_flight * batch_bytes_per_base(True, events)))
-        held = max(MIN_BATCH_BASES, held)
-        return MemoryPlan(budget, int(min(max_bases, held)), ahead, compute_threads, io_mode, small,
-                          most_bases=int(min(most, held)))  # fmt: skip
+            fit = max(fit, (room - GPU_PROCESS_BYTES) // (in_flight * batch_bytes_per_base(True, events)))
+        fit = max(MIN_BATCH_BASES, fit)
+        return MemoryPlan(budget, int(min(max_bases, fit)), ahead, compute_threads, io_mode, small,
+                          most_bases=int(min(most, fit)))  # fmt: skip
 
     def fits(b: int) -> bool:
         gpu = device.bytes_for(b)
