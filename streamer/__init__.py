@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import importlib.abc
 import os
 import site
 import sys
@@ -67,3 +68,27 @@ def load_tbb(env: dict[str, str]) -> str | None:
 
 
 TBB = load_tbb(dict(os.environ))
+
+
+class NoBlasProbe(importlib.abc.MetaPathFinder):
+    """Answers numba's start-up check for BLAS with "none", without importing SciPy's linalg.
+
+    numba and numba-cuda each look for BLAS as their array functions load, by importing `scipy.linalg`
+    where SciPy is installed: 0.3-0.4 s of a GPU box's start-up, holding the GIL (0.4 s of `streamer
+    call`'s 4.9, `benchmarks/RESULTS-cpu-half.md`). streamer's compiled code calls no BLAS; with the
+    answer "none" numba only sums `np.cov`'s products in a loop. Every other import of `scipy.linalg`,
+    numba's own included when a function it compiles calls BLAS, goes through.
+    """
+
+    def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001, ANN201 - importlib's protocol
+        if fullname != "scipy.linalg":
+            return None
+        frame = sys._getframe(1)
+        while frame is not None:
+            if frame.f_code.co_name == "_check_blas" and frame.f_globals.get("__name__", "").startswith("numba"):
+                raise ModuleNotFoundError("BLAS is not looked for at start-up", name=fullname)
+            frame = frame.f_back
+        return None
+
+
+sys.meta_path.insert(0, NoBlasProbe())  # before anything imports numba

@@ -75,6 +75,31 @@ def test_parallel_regions_run_under_tbb_where_its_wheel_is_installed():
     assert load_tbb({**env, "NUMBA_THREADING_LAYER": "omp"}) is None
 
 
+def test_numba_finds_no_blas_at_start_up_without_scipy_linalg(tmp_path):
+    """numba's start-up check for BLAS no longer imports SciPy's linalg (0.3-0.4 s on a GPU box); an import
+    of it from anywhere else, numba's when it compiles a call of BLAS included, still goes through. A
+    stand-in SciPy records whether its linalg was imported."""
+    import os
+    import subprocess
+    import sys
+
+    linalg = tmp_path / "scipy" / "linalg"
+    linalg.mkdir(parents=True)
+    (tmp_path / "scipy" / "__init__.py").write_text('__version__ = "1.17.0"\n')
+    (linalg / "__init__.py").write_text("import os\nopen(os.environ['MARK'], 'a').write('imported ')\n")
+    (linalg / "cython_blas.py").write_text("")
+    start = ("import numba\nfrom numba.core.registry import cpu_target\n"
+             "cpu_target.target_context.refresh()\nimport numba.np.arraymath as m, sys\n"
+             "print(m._HAVE_BLAS, 'scipy.linalg' in sys.modules)\nimport scipy.linalg")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path]), "MARK": str(tmp_path / "mark")}
+    for first, said in (("import streamer", "False False"), ("", "True True")):  # with streamer, without
+        (tmp_path / "mark").write_text("")
+        out = subprocess.run([sys.executable, "-c", f"{first}\n{start}"],
+                             capture_output=True, text=True, check=True, env=env)  # fmt: skip
+        assert out.stdout.split() == said.split()
+        assert (tmp_path / "mark").read_text() == "imported "  # the last line's import, or numba's check's
+
+
 def test_version_answers_without_importing_the_commands():
     import subprocess
     import sys
