@@ -8,9 +8,9 @@ only, a run basecalled without alignment, which the daemon aligns itself), to be
 folder at a pace later. `all/` holds every cell's reads as one `streamer call` input. `prep.json` records what
 the pace needs: each cell's staged run folder and its batches' bases and reads.
 
-Preparing is CPU work (about 3 Mbases/s of POD5 written on 5 cores, twice): it can run on any
-machine into `.devdata/` (git-ignored) ahead of the GPU box, or there, where it is skipped when the
-same data is already in place.
+Preparing is CPU work (POD5 written twice: the finished runs, then their batch files), spread over every
+core: it can run on any machine into `.devdata/` (git-ignored) ahead of the GPU box, or there, where it
+is skipped when the same data is already in place.
 """
 
 from __future__ import annotations
@@ -36,12 +36,18 @@ def prepared(work: Path, cells: int, copies: int, file_reads: int, basecalls: st
     return work / f"cells{cells}_copies{copies}_reads{file_reads}{'' if basecalls == 'bam' else '_' + basecalls}"
 
 
-def _cell_source(job: tuple[Path, Path, int, int]) -> None:
-    """A finished run of copies first .. first + copies - 1 of every shared read: POD5, FASTA, BAM."""
-    data, run, first, copies = job
-    (run / "pod5").mkdir(parents=True, exist_ok=True)
+def _cell_pod5(job: tuple[Path, Path, list[int]]) -> None:
+    """One POD5 of a finished run: the given copies of every shared read."""
+    data, path, copies = job
+    path.parent.mkdir(parents=True, exist_ok=True)
     os.environ["E2E_FAST5"] = str(data / "fast5_files")
-    _write_copies(("pod5", run / "pod5" / "part.pod5", list(range(first, first + copies))))
+    _write_copies(("pod5", path, copies))
+
+
+def _cell_basecalls(job: tuple[Path, Path, int, int]) -> None:
+    """A finished run's basecalls (FASTA) and aligned BAM: copies first .. first + copies - 1 of every shared read."""
+    data, run, first, copies = job
+    run.mkdir(parents=True, exist_ok=True)
     seqs = load_basecalls(data / "reads.fasta")
     with open(run / "reads.fasta", "w") as fa:
         for c in range(first, first + copies):
@@ -51,17 +57,27 @@ def _cell_source(job: tuple[Path, Path, int, int]) -> None:
 
 def prepare(data: Path, work: Path, cells: int, copies: int, file_reads: int, basecalls: str = "bam") -> Path:
     """Write (once) `cells` staged runs of `copies` copies each and the joint input; the folder holding them.
-    `basecalls`: bam (the batches' aligned BAMs staged) or fastq (none: FASTQ beside the POD5 only)."""
+    `basecalls`: bam (the batches' aligned BAMs staged) or fastq (none: FASTQ beside the POD5 only).
+    Every core works: each cell's POD5 is written in parts at once (in the reads' order), and staged by
+    as many processes as there are cores for each cell."""
     root = prepared(work, cells, copies, file_reads, basecalls)
     if (root / PREP).is_file():
         return root
     t0 = time.perf_counter()
+    cores = os.cpu_count() or 1
+    per_cell = max(1, cores // cells)
     sources = [root / "finished" / f"fc{c}" for c in range(cells)]
-    with ProcessPoolExecutor(min(cells, os.cpu_count() or 1)) as pool:
-        list(pool.map(_cell_source, [(data, run, c * copies, copies) for c, run in enumerate(sources)]))
+    with ProcessPoolExecutor(cores) as pool:
+        jobs = [pool.submit(_cell_basecalls, (data, run, c * copies, copies)) for c, run in enumerate(sources)]
+        for c, run in enumerate(sources):
+            jobs += [pool.submit(_cell_pod5, (data, run / "pod5" / f"part{i:04d}.pod5", list(range(a, b + 1))))
+                     for i, (a, b) in enumerate(consecutive_ranges(c * copies, copies, per_cell))]  # fmt: skip
+        for job in jobs:
+            job.result()
     stagers = [subprocess.Popen([*STREAMER, "replay", str(run), str(root / "staged"),
                                  "--stage-only", "--signal-format", "pod5", "--batch-size", str(file_reads),
-                                 "--flowcell", f"FAK{c:05d}", *(["--no-bam"] if basecalls == "fastq" else [])],
+                                 "--flowcell", f"FAK{c:05d}", "-t", str(per_cell),
+                                 *(["--no-bam"] if basecalls == "fastq" else [])],
                                 stdout=subprocess.PIPE,
                                 stderr=open(root / f"stage-fc{c}.log", "w"), text=True)
                for c, run in enumerate(sources)]  # fmt: skip
@@ -76,7 +92,8 @@ def prepare(data: Path, work: Path, cells: int, copies: int, file_reads: int, ba
     with open(joint / "reads.fasta", "w") as fa:
         for c, run in enumerate(sources):
             fa.write((run / "reads.fasta").read_text())
-            (joint / "pod5" / f"part{c}.pod5").symlink_to(run / "pod5" / "part.pod5")
+            for part in sorted((run / "pod5").glob("*.pod5")):
+                (joint / "pod5" / f"fc{c}_{part.name}").symlink_to(part)
     replicate_bam(data / "reads.mg1655.sorted.bam", joint / "reads.bam", cells * copies)
     cells_info = []
     for run in staged:
@@ -93,6 +110,12 @@ def prepare(data: Path, work: Path, cells: int, copies: int, file_reads: int, ba
 def _fastq_reads(path: Path) -> int:
     with gzip.open(path, "rt") as fh:
         return sum(1 for _ in fh) // 4
+
+
+def consecutive_ranges(first: int, n: int, parts: int) -> list[tuple[int, int]]:
+    """`n` numbers from `first` cut into at most `parts` ranges of consecutive ones (first, last), in order."""
+    size = -(-n // max(1, parts))
+    return [(a, min(a + size, first + n) - 1) for a in range(first, first + n, size)]
 
 
 def copies_for(mbases: float, cells: int, data: Path) -> int:

@@ -16,7 +16,7 @@ import pytest
 from conftest import ROOT, SHARED, needs_shared
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from emulation_data import PREP, copies_for, prepare  # noqa: E402
+from emulation_data import PREP, consecutive_ranges, copies_for, prepare  # noqa: E402
 from emulation_report import (backlog, batch_latency, batch_times, file_latencies, growth, landing_latencies, lateness,  # noqa: E402
                               landings, latency_summary, markdown, peak_memory, period_change, progress, row_difference,
                               stagger,
@@ -41,11 +41,18 @@ def test_prepare_writes_staged_cells_and_the_joint_input_once(tmp_path):
     assert len(ids) == len(set(ids)) == 224  # copies never repeat across cells
     with pysam.AlignmentFile(str(joint / "reads.bam")) as bam:
         assert {r.query_name for r in bam} <= set(ids)
-    assert sorted(p.name for p in (joint / "pod5").iterdir()) == ["part0.pod5", "part1.pod5"]
+    parts = sorted(p.name for p in (joint / "pod5").iterdir())
+    assert parts == ["fc0_part0000.pod5", "fc1_part0000.pod5"]  # one copy per cell: one part each
     stamp = (root / PREP).stat().st_mtime_ns
     assert prepare(SHARED, tmp_path, cells=2, copies=1, file_reads=50) == root  # in place: not written again
     assert (root / PREP).stat().st_mtime_ns == stamp
     assert copies_for(60, 5, SHARED) == 20  # 60 Mbases of 0.62-Mbase copies over five cells
+
+
+def test_a_cells_copies_are_cut_into_consecutive_parts_in_order():
+    assert consecutive_ranges(10, 5, 2) == [(10, 12), (13, 14)]
+    assert consecutive_ranges(0, 3, 8) == [(0, 0), (1, 1), (2, 2)]  # never an empty part
+    assert consecutive_ranges(4, 7, 1) == [(4, 10)]
 
 
 @needs_shared

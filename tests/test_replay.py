@@ -144,6 +144,19 @@ def test_staged_replay_moves_in_what_the_replay_writes(source, tmp_path, no_leak
     assert not (run / ".replay").exists()
 
 
+def test_staging_in_several_processes_writes_the_same_bytes(source, tmp_path, capsys):
+    from streamer.cli import main
+
+    opts = ReplayOptions(batch_reads=3)
+    one = stage(source, tmp_path / "one", opts, started=STARTED)
+    two = stage(source, tmp_path / "two", opts, started=STARTED, workers=2)
+    assert len(_contents(one)) == 3 * 3 + 3 and _contents(two) == _contents(one)  # 3 batches, BAM included
+    with pytest.raises(ValueError, match="as fast as it can"):
+        Replayer(source, tmp_path / "paced", ReplayOptions(mbases_per_s=1.0, batch_reads=3)).run(workers=2)
+    assert main(["replay", str(one), str(tmp_path / "live"), "-t", "2"]) == 2  # a paced replay: one line
+    assert "is for --stage-only" in capsys.readouterr().err
+
+
 def _listing(live):
     """The files that have landed in the live folder."""
     return [p.name for p in live.rglob("*") if p.is_file() and ".replay" not in p.parts]

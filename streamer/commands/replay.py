@@ -50,6 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compression", choices=tuple(COMPRESSION), default=d.compression,
                    help="FAST5 signal compression [%(default)s]")
     p.add_argument("--flowcell", default=d.flowcell, help="flow cell id used in file names [%(default)s]")
+    numeric(p, "-t", "--threads", type=int, minimum=1, default=1,
+            help="with --stage-only: processes writing the batch files at once [%(default)s]")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
                          batch_reads=args.batch_reads, mode=args.mode, write_seconds=args.write_seconds,
                          basecall_lag=args.basecall_lag, bam=args.bam, compression=args.compression,
                          signal_format=args.signal_format, flowcell=args.flowcell)  # fmt: skip
+    if args.threads > 1 and not args.stage_only:
+        raise UsageError("-t/--threads is for --stage-only: a replay on a pace lands its files one by one")
     staged = load_staged(args.finished_run)
     if staged is not None:
         if args.stage_only or args.mode == "inplace":
@@ -66,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         src = load_source(args.finished_run)
         if args.stage_only:
-            print(stage(src, args.live_dir, opts))
+            print(stage(src, args.live_dir, opts, workers=args.threads))
             return 0
         replayer = Replayer(src, args.live_dir, opts)
         log.info("replaying %d reads in %d batches into %s", len(src.reads), len(replayer.batches), replayer.run_dir)

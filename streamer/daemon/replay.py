@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import gzip
 import logging
+import multiprocessing
 import os
 import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -220,12 +222,17 @@ class Replayer:
         tail = f"{self.opts.flowcell}_{self.run8}_{self.acq8}.txt"
         return self.run_dir / f"sequencing_summary_{tail}", self.run_dir / f"final_summary_{tail}"
 
-    def run(self) -> Path:
+    def run(self, workers: int = 1) -> Path:
+        """Land every file on the pace, then the summaries; `workers` > 1 (a replay as fast as it can write, as
+        staging is) writes the batch files in that many processes at once."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         landings = plan(self.timings, self.opts, self.bam)
         t0 = self._clock()
         try:
-            follow(landings, self._land, t0, sleep=self._sleep, clock=self._clock)
+            if workers > 1:
+                self._land_all(landings, workers)
+            else:
+                follow(landings, self._land, t0, sleep=self._sleep, clock=self._clock)
             sequencing, final = self.closing()
             self._write_text(sequencing, self._sequencing_summary())
             self._write_text(final, self._final_summary())
@@ -233,6 +240,15 @@ class Replayer:
             shutil.rmtree(self.run_dir / STAGING, ignore_errors=True)
         self.pace = Pace.kept(self.timings, landings, self._clock() - t0)
         return self.run_dir
+
+    def _land_all(self, landings: list[Landing], workers: int) -> None:
+        """Each landing written at once in a pool of forked processes, which share the source as it is
+        (its BAM records do not pickle); a replay that keeps a pace lands in order on its clock instead."""
+        if self.opts.speed != 0 or self.opts.interval is not None or self.opts.mbases_per_s is not None:
+            raise ValueError("files are written by several processes only in a replay as fast as it can write")
+        fork = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(workers, mp_context=fork, initializer=_adopt, initargs=(self,)) as pool:
+            list(pool.map(_land_adopted, landings))
 
     def _land(self, landing: Landing) -> None:
         reads = self.batches[landing.batch]
@@ -337,3 +353,14 @@ class Replayer:
                 f"started={self.started.isoformat(timespec='seconds')}\nacquisition_stopped={stopped}\n"
                 f"processing_stopped={stopped}\nbasecalling_enabled=1\n"
                 f"sequencing_summary_file={self.closing()[0].name}\n{files}")
+
+
+_ADOPTED: list[Replayer] = []  # the replayer a pool's process writes for (`Replayer._land_all`)
+
+
+def _adopt(replayer: Replayer) -> None:
+    _ADOPTED.append(replayer)
+
+
+def _land_adopted(landing: Landing) -> None:
+    _ADOPTED[0]._land(landing)

@@ -38,15 +38,16 @@ class StagedRun:
     bam: bool
 
 
-def stage(src: Source, into: Path, opts: ReplayOptions, started: datetime | None = None) -> Path:
+def stage(src: Source, into: Path, opts: ReplayOptions, started: datetime | None = None, workers: int = 1) -> Path:
     """Write the run's batch files once into a run folder under `into`, with the manifest; its path.
 
     The pace options do not apply here: they are the fast replay's. `started` (now by default)
-    names the run folder and dates its reads, as in `Replayer`.
+    names the run folder and dates its reads, as in `Replayer`. `workers` processes write the batch
+    files at once (the same bytes as one).
     """
     fastest = replace(opts, speed=0, interval=None, mbases_per_s=None, mode="move", write_seconds=0.0, basecall_lag=0.0)
     replayer = Replayer(src, into, fastest, started=started)
-    run_dir = replayer.run()
+    run_dir = replayer.run(workers)
     kinds = ("signal", "fastq", "bam") if replayer.bam else ("signal", "fastq")
     manifest = {
         "bam": replayer.bam,
