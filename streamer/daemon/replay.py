@@ -244,7 +244,7 @@ class Replayer:
     def _land_all(self, landings: list[Landing], workers: int) -> None:
         """Each landing written at once in a pool of forked processes, which share the source as it is
         (its BAM records do not pickle); a replay that keeps a pace lands in order on its clock instead."""
-        if self.opts.speed != 0 or self.opts.interval is not None or self.opts.mbases_per_s is not None:
+        if any(landing.at > 0 for landing in landings):  # the plan keeps a pace
             raise ValueError("files are written by several processes only in a replay as fast as it can write")
         fork = multiprocessing.get_context("fork")
         with ProcessPoolExecutor(workers, mp_context=fork, initializer=_adopt, initargs=(self,)) as pool:
