@@ -77,6 +77,21 @@ def test_commit_is_all_or_nothing(ledger, tmp_path):
     with pytest.raises(sqlite3.Error):
         ledger.commit([("r1", "again")], {"meth.tsv": 400}, {"calls": object()})  # fails half way
     assert ledger.offsets() == {"meth.tsv": 300} and ledger.counters() == {"calls": 3}
+    assert ledger.batch_totals()["batches"] == 1 and ledger.read_counts()["done"] == 2
+
+
+def test_the_counts_asked_at_every_commit_are_kept_across_a_reopening(tmp_path):
+    """Reads done and the batches' totals are kept as they change, not counted over the run at each commit:
+    a reopened ledger has them as the last one left them."""
+    with Ledger(tmp_path / "state", watch_dir=tmp_path) as led:
+        led.register_signal_file(tmp_path / "a.fast5", "fast5", 1, 1, ["r1", "r2", "r3"])
+        led.register_basecall_file(tmp_path / "a.fastq", "fastq", 1, 1, [("r1", 10), ("r2", 10), ("r3", 10)])
+        led.commit([("r1", "called"), ("r2", "called"), ("r1", "called")], {}, {}, BatchRecord(2, 2, 3, 20, 0.5, 1, 0.6))
+        led.commit([("r2", "called"), ("r3", "no events")], {}, {}, BatchRecord(1, 1, 0, 10, 0.25, 2, 2.0))
+    with Ledger(tmp_path / "state", watch_dir=tmp_path) as led:
+        assert led.read_counts() == {"done": 3, "matched": 0, "waiting_for_basecalls": 0, "waiting_for_signal": 0}
+        assert led.batch_totals() == {"batches": 2, "reads": 3, "bases": 30, "seconds": 0.75, "latency_sum": 3,
+                                      "latency_max": 2.0}
 
 
 def test_waiting_reads_and_late_partners(ledger, tmp_path):
@@ -98,7 +113,7 @@ def test_waiting_reads_and_late_partners(ledger, tmp_path):
     assert (pick.read_id, pick.superseded, pick.signal_path.name) == ("r1", "no signal", "b.fast5")
     assert ledger.recovered() == 0
     ledger.commit([("r1", "called")], {}, {"reads_called": 1})
-    assert ledger.outcome("r1") == "called" and ledger.recovered() == 1
+    assert ledger.outcome("r1") == "called" and ledger.recovered() == 1 and ledger.read_counts()["done"] == 2
     reg = ledger.register_signal_file(tmp_path / "c.fast5", "fast5", 1, 1, ["r1"])
     assert (reg.late, reg.duplicates) == (0, 1)  # once it has both files, another copy is a duplicate
 

@@ -39,6 +39,8 @@ from streamer.daemon.ledger_schema import LedgerError, check_meta, connect
 from streamer.daemon.ledger_sinks import SinkRecords
 from streamer.skips import Skip
 
+DONE = "reads_done"  # the counter of reads with an outcome
+
 # a file's reads, (read id, bases) pairs in one JSON parameter after the file's id and the time, as the rows of an
 # INSERT (`WHERE true` keeps SQLite from reading its upsert's ON as a join's)
 _EACH_READ = ("SELECT json_extract(value, '$[0]'), ?, json_extract(value, '$[1]'), ? FROM json_each(?) "
@@ -112,6 +114,7 @@ class Ledger(SinkRecords):
         check_meta(self._db, self.path, Path(watch_dir), clock)
         self._last_matched: tuple[tuple, tuple[list[Pick], bool]] | None = None  # `matched`'s last question and answer
         self._file_names: dict[int, tuple[Path, str]] = {}  # file id -> (path, format), as asked
+        self._totals = self._sum_batches()
 
     def close(self) -> None:
         if self._db is not None:
@@ -257,7 +260,7 @@ class Ledger(SinkRecords):
         self._db.execute(f"UPDATE reads SET superseded = outcome, outcome = NULL, batch = NULL WHERE {where}",
                          (fid, missing))
         self._db.executemany("UPDATE counters SET value = value - ? WHERE name = ?",
-                             [(late, "records_in"), (late, f"skipped.{missing}")])
+                             [(late, "records_in"), (late, f"skipped.{missing}"), (late, DONE)])
         self._db.execute("DELETE FROM counters WHERE value = 0")
         return late, bams
 
@@ -336,16 +339,18 @@ class Ledger(SinkRecords):
             "WHERE f.path = ? AND r.outcome IS NULL", (str(basecall_path),)))
 
     def read_counts(self) -> dict[str, int]:
-        row = self._db.execute(
-            "SELECT count(*) FILTER (WHERE outcome IS NOT NULL), "
-            "count(*) FILTER (WHERE outcome IS NULL AND matched IS NOT NULL), "
-            "count(*) FILTER (WHERE outcome IS NULL AND matched IS NULL AND signal_file IS NOT NULL), "
-            "count(*) FILTER (WHERE outcome IS NULL AND matched IS NULL AND basecall_file IS NOT NULL) "
-            "FROM reads").fetchone()
-        return {"done": row[0], "matched": row[1], "waiting_for_basecalls": row[2], "waiting_for_signal": row[3]}
+        """Reads by state, asked at every commit: the open ones counted over their partial indexes and the done
+        ones kept as a counter, so that the cost follows the reads still open, not the run's millions done."""
+        matched = self._db.execute(
+            "SELECT count(*) FROM reads WHERE outcome IS NULL AND matched IS NOT NULL").fetchone()[0]
+        signal, basecalls = self._db.execute(
+            "SELECT count(signal_file), count(basecall_file) FROM reads WHERE outcome IS NULL AND matched IS NULL"
+        ).fetchone()
+        done = self._db.execute("SELECT coalesce(sum(value), 0) FROM counters WHERE name = ?", (DONE,)).fetchone()[0]
+        return {"done": done, "matched": matched, "waiting_for_basecalls": signal, "waiting_for_signal": basecalls}
 
     def recovered(self) -> int:
-        """Reads done after all, though once reported missing their partner (it landed late)."""
+        """Reads done after all, though once reported missing their partner (it landed late): few, indexed."""
         return self._db.execute(
             "SELECT count(*) FROM reads WHERE superseded IS NOT NULL AND outcome IS NOT NULL").fetchone()[0]
 
@@ -359,9 +364,15 @@ class Ledger(SinkRecords):
         return dict(self._db.execute("SELECT name, offset FROM outputs"))
 
     def counters(self) -> dict[str, int]:
-        return dict(self._db.execute("SELECT name, value FROM counters ORDER BY name"))
+        """The batches' counts summed (`reads_done` is `read_counts`')."""
+        return dict(self._db.execute("SELECT name, value FROM counters WHERE name != ? ORDER BY name", (DONE,)))
 
     def batch_totals(self) -> dict[str, float]:
+        """The batches' totals, summed from the table once and then kept as each commits (a day's run holds
+        a million batches: the summary asks at every commit)."""
+        return dict(self._totals)
+
+    def _sum_batches(self) -> dict[str, float]:
         row = self._db.execute(
             "SELECT count(*), coalesce(sum(n_reads), 0), coalesce(sum(bases), 0), coalesce(sum(seconds), 0), "
             "coalesce(sum(latency_sum), 0), coalesce(max(latency_max), 0) FROM batches").fetchone()
@@ -380,15 +391,21 @@ class Ledger(SinkRecords):
                     (batch.n_reads, batch.n_records, batch.n_calls, batch.bases, batch.seconds, batch.latency_sum,
                      batch.latency_max, self._clock()))
                 bid = cur.lastrowid
-            for outcome, ids in _by_outcome(outcomes).items():
-                self._db.execute("UPDATE reads SET outcome = ?, batch = ? WHERE read_id IN "
-                                 "(SELECT value FROM json_each(?)) AND outcome IS NULL", (outcome, bid, json.dumps(ids)))
+            done = sum(self._db.execute("UPDATE reads SET outcome = ?, batch = ? WHERE read_id IN (SELECT value FROM "
+                                        "json_each(?)) AND outcome IS NULL", (outcome, bid, json.dumps(ids))).rowcount
+                       for outcome, ids in _by_outcome(outcomes).items())
+            counters = {**counters, DONE: counters.get(DONE, 0) + done}
             self._db.executemany(
                 "INSERT INTO outputs VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET offset = excluded.offset",
                 offsets.items())
             self._db.executemany(
                 "INSERT INTO counters VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
                 ((k, v) for k, v in counters.items() if v))
+        if batch is not None:
+            t = self._totals
+            t.update(batches=t["batches"] + 1, reads=t["reads"] + batch.n_reads, bases=t["bases"] + batch.bases,
+                     seconds=t["seconds"] + batch.seconds, latency_sum=t["latency_sum"] + batch.latency_sum,
+                     latency_max=max(t["latency_max"], batch.latency_max))
         return bid
 
 

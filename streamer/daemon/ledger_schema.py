@@ -13,7 +13,7 @@ from pathlib import Path
 
 from streamer.errors import StreamerError
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -60,7 +60,8 @@ CREATE TABLE IF NOT EXISTS modcalls (  -- basecall BAMs whose MM/ML calls are in
     n_calls INTEGER NOT NULL,
     at REAL NOT NULL
 );
-CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS counters (  -- the batches' counts summed, and `reads_done`: reads with an outcome
+    name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS batches (
     id INTEGER PRIMARY KEY,
     n_reads INTEGER NOT NULL,
@@ -79,10 +80,16 @@ class LedgerError(StreamerError):
     """The state folder is in use, belongs to another run, or disagrees with the outputs."""
 
 
+# reads reported missing a partner that landed late: few, counted at every commit (made after the upgrades, which
+# add the column to a version 1 ledger)
+SUPERSEDED_INDEX = "CREATE INDEX IF NOT EXISTS reads_superseded ON reads(outcome) WHERE superseded IS NOT NULL"
+
 _UPGRADES = {  # schema version -> the statements that make it the next one
     "1": ("ALTER TABLE reads ADD COLUMN superseded TEXT",),
     "2": (),  # version 3 only adds the modcalls table (made by SCHEMA)
     "3": ("ALTER TABLE reads ADD COLUMN spare_file INTEGER",),
+    "4": ("INSERT INTO counters SELECT 'reads_done', count(*) FROM reads WHERE outcome IS NOT NULL HAVING count(*)",
+          SUPERSEDED_INDEX),
 }
 
 
@@ -104,6 +111,7 @@ def check_meta(db: sqlite3.Connection, path: Path, watch_dir: Path, clock: Calla
             db.executemany("INSERT INTO meta VALUES (?, ?)", [
                 ("schema_version", str(SCHEMA_VERSION)), ("watch_dir", want), ("created", str(clock())),
             ])
+            db.execute(SUPERSEDED_INDEX)
         return
     version = meta.get("schema_version")
     while version in _UPGRADES:
