@@ -19,7 +19,7 @@ from streamer.pipeline.events import detect_events
 from streamer.pipeline.devices import DevicePool
 from streamer.pipeline.gpu import CudaOptions
 from streamer.io.reference import Reference
-from streamer.pipeline.stages import GpuDevice, Pipeline, PipelineOptions
+from streamer.pipeline.stages import LANE_SWITCH_INTERVAL, GpuDevice, Pipeline, PipelineOptions
 from streamer.summary import RunSummary
 from streamer_plugins.cpg.caller import CpgCaller
 from conftest import ECOLI, REFERENCE
@@ -148,7 +148,10 @@ def test_the_warm_up_takes_no_batch_of_a_devices_count(monkeypatch):
     monkeypatch.setattr("streamer.pipeline.stages.open_devices",
                         lambda cuda: [GpuDevice(0, FakeAbea(0, threading.Barrier(1), []))])  # fmt: skip
     pipeline = Pipeline(PipelineOptions(threads=1), start=False)
+    monkeypatch.setattr("sys.setswitchinterval", lambda s: switched.append(s))
+    switched: list[float] = []
     pipeline.start()
+    assert switched == [LANE_SWITCH_INTERVAL]  # its lanes get the GIL back soon after each CUDA call
     assert pipeline.pool.batches == [0]
     pipeline.run_batch(pack([pipeline._synthetic_read()]))
     assert pipeline.pool.batches == [1]

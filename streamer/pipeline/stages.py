@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +41,13 @@ from streamer.pipeline.scaling import estimate_scalings
 from streamer.skips import Skip, Skipped
 
 log = logging.getLogger(__name__)
+
+
+LANE_SWITCH_INTERVAL = 0.0005
+"""Seconds a thread holding the GIL keeps it from a GPU lane that asks (Python's default is 5 ms). A lane lets
+the GIL go at each of a batch's few dozen CUDA calls and compiled functions, and asks for it back each time; a
+thread running Python beside it (a daemon's engine, intake, sinks) then held it off for up to 5 ms a call.
+`benchmarks/RESULTS-cpu-half.md`: two lanes beside a Python thread 3.7 batches a second at 5 ms, 12.1 at 0.5."""
 
 
 @dataclass(frozen=True)
@@ -190,6 +198,12 @@ class Recalibrate(_CoreStage):
 CORE_STAGES: tuple[type[_CoreStage], ...] = (DetectEvents, EstimateScalings, AlignEvents, Recalibrate)
 
 
+def _parts(stats: object) -> dict[str, float]:
+    """A GPU stage's seconds by part (its `t_` fields: packing, copies, kernels), for the stage's span."""
+    fields = getattr(stats, "__dataclass_fields__", {})
+    return {name: round(getattr(stats, name), 6) for name in fields if name.startswith("t_")}
+
+
 @dataclass
 class BatchResult:
     """One batch after the chain: the batch record (with each analysis's products), the reads that
@@ -272,6 +286,8 @@ class Pipeline:
         try:
             with timeline.span("devices"):  # the GPUs' arenas, buffers and kernels' modules
                 self.pool = DevicePool(open_devices(self.options.cuda))
+            if self.devices:
+                sys.setswitchinterval(min(sys.getswitchinterval(), LANE_SWITCH_INTERVAL))
             for stage in self.stages:
                 stage.open(self)
             with timeline.span("warm-up"):
@@ -343,7 +359,7 @@ class Pipeline:
                 self._local.device = None
             t1 = time.perf_counter()
             batch.ran[stage.name] = t1 - t0
-            timeline.record(stage.name, t0, t1, reads=batch.n)
+            timeline.record(stage.name, t0, t1, reads=batch.n, **_parts(batch.stats.get(stage.name)))
 
     def run_batch(self, batch: ReadBatch) -> BatchResult:
         self._wait_started()
@@ -374,7 +390,7 @@ class Pipeline:
                     self._local.device = None
                 t1 = time.perf_counter()
                 timings[stage.name] = timings.get(stage.name, 0.0) + t1 - t0
-                timeline.record(stage.name, t0, t1, reads=batch.n)
+                timeline.record(stage.name, t0, t1, reads=batch.n, **_parts(batch.stats.get(stage.name)))
         return BatchResult(batch, skipped_of(batch), timings)
 
     def _call(self, stage: Stage, batch: ReadBatch) -> None:
