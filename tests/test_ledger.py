@@ -94,6 +94,20 @@ def test_the_counts_asked_at_every_commit_are_kept_across_a_reopening(tmp_path):
                                       "latency_max": 2.0}
 
 
+def test_the_counts_a_commit_asks_for_read_only_the_open_reads(ledger):
+    """summary.json's counts are asked at every commit: none of their queries may walk the run's reads, which a
+    day's run has millions of (each query over an index of the open or the reopened reads alone)."""
+    asked: list[str] = []
+    ledger._db.set_trace_callback(asked.append)
+    ledger.read_counts(), ledger.recovered(), ledger.batch_totals(), ledger.counters()
+    ledger._db.set_trace_callback(None)
+    plans = [row[-1] for sql in asked for row in ledger._db.execute("EXPLAIN QUERY PLAN " + sql)]
+    on_reads = [p for p in plans if " reads" in p]
+    assert on_reads and all("USING INDEX reads_matched" in p or "USING INDEX reads_waiting" in p
+                            or "USING INDEX reads_superseded" in p for p in on_reads), plans
+    assert not any("batches" in p for p in plans)
+
+
 def test_waiting_reads_and_late_partners(ledger, tmp_path):
     ledger.register_basecall_file(tmp_path / "a.fastq", "fastq", 1, 1, [("r1", 10)])
     ledger.clock.t += 100
