@@ -252,13 +252,15 @@ def warm_up(config: Any, result: Result) -> None:
             sink.close()
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Replace `path` whole, so readers never see half a table."""
+def write_atomic(path: Path, text: str | Iterable[Any]) -> None:
+    """Replace `path` whole, so readers never see half a table: `text`, or its UTF-8 bytes a block at a time
+    (each block bytes-like: bytes, a uint8 array)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")  # one name: what a killed writer left is reused
     try:
-        with open(tmp, "w") as fh:
-            fh.write(text)
+        with open(tmp, "wb") as fh:
+            for block in [text.encode()] if isinstance(text, str) else text:
+                fh.write(block)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

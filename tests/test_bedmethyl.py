@@ -1,5 +1,6 @@
 """bedMethyl: modkit's 18 columns, with counts that agree with meth-freq on the same calls."""
 
+import dataclasses
 import io
 import shutil
 import subprocess
@@ -105,3 +106,33 @@ def test_streamer_call_writes_bedmethyl_of_its_calls(tmp_path):
     with open(tmp_path / "meth.tsv") as fh:
         want = bed_of(fh)
     assert (tmp_path / "meth.bed").read_text().splitlines() == ["\t".join(r) for r in bed_rows(want)]
+
+
+def test_the_compiled_rows_are_pythons_formatting_of_the_counts_in_any_blocks():
+    """Both tables are written by compiled kernels a block of sites at a time: byte for byte the rows Python's
+    formatting makes of the same counts (awkward ratios such as 1/16 and 2/3 included), whatever the blocks."""
+    rng = np.random.default_rng(7)
+    n = 3000
+    start = np.sort(rng.choice(40 * n, n, replace=False)).astype(np.int64)
+    num = rng.integers(1, 4, n).astype(np.int32)
+    calls = MethCalls(read=rng.integers(0, 3, n), start=start, end=start + 7 * (num - 1), strand=np.ones(n, np.int8),
+                      llr=np.round(rng.normal(0, 4, n), 2), ll_meth=np.zeros(n), ll_unmeth=np.zeros(n), num_motifs=num,
+                      sequence=Texts.of(["ACGTTCG" * int(k) for k in num]))  # fmt: skip
+    contigs = ["chrB", "chrA", "chr10"]
+    freq, bed = MethFreq(), BedMethyl()
+    for _ in range(16):  # up to 16 calls a site, each round's ratios drawn anew: frequencies of n/16, n/3... to round
+        again = dataclasses.replace(calls, llr=np.round(rng.normal(0, 4, n), 2))
+        freq.add_calls(again, contigs)
+        bed.add_calls(again, contigs)
+    want = "".join(f"{c}\t{s}\t{e}\t{st.group_size}\t{st.called_sites}\t{st.called_sites_methylated}"
+                   f"\t{st.called_sites_methylated / st.called_sites:.3f}\t{st.sequence}\n"
+                   for c, s, e, st in freq.rows())  # fmt: skip
+    assert freq.format().split("\n", 1)[1] == want
+    assert b"".join(bytes(c) for c in freq.chunks(rows_per_chunk=7)) == freq.format().encode()
+    want = "".join(f"{c}\t{p}\t{p + 1}\tm\t{k.n_valid}\t{s}\t{p}\t{p + 1}\t255,0,0\t{k.n_valid}"
+                   f"\t{100 * k.n_mod / k.n_valid:.2f}\t{k.n_mod}\t{k.n_canonical}\t0\t0\t{k.n_fail}\t0\t0\n"
+                   for c, p, s, k in bed.rows())  # fmt: skip
+    out = io.StringIO()
+    bed.write(out)
+    assert out.getvalue() == want and len(want.splitlines()) > 1000
+    assert b"".join(bytes(c) for c in bed.chunks(rows_per_chunk=5)) == want.encode()

@@ -26,7 +26,7 @@ never sees half a batch.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple, TextIO
 
 import numba
@@ -34,8 +34,28 @@ import numpy as np
 
 from streamer.pore.motifs import CPG, Motif
 from streamer_plugins.cpg.calls import MethCalls
-from streamer_plugins.outputs.site_rows import (Contigs, called_bound, grown, lookup, methylated_bound, new_index,
-                                                next_site, one_call, row_of, with_room)
+from streamer_plugins.outputs.site_rows import (
+    CHUNK_ROWS,
+    Contigs,
+    called_bound,
+    grown,
+    lookup,
+    methylated_bound,
+    new_index,
+    next_site,
+    one_call,
+    row_of,
+    with_room,
+)
+from streamer_plugins.printf import (
+    DOUBLE_BITS,
+    blob,
+    put_byte,
+    put_bytes,
+    put_fixed,
+    put_int,
+    text,
+)
 
 CALL_THRESHOLD = 2.5
 SPLIT_SEQUENCE = "split-group"
@@ -103,6 +123,41 @@ def _add(index, rows, n, arena, n_bytes, contig, start, end, llr, num, blob, off
                 j = next_site(blob, o, length, j + 1, motif)
         i += 1
     return i, n, n_bytes, t
+
+
+@numba.njit(nogil=True, cache=True)
+def _freq_row(buf, pos, r, rows, arena, names, name_off, split, write):
+    """One site's meth-freq row: its frequency as Python's `f"{methylated / called:.3f}"` gives it."""
+    tab = 9
+    c = rows[r, _CONTIG]
+    pos = put_bytes(buf, pos, names, name_off[c], name_off[c + 1], write)
+    for v in (rows[r, _START], rows[r, _END], rows[r, _GROUP], rows[r, _CALLED], rows[r, _METH]):
+        pos = put_byte(buf, pos, tab, write)
+        pos = put_int(buf, pos, v, write)
+    pos = put_byte(buf, pos, tab, write)
+    pos = put_fixed(buf, pos, rows[r, _METH] / rows[r, _CALLED], 3, DOUBLE_BITS, write)
+    pos = put_byte(buf, pos, tab, write)
+    if rows[r, _LEN] >= 0:
+        pos = put_bytes(buf, pos, arena, rows[r, _SEQ], rows[r, _SEQ] + rows[r, _LEN], write)
+    else:
+        pos = put_bytes(buf, pos, split, 0, split.shape[0], write)
+    return put_byte(buf, pos, 10, write)
+
+
+@numba.njit(nogil=True, cache=True, parallel=True)
+def _freq_text(rows, order, arena, names, name_off, split):
+    """uint8 text of the rows `order` names, in that order: each row measured, then all written in parallel."""
+    n = order.shape[0]
+    dummy = np.empty(0, np.uint8)
+    row_off = np.zeros(n + 1, np.int64)
+    for j in numba.prange(n):
+        row_off[j + 1] = _freq_row(dummy, 0, order[j], rows, arena, names, name_off, split, False)
+    for j in range(n):
+        row_off[j + 1] += row_off[j]
+    buf = np.empty(row_off[n], np.uint8)
+    for j in numba.prange(n):
+        _freq_row(buf, row_off[j], order[j], rows, arena, names, name_off, split, True)
+    return buf
 
 
 class MethFreq:
@@ -190,16 +245,22 @@ class MethFreq:
         rows = rows[rows[:, _CALLED] > 0]
         rows = rows[self.contigs.order(rows[:, _CONTIG], rows[:, _START], rows[:, _END])]
         return [(*key, stats) for key, stats in self._sites(rows, self._arena[: self._n_bytes]).items()]
+    def chunks(self, rows_per_chunk: int = CHUNK_ROWS) -> Iterator[np.ndarray]:
+        """The current table as f5c prints it, header first, as uint8 text a block of rows at a time: written by
+        a compiled kernel without the GIL, so that a genome's tens of millions of sites, rewritten every
+        `refresh_interval`, neither hold the daemon's threads off nor take their whole text's memory."""
+        yield np.frombuffer(_FREQ_HEADER.format(group=self.group_column).encode(), np.uint8)
+        rows, arena = self._rows[: self._n], self._arena[: self._n_bytes]
+        kept = np.flatnonzero(rows[:, _CALLED] > 0)
+        order = kept[self.contigs.order(rows[kept, _CONTIG], rows[kept, _START], rows[kept, _END])]
+        names, name_off = blob(self.contigs.names.tolist())
+        split = np.frombuffer(SPLIT_SEQUENCE.encode(), np.uint8)
+        for i in range(0, len(order), rows_per_chunk):
+            yield _freq_text(rows, order[i : i + rows_per_chunk], arena, names, name_off, split)
+
     def format(self) -> str:
         """The current table, header included, formatted as f5c prints it."""
-        out = [_FREQ_HEADER.format(group=self.group_column)]
-        for chrom, start, end, s in self.rows():
-            freq = s.called_sites_methylated / s.called_sites
-            out.append(
-                f"{chrom}\t{start}\t{end}\t{s.group_size}\t{s.called_sites}\t{s.called_sites_methylated}"
-                f"\t{freq:.3f}\t{s.sequence}\n"
-            )
-        return "".join(out)
+        return "".join(text(chunk) for chunk in self.chunks())
 
     def write(self, fh: TextIO) -> None:
-        fh.write(self.format())
+        fh.writelines(map(text, self.chunks()))

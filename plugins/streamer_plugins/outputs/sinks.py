@@ -9,7 +9,6 @@ meth-freq does on the TSV, so they come out the same from live calls and from ro
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
@@ -95,9 +94,9 @@ class MethFreqTable(BaseSink):
 
     def refresh(self, final: bool = False) -> None:
         if isinstance(self.path, Path) and (self.dirty or final):
-            write_atomic(self.path, self.table.format())
+            write_atomic(self.path, self.table.chunks())
         elif self.path is not None and final:
-            self.path.write(self.table.format())
+            self.table.write(self.path)
         self.dirty = False
 
 
@@ -131,9 +130,7 @@ class BedMethylTable(BaseSink):
 
     def refresh(self, final: bool = False) -> None:
         if self.dirty or final:
-            text = io.StringIO()
-            self.table.write(text)
-            write_atomic(self.path, text.getvalue())
+            write_atomic(self.path, self.table.chunks())
         self.dirty = False
 
 
