@@ -88,6 +88,12 @@ def growth(series: Sequence[Mapping[str, float]], landed: Sequence[tuple[float, 
             "drain_s": None if finished is None else finished - end}  # fmt: skip
 
 
+def _kept(g: Mapping[str, Any]) -> float:
+    """The share of the landing rate the daemon did while files landed: the rate less the backlog's slope."""
+    rate = g["landing_reads_per_s"]
+    return min(1.0, max(0.0, 1.0 - g["slope_reads_per_s"] / rate)) if rate else 1.0
+
+
 def _slope(points: Sequence[tuple[float, float]]) -> float:
     if len(points) < 3:
         return 0.0
@@ -203,6 +209,7 @@ def markdown(res: Mapping[str, Any]) -> str:
         f"| replayed | {m['mbases']:.1f} Mbases in {g['landing_s']:.0f} s ({m['pace']:g} Mbases/s asked) |",
         f"| backlog slope (troughs, second half) | {g['slope_reads_per_s']:+.2f} reads/s of "
         f"{g['landing_reads_per_s']:.1f} landing: {'grows' if g['grows'] else 'does not grow'} |",
+        f"| done while files land | {_kept(g):.0%} of the landing rate: about {_kept(g) * m['pace']:.1f} Mbases/s |",
         f"| largest backlog | {g['max_backlog']} reads |",
         f"| finished after the last file | {_s(g['drain_s'])} |",
         *([f"| latency per batch file, from its landing | mean {m['landing_latency']['mean_s']:.1f} s, max "

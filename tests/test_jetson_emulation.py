@@ -152,6 +152,9 @@ def test_markdown_table_of_a_run():
     assert "| latency per batch file, from its registration | mean 3.2 s, max 7.5 s (20 files) |" in text
     assert "| 4.1 / 8.0 s | 3.2 / 7.5 s |" in text  # the search's row
     assert "| latency per batch | mean 2.5 s, max 6.0 s (8 batches;" in text
+    assert "| done while files land | 100% of the landing rate: about 1.0 Mbases/s |" in text
+    half = markdown({**res, "main": {**trial, "pace": 24.0, "growth": {**g, "slope_reads_per_s": 50.0}}})
+    assert "| done while files land | 75% of the landing rate: about 18.0 Mbases/s |" in half  # 150 of 200 reads/s
     assert "does not grow" in text and "| rows identical to `streamer call` | True (1234 rows) |" in text
     assert "| beside the daemon | 100.0 ms |" in text and "Largest pace kept: 1.0 Mbases/s." in text
     assert "| 2 | " in text and "| no |" in text and "FASTQ" not in text
