@@ -25,26 +25,10 @@ import numpy as np
 from streamer.pore.motifs import CPG, Motif
 from streamer_plugins.cpg.calls import MethCalls
 from streamer_plugins.outputs.methfreq import CALL_THRESHOLD
-from streamer_plugins.outputs.site_rows import (
-    CHUNK_ROWS,
-    Contigs,
-    called_bound,
-    methylated_bound,
-    new_index,
-    next_site,
-    one_call,
-    row_of,
-    with_room,
-)
-from streamer_plugins.printf import (
-    DOUBLE_BITS,
-    blob,
-    put_byte,
-    put_bytes,
-    put_fixed,
-    put_int,
-    text,
-)
+from streamer_plugins.outputs.site_rows import (Contigs, called_bound, methylated_bound, new_index, next_site, one_call,
+                                                row_of, with_room)
+from streamer_plugins.outputs.site_text import BED, CHUNK_ROWS, site_chunks
+from streamer_plugins.printf import text
 
 COLOUR = "255,0,0"
 _COLOUR = np.frombuffer(COLOUR.encode(), np.uint8)
@@ -85,52 +69,6 @@ def _add(index, rows, n, contig, strand, start, llr, blob, off, bound, meth_boun
             j = next_site(blob, o, length, j + 1, motif)
         i += 1
     return i, n
-
-
-@numba.njit(nogil=True, cache=True)
-def _bed_row(buf, pos, r, rows, names, name_off, code, colour, write):
-    """One site's 18 columns, its percentage as Python's `f"{100 * n_mod / n_valid:.2f}"` gives it."""
-    tab = 9
-    c, p, n = rows[r, 0], rows[r, 1], rows[r, 3] + rows[r, 4]
-    pos = put_bytes(buf, pos, names, name_off[c], name_off[c + 1], write)
-    for half in range(2):  # chrom start end code score strand | start end colour n
-        pos = put_byte(buf, pos, tab, write)
-        pos = put_int(buf, pos, p, write)
-        pos = put_byte(buf, pos, tab, write)
-        pos = put_int(buf, pos, p + 1, write)
-        pos = put_byte(buf, pos, tab, write)
-        if half == 0:
-            pos = put_bytes(buf, pos, code, 0, code.shape[0], write)
-            pos = put_byte(buf, pos, tab, write)
-            pos = put_int(buf, pos, n, write)
-            pos = put_byte(buf, pos, tab, write)
-            pos = put_byte(buf, pos, 45 if rows[r, 2] else 43, write)
-        else:
-            pos = put_bytes(buf, pos, colour, 0, colour.shape[0], write)
-            pos = put_byte(buf, pos, tab, write)
-            pos = put_int(buf, pos, n, write)
-    pos = put_byte(buf, pos, tab, write)
-    pos = put_fixed(buf, pos, 100 * rows[r, 3] / n, 2, DOUBLE_BITS, write)
-    for v in (rows[r, 3], rows[r, 4], 0, 0, rows[r, 5], 0, 0):
-        pos = put_byte(buf, pos, tab, write)
-        pos = put_int(buf, pos, v, write)
-    return put_byte(buf, pos, 10, write)
-
-
-@numba.njit(nogil=True, cache=True, parallel=True)
-def _bed_text(rows, order, names, name_off, code, colour):
-    """uint8 text of the rows `order` names, in that order: each row measured, then all written in parallel."""
-    n = order.shape[0]
-    dummy = np.empty(0, np.uint8)
-    row_off = np.zeros(n + 1, np.int64)
-    for j in numba.prange(n):
-        row_off[j + 1] = _bed_row(dummy, 0, order[j], rows, names, name_off, code, colour, False)
-    for j in range(n):
-        row_off[j + 1] += row_off[j]
-    buf = np.empty(row_off[n], np.uint8)
-    for j in numba.prange(n):
-        _bed_row(buf, row_off[j], order[j], rows, names, name_off, code, colour, True)
-    return buf
 
 
 class BedMethyl:
@@ -176,15 +114,10 @@ class BedMethyl:
         return self._listed(rows[self.contigs.order(rows[:, 0], rows[:, 1], rows[:, 2])])
 
     def chunks(self, rows_per_chunk: int = CHUNK_ROWS) -> Iterator[np.ndarray]:
-        """The table as uint8 text, a block of rows at a time, written by a compiled kernel without the GIL (as
-        `MethFreq.chunks`, for the same reason: a genome's sites, rewritten every `refresh_interval`)."""
+        """The table as uint8 text, a block of rows at a time (`site_text`, as `MethFreq.chunks`)."""
         rows = self._rows[: self._n]
-        kept = np.flatnonzero(rows[:, 3] + rows[:, 4] > 0)
-        order = kept[self.contigs.order(rows[kept, 0], rows[kept, 1], rows[kept, 2])]
-        names, name_off = blob(self.contigs.names.tolist())
-        code = np.frombuffer(self.motif.mod_code.encode(), np.uint8)
-        for i in range(0, len(order), rows_per_chunk):
-            yield _bed_text(rows, order[i : i + rows_per_chunk], names, name_off, code, _COLOUR)
+        yield from site_chunks(BED, rows, np.flatnonzero(rows[:, 3] + rows[:, 4] > 0), self.contigs,
+                               np.frombuffer(self.motif.mod_code.encode(), np.uint8), _COLOUR, rows_per_chunk)
 
     def write(self, fh: TextIO) -> None:
         fh.writelines(map(text, self.chunks()))

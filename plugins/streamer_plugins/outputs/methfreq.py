@@ -34,28 +34,11 @@ import numpy as np
 
 from streamer.pore.motifs import CPG, Motif
 from streamer_plugins.cpg.calls import MethCalls
-from streamer_plugins.outputs.site_rows import (
-    CHUNK_ROWS,
-    Contigs,
-    called_bound,
-    grown,
-    lookup,
-    methylated_bound,
-    new_index,
-    next_site,
-    one_call,
-    row_of,
-    with_room,
-)
-from streamer_plugins.printf import (
-    DOUBLE_BITS,
-    blob,
-    put_byte,
-    put_bytes,
-    put_fixed,
-    put_int,
-    text,
-)
+from streamer_plugins.outputs.site_rows import (Contigs, called_bound, grown, lookup, methylated_bound, new_index,
+                                                next_site, one_call, row_of, with_room)
+from streamer_plugins.outputs.site_text import (CALLED, CHUNK_ROWS, CONTIG, END, FREQ, GROUP, LEN, METH, SEQ, START,
+                                                site_chunks)
+from streamer_plugins.printf import text
 
 CALL_THRESHOLD = 2.5
 SPLIT_SEQUENCE = "split-group"
@@ -77,17 +60,17 @@ class SiteStats(NamedTuple):
     sequence: str
 
 
-_CONTIG, _START, _END, _GROUP, _CALLED, _METH, _SEQ, _LEN = range(8)
+_SPLIT = np.frombuffer(SPLIT_SEQUENCE.encode(), np.uint8)
 
 
 @numba.njit(nogil=True, cache=True)
 def _credit(index, rows, n, key, n_sites, methylated, seq, seq_len, touched, t):
     row, after = row_of(index, rows, n, key[0], key[1], key[2])
     if after > n:  # a new site: its first call fixes its group size and sequence
-        rows[row, _GROUP], rows[row, _SEQ], rows[row, _LEN] = n_sites, seq, seq_len
-    rows[row, _CALLED] += n_sites
+        rows[row, GROUP], rows[row, SEQ], rows[row, LEN] = n_sites, seq, seq_len
+    rows[row, CALLED] += n_sites
     if methylated:
-        rows[row, _METH] += n_sites
+        rows[row, METH] += n_sites
     touched[t] = row
     return after
 
@@ -123,41 +106,6 @@ def _add(index, rows, n, arena, n_bytes, contig, start, end, llr, num, blob, off
                 j = next_site(blob, o, length, j + 1, motif)
         i += 1
     return i, n, n_bytes, t
-
-
-@numba.njit(nogil=True, cache=True)
-def _freq_row(buf, pos, r, rows, arena, names, name_off, split, write):
-    """One site's meth-freq row: its frequency as Python's `f"{methylated / called:.3f}"` gives it."""
-    tab = 9
-    c = rows[r, _CONTIG]
-    pos = put_bytes(buf, pos, names, name_off[c], name_off[c + 1], write)
-    for v in (rows[r, _START], rows[r, _END], rows[r, _GROUP], rows[r, _CALLED], rows[r, _METH]):
-        pos = put_byte(buf, pos, tab, write)
-        pos = put_int(buf, pos, v, write)
-    pos = put_byte(buf, pos, tab, write)
-    pos = put_fixed(buf, pos, rows[r, _METH] / rows[r, _CALLED], 3, DOUBLE_BITS, write)
-    pos = put_byte(buf, pos, tab, write)
-    if rows[r, _LEN] >= 0:
-        pos = put_bytes(buf, pos, arena, rows[r, _SEQ], rows[r, _SEQ] + rows[r, _LEN], write)
-    else:
-        pos = put_bytes(buf, pos, split, 0, split.shape[0], write)
-    return put_byte(buf, pos, 10, write)
-
-
-@numba.njit(nogil=True, cache=True, parallel=True)
-def _freq_text(rows, order, arena, names, name_off, split):
-    """uint8 text of the rows `order` names, in that order: each row measured, then all written in parallel."""
-    n = order.shape[0]
-    dummy = np.empty(0, np.uint8)
-    row_off = np.zeros(n + 1, np.int64)
-    for j in numba.prange(n):
-        row_off[j + 1] = _freq_row(dummy, 0, order[j], rows, arena, names, name_off, split, False)
-    for j in range(n):
-        row_off[j + 1] += row_off[j]
-    buf = np.empty(row_off[n], np.uint8)
-    for j in numba.prange(n):
-        _freq_row(buf, row_off[j], order[j], rows, arena, names, name_off, split, True)
-    return buf
 
 
 class MethFreq:
@@ -211,12 +159,12 @@ class MethFreq:
             changed.update(self._keys(self._rows[np.unique(touched[:t])]))
 
     def _keys(self, rows: np.ndarray) -> zip:
-        return zip(self.contigs.names[rows[:, _CONTIG]].tolist(), rows[:, _START].tolist(), rows[:, _END].tolist())
+        return zip(self.contigs.names[rows[:, CONTIG]].tolist(), rows[:, START].tolist(), rows[:, END].tolist())
 
     def _sites(self, rows: np.ndarray, arena: np.ndarray) -> dict[SiteKey, SiteStats]:
         text = arena.tobytes().decode("ascii")
-        seqs = [text[o : o + k] if k >= 0 else SPLIT_SEQUENCE for o, k in rows[:, [_SEQ, _LEN]].tolist()]
-        stats = map(SiteStats, rows[:, _GROUP].tolist(), rows[:, _CALLED].tolist(), rows[:, _METH].tolist(), seqs)
+        seqs = [text[o : o + k] if k >= 0 else SPLIT_SEQUENCE for o, k in rows[:, [SEQ, LEN]].tolist()]
+        stats = map(SiteStats, rows[:, GROUP].tolist(), rows[:, CALLED].tolist(), rows[:, METH].tolist(), seqs)
         return dict(zip(self._keys(rows), stats))
 
     @property
@@ -237,26 +185,21 @@ class MethFreq:
         """The sites with at least one called site, consistent between batches; safe from any thread."""
         with self.lock:
             rows, arena = self._rows[: self._n].copy(), self._arena[: self._n_bytes]
-        return self._sites(rows[rows[:, _CALLED] > 0], arena)
+        return self._sites(rows[rows[:, CALLED] > 0], arena)
 
     def rows(self) -> list[tuple[str, int, int, SiteStats]]:
         """Sites with at least one called site, in f5c's order."""
         rows = self._rows[: self._n]
-        rows = rows[rows[:, _CALLED] > 0]
-        rows = rows[self.contigs.order(rows[:, _CONTIG], rows[:, _START], rows[:, _END])]
+        rows = rows[rows[:, CALLED] > 0]
+        rows = rows[self.contigs.order(rows[:, CONTIG], rows[:, START], rows[:, END])]
         return [(*key, stats) for key, stats in self._sites(rows, self._arena[: self._n_bytes]).items()]
     def chunks(self, rows_per_chunk: int = CHUNK_ROWS) -> Iterator[np.ndarray]:
-        """The current table as f5c prints it, header first, as uint8 text a block of rows at a time: written by
-        a compiled kernel without the GIL, so that a genome's tens of millions of sites, rewritten every
-        `refresh_interval`, neither hold the daemon's threads off nor take their whole text's memory."""
+        """The current table as f5c prints it, header first, as uint8 text a block of rows at a time
+        (`site_text`: compiled, without the GIL, a genome's sites never held as one text)."""
         yield np.frombuffer(_FREQ_HEADER.format(group=self.group_column).encode(), np.uint8)
-        rows, arena = self._rows[: self._n], self._arena[: self._n_bytes]
-        kept = np.flatnonzero(rows[:, _CALLED] > 0)
-        order = kept[self.contigs.order(rows[kept, _CONTIG], rows[kept, _START], rows[kept, _END])]
-        names, name_off = blob(self.contigs.names.tolist())
-        split = np.frombuffer(SPLIT_SEQUENCE.encode(), np.uint8)
-        for i in range(0, len(order), rows_per_chunk):
-            yield _freq_text(rows, order[i : i + rows_per_chunk], arena, names, name_off, split)
+        rows = self._rows[: self._n]
+        yield from site_chunks(FREQ, rows, np.flatnonzero(rows[:, CALLED] > 0), self.contigs,
+                               self._arena[: self._n_bytes], _SPLIT, rows_per_chunk)  # fmt: skip
 
     def format(self) -> str:
         """The current table, header included, formatted as f5c prints it."""

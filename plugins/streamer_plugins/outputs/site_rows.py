@@ -30,7 +30,6 @@ from streamer_plugins.cpg.hmm import site_at
 from streamer_plugins.texts import Texts
 
 _EMPTY = -1
-CHUNK_ROWS = 1 << 18  # sites a table writes at a time (`MethFreq.chunks`): some 15 MB of text, whatever the genome
 _MIX = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9)  # odd multipliers of the hash
 
 
