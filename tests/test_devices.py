@@ -17,9 +17,9 @@ from streamer.pipeline.abea import align_batch
 from streamer.pipeline.batch import pack
 from streamer.pipeline.events import detect_events
 from streamer.pipeline.devices import DevicePool
-from streamer.pipeline.gpu import CudaOptions
+from streamer.pipeline.gpu import LANE_SWITCH_INTERVAL, CudaOptions
 from streamer.io.reference import Reference
-from streamer.pipeline.stages import LANE_SWITCH_INTERVAL, GpuDevice, Pipeline, PipelineOptions
+from streamer.pipeline.stages import GpuDevice, Pipeline, PipelineOptions
 from streamer.summary import RunSummary
 from streamer_plugins.cpg.caller import CpgCaller
 from conftest import ECOLI, REFERENCE

@@ -125,6 +125,13 @@ class GpuInfo:
         return f"{self.name} ({self.total_bytes >> 20} MiB)"
 
 
+LANE_SWITCH_INTERVAL = 0.0005
+"""Seconds a thread holding the GIL keeps it from a GPU lane that asks (Python's default is 5 ms). A lane lets
+the GIL go at each of a batch's few dozen CUDA calls and compiled functions, and asks for it back each time; a
+thread running Python beside it (a daemon's engine, intake, sinks) then held it off for up to 5 ms a call.
+`benchmarks/RESULTS-cpu-half.md`: two lanes beside a Python thread 3.7 batches a second at 5 ms, 12.1 at 0.5."""
+
+
 @dataclass(frozen=True)
 class CudaOptions:
     """How the GPU takes part in ABEA (f5c's names and defaults where f5c has them).

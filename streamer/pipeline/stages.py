@@ -32,7 +32,8 @@ from streamer.pipeline.chunks import chunked
 from streamer.pipeline.batch import ReadBatch, ReadInput, pack, synthetic_read
 from streamer.pipeline.devices import DevicePool
 from streamer.pipeline.events import detect_events, reverse_events
-from streamer.pipeline.gpu import AbeaBatchStats, CudaOptions, GpuAbea, GpuEvents, HmmBatchStats, gpu_package
+from streamer.pipeline.gpu import (LANE_SWITCH_INTERVAL, AbeaBatchStats, CudaOptions, GpuAbea, GpuEvents, HmmBatchStats,
+                                  gpu_package)
 from streamer.pipeline.chemistry import DEFAULT, Chemistry
 from streamer.pore.model import PoreModel, load_kmer_model
 from streamer.pore.motifs import CPG, Motif
@@ -41,13 +42,6 @@ from streamer.pipeline.scaling import estimate_scalings
 from streamer.skips import Skip, Skipped
 
 log = logging.getLogger(__name__)
-
-
-LANE_SWITCH_INTERVAL = 0.0005
-"""Seconds a thread holding the GIL keeps it from a GPU lane that asks (Python's default is 5 ms). A lane lets
-the GIL go at each of a batch's few dozen CUDA calls and compiled functions, and asks for it back each time; a
-thread running Python beside it (a daemon's engine, intake, sinks) then held it off for up to 5 ms a call.
-`benchmarks/RESULTS-cpu-half.md`: two lanes beside a Python thread 3.7 batches a second at 5 ms, 12.1 at 0.5."""
 
 
 @dataclass(frozen=True)
@@ -196,12 +190,6 @@ class Recalibrate(_CoreStage):
 
 
 CORE_STAGES: tuple[type[_CoreStage], ...] = (DetectEvents, EstimateScalings, AlignEvents, Recalibrate)
-
-
-def _parts(stats: object) -> dict[str, float]:
-    """A GPU stage's seconds by part (its `t_` fields: packing, copies, kernels), for the stage's span."""
-    fields = getattr(stats, "__dataclass_fields__", {})
-    return {name: round(getattr(stats, name), 6) for name in fields if name.startswith("t_")}
 
 
 @dataclass
@@ -359,7 +347,7 @@ class Pipeline:
                 self._local.device = None
             t1 = time.perf_counter()
             batch.ran[stage.name] = t1 - t0
-            timeline.record(stage.name, t0, t1, reads=batch.n, **_parts(batch.stats.get(stage.name)))
+            timeline.record(stage.name, t0, t1, reads=batch.n, **timeline.parts(batch.stats.get(stage.name)))
 
     def run_batch(self, batch: ReadBatch) -> BatchResult:
         self._wait_started()
@@ -390,7 +378,7 @@ class Pipeline:
                     self._local.device = None
                 t1 = time.perf_counter()
                 timings[stage.name] = timings.get(stage.name, 0.0) + t1 - t0
-                timeline.record(stage.name, t0, t1, reads=batch.n, **_parts(batch.stats.get(stage.name)))
+                timeline.record(stage.name, t0, t1, reads=batch.n, **timeline.parts(batch.stats.get(stage.name)))
         return BatchResult(batch, skipped_of(batch), timings)
 
     def _call(self, stage: Stage, batch: ReadBatch) -> None:

@@ -57,6 +57,12 @@ def count(name: str, **series: float) -> None:
             _events.append(event)
 
 
+def parts(stats: object) -> dict[str, float]:
+    """A GPU stage's seconds by part (its measurements' `t_` fields: packing, copies, kernels), for its span."""
+    fields = getattr(stats, "__dataclass_fields__", {})
+    return {name: round(getattr(stats, name), 6) for name in fields if name.startswith("t_")}
+
+
 @contextmanager
 def span(name: str, **args: object) -> Iterator[None]:
     """The time the `with` block takes, as a span on this thread."""
