@@ -347,7 +347,7 @@ class Pipeline:
                 self._local.device = None
             t1 = time.perf_counter()
             batch.ran[stage.name] = t1 - t0
-            timeline.record(stage.name, t0, t1, reads=batch.n, **timeline.parts(batch.stats.get(stage.name)))
+            timeline.record(stage.name, t0, t1, reads=batch.n, stats=batch.stats.get(stage.name))
 
     def run_batch(self, batch: ReadBatch) -> BatchResult:
         self._wait_started()
@@ -378,7 +378,7 @@ class Pipeline:
                     self._local.device = None
                 t1 = time.perf_counter()
                 timings[stage.name] = timings.get(stage.name, 0.0) + t1 - t0
-                timeline.record(stage.name, t0, t1, reads=batch.n, **timeline.parts(batch.stats.get(stage.name)))
+                timeline.record(stage.name, t0, t1, reads=batch.n, stats=batch.stats.get(stage.name))
         return BatchResult(batch, skipped_of(batch), timings)
 
     def _call(self, stage: Stage, batch: ReadBatch) -> None:

@@ -34,10 +34,13 @@ def recording() -> bool:
     return _events is not None
 
 
-def record(name: str, t0: float, t1: float, where: str | None = None, **args: object) -> None:
-    """A span from t0 to t1 (perf_counter seconds) on `where` (default: this process and thread)."""
+def record(name: str, t0: float, t1: float, where: str | None = None, stats: object = None, **args: object) -> None:
+    """A span from t0 to t1 (perf_counter seconds) on `where` (default: this process and thread); `stats`, a GPU
+    stage's measurements, adds their seconds by part (the `t_` fields: packing, copies, kernels)."""
     if _events is None:
         return
+    fields = getattr(stats, "__dataclass_fields__", {})
+    args |= {f: round(getattr(stats, f), 6) for f in fields if f.startswith("t_")}
     event = {"name": name, "ph": "X", "ts": round(t0 * 1e6, 1), "dur": round((t1 - t0) * 1e6, 1),
              "pid": "streamer", "tid": where or f"{os.getpid()} {threading.current_thread().name}"}
     if args:
@@ -55,12 +58,6 @@ def count(name: str, **series: float) -> None:
     with _lock:
         if _events is not None and (_limit is None or len(_events) < _limit):
             _events.append(event)
-
-
-def parts(stats: object) -> dict[str, float]:
-    """A GPU stage's seconds by part (its measurements' `t_` fields: packing, copies, kernels), for its span."""
-    fields = getattr(stats, "__dataclass_fields__", {})
-    return {name: round(getattr(stats, name), 6) for name in fields if name.startswith("t_")}
 
 
 @contextmanager
