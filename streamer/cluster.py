@@ -90,12 +90,18 @@ def _missing(paths: list[str]) -> list[str]:
     return [p for p in paths if not os.path.exists(p)]
 
 
+def dask_log_level(libraries: int, own: int) -> str:
+    """Dask's own lines (nannies, scheduler, workers here), from the log levels of other libraries and of streamer:
+    its errors by default, its warnings with -v (a busy machine has them about Dask's event loop, its garbage
+    collection and, as a cluster closes, a worker's heartbeat with a traceback), its INFO with -vv."""
+    return "info" if libraries <= logging.DEBUG else "warning" if own <= logging.DEBUG else "error"
+
+
 def connect(address: str, threads: int) -> tuple[Any, int, Callable[[], None]]:
     """A Dask client for `address` (`tcp://host:8786`, or `local` / `local:N` for N worker processes
     here), how many workers it has, and what closes them (a local cluster with its client)."""
-    # Dask's own INFO lines (nannies, scheduler, workers here) only with -vv, like every library's
-    quiet = logging.getLogger().getEffectiveLevel() > logging.DEBUG
-    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning" if quiet else "info")
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", dask_log_level(logging.getLogger().getEffectiveLevel(),
+                                                                      log.getEffectiveLevel()))  # fmt: skip
     try:
         from distributed import Client, LocalCluster
     except ImportError:

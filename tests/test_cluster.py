@@ -4,6 +4,7 @@ also when a worker dies mid-batch, and a killed client resumes without recomputi
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -74,3 +75,13 @@ def test_resume_refuses_the_journal_of_another_run(tmp_path):
     assert other.returncode == 1
     assert other.stderr.strip().splitlines()[-1].endswith(
         "journal of another run (inputs or options differ): remove it, or run without --resume to start over")
+
+
+def test_dasks_own_lines_are_its_errors_unless_asked_for_more():
+    """A busy machine has Dask warn of its event loop, its garbage collection and, as a cluster closes, a worker's
+    heartbeat with a traceback: none of it the user's to act on, so by default only Dask's errors reach them."""
+    from streamer.cluster import dask_log_level
+
+    levels = [(logging.WARNING, logging.INFO), (logging.WARNING, logging.WARNING), (logging.WARNING, logging.DEBUG),
+              (logging.DEBUG, logging.DEBUG)]  # other libraries' and streamer's (`configure_logging`)
+    assert [dask_log_level(*pair) for pair in levels] == ["error", "error", "warning", "info"]  # default, -q, -v, -vv
