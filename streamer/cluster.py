@@ -112,6 +112,11 @@ def connect(address: str, threads: int) -> tuple[Any, int, Callable[[], None]]:
         client = Client(cluster)
 
         def close() -> None:
+            # the workers leave first: one that heartbeats to a scheduler already closing logs a traceback
+            cluster.scale(0)
+            deadline = time.monotonic() + 30
+            while client.scheduler_info()["workers"] and time.monotonic() < deadline:
+                time.sleep(0.05)
             client.close()
             cluster.close()
 
