@@ -170,3 +170,28 @@ def test_output_in_batch_order_whatever_the_threads(tmp_path, extra):
         assert "calls written:    790" in proc.stderr and "throughput:" in proc.stderr
         outs.append(out.read_bytes())
     assert outs[0] == outs[1]
+
+
+_CUT_SHORT = """
+import multiprocessing.forkserver, socket, sys
+from streamer.pipeline import signal_pool
+ctx = signal_pool._fork_server([])
+address = multiprocessing.forkserver._forkserver._forkserver_address
+for _ in range(3):  # an owner cut short after connecting, before it sends a new reader's descriptors
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(address)
+reader = ctx.Process(target=sys.exit, args=(7,))
+reader.start()
+reader.join(60)
+print(reader.exitcode)
+"""
+
+
+def test_a_request_cut_short_leaves_the_fork_server_serving_without_a_traceback():
+    """Ctrl-C between the owner's connecting to the fork server and its sending a new reader's descriptors: the
+    server, which printed a traceback and died there, drops the request and still starts the next reader."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", _CUT_SHORT], capture_output=True, text=True, timeout=120)
+    assert run.stdout.split() == ["7"] and "Traceback" not in run.stderr, run.stderr

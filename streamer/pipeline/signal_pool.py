@@ -169,7 +169,8 @@ def _fork_server(libraries: Iterable[str]) -> multiprocessing.context.ForkServer
     server starts with the current directory left off (PYTHONSAFEPATH) and the folders this
     process imported its packages from first (PYTHONPATH). It starts with Ctrl-C ignored, which it
     and the readers it forks keep: Ctrl-C reaches the whole process group, and the server would
-    print the traceback of the import it was in; the owner stops them.
+    print the traceback of the import it was in; the owner stops them. A Ctrl-C that cuts the owner's
+    request for a reader short no longer ends the server either (`streamer.pipeline.fork_server`).
 
     The pool's queues hold named semaphores, which multiprocessing's resource tracker unlinks if
     their owner cannot (a `kill -9`). It then warns of "leaked semaphore objects", a page that
@@ -177,7 +178,7 @@ def _fork_server(libraries: Iterable[str]) -> multiprocessing.context.ForkServer
     started with that warning off (its command line takes this process's `-W` options).
     """
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["streamer.pipeline.batching", *libraries])
+    ctx.set_forkserver_preload(["streamer.pipeline.fork_server", "streamer.pipeline.batching", *libraries])
     roots = []
     for name in _IMPORT_ROOTS:
         spec = importlib.util.find_spec(name)
