@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -72,6 +73,21 @@ class FakePipeline:
         if self.poison & {r.read_id for r in reads} or "*" in self.poison:
             raise IndexError("index 7 is out of bounds")
         return FakeResult(reads, self.skip_ids)
+
+    def run_batch(self, batch):
+        """`process` on a packed batch (the daemon packs its batches from the readers' columns)."""
+        return self.process([Packed(batch.read_ids[i], batch.ref_names[i], int(batch.ref_start[i]), bool(batch.rc[i]),
+                                    batch.seq[batch.seq_off[i] : batch.seq_off[i + 1]]) for i in range(batch.n)])
+
+
+class Packed(NamedTuple):
+    """A record of a packed batch, as much of it as `FakeResult` reads."""
+
+    read_id: str
+    ref_name: str
+    ref_start: int
+    rc: bool
+    seq: np.ndarray
 
 
 def rows(path: Path) -> list[str]:

@@ -94,6 +94,12 @@ def test_the_runs_share_one_aligner_made_by_the_first_that_needs_it():
     assert len(made) == 1 and get() is made[0]
 
 
+def spans_of(batch) -> list[tuple[bytes, int]]:
+    """Each record's reference bases and the base after them, as the batch was packed."""
+    return [(batch.ref_seq[batch.ref_seq_off[i] : batch.ref_seq_off[i + 1]].tobytes(), int(batch.ref_next[i]))
+            for i in range(batch.n)]
+
+
 def test_runs_assembling_batches_at_once_give_each_record_its_own_reference_span(tmp_path):
     """The runs share one `Reference` and assemble their batches on their own threads, at the same time
     when their flow cells land files together. Each record must get its own span of an indexed FASTA:
@@ -108,13 +114,13 @@ def test_runs_assembling_batches_at_once_give_each_record_its_own_reference_span
     with Reference(genome) as ref:
         runs = [DaemonBatch(picks, *picked(picks, found, {}), SignalReads(None).take(signal_wanted(picks, found)),
                             ref) for _ in range(4)]  # fmt: skip
-        alone = [(r.ref_seq, r.ref_next) for r in runs[0].assemble().reads]
+        alone = spans_of(runs[0].assemble().batch)
         wrong: list[object] = []
 
         def assemble(batch: DaemonBatch) -> None:
             for _ in range(2000):
                 try:
-                    spans = [(r.ref_seq, r.ref_next) for r in batch.assemble().reads]
+                    spans = spans_of(batch.assemble().batch)
                 except Exception as exc:  # noqa: BLE001 - a read of the shared handle that failed outright
                     spans = exc
                 if spans != alone:

@@ -21,7 +21,7 @@ from streamer.daemon.ledger import Ledger, Pick
 from streamer.io.reference import Reference
 from streamer.daemon.aligner import ReadAligner
 from streamer.pipeline.batch import ReadInput
-from streamer.pipeline.batching import Pending, batch_inputs
+from streamer.pipeline.batching import Pending, SignalChunk, assemble_batch, batch_inputs, chunk_records
 from streamer.pipeline.steps import Assembled
 from streamer.pipeline.signal_pool import SignalBatch
 from streamer.skips import Skip, Skipped
@@ -40,15 +40,32 @@ class DaemonBatch:
         self.records_in = records_in
         self.signal = signal
         self.reference = reference
-        self.inputs: list[ReadInput] = []  # the records that reached the stages, once assembled
+        self.input_ids: list[str] = []  # the read of each record that reached the stages, once assembled
 
     def start(self) -> None:
         """Nothing to begin: the engine started the reads when it picked the batch."""
 
     def assemble(self) -> Assembled:
-        signals, errors = self.signal.result()
-        self.inputs, unusable = batch_inputs(self.pending, signals, errors, self.reference)
-        return Assembled(self.inputs, None, self.skipped + unusable, self.records_in)
+        """Packed straight from the readers' columns, as `streamer call`'s batches (a record per read, made
+        and packed, held the GIL for a fifth of a second a batch on a GPU box); the records are made only
+        for a retry read by read, or where the columns could not be packed (the stages then isolate it)."""
+        chunks = self.signal.chunks()
+        try:
+            batch, unusable = assemble_batch(self.pending, chunks, self.reference)
+        except Exception as exc:  # noqa: BLE001 - met again, and handled, where the batch computes
+            log.debug("a batch of %d records could not be packed (%s): the stages take the records",
+                      len(self.pending), exc)  # fmt: skip
+        else:
+            if batch is not None:
+                self.input_ids = list(batch.read_ids)
+                return Assembled([], batch, self.skipped + unusable, self.records_in,
+                                 lambda: self._inputs(chunks)[0])  # fmt: skip
+        inputs, unusable = self._inputs(chunks)
+        self.input_ids = [r.read_id for r in inputs]
+        return Assembled(inputs, None, self.skipped + unusable, self.records_in)
+
+    def _inputs(self, chunks: list[SignalChunk]) -> tuple[list[ReadInput], list[Skipped]]:
+        return batch_inputs(self.pending, *chunk_records(chunks, self.signal.read_ids), self.reference)
 
 
 def basecalls_of(picks: list[Pick], cache: BasecallCache, ledger: Ledger

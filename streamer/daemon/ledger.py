@@ -298,11 +298,15 @@ class Ledger(SinkRecords):
     def _matched(self, max_reads: int, max_bases: int, key: tuple[float, int]) -> tuple[list[Pick], bool]:
         picks: list[Pick] = []
         bases = 0
-        rows = self._rows(  # `matched` as text with every digit: JSON's numbers keep 15, and it is a key
+        # only the reads up to the first past `max_bases` come back (bases summed in the database, without
+        # the GIL): a batch's few hundred, not K; `matched` as text with every digit: JSON's numbers keep
+        # 15, and it is a key
+        rows = self._rows(
             "SELECT json_group_array(json_array(read_id, n_bases, signal_file, basecall_file, "
             "printf('%!.17g', matched), id, superseded, nullif(spare_file, basecall_file))) FROM "
+            "(SELECT *, sum(n_bases) OVER (ORDER BY matched, id ROWS UNBOUNDED PRECEDING) - n_bases AS before FROM "
             "(SELECT * FROM reads WHERE outcome IS NULL AND matched IS NOT NULL AND (matched, id) > (?, ?) "
-            "ORDER BY matched, id LIMIT ?)", (*key, max_reads))
+            "ORDER BY matched, id LIMIT ?)) WHERE before <= ?", (*key, max_reads, max_bases))
         rows.sort(key=lambda r: (float(r[4]), r[5]))
         files = self._files_by_id({fid for r in rows for fid in (r[2], r[3], r[7]) if fid is not None})
         for rid, n, signal, basecalls, matched, number, superseded, spare in rows:

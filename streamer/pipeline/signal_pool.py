@@ -302,8 +302,8 @@ class SignalBatch:
     tasks: list[tuple[Future, dict[Path, list[str]]]]
     read_ids: set[str]
 
-    def result(self) -> tuple[dict[str, SignalRecord], dict[str, str]]:
-        """The batch's records (samples are views of their task's array) and the reads that failed, with why."""
+    def chunks(self) -> list[SignalChunk]:
+        """The tasks' columns (which may hold reads of other batches, read ahead with these)."""
         chunks = []
         for future, chunk in self.tasks:
             try:
@@ -312,4 +312,8 @@ class SignalBatch:
                 log.warning("a signal reader failed (%s: %s); reading its %d reads in this thread",
                             type(exc).__name__, exc, sum(map(len, chunk.values())))
                 chunks.append(load_chunk(chunk))
-        return chunk_records(chunks, self.read_ids)
+        return chunks
+
+    def result(self) -> tuple[dict[str, SignalRecord], dict[str, str]]:
+        """The batch's records (samples are views of their task's array) and the reads that failed, with why."""
+        return chunk_records(self.chunks(), self.read_ids)

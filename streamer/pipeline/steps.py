@@ -24,13 +24,21 @@ log = logging.getLogger(__name__)
 @dataclass
 class Assembled:
     """A batch ready for the stages: packed (`batch`), and as records where a read-by-read retry needs
-    them (`reads`: the daemon's; packed by `packed`, or by the pipeline where they could not be); the
-    records that could not go, and how many came in."""
+    them (`reads`, packed by `packed` or by the pipeline where they could not be; or made by `remake`
+    only if a retry needs them: the daemon's, packed from the readers' columns); the records that could
+    not go, and how many came in."""
 
     reads: list[ReadInput]
     batch: ReadBatch | None
     skipped: list[Skipped]
     records_in: int
+    remake: Callable[[], list[ReadInput]] | None = None
+
+    def records(self) -> list[ReadInput]:
+        """The batch's records, made now where they were left to `remake`."""
+        if self.remake is not None:
+            self.reads, self.remake = self.remake(), None
+        return self.reads
 
 
 def packed(reads: list[ReadInput]) -> ReadBatch | None:
@@ -107,7 +115,7 @@ class Stages:
         return self.finish(self.compute(a))
 
     def compute(self, a: Assembled) -> Done:
-        if a.batch is None and not a.reads:
+        if a.batch is None and not a.records():
             return Done(BatchOutcome(a.records_in, skipped=a.skipped))
         results, failed = self._run(a)
         return Done(outcome_of(a, results, failed, sum(self.count(r) for r in results)), results)
@@ -123,9 +131,9 @@ class Stages:
 
     def _run(self, a: Assembled) -> tuple[list[Any], dict[str, str]]:
         try:
-            return [self.pipeline.run_batch(a.batch) if a.batch is not None else self.pipeline.process(a.reads)], {}
+            return [self.pipeline.run_batch(a.batch) if a.batch is not None else self.pipeline.process(a.records())], {}
         except Exception as exc:  # noqa: BLE001 - isolated below, re-raised if not a read's fault
-            if not self.isolate or len({r.read_id for r in a.reads}) <= 1:
+            if not self.isolate or len({r.read_id for r in a.records()}) <= 1:
                 raise
             log.error("the pipeline failed on a batch of %d records (%s); retrying read by read", len(a.reads), exc,
                       exc_info=True)
@@ -158,5 +166,5 @@ def outcome_of(a: Assembled, results: list[Any], failed: dict[str, str], calls: 
         count_gpu(gpu, seconds, r)
     return BatchOutcome(a.records_in, sum(len(r.read_ids) - len(r.skipped) for r in results),
                         sum(r.n_bases for r in results), calls, skipped, failed,
-                        sum(1 for r in a.reads if r.read_id in failed) if failed else 0, dict(timings), gpu,
+                        sum(1 for r in a.records() if r.read_id in failed) if failed else 0, dict(timings), gpu,
                         seconds)  # fmt: skip
