@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gzip
+import pickle
 
+import numpy as np
 import pysam
 import pytest
 
@@ -40,6 +42,21 @@ def test_aligned_bam_reads_carry_records_and_the_full_sequence(ecoli, no_leaks):
     strict = read_basecall_file(ecoli / "reads.bam", "bam", AlignmentFilter(min_mapq=61))
     rec = next(iter(strict.values())).records[0]
     assert isinstance(rec, Skipped) and rec.reason == Skip.LOW_MAPQ and "reads.bam" in rec.detail
+
+
+def test_a_bam_s_reads_come_through_pickle_as_they_were_read(ecoli):
+    """A parsing process hands a file's reads back pickled, each record's CIGAR as bytes: the same
+    records come out, their CIGARs int32 (ops, lengths) arrays the pipeline may write to."""
+    got = read_basecall_file(ecoli / "reads.bam", "bam", AlignmentFilter())
+    back = pickle.loads(pickle.dumps(got, pickle.HIGHEST_PROTOCOL))
+    assert back.keys() == got.keys()
+    records = [(a, b) for rid in got for a, b in zip(got[rid].records, back[rid].records, strict=True)]
+    assert len(records) > len(got) and all(back[rid].seq == got[rid].seq for rid in got)
+    for a, b in records:
+        assert (b.read_id, b.ref_name, b.ref_start, b.ref_end, b.rc, b.mapq) == \
+            (a.read_id, a.ref_name, a.ref_start, a.ref_end, a.rc, a.mapq)
+        assert b.cigar.dtype == np.int32 and b.cigar.shape == a.cigar.shape and np.array_equal(b.cigar, a.cigar)
+        assert b.cigar.flags.writeable
 
 
 def test_unaligned_bam_reads_need_alignment(ecoli, tmp_path, no_leaks):

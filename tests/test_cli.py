@@ -126,3 +126,18 @@ def test_keys_list_says_when_there_are_none(tmp_path, capsys):
     assert main(["keys", "--dir", str(tmp_path), "list"]) == 0
     out = capsys.readouterr()
     assert out.out == "" and out.err == f"no keys in {tmp_path}: make one with `streamer keys generate NAME`\n"
+
+
+def test_the_daemon_settles_its_heap_before_it_takes_files():
+    """`streamer run` imports the signal readers' libraries and freezes what its start-up made before the
+    daemon runs: the collector's full passes then walk only what the run makes. In a process of its own,
+    as the freeze is for the process's life."""
+    import subprocess
+    import sys
+
+    probe = ("import gc, sys\n"
+             "from streamer.commands.run import settle\n"
+             "before = gc.get_freeze_count(); settle()\n"
+             "print(before, gc.get_freeze_count() > 10_000, 'pod5' in sys.modules, 'pyslow5' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["0", "True", "True", "True"]

@@ -10,6 +10,8 @@ import sys
 import threading
 import time
 
+import numpy as np
+
 from conftest import ECOLI, REFERENCE
 from daemon_support import rows
 from test_daemon_e2e import TIMEOUT, daemons, expected, fixture_copy, replay, summary  # noqa: F401
@@ -24,6 +26,7 @@ from streamer.daemon.replay import Replayer, ReplayOptions, load_source
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
 from streamer.io.signal import signal_read_ids
+from streamer.pipeline.batch import pack
 from streamer.pipeline.signal_pool import SignalReads
 
 
@@ -92,6 +95,27 @@ def test_the_runs_share_one_aligner_made_by_the_first_that_needs_it():
     for t in threads:
         t.join()
     assert len(made) == 1 and get() is made[0]
+
+
+def test_a_daemon_batch_is_packed_from_the_readers_columns_as_from_its_records(tmp_path):
+    """The daemon packs a batch straight from its signal readers' columns (`assemble_batch`), and makes the
+    records (`ReadInput`s) only for a retry read by read: packing those gives the same batch, array for array."""
+    bam = ECOLI / "reads.bam"
+    found = read_basecall_file(bam, "bam", AlignmentFilter())
+    where = {rid: path for path in sorted((ECOLI / "fast5").glob("*.fast5")) for rid in signal_read_ids(path)}
+    picks = [Pick(rid, bc.n_bases, where[rid], bam, "bam", 0.0, i) for i, (rid, bc) in enumerate(found.items())]
+    genome = tmp_path / "ref.fa"
+    genome.write_bytes(gzip.decompress(REFERENCE.read_bytes()))
+    with Reference(genome) as ref:
+        job = DaemonBatch(picks, *picked(picks, found, {}), SignalReads(None).take(signal_wanted(picks, found)), ref)
+        a = job.assemble()
+        assert a.batch is not None and a.reads == [] and a.remake is not None
+        again = pack(a.records())
+    assert job.input_ids == a.batch.read_ids == [r.read_id for r in a.records()] and len(a.batch.read_ids) >= 8
+    for name, value in vars(a.batch).items():
+        if isinstance(value, np.ndarray):
+            assert value.dtype == getattr(again, name).dtype and np.array_equal(value, getattr(again, name)), name
+    assert (a.batch.ref_names, a.batch.signal_paths) == (again.ref_names, again.signal_paths)
 
 
 def spans_of(batch) -> list[tuple[bytes, int]]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import gc
+import importlib
 import logging
 import os
 import signal
@@ -23,6 +25,7 @@ from streamer.pipeline import timeline
 from streamer.pipeline.gpu import CudaOptions
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
+from streamer.io.signal import SIGNAL_SUFFIXES, reader_libraries
 from streamer.daemon.journal import check_output_free
 from streamer.metrics import serve_metrics
 from streamer.daemon.notify import Notifier
@@ -112,6 +115,7 @@ def _run(args: argparse.Namespace) -> int:
             stack.callback(serve_metrics(cfg.service.metrics, lambda: daemon.status))
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda signum, _: daemon.request_stop(signal.Signals(signum).name))
+        settle()
         code = daemon.run()
         # a stop asked for while closing changes nothing; left to the handler, the interpreter's exit
         # restores the default action and a late SIGTERM would turn a clean finish into death by signal
@@ -220,3 +224,14 @@ def publisher_config(p: configuration.PublishConfig, curve: CurveServer | None =
                            sndhwm=p.send_hwm, heartbeat_interval=p.heartbeat_interval, curve=curve,
                            insecure_bind=p.insecure_bind)
 
+
+def settle() -> None:
+    """Before the daemon takes files: the signal readers' libraries imported (pod5's import held the GIL for
+    0.8 s of a GPU box's first batches, on a compute thread), and what the start-up made (numba's types and
+    dispatchers, the models, the kernels' modules: most of the heap, kept for the process's life) left out of
+    the collector's full passes. Each walked it all holding the GIL, 100-180 ms at a time on a GPU box at
+    24 Mbases/s, while the batches' threads waited (`benchmarks/RESULTS-cpu-half.md`)."""
+    for library in reader_libraries(SIGNAL_SUFFIXES):
+        importlib.import_module(library)
+    gc.collect()
+    gc.freeze()

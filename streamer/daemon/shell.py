@@ -35,8 +35,6 @@ daemon's state (ledger, driver, flights, sinks): its decisions are already in `p
 from __future__ import annotations
 
 import enum
-import gc
-import importlib
 import logging
 import os
 import sqlite3
@@ -57,7 +55,7 @@ from streamer.daemon.policy import (PIPELINE_ERROR, EndOfRun, Ending, JoinTimeou
 from streamer.errors import StreamerError
 from streamer.io.alignments import AlignmentFilter
 from streamer.io.reference import Reference
-from streamer.io.signal import SIGNAL_SUFFIXES, reader_libraries
+from streamer.io.signal import SIGNAL_SUFFIXES
 from streamer.daemon.basecall_cache import BasecallCache, read_basecall_file
 from streamer.daemon.ledger import BatchRecord, Ledger, Pick, Waiting
 from streamer.daemon import report
@@ -212,13 +210,6 @@ class Daemon:
             self.close()
             raise
         self.state = State.RUNNING
-        for library in reader_libraries(SIGNAL_SUFFIXES):  # here, not on a compute thread at the first batch
-            importlib.import_module(library)  # (pod5's held the GIL for 0.8 s of a GPU box's first batches)
-        # what the start-up made (numba's types and dispatchers, the models, the kernels' modules: most of the
-        # heap, kept for the daemon's life) is left out of the collector's full passes, each of which walked it
-        # all holding the GIL while the batches' threads waited
-        gc.collect()
-        gc.freeze()
         self._refresh_status()
         log.info("watching %s (%s); outputs in %s; state in %s", cfg.watch.dir,
                  "polling" if cfg.watch.poll else "inotify", cfg.output.dir, cfg.state_dir())
