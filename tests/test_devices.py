@@ -17,7 +17,7 @@ from streamer.pipeline.abea import align_batch
 from streamer.pipeline.batch import pack
 from streamer.pipeline.events import detect_events
 from streamer.pipeline.devices import DevicePool
-from streamer.pipeline.gpu import LANE_SWITCH_INTERVAL, CudaOptions
+from streamer.pipeline.gpu import LANE_SWITCH_INTERVAL, AbeaBatchStats, CudaOptions
 from streamer.io.reference import Reference
 from streamer.pipeline.stages import GpuDevice, Pipeline, PipelineOptions
 from streamer.summary import RunSummary
@@ -91,6 +91,29 @@ class FakeEvents:
     def detect(self, signal, signal_off, params):
         self.used.append(self.name)
         return detect_events(signal, signal_off, params), None
+
+
+class MeasuredAbea(FakeAbea):
+    """A device's ABEA that reports its measurements, as the GPU's does."""
+
+    def align(self, *args):
+        aln, _ = super().align(*args)
+        return aln, AbeaBatchStats(1, 600, 512, None, 1, 0, 0, 0, 0, 0, 0.5, 0.5, 0.0, 0.01, 0.0, 0.0, 0.01, 0.0, 0.0,
+                                   0, t_wall=0.02)  # fmt: skip
+
+
+def test_a_batch_s_measurements_carry_the_seconds_of_all_its_stages_for_the_tuner():
+    """The tuner judges a change of the split by the batch's stages, front ones included (the reads it sends
+    to the CPU take their cores), not the ABEA stage's own wall time, which stays as measured."""
+    pipeline = Pipeline(PipelineOptions(threads=1, cuda=CudaOptions(disable=True)), [CpgCaller()])
+    pipeline.pool = DevicePool([GpuDevice(0, MeasuredAbea(0, threading.Barrier(1), []))])
+    pipeline.devices[0].parts["events"] = pipeline.front_device.parts["events"] = FakeEvents("lane", [])
+    batch = pack([pipeline._synthetic_read()])
+    pipeline.front(batch)
+    result = pipeline.run_batch(batch)
+    assert {"events", "scaling", "abea", "hmm"} <= result.timings.keys()
+    assert result.gpu_stats.t_batch == pytest.approx(sum(result.timings.values())) and result.gpu_stats.t_batch > 0
+    assert result.gpu_stats.t_wall == 0.02
 
 
 def test_events_run_ahead_on_the_front_lanes_own_part():

@@ -321,6 +321,22 @@ def test_a_change_that_costs_throughput_is_undone_and_its_direction_closed():
     assert c.stuck == (LoadLeaf.T2,) and c.settings.max_lf == 3.0
 
 
+def test_a_change_is_judged_by_the_batch_s_stages_where_the_pipeline_timed_them():
+    """In a pipeline the reads T5 sends to the CPU take the cores of the other stages and batches: the split
+    that speeds the ABEA stage (GPU 1 s, CPU 0.5 s -> 0.8 s each) but slows the batch's stages from 3 s to 4 s
+    is undone, and max-lf down closed; with the stage alone timed (no t_batch) it would be kept."""
+    c = Controller(Settings())
+    (a,) = feed(c, 5, **T5_BATCH, t_batch=3.0)
+    assert (a.knob, a.old, a.new) == ("max_lf", 3.0, 2.0)
+    (revert,) = feed(c, 5, t_cpu=0.8, t_gpu=0.8, t_batch=4.0)
+    assert revert.leaf == "revert" and c.settings.max_lf == 3.0 and ("max_lf", -1) in c.closed
+    assert c.changes[0].effect == pytest.approx(3.0 / 4.0 - 1)
+    alone = Controller(Settings())
+    feed(alone, 5, **T5_BATCH)
+    feed(alone, 5, t_cpu=0.8, t_gpu=0.8)
+    assert alone.changes[0].effect == pytest.approx(1.0 / 0.8 - 1) and alone.settings.max_lf == 2.0
+
+
 def test_a_closed_direction_holds_for_every_step_size_and_every_leaf():
     """The issue's walk back: max-lf down cost 79%; T5 then moves max-epk, never max-lf down again."""
     c = Controller(Settings())

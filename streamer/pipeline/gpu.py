@@ -212,7 +212,9 @@ class AbeaBatchStats:
     length, and because they had more events per base than max_epk. cells counts the band
     cells the GPU filled (bands x bandwidth). fallback is empty, or why the GPU part of this
     batch failed and was aligned on the CPU instead. t_wall is the whole stage, split and merge
-    included (0: not measured).
+    included (0: not measured). t_batch is every stage of the batch (`Pipeline.run_batch` sets it):
+    the reads the split gives the CPU take cores the other stages and batches share, so that is what
+    a change of the split is judged by (0: not measured).
     """
 
     n_reads: int
@@ -237,6 +239,7 @@ class AbeaBatchStats:
     cells: int
     fallback: str = ""
     t_wall: float = 0.0
+    t_batch: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -379,6 +379,9 @@ class Pipeline:
                 t1 = time.perf_counter()
                 timings[stage.name] = timings.get(stage.name, 0.0) + t1 - t0
                 timeline.record(stage.name, t0, t1, reads=batch.n, stats=batch.stats.get(stage.name))
+        abea = batch.stats.get("abea")
+        if isinstance(abea, AbeaBatchStats):  # what the tuner judges its split by
+            batch.stats["abea"] = replace(abea, t_batch=sum(timings.values()))
         return BatchResult(batch, skipped_of(batch), timings)
 
     def _call(self, stage: Stage, batch: ReadBatch) -> None:

@@ -15,7 +15,7 @@ The paper's monitor only advises; here each advice leaf names a knob to move and
   each reversal narrows the bracket, and once it is narrower than the smallest step the knob
   stays where it is. Knob by knob the number of changes is bounded;
 - effect: every change is measured over the batches that follow it against the batches before
-  it (stage throughput, f, utilisation), each a window of several batches. One that cost more
+  it (throughput over the batch's stages, f, utilisation), each a window of several batches. One that cost more
   than the noise floor (`Window.noise` of both windows, at least `min_noise`) is undone, its
   value becomes a bracket end, and that direction of that knob is closed (`Closure`): no move
   of any size that way, on any advice, until the measured regime moves (the CPU/GPU time ratio

@@ -107,7 +107,7 @@ class Regime:
 
 @dataclass(frozen=True)
 class Window:
-    """Batches under one setting: stage throughput (bases over stage seconds), mean f and utilisations.
+    """Batches under one setting: throughput (bases over `Measurements.seconds`), mean f and utilisations.
 
     noise: the relative standard error of the window's throughput, from its batches' spread.
     """
@@ -148,7 +148,7 @@ class Change:
 
     @property
     def effect(self) -> float | None:
-        """Relative change in stage throughput (0.25: a quarter faster)."""
+        """Relative change in throughput (0.25: a quarter faster)."""
         if self.before is None or self.after is None or self.before.rate <= 0:
             return None
         return self.after.rate / self.before.rate - 1

@@ -106,17 +106,18 @@ class Measurements(AbeaBatchStats):
 
     @property
     def seconds(self) -> float:
-        """Wall time of the stage, as measured (split, packing and merge included).
-
-        Unmeasured: CPU and GPU side by side, then the ultra-long reads.
-        """
+        """What a change of the settings is judged by: the batch's stages, where the pipeline measured them
+        (the CPU the split hands reads to is theirs too); else the ABEA stage's wall time (split, packing and
+        merge included); unmeasured, CPU and GPU side by side, then the ultra-long reads."""
+        if self.t_batch > 0:
+            return self.t_batch
         if self.t_wall > 0:
             return self.t_wall
         return max(self.t_cpu, self.t_gpu) + self.t_ultra
 
     @property
     def rate(self) -> float:
-        """Bases aligned per second of the stage."""
+        """Bases per second of `seconds`."""
         return self.n_bases / self.seconds if self.seconds > 0 else 0.0
 
 

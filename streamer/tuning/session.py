@@ -172,7 +172,7 @@ class AutoTuner:
                 log.info("tuning: no setting left to change for %s (%s)", leaf, ADVICE[leaf])
         for change in c.measured:
             a, effect = change.action, change.effect
-            log.info("tuning: %s %s -> %s (%s): stage throughput %s over %d batches", a.knob, a.old, a.new, a.leaf,
+            log.info("tuning: %s %s -> %s (%s): throughput %s over %d batches", a.knob, a.old, a.new, a.leaf,
                      "unmeasured" if effect is None else f"{effect:+.0%}",
                      change.after.batches if change.after else 0)  # fmt: skip
             self._send(change.as_dict())
