@@ -53,7 +53,8 @@ class AlignmentRecord:
 
 def _record(read_id: str, ref_name: str, ref_start: int, ref_end: int, rc: bool, mapq: int,
             cigar: bytearray) -> AlignmentRecord:  # fmt: skip
-    return AlignmentRecord(read_id, ref_name, ref_start, ref_end, rc, mapq, np.frombuffer(cigar, np.int32).reshape(-1, 2))
+    ops = np.frombuffer(cigar, np.int32).reshape(-1, 2)
+    return AlignmentRecord(read_id, ref_name, ref_start, ref_end, rc, mapq, ops)
 
 
 def alignment_of(rec: pysam.AlignedSegment) -> AlignmentRecord:
