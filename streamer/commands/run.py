@@ -115,6 +115,8 @@ def _run(args: argparse.Namespace) -> int:
             stack.callback(serve_metrics(cfg.service.metrics, lambda: daemon.status))
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda signum, _: daemon.request_stop(signal.Signals(signum).name))
+        if isinstance(daemon, Daemon):  # its state and outputs opened, their kernels loaded, before the heap settles
+            daemon.start()
         settle()
         code = daemon.run()
         # a stop asked for while closing changes nothing; left to the handler, the interpreter's exit
