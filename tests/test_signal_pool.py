@@ -97,6 +97,11 @@ def _same_signal(got, expected):
         assert (got[rid].offset, got[rid].range, got[rid].digitisation) == (rec.offset, rec.range, rec.digitisation)
 
 
+def records_of(batch: signal_pool.SignalBatch):
+    """A batch's signal records and failures, as the records path takes them (`batch_inputs`)."""
+    return chunk_records(batch.chunks(), batch.read_ids)
+
+
 @pytest.mark.parametrize("mode", ["threads", "processes"])
 def test_signal_read_ahead_gives_what_reading_in_place_gives(plans, mode):
     """The daemon's read-ahead: a batch's reads come from the tasks started ahead, the rest are read now."""
@@ -107,12 +112,12 @@ def test_signal_read_ahead_gives_what_reading_in_place_gives(plans, mode):
         reads.ahead(first)
         batch = reads.take(second)  # nothing of it was read ahead; the first batch's reads are dropped
         assert reads.hits == 0
-        got, errors = batch.result()
+        got, errors = records_of(batch)
         _same_signal(got, load_signals(second)[0])
         reads.ahead(first)
         ids = [rid for ids in first.values() for rid in ids]
         part = {path: [r for r in rids if r != ids[0]] for path, rids in first.items() if rids != [ids[0]]}
-        got, errors = reads.take({**part, **second}).result()
+        got, errors = records_of(reads.take({**part, **second}))
         assert reads.hits == len(ids) - 1 and not errors
         _same_signal(got, load_signals({**part, **second})[0])
     finally:
@@ -128,7 +133,7 @@ def test_signal_reads_set_a_bad_file_apart_and_survive_a_broken_pool(plans, tmp_
     expected, expected_errors = load_signals(wanted)
     assert set(expected_errors) == set(wanted[bad]) and all(str(bad) in e for e in expected_errors.values())
     in_place = signal_pool.SignalReads(None)
-    got, errors = in_place.take(wanted).result()
+    got, errors = records_of(in_place.take(wanted))
     _same_signal(got, expected)
     assert errors == expected_errors
     pool = signal_pool.signal_readers([".fast5"], 1, "processes")
@@ -137,10 +142,10 @@ def test_signal_reads_set_a_bad_file_apart_and_survive_a_broken_pool(plans, tmp_
         worker = pool.submit(os.getpid).result()
         os.kill(worker, signal.SIGKILL)  # the pool breaks: what was asked of it is read here instead
         reads.ahead(wanted)
-        got, errors = reads.take(wanted).result()
+        got, errors = records_of(reads.take(wanted))
         _same_signal(got, expected)
         assert errors == expected_errors
-        got, errors = reads.take(wanted).result()  # the broken pool is given up
+        got, errors = records_of(reads.take(wanted))  # the broken pool is given up
         _same_signal(got, expected)
         assert errors == expected_errors and reads.pool is None
     finally:

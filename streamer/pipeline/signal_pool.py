@@ -37,9 +37,8 @@ from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
 from streamer.pipeline import shared_samples
-from streamer.pipeline.batching import SignalChunk, chunk_records, load_chunk
+from streamer.pipeline.batching import SignalChunk, load_chunk
 from streamer.pipeline.shared_samples import SharedFiles
-from streamer.io.signal_record import SignalRecord
 from streamer.io.index import SignalIndex
 from streamer.io.signal import reader_libraries
 
@@ -297,7 +296,7 @@ class SignalReads:
 
 @dataclass
 class SignalBatch:
-    """One batch's reader tasks; `result` waits for them (a task that failed is read again here)."""
+    """One batch's reader tasks; `chunks` waits for them (a task that failed is read again here)."""
 
     tasks: list[tuple[Future, dict[Path, list[str]]]]
     read_ids: set[str]
@@ -313,7 +312,3 @@ class SignalBatch:
                             type(exc).__name__, exc, sum(map(len, chunk.values())))
                 chunks.append(load_chunk(chunk))
         return chunks
-
-    def result(self) -> tuple[dict[str, SignalRecord], dict[str, str]]:
-        """The batch's records (samples are views of their task's array) and the reads that failed, with why."""
-        return chunk_records(self.chunks(), self.read_ids)
