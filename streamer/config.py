@@ -41,7 +41,7 @@ TUNABLE_KEYS = {"max_reads": ("batch", "max_reads"), "max_bases": ("batch", "max
                 "ultra_thresh": ("gpu", "ultra_thresh"), "threads": ("pipeline", "threads"),
                 "mem_frac": ("gpu", "mem_frac"), "memory_budget": ("pipeline", "memory_budget"),
                 "gpu_reserve": ("gpu", "reserve"), "gpu_memory": ("gpu", "memory"),
-                "stream_priority": ("gpu", "stream_priority")}  # fmt: skip
+                "stream_priority": ("gpu", "stream_priority"), "gpu_events": ("gpu", "events")}  # fmt: skip
 # keys holding a size (`300M`, `2G`, a number of bytes) or `auto`
 SIZE_KEYS = ("pipeline.memory_budget", "gpu.reserve", "gpu.memory")
 
@@ -216,10 +216,11 @@ class GpuConfig:
                          type=bool, flag="--disable-cuda")
     disable_hmm: bool = _key(False, "Run the CpG HMM on the CPU while ABEA runs on the GPU.", type=bool,
                              flag="--disable-cuda-hmm")
-    events: bool = _key(False, "Detect events on the GPU too (the same events, bit for bit), ahead of the GPU stages "
-                        "on a lane of their own, which leaves the host's cores to the rest (`streamer call` about "
-                        "5% faster on a 16-core host, the daemon not yet: benchmarks/RESULTS-gpu-events.md).",
-                        type=bool, flag="--cuda-events")
+    events: bool | None = _key(
+        None, "Detect events on the GPU too (the same events, bit for bit), ahead of the GPU stages on a lane of their "
+        "own, which leaves the host's cores to the rest; unset: where ABEA runs on a GPU of its own memory, not on a "
+        "Jetson's, whose GPU a live basecaller shares (benchmarks/RESULTS-cpu-half.md).", type=bool,
+        flag="--cuda-events")
     device: str = _key("0", "GPU to use, a list of them (`0,1`) or `all`: each batch goes to the least loaded.",
                        type=str, flag="--cuda-dev-id")
     mem_frac: float | None = _key(

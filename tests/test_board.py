@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from streamer.metrics import render, serve_metrics, status_of
-from streamer.pipeline.gpu import GpuInfo
+from streamer.pipeline.gpu import CudaOptions, GpuInfo
 from streamer.tuning import PROFILES, Machine, pick_profile, plan
 from streamer.tuning.board import Board, board_of, jetson_profile, read_board
 
@@ -131,3 +131,8 @@ def test_jetson_profiles_leave_cores_memory_and_the_gpu_first_to_minknow():
                 profile.gpu_reserve > 0) == (jetson,) * 4  # fmt: skip
     h100 = plan(Machine(GpuInfo("NVIDIA H100 80GB HBM3", 80 * GIB, 79 * GIB, False), 16, 256 * GIB))
     assert (h100.threads, h100.gpu.reserve, h100.gpu.stream_priority, h100.profile.unified) == (16, 0, "normal", False)
+    # events on the GPU where it is the stages' own, not where a live basecaller shares it; a user's key wins
+    assert (h100.gpu.events, p.gpu.events, plan(Machine(None, 16, 64 * GIB)).gpu.events) == (True, False, False)
+    assert plan(nano, given={"gpu_events": True}).gpu.events
+    assert not plan(h100.machine, given={"gpu_events": False}).gpu.events
+    assert h100.cuda_options(CudaOptions()).events and h100.limits()["gpu_events"] is True

@@ -195,11 +195,11 @@ def model_files(p: configuration.PipelineConfig, pore: str | None,
 
 def cuda_options(cfg: configuration.Config) -> CudaOptions:
     """The GPU keys as the pipeline takes them (`gpu.disable_hmm` is `streamer call --disable-cuda-hmm`);
-    `auto` left unresolved (no device profile planned) is no reserve and ordinary streams."""
+    `auto` left unresolved (no device profile planned) is no reserve, ordinary streams and events on the CPU."""
     g = cfg.gpu
     return CudaOptions(disable=g.disable, mem_frac=g.mem_frac, avg_epk=g.avg_epk, max_lf=g.max_lf,
                        max_epk=g.max_epk, ultra_thresh=g.ultra_thresh, max_reads=cfg.batch.max_reads,
-                       max_bases=cfg.batch.max_bases, hmm=not g.disable_hmm, events=g.events,
+                       max_bases=cfg.batch.max_bases, hmm=not g.disable_hmm, events=bool(g.events),
                        autotune=g.autotune, reserve=0 if g.reserve == "auto" else parse_size(g.reserve),
                        memory_cap=None if g.memory is None else parse_size(g.memory),
                        stream_priority="normal" if g.stream_priority == "auto" else g.stream_priority,

@@ -230,7 +230,8 @@ class TunedLimits(BatchLimits):
 CALL_ARGS = {"max_reads": "batchsize", "max_bases": "max_bases", "max_lf": "cuda_max_lf", "max_epk": "cuda_max_epk",
              "avg_epk": "cuda_avg_epk", "ultra_thresh": "ultra_thresh", "threads": "threads",
              "mem_frac": "cuda_mem_frac", "memory_budget": "memory_budget", "gpu_reserve": "gpu_reserve",
-             "gpu_memory": "gpu_memory", "stream_priority": "gpu_stream_priority"}  # fmt: skip
+             "gpu_memory": "gpu_memory", "stream_priority": "gpu_stream_priority",
+             "gpu_events": "cuda_events"}  # fmt: skip
 # batches `streamer call` may have planned or started before a change reaches them: read ahead (3),
 # queued for the stages (2), in them (2), waiting to be written in order (1), held until the next one
 # says it was not the last (1), and one to spare
