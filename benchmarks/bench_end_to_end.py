@@ -387,7 +387,7 @@ def main() -> int:
         "fast5_gpu_K1024_mem0.1": [*fast5, "-K", "1024", "--cuda-mem-frac", "0.1"],
         "fast5_gpu_abea_cpu_hmm_K1024": [*fast5, "-K", "1024", "--disable-cuda-hmm"],
         "fast5_cpu_K1024": [*fast5, "-K", "1024", "--disable-cuda"],
-        "pod5_gpu_cpu_events": [*pod5, "--no-cuda-events"],
+        "pod5_gpu_cuda_events": [*pod5, "--cuda-events"],
         "pod5_gpu_budget_8G": [*pod5, "--memory-budget", "8G"],
         "pod5_gpu_budget_5G": [*pod5, "--memory-budget", "5G"],
         "pod5_gpu_budget_8G_K1024": [*pod5, "--memory-budget", "8G", "-K", "1024"],

@@ -41,7 +41,8 @@ TUNABLE_KEYS = {"max_reads": ("batch", "max_reads"), "max_bases": ("batch", "max
                 "ultra_thresh": ("gpu", "ultra_thresh"), "threads": ("pipeline", "threads"),
                 "mem_frac": ("gpu", "mem_frac"), "memory_budget": ("pipeline", "memory_budget"),
                 "gpu_reserve": ("gpu", "reserve"), "gpu_memory": ("gpu", "memory"),
-                "stream_priority": ("gpu", "stream_priority"), "gpu_events": ("gpu", "events")}  # fmt: skip
+                "stream_priority": ("gpu", "stream_priority"), "gpu_events": ("gpu", "events"),
+                "gpu_balance": ("gpu", "balance")}  # fmt: skip
 # keys holding a size (`300M`, `2G`, a number of bytes) or `auto`
 SIZE_KEYS = ("pipeline.memory_budget", "gpu.reserve", "gpu.memory")
 
@@ -221,6 +222,11 @@ class GpuConfig:
         "own, which leaves the host's cores to the rest; unset: where ABEA runs on a GPU of its own memory, not on a "
         "Jetson's, whose GPU a live basecaller shares (benchmarks/RESULTS-cpu-half.md).", type=bool,
         flag="--cuda-events")
+    balance: bool | None = _key(
+        None, "Let the tuner (`autotune`) move the CPU/GPU split of ABEA (max_lf, max_epk, ultra_thresh, and K and B "
+        "for reads out of the arena) on the load tree's advice, as well as the batch's shape on the memory tree's; "
+        "unset: not where ABEA runs on a GPU of its own memory, where the daemon's other stages hold the host's "
+        "cores and such moves cost throughput (benchmarks/RESULTS-cpu-half.md).", type=bool, flag="--balance")
     device: str = _key("0", "GPU to use, a list of them (`0,1`) or `all`: each batch goes to the least loaded.",
                        type=str, flag="--cuda-dev-id")
     mem_frac: float | None = _key(

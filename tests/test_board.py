@@ -13,6 +13,7 @@ from streamer.metrics import render, serve_metrics, status_of
 from streamer.pipeline.gpu import CudaOptions, GpuInfo
 from streamer.tuning import PROFILES, Machine, pick_profile, plan
 from streamer.tuning.board import Board, board_of, jetson_profile, read_board
+from streamer.tuning.session import AutoTuner
 
 GIB = 2**30
 # as JetPack 6.0 writes it on an Orin
@@ -131,8 +132,14 @@ def test_jetson_profiles_leave_cores_memory_and_the_gpu_first_to_minknow():
                 profile.gpu_reserve > 0) == (jetson,) * 4  # fmt: skip
     h100 = plan(Machine(GpuInfo("NVIDIA H100 80GB HBM3", 80 * GIB, 79 * GIB, False), 16, 256 * GIB))
     assert (h100.threads, h100.gpu.reserve, h100.gpu.stream_priority, h100.profile.unified) == (16, 0, "normal", False)
-    # events on the GPU where it is the stages' own, not where a live basecaller shares it; a user's key wins
+    # events on the GPU, and the split left where it starts, where the GPU is the stages' own; not where a live
+    # basecaller shares it; a user's key wins
     assert (h100.gpu.events, p.gpu.events, plan(Machine(None, 16, 64 * GIB)).gpu.events) == (True, False, False)
-    assert plan(nano, given={"gpu_events": True}).gpu.events
-    assert not plan(h100.machine, given={"gpu_events": False}).gpu.events
+    assert (h100.gpu.balance, p.gpu.balance) == (False, True)
+    mine = plan(nano, given={"gpu_events": True, "gpu_balance": False})
+    assert mine.gpu.events and not mine.gpu.balance
+    mine = plan(h100.machine, given={"gpu_events": False, "gpu_balance": True})
+    assert not mine.gpu.events and mine.gpu.balance
     assert h100.cuda_options(CudaOptions()).events and h100.limits()["gpu_events"] is True
+    assert AutoTuner.from_plan(h100, lambda s: None, autotune=True, settle_batches=1,
+                               state_dir=None).controller.policy.balance is False  # fmt: skip

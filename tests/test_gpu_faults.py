@@ -54,8 +54,8 @@ def test_cuda_error_at_warm_up_runs_the_process_on_the_cpu(tmp_path, on_cpu):
 
 def test_cuda_error_in_a_batch_runs_that_batch_on_the_cpu(tmp_path, on_cpu):
     # ABEA's call 1 is the warm-up's; every later one (the batches of reads) fails, so that no batch
-    # runs in the simulator, which takes minutes for a batch of real reads (events too: on the CPU here)
-    proc, calls = call(tmp_path, "batch", "--no-cuda-events", fault=",".join(f"abea:{n}" for n in range(2, 40)))
+    # runs in the simulator, which takes minutes for a batch of real reads
+    proc, calls = call(tmp_path, "batch", fault=",".join(f"abea:{n}" for n in range(2, 40)))
     assert calls == on_cpu
     failed = lines_with(proc.stderr, "failed")
     assert failed and all("GPU 0 failed in the abea stage of a batch of" in line and

@@ -224,6 +224,14 @@ def test_advice_only_without_autotune():
     assert c.decision.advice == (LoadLeaf.T5,) and c.settings == Settings() and c.changes == []
 
 
+def test_without_balance_the_load_tree_advises_and_the_memory_tree_acts():
+    c = Controller(Settings(max_reads=64), policy=Policy(balance=False))
+    (a,) = feed(c, 5, n_reads=64, max_reads=64, n_bases=400_000, x_util=0.05, y_util=0.05, **T5_BATCH)
+    assert c.decision.advice == (MemoryLeaf.S4, LoadLeaf.T5) and (a.knob, a.leaf) == ("max_reads", "S4")
+    assert feed(c, 12, n_reads=256, max_reads=256, n_bases=1_600_000, x_util=0.85, y_util=0.85, **T5_BATCH) == []
+    assert c.decision.advice == (LoadLeaf.T5,) and c.settings.max_lf == Settings().max_lf and c.stuck == ()
+
+
 def test_s4_raises_k_towards_a_full_arena_at_most_four_times():
     c = Controller(Settings(max_reads=64))
     (a,) = feed(c, 5, n_reads=64, max_reads=64, n_bases=400_000, x_util=0.05, y_util=0.05)

@@ -76,7 +76,7 @@ def _run(args: argparse.Namespace, compiling: bool, probed: Future | None) -> in
     index = signal_index(args)
     plan = prepare({}, dev_id=first_gpu(args), disable_cuda=args.disable_cuda, probed=probed)
     cuda = CudaOptions(disable=args.disable_cuda, max_reads=args.batchsize, hmm=False, reserve=plan.gpu.reserve,
-                       stream_priority=plan.gpu.stream_priority, events=plan.gpu.events,
+                       stream_priority=plan.gpu.stream_priority,
                        lanes=RunnerOptions.compute_threads).with_devices(args.cuda_dev_id)
     memory = memory_plan(budget_bytes(args.memory_budget, plan.profile, args.threads), args.max_bases,
                          RunnerOptions.compute_threads, RunnerOptions.io_workers, device=plan.device_share(cuda),

@@ -22,6 +22,10 @@ The paper's monitor only advises; here each advice leaf names a knob to move and
   by `reopen_ratio` or the mean read length by `reopen_length`, either way). On a GPU much
   faster than the CPU side the paper's load-balance advice can cost throughput; a closed
   direction is how the tuner remembers that, also across starts (`TuningStore`).
+- balance (`Policy.balance`): off, the load tree advises and nothing moves the split, while the
+  memory tree still shapes the batch: where ABEA has a GPU of its own, the daemon's other stages hold
+  the host's cores, and moves onto them cost throughput that windows of a few batches could not tell
+  from noise (`gpu.balance`).
 
 Measurements, decisions, actions and changes are frozen records; nothing here logs, publishes
 or touches a file (`streamer.tuning.session` does that at the edges).
@@ -171,7 +175,8 @@ class Controller:
         tree says T4 (nothing to blame) although max-lf is still what moves work across; and a move
         that overshot comes back inside its bracket.
         """
-        if not self.policy.autotune or any(d.load is None or not self._memory_settled(d) for d in after):
+        if not (self.policy.autotune and self.policy.balance) or any(
+                d.load is None or not self._memory_settled(d) for d in after):
             return []
         last = after[-1].measurements
         leaf = load_leaf(last, window.factor, self.policy.exit_factor)
@@ -215,6 +220,8 @@ class Controller:
     def _follow(self, d: Decision) -> list[Action]:
         stuck = []
         for leaf in d.advice:
+            if isinstance(leaf, LoadLeaf) and not self.policy.balance:
+                continue
             for knob, direction, target, why in self._remedies(leaf, d.measurements):
                 action = self._move(d.batch, leaf, knob, direction, target, why)
                 if action is not None:

@@ -60,6 +60,7 @@ class Bounds:
 @dataclass(frozen=True)
 class Policy:
     autotune: bool = True  # False: advise only, as f5c does
+    balance: bool = True  # False: the load tree advises only (the CPU/GPU split stays), the memory tree acts
     settle_batches: int = 1  # batches after a change that may have been assembled or run before it
     effect_batches: int = 4  # batches over which a change's effect is measured
     min_noise: float = 0.05  # the noise floor of a measured effect is never taken below this share

@@ -263,7 +263,7 @@ PROFILES = {p.name: p for p in (
 )}  # fmt: skip
 PROFILE_NAMES = tuple(PROFILES)
 # the limits besides the knobs, threads and mem_frac that a user may set (`plan`'s `given`)
-LIMIT_KEYS = ("memory_budget", "gpu_reserve", "gpu_memory", "stream_priority", "gpu_events")
+LIMIT_KEYS = ("memory_budget", "gpu_reserve", "gpu_memory", "stream_priority", "gpu_events", "gpu_balance")
 
 
 def pick_profile(machine: Machine) -> Profile:
@@ -288,12 +288,15 @@ def pick_profile(machine: Machine) -> Profile:
 class GpuLimits:
     """What the GPU stages may take and how they launch: device bytes never taken (`gpu.reserve`), the most
     the process takes (`gpu.memory`; None: mem_frac alone, or on a Jetson the budget's share), the
-    priority of their CUDA streams (`gpu.stream_priority`), whether events are detected there (`gpu.events`)."""
+    priority of their CUDA streams (`gpu.stream_priority`), whether the daemon detects events there (`gpu.events`;
+    `streamer call` when asked), and whether the tuner moves the CPU/GPU split on the load tree's advice
+    (`gpu.balance`)."""
 
     reserve: int = 0
     memory: int | None = None
     stream_priority: str = "normal"
     events: bool = False
+    balance: bool = True
 
 
 def bounds_for(machine: Machine, mem_frac: float | None, gpu: GpuLimits = GpuLimits()) -> Bounds:
@@ -364,7 +367,8 @@ class Plan:
         g = self.gpu
         return {**self.settings.as_dict(), "threads": self.threads, "mem_frac": self.mem_frac,
                 "memory_budget": self.budget, "unified_memory": self.profile.unified, "gpu_reserve": g.reserve,
-                "gpu_memory": g.memory, "stream_priority": g.stream_priority, "gpu_events": g.events}  # fmt: skip
+                "gpu_memory": g.memory, "stream_priority": g.stream_priority, "gpu_events": g.events,
+                "gpu_balance": g.balance}  # fmt: skip
 
     def as_dict(self) -> dict[str, Any]:
         """The plan as summary.json records it, for `streamer status` and the metrics."""
@@ -381,7 +385,8 @@ class Plan:
                 f"threads {self.threads}, mem-frac {self.mem_frac if self.mem_frac is not None else 'default'}, "
                 f"budget {_mb(self.budget)}{' (host and GPU)' if self.profile.unified else ''}, GPU reserve "
                 f"{_mb(self.gpu.reserve)}, GPU cap {_mb(self.gpu.memory) if self.gpu.memory is not None else 'none'}, "
-                f"{self.gpu.stream_priority}-priority streams, events on the {'GPU' if self.gpu.events else 'CPU'}"
+                f"{self.gpu.stream_priority}-priority streams, events on the {'GPU' if self.gpu.events else 'CPU'}, "
+                f"split {'tuned' if self.gpu.balance else 'advised on'}"
                 + (f"; not from the profile: {', '.join(f'{k} ({self.sources[k]})' for k in given)}" if given else ""))
 
 
@@ -401,7 +406,7 @@ def plan(machine: Machine, profile: str = "auto", given: Mapping[str, Any] | Non
     """Settings from the profile (`auto`: picked for the machine), learned values, then the user's.
 
     `given` maps knob names (and `threads`, `mem_frac`, `memory_budget`, `gpu_reserve`, `gpu_memory`,
-    `stream_priority`, `gpu_events`; sizes as numbers of bytes or text such as `2G`) to the values the user set (see
+    `stream_priority`, `gpu_events`, `gpu_balance`; sizes as numbers of bytes or text such as `2G`) to the values the user set (see
     `user_set`); `learned` comes from `TuningStore.load` and is kept within this machine's bounds.
     """
     prof = pick_profile(machine) if profile == "auto" else PROFILES[profile]
@@ -409,11 +414,15 @@ def plan(machine: Machine, profile: str = "auto", given: Mapping[str, Any] | Non
     mem_frac = given.get("mem_frac") if given.get("mem_frac") is not None else prof.mem_frac
     threads = given.get("threads") or prof.threads(machine.cpus)
     budget = prof.memory_budget(threads) if given.get("memory_budget") is None else parse_size(given["memory_budget"])
-    # events on the GPU where it is the stages' own; a Jetson's is the live basecaller's first
-    events = machine.gpu is not None and not prof.unified if given.get("gpu_events") is None else given["gpu_events"]
+    # A GPU of the stages' own (not a Jetson's, the live basecaller's first) takes the daemon's events, which
+    # leaves the host's cores to its other stages; those cores are then what bounds it, and the split is left
+    # where it starts (moved onto them, it cost a PromethION's rate 12%: benchmarks/RESULTS-cpu-half.md).
+    own = machine.gpu is not None and not prof.unified
+    events = own if given.get("gpu_events") is None else given["gpu_events"]
+    balance = not own if given.get("gpu_balance") is None else given["gpu_balance"]
     gpu = GpuLimits(parse_size(given.get("gpu_reserve", prof.gpu_reserve)),
                     parse_size(given["gpu_memory"]) if given.get("gpu_memory") is not None else None,
-                    given.get("stream_priority", prof.stream_priority), events)  # fmt: skip
+                    given.get("stream_priority", prof.stream_priority), events, balance)  # fmt: skip
     bounds = bounds_for(machine, mem_frac, gpu)
     start = prof.settings
     values, sources = {}, {}

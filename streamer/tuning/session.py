@@ -147,7 +147,8 @@ class AutoTuner:
         """A tuner starting from the plan's settings and, under autotune, the directions closed on this GPU before."""
         store = TuningStore(state_dir) if autotune and state_dir is not None and p.machine.gpu is not None else None
         closed = store.load_closed(p.machine.gpu) if store is not None else ()
-        controller = Controller(p.settings, p.bounds, Policy(autotune=autotune, settle_batches=settle_batches), closed)
+        policy = Policy(autotune=autotune, balance=p.gpu.balance, settle_batches=settle_batches)
+        controller = Controller(p.settings, p.bounds, policy, closed)
         return cls(controller, apply, publish=publish, store=store, gpu=p.machine.gpu)
 
     @property
@@ -230,8 +231,7 @@ class TunedLimits(BatchLimits):
 CALL_ARGS = {"max_reads": "batchsize", "max_bases": "max_bases", "max_lf": "cuda_max_lf", "max_epk": "cuda_max_epk",
              "avg_epk": "cuda_avg_epk", "ultra_thresh": "ultra_thresh", "threads": "threads",
              "mem_frac": "cuda_mem_frac", "memory_budget": "memory_budget", "gpu_reserve": "gpu_reserve",
-             "gpu_memory": "gpu_memory", "stream_priority": "gpu_stream_priority",
-             "gpu_events": "cuda_events"}  # fmt: skip
+             "gpu_memory": "gpu_memory", "stream_priority": "gpu_stream_priority"}  # fmt: skip
 # batches `streamer call` may have planned or started before a change reaches them: read ahead (3),
 # queued for the stages (2), in them (2), waiting to be written in order (1), held until the next one
 # says it was not the last (1), and one to spare
@@ -279,6 +279,9 @@ class CallTuning:
         state_dir = (args.state_dir or user_state_dir()) if args.autotune else None
         p = prepare(given, args.profile, dev_id=first_gpu(args), disable_cuda=args.disable_cuda, state_dir=state_dir,
                     probed=probed)  # fmt: skip
+        # events on the CPU unless asked: on a backlog every core is the run's, and its large batches queued for
+        # the GPU's one events lane (the 66 Mbases on an H200: 6.1 s against 5.1; benchmarks/RESULTS-cpu-half.md)
+        p = replace(p, gpu=replace(p.gpu, events=args.cuda_events))
         resolved = p.limits()
         for k, dest in CALL_ARGS.items():
             setattr(args, dest, resolved[k])
