@@ -406,8 +406,8 @@ def plan(machine: Machine, profile: str = "auto", given: Mapping[str, Any] | Non
     """Settings from the profile (`auto`: picked for the machine), learned values, then the user's.
 
     `given` maps knob names (and `threads`, `mem_frac`, `memory_budget`, `gpu_reserve`, `gpu_memory`,
-    `stream_priority`, `gpu_events`, `gpu_balance`; sizes as numbers of bytes or text such as `2G`) to the values the user set (see
-    `user_set`); `learned` comes from `TuningStore.load` and is kept within this machine's bounds.
+    `stream_priority`, `gpu_events`, `gpu_balance`; sizes as numbers of bytes or text such as `2G`) to the values
+    the user set (see `user_set`); `learned` comes from `TuningStore.load` and is kept within this machine's bounds.
     """
     prof = pick_profile(machine) if profile == "auto" else PROFILES[profile]
     given = {k: v for k, v in (given or {}).items() if v != "auto"}
