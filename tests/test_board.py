@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from streamer.metrics import render, serve_metrics, status_of
-from streamer.pipeline.gpu import CudaOptions, GpuInfo
+from streamer.pipeline.gpu import GpuInfo
 from streamer.tuning import PROFILES, Machine, pick_profile, plan
 from streamer.tuning.board import Board, board_of, jetson_profile, read_board
 from streamer.tuning.session import AutoTuner
@@ -140,6 +140,6 @@ def test_jetson_profiles_leave_cores_memory_and_the_gpu_first_to_minknow():
     assert mine.gpu.events and not mine.gpu.balance
     mine = plan(h100.machine, given={"gpu_events": False, "gpu_balance": True})
     assert not mine.gpu.events and mine.gpu.balance
-    assert h100.cuda_options(CudaOptions()).events and h100.limits()["gpu_events"] is True
+    assert h100.limits()["gpu_events"] is True and h100.limits()["gpu_balance"] is False
     assert AutoTuner.from_plan(h100, lambda s: None, autotune=True, settle_batches=1,
                                state_dir=None).controller.policy.balance is False  # fmt: skip

@@ -326,13 +326,6 @@ class Plan:
     budget: int = 0  # the memory budget, bytes (host, and GPU where the profile is unified)
     gpu: GpuLimits = GpuLimits()
 
-    def cuda_options(self, base: CudaOptions) -> CudaOptions:
-        """base (device, disable, stages) with this plan's memory share, reserve, cap, stream priority,
-        split thresholds and caps."""
-        g = self.gpu
-        return with_settings(replace(base, mem_frac=self.mem_frac, reserve=g.reserve, memory_cap=g.memory,
-                                     stream_priority=g.stream_priority, events=g.events), self.settings)  # fmt: skip
-
     def device_share(self, cuda: CudaOptions) -> DeviceShare | None:
         """The GPU part of the budget (`memory_plan`'s `device`) where host and GPU are one memory and the GPU
         is used; None elsewhere. cuda: the stages' options, whose batch cap B the plan varies."""
