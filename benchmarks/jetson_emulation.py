@@ -210,7 +210,7 @@ def trial(args, root: Path, prep: dict, pace: float, out: Path, standin: dict | 
             "latency": batch_latency(files, batches), "landing_latency": latency_summary(from_landing),
             "batch_times": batch_times(times),
             "alignment_engine": json.loads(summaries[0].read_text()).get("alignment_engine"),
-            "memory": peak_memory(samples, limits["limits"]["memory_budget"]),
+            "memory": peak_memory(samples, limits["limits"]["memory_budget"], limits["limits"]["unified_memory"]),
             "limits": limits, "rows": len(rows), "rows_list": rows,
             "read_latency_s": [json.loads(p.read_text())["latency_s"] for p in summaries],
             "mbases": bases / 1e6,

@@ -118,9 +118,10 @@ def test_latency_memory_and_period_summaries():
     lat = batch_latency(files, [(2, 6.0, 4.0), (4, 4.0, 1.5)])
     assert lat == {"files": 2, "mean_s": 4.5, "max_s": 5.0, "batches": 2, "batch_mean_s": 2.0, "batch_max_s": 4.0}
     samples = [{"pss": 2 << 30, "gpu": 3 << 30}, {"pss": 3 << 30, "gpu": 1 << 30}]
-    mem = peak_memory(samples, 6 << 30)
+    mem = peak_memory(samples, 6 << 30, unified=True)
     assert (mem["host_pss_mb"], mem["gpu_mb"], mem["sum_mb"], mem["within_budget"]) == (3072, 3072, 5120, True)
-    assert not peak_memory(samples, 4 << 30)["within_budget"]
+    assert not peak_memory(samples, 4 << 30, unified=True)["within_budget"]
+    assert peak_memory(samples, 4 << 30, unified=False)["within_budget"]  # beside a GPU of its own: the host's
     times = batch_times([(100, 400_000, 2.0), (50, 200_000, 1.0), (100, 400_000, 4.0), (10, 40_000, 1.0)])
     assert {k: times[k] for k in ("batches", "reads", "total_s", "mean_s", "p50_s", "p90_s", "max_s")} == {
         "batches": 4, "reads": 260, "total_s": 8.0, "mean_s": 2.0, "p50_s": 2.0, "p90_s": 4.0, "max_s": 4.0}
@@ -139,7 +140,7 @@ def test_markdown_table_of_a_run():
     latency = {"files": 20, "mean_s": 3.2, "max_s": 7.5, "batches": 8, "batch_mean_s": 2.5, "batch_max_s": 6.0}
     trial = {"pace": 1.0, "mbases": 10.0, "growth": g, "latency": latency,
              "landing_latency": {"files": 20, "mean_s": 4.1, "max_s": 8.0},
-             "memory": peak_memory([{"pss": 2 << 30, "gpu": 1 << 30}], 6 << 30), "rows_identical": True,
+             "memory": peak_memory([{"pss": 2 << 30, "gpu": 1 << 30}], 6 << 30, True), "rows_identical": True,
              "rows": 1234}  # fmt: skip
     res = {"cells": 2, "daemon_cores": "0-3", "profile": "jetson-orin-nx", "budget": "6G", "gpu_memory": "3G",
            "device": "NVIDIA H100", "main": trial,
@@ -156,6 +157,10 @@ def test_markdown_table_of_a_run():
     half = markdown({**res, "main": {**trial, "pace": 24.0, "growth": {**g, "slope_reads_per_s": 50.0}}})
     assert "| done while files land | 75% of the landing rate: about 18.0 Mbases/s |" in half  # 150 of 200 reads/s
     assert "does not grow" in text and "| rows identical to `streamer call` | True (1234 rows) |" in text
+    assert "| peak host PSS + GPU | 2048 + 1024 MB (largest sum 3072 MB against the budget's 6144: within) |" in text
+    discrete = markdown({**res, "main": {**trial, "memory": peak_memory([{"pss": 3 << 30, "gpu": 8 << 30}], 4 << 30,
+                                                                        False)}})  # fmt: skip
+    assert "| 3072 + 8192 MB (the host's against the budget's 4096: within) |" in discrete
     assert "| beside the daemon | 100.0 ms |" in text and "Largest pace kept: 1.0 Mbases/s." in text
     assert "| 2 | " in text and "| no |" in text and "FASTQ" not in text
     fastq = {**res, "basecalls": "fastq", "align_engine": "mappy",
