@@ -734,6 +734,26 @@ def test_daemon_config_resolves_from_the_profile_except_keys_set(tmp_path, refer
     assert p.profile.name == "cpu" and cfg.batch.max_reads == 512  # no GPU here: the built-in defaults
 
 
+def test_on_a_gpu_of_its_own_the_daemon_detects_events_there_and_leaves_the_split(monkeypatch, tmp_path,
+                                                                                  reference_path):
+    from streamer import config
+    from streamer.cli import build_parser
+    from streamer.commands.run import cuda_options
+    from streamer.tuning import session
+
+    monkeypatch.setattr(session, "probe_gpu", lambda dev_id=0: H100)
+    flat = {"watch.dir": tmp_path, "reference.genome": reference_path, "output.dir": tmp_path / "out"}
+    cfg, p = session.plan_config(config.build(flat))
+    assert (cfg.gpu.events, cfg.gpu.balance, cuda_options(cfg).events) == (True, False, True)
+    assert session.AutoTuner.for_gpu(p, object(), autotune=True).controller.policy.balance is False
+    cfg, _ = session.plan_config(config.build({**flat, "gpu.events": False, "gpu.balance": True}))
+    assert (cfg.gpu.events, cfg.gpu.balance) == (False, True)
+    # `streamer call` on a backlog: its events stay on the CPU unless asked
+    for flags, events in (([], False), (["--cuda-events"], True)):
+        args = build_parser().parse_args(["call", "-r", "r.fa", "-b", "r.bam", "-g", "g.fa", *flags])
+        assert session.CallTuning.from_args(args).plan.gpu.events is events and args.cuda_events is events
+
+
 def test_daemon_takes_new_caps_for_the_next_batch(tmp_path, reference_path):
     from streamer import config
     from streamer.daemon.shell import Daemon
