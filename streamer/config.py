@@ -219,14 +219,14 @@ class GpuConfig:
                              flag="--disable-cuda-hmm")
     events: bool | None = _key(
         None, "Detect events on the GPU too (the same events, bit for bit), ahead of the GPU stages on a lane of their "
-        "own, which leaves the host's cores to the rest; unset: where ABEA runs on a GPU of its own memory, not on a "
-        "Jetson's, whose GPU a live basecaller shares (benchmarks/RESULTS-cpu-half.md).", type=bool,
-        flag="--cuda-events")
+        "own, which leaves the host's cores to the rest; unset: the device profile's, on for `workstation` and `hpc` "
+        "(a GPU of its own with memory to spare for their buffers), off on laptops and Jetsons, whose GPU a live "
+        "basecaller shares (benchmarks/RESULTS-cpu-half.md).", type=bool, flag="--cuda-events")
     balance: bool | None = _key(
         None, "Let the tuner (`autotune`) move the CPU/GPU split of ABEA (max_lf, max_epk, ultra_thresh, and K and B "
         "for reads out of the arena) on the load tree's advice, as well as the batch's shape on the memory tree's; "
-        "unset: not where ABEA runs on a GPU of its own memory, where the daemon's other stages hold the host's "
-        "cores and such moves cost throughput (benchmarks/RESULTS-cpu-half.md).", type=bool, flag="--balance")
+        "unset: not where events are on the GPU, where the daemon's other stages hold the host's cores and such "
+        "moves cost throughput (benchmarks/RESULTS-cpu-half.md).", type=bool, flag="--balance")
     device: str = _key("0", "GPU to use, a list of them (`0,1`) or `all`: each batch goes to the least loaded.",
                        type=str, flag="--cuda-dev-id")
     mem_frac: float | None = _key(

@@ -132,10 +132,13 @@ def test_jetson_profiles_leave_cores_memory_and_the_gpu_first_to_minknow():
                 profile.gpu_reserve > 0) == (jetson,) * 4  # fmt: skip
     h100 = plan(Machine(GpuInfo("NVIDIA H100 80GB HBM3", 80 * GIB, 79 * GIB, False), 16, 256 * GIB))
     assert (h100.threads, h100.gpu.reserve, h100.gpu.stream_priority, h100.profile.unified) == (16, 0, "normal", False)
-    # events on the GPU, and the split left where it starts, where the GPU is the stages' own; not where a live
-    # basecaller shares it; a user's key wins
+    # events on the GPU, and the split left where it starts, on a workstation's or data centre's GPU; not on a
+    # laptop's small one nor where a live basecaller shares it; a user's key wins
+    laptop = plan(Machine(GpuInfo("NVIDIA GeForce RTX 4060 Laptop GPU", 8 * GIB, 7 * GIB, False), 8, 16 * GIB))
+    assert laptop.profile.name == "laptop" and (laptop.gpu.events, laptop.gpu.balance) == (False, True)
     assert (h100.gpu.events, p.gpu.events, plan(Machine(None, 16, 64 * GIB)).gpu.events) == (True, False, False)
     assert (h100.gpu.balance, p.gpu.balance) == (False, True)
+    assert [name for name, profile in PROFILES.items() if profile.events] == ["workstation", "hpc"]
     mine = plan(nano, given={"gpu_events": True, "gpu_balance": False})
     assert mine.gpu.events and not mine.gpu.balance
     mine = plan(h100.machine, given={"gpu_events": False, "gpu_balance": True})

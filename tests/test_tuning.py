@@ -734,23 +734,27 @@ def test_daemon_config_resolves_from_the_profile_except_keys_set(tmp_path, refer
     assert p.profile.name == "cpu" and cfg.batch.max_reads == 512  # no GPU here: the built-in defaults
 
 
-def test_on_a_gpu_of_its_own_the_daemon_detects_events_there_and_leaves_the_split(monkeypatch, tmp_path,
-                                                                                  reference_path):
+def test_where_its_profile_has_the_gpu_take_events_the_daemon_leaves_the_split(monkeypatch, tmp_path,
+                                                                                reference_path):
     from streamer import config
     from streamer.cli import build_parser
     from streamer.commands.run import cuda_options
     from streamer.tuning import session
 
     monkeypatch.setattr(session, "probe_gpu", lambda dev_id=0: H100)
-    flat = {"watch.dir": tmp_path, "reference.genome": reference_path, "output.dir": tmp_path / "out"}
+    flat = {"watch.dir": tmp_path, "reference.genome": reference_path, "output.dir": tmp_path / "out",
+            "gpu.profile": "workstation"}
     cfg, p = session.plan_config(config.build(flat))
     assert (cfg.gpu.events, cfg.gpu.balance, cuda_options(cfg).events) == (True, False, True)
     assert session.AutoTuner.for_gpu(p, object(), autotune=True).controller.policy.balance is False
     cfg, _ = session.plan_config(config.build({**flat, "gpu.events": False, "gpu.balance": True}))
     assert (cfg.gpu.events, cfg.gpu.balance) == (False, True)
+    cfg, p = session.plan_config(config.build({**flat, "gpu.profile": "auto"}))  # 2 cores here: a laptop's
+    assert (p.profile.name, cfg.gpu.events, cfg.gpu.balance) == ("laptop", False, True)
     # `streamer call` on a backlog: its events stay on the CPU unless asked
     for flags, events in (([], False), (["--cuda-events"], True)):
-        args = build_parser().parse_args(["call", "-r", "r.fa", "-b", "r.bam", "-g", "g.fa", *flags])
+        args = build_parser().parse_args(["call", "-r", "r.fa", "-b", "r.bam", "-g", "g.fa", "--profile", "hpc",
+                                          *flags])  # fmt: skip
         assert session.CallTuning.from_args(args).plan.gpu.events is events and args.cuda_events is events
 
 

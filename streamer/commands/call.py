@@ -102,7 +102,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     gpu.add_argument("--disable-cuda-hmm", action="store_true", help="run the CpG HMM on the CPU, ABEA on the GPU")
     gpu.add_argument("--cuda-events", action="store_true",
                      help="detect events on the GPU too (the same events), ahead of the GPU stages, leaving the host's "
-                          "cores to the rest (the daemon's default on a GPU of its own)")
+                          "cores to the rest (the daemon's default with the workstation and hpc profiles)")
     gpu.add_argument("--cuda-dev-id", type=device_spec, default=str(CudaOptions.dev_id),
                      help="GPU to use, a list of them (0,1) or all: batches go to the least loaded [%(default)s]")
     numeric(gpu, "--cuda-mem-frac", key="gpu.mem_frac", default=CudaOptions.mem_frac,

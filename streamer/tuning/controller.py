@@ -23,7 +23,7 @@ The paper's monitor only advises; here each advice leaf names a knob to move and
   faster than the CPU side the paper's load-balance advice can cost throughput; a closed
   direction is how the tuner remembers that, also across starts (`TuningStore`).
 - balance (`Policy.balance`): off, the load tree advises and nothing moves the split, while the
-  memory tree still shapes the batch: where ABEA has a GPU of its own, the daemon's other stages hold
+  memory tree still shapes the batch: where the daemon's events are on the GPU, its other stages hold
   the host's cores, and moves onto them cost throughput that windows of a few batches could not tell
   from noise (`gpu.balance`).
 

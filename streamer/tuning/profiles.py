@@ -198,7 +198,9 @@ class Profile:
     """Starting settings for a class of machine; threads are every core but spare_cores, up to max_threads.
 
     unified: host and GPU are one memory (a Jetson's), so the memory budget is one for both;
-    gpu_reserve: device bytes never taken (`gpu.reserve`); stream_priority: of the GPU stages' CUDA streams.
+    gpu_reserve: device bytes never taken (`gpu.reserve`); stream_priority: of the GPU stages' CUDA streams;
+    events: the daemon detects events on the GPU (`gpu.events`), where it has memory to spare for their
+    buffers (about 1.1 GB a lane) and is not the live basecaller's first.
     """
 
     name: str
@@ -217,6 +219,7 @@ class Profile:
     gpu_reserve: int = 0
     spare_cores: int = 0  # cores left to other work (MinKNOW's)
     stream_priority: str = "normal"
+    events: bool = False
 
     @property
     def settings(self) -> Settings:
@@ -256,9 +259,10 @@ PROFILES = {p.name: p for p in (
             3 * GIB, 4 * GIB),
     _jetson("jetson-orin", "Jetson AGX Orin: 12 cores, 32-64 GB shared", 2048, 10_000_000, 0.6, 12, 6 * GIB, 8 * GIB),
     Profile("laptop", "laptop or small GPU (up to 8 GB), or few CPU cores", 512, 5_000_000, 0.8, None, 1 << 30),
-    Profile("workstation", "desktop or workstation GPU (8-40 GB)", 1024, 10_000_000, 0.9, None, 2 << 30),
+    Profile("workstation", "desktop or workstation GPU (8-40 GB)", 1024, 10_000_000, 0.9, None, 2 << 30,
+            events=True),
     Profile("hpc", "data-centre GPU (40 GB or more, A100/H100/H200...) with 16 cores or more", 4096, 20_000_000, 0.9,
-            None, 3 << 30),
+            None, 3 << 30, events=True),
     Profile("cpu", "no GPU: ABEA on the CPU", 512, 5_000_000, None, None, 300 << 20, 64 << 20),
 )}  # fmt: skip
 PROFILE_NAMES = tuple(PROFILES)
@@ -407,12 +411,11 @@ def plan(machine: Machine, profile: str = "auto", given: Mapping[str, Any] | Non
     mem_frac = given.get("mem_frac") if given.get("mem_frac") is not None else prof.mem_frac
     threads = given.get("threads") or prof.threads(machine.cpus)
     budget = prof.memory_budget(threads) if given.get("memory_budget") is None else parse_size(given["memory_budget"])
-    # A GPU of the stages' own (not a Jetson's, the live basecaller's first) takes the daemon's events, which
-    # leaves the host's cores to its other stages; those cores are then what bounds it, and the split is left
-    # where it starts (moved onto them, it cost a PromethION's rate 12%: benchmarks/RESULTS-cpu-half.md).
-    own = machine.gpu is not None and not prof.unified
-    events = own if given.get("gpu_events") is None else given["gpu_events"]
-    balance = not own if given.get("gpu_balance") is None else given["gpu_balance"]
+    # Events on the GPU leave the host's cores to the daemon's other stages; those cores are then what bounds
+    # it, and the split is left where it starts (moved onto them, it cost a PromethION's rate 12%; with the
+    # events on the CPU it changed nothing: benchmarks/RESULTS-cpu-half.md).
+    events = machine.gpu is not None and prof.events if given.get("gpu_events") is None else given["gpu_events"]
+    balance = not events if given.get("gpu_balance") is None else given["gpu_balance"]
     gpu = GpuLimits(parse_size(given.get("gpu_reserve", prof.gpu_reserve)),
                     parse_size(given["gpu_memory"]) if given.get("gpu_memory") is not None else None,
                     given.get("stream_priority", prof.stream_priority), events, balance)  # fmt: skip
