@@ -754,8 +754,10 @@ def test_where_its_profile_has_the_gpu_take_events_the_daemon_leaves_the_split(m
     # `streamer call` on a backlog: its events stay on the CPU unless asked
     for flags, events in (([], False), (["--cuda-events"], True)):
         args = build_parser().parse_args(["call", "-r", "r.fa", "-b", "r.bam", "-g", "g.fa", "--profile", "hpc",
-                                          *flags])  # fmt: skip
-        assert session.CallTuning.from_args(args).plan.gpu.events is events and args.cuda_events is events
+                                          "--autotune", "--state-dir", str(tmp_path), *flags])  # fmt: skip
+        tuning = session.CallTuning.from_args(args)
+        assert tuning.plan.gpu.events is events and args.cuda_events is events
+        assert tuning.tuner.controller.policy.balance is not events  # the split tuned where events are on the CPU
 
 
 def test_daemon_takes_new_caps_for_the_next_batch(tmp_path, reference_path):

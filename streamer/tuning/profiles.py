@@ -356,6 +356,14 @@ class Plan:
         return replace(self, budget=memory.budget, gpu=replace(self.gpu, memory=cap), bounds=bounds,
                        settings=settings)
 
+    def with_events(self, events: bool) -> Plan:
+        """This plan with its events on the GPU or not, and the split tuned only where they are not (unless
+        `gpu_balance` was given): events on the GPU leave the host's cores to the daemon's other stages, which
+        then bound it, and moving long reads onto those cores cost a PromethION's rate 12%; with the events on
+        the CPU it changed nothing (benchmarks/RESULTS-cpu-half.md)."""
+        balance = self.gpu.balance if self.sources.get("gpu_balance") == "given" else not events
+        return replace(self, gpu=replace(self.gpu, events=events, balance=balance))
+
     def limits(self) -> dict[str, Any]:
         """Every limit the plan sets, by its configuration name: the batch caps, the GPU split, threads, the
         arena's share of free GPU memory (None: the built-in share), the memory budget in bytes, whether it
@@ -411,14 +419,11 @@ def plan(machine: Machine, profile: str = "auto", given: Mapping[str, Any] | Non
     mem_frac = given.get("mem_frac") if given.get("mem_frac") is not None else prof.mem_frac
     threads = given.get("threads") or prof.threads(machine.cpus)
     budget = prof.memory_budget(threads) if given.get("memory_budget") is None else parse_size(given["memory_budget"])
-    # Events on the GPU leave the host's cores to the daemon's other stages; those cores are then what bounds
-    # it, and the split is left where it starts (moved onto them, it cost a PromethION's rate 12%; with the
-    # events on the CPU it changed nothing: benchmarks/RESULTS-cpu-half.md).
     events = machine.gpu is not None and prof.events if given.get("gpu_events") is None else given["gpu_events"]
-    balance = not events if given.get("gpu_balance") is None else given["gpu_balance"]
     gpu = GpuLimits(parse_size(given.get("gpu_reserve", prof.gpu_reserve)),
                     parse_size(given["gpu_memory"]) if given.get("gpu_memory") is not None else None,
-                    given.get("stream_priority", prof.stream_priority), events, balance)  # fmt: skip
+                    given.get("stream_priority", prof.stream_priority),
+                    balance=given.get("gpu_balance", True))  # unless given, `with_events` sets it below
     bounds = bounds_for(machine, mem_frac, gpu)
     start = prof.settings
     values, sources = {}, {}
@@ -433,7 +438,7 @@ def plan(machine: Machine, profile: str = "auto", given: Mapping[str, Any] | Non
     if values["avg_epk"] > values["max_epk"] and sources["avg_epk"] != "given":
         values["avg_epk"] = values["max_epk"]
     sources.update({k: "given" for k in ("threads", "mem_frac", *LIMIT_KEYS) if given.get(k) is not None})
-    return Plan(machine, prof, Settings(**values), threads, mem_frac, bounds, sources, budget, gpu)
+    return Plan(machine, prof, Settings(**values), threads, mem_frac, bounds, sources, budget, gpu).with_events(events)
 
 
 def _mb(n: int) -> str:

@@ -281,7 +281,7 @@ class CallTuning:
                     probed=probed)  # fmt: skip
         # events on the CPU unless asked: on a backlog every core is the run's, and its large batches queued for
         # the GPU's one events lane (the 66 Mbases on an H200: 6.1 s against 5.1; benchmarks/RESULTS-cpu-half.md)
-        p = replace(p, gpu=replace(p.gpu, events=args.cuda_events))
+        p = p.with_events(args.cuda_events)
         resolved = p.limits()
         for k, dest in CALL_ARGS.items():
             setattr(args, dest, resolved[k])
