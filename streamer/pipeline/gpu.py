@@ -141,8 +141,8 @@ class CudaOptions:
     room for the tuner to grow them when autotune is on (`streamer_gpu.memory`), capped at
     mem_frac of the free device memory (None: 0.9, or 0.7 on integrated GPUs (Jetson), whose
     memory is the host's). hmm False keeps the CpG HMM on the CPU while ABEA uses the GPU; events True
-    detects events there too (exact, ahead of the GPU stages, with the host's cores left to the rest; the device
-    profile's plan sets it where the GPU is the stages' own: `Plan.cuda_options`).
+    detects events there too (exact, ahead of the GPU stages, with the host's cores left to the rest; the daemon's
+    device profile decides, `Plan.with_events`; `streamer call` when asked).
     dev_ids, when given, are the GPUs batches are spread over (dev_id is then the first);
     all_devices spreads them over every GPU of the host.
 
