@@ -393,6 +393,7 @@ def main() -> int:
         "pod5_gpu_budget_8G_K1024": [*pod5, "--memory-budget", "8G", "-K", "1024"],
         "pod5_gpu_budget_8G_K1024_c3": [*pod5, "--memory-budget", "8G", "-K", "1024", "--compute-threads", "3"],
         "pod5_gpu_c3": [*pod5, "--compute-threads", "3"],
+        "pod5_gpu_c4": [*pod5, "--compute-threads", "4"],
         **{f"{fmt}_gpu{sfx}": [*r, *caps] for fmt, r in (("pod5", pod5), ("blow5", blow5))
            for sfx, caps in (("", []), ("_K1024", ["-K", "1024"]),
                              ("_K1024_threads", ["-K", "1024", "--io-mode", "threads"]),

@@ -12,7 +12,7 @@ from streamer_plugins.cpg.calls import CALLS_HEADER, call_methylation, format_ca
 from streamer_plugins.cpg.hmm import profile_forward, score_windows, window_kmer_rank
 from streamer_plugins.cpg.hmm_model import HmmParams, block_transitions, pack_model, pack_scalings
 from streamer_plugins.cpg.logsum import LOGSUM_TABLE, flogsum
-from streamer_plugins.cpg.lookup import aligned_pairs, closest_event, event_reference_map, events_bounding, is_spliced
+from streamer_plugins.cpg.lookup import aligned_blocks, base_event, closest_event, events_bounding, is_spliced, map_span
 from streamer.pipeline.postalign import event_map
 from streamer_plugins.cpg.sites import (DISAMBIGUATE, disambiguated, group_sites, group_slots, motif_sites,
                                        read_windows)
@@ -64,13 +64,47 @@ def test_logsum_agrees_with_logaddexp_within_table_precision():
 # ---------------------------------------------------------------- CIGAR lookup
 
 
-def test_aligned_pairs_walks_soft_clips_insertions_deletions_hard_clips():
+def test_aligned_blocks_walk_soft_clips_insertions_deletions_hard_clips():
     c = cig((CIGAR_H, 5), (CIGAR_S, 2), (CIGAR_M, 3), (CIGAR_I, 2), (CIGAR_M, 2), (CIGAR_D, 3), (CIGAR_M, 2), (CIGAR_S, 1))
-    ref, read = aligned_pairs(c, 100)
-    assert ref.tolist() == [100, 101, 102, 103, 104, 108, 109]
-    assert read.tolist() == [2, 3, 4, 7, 8, 9, 10]  # hard clips do not count, soft clips do
+    ref, read, first = aligned_blocks(c, 100)
+    assert ref.tolist() == [100, 103, 108] and first.tolist() == [0, 3, 5, 7]
+    assert read.tolist() == [2, 7, 9]  # hard clips do not count, soft clips do
     assert not is_spliced(c)
     assert is_spliced(cig((CIGAR_M, 3), (CIGAR_N, 100), (CIGAR_M, 3)))
+
+
+def aligned_pairs(cigar, ref_start):
+    """(reference, read) position of every aligned base, walked base by base: what the runs stand for."""
+    ref, read, first = aligned_blocks(cigar, ref_start)
+    runs = [(r + i, q + i) for r, q, n in zip(ref, read, np.diff(first)) for i in range(n)]
+    return [r for r, _ in runs], [q for _, q in runs]
+
+
+def nanopolish_map(cigar, ref_start, rc, read_len, k, first_event, search=1000):
+    """The event-to-reference map as nanopolish and f5c make it, base by base: every aligned base at
+    least k from either read end, with the closest event of its k-mer; empty when its first and last
+    events are the same."""
+    pairs = [(r, closest_event(first_event, read_len - q - k if rc else q, search))
+             for r, q in zip(*aligned_pairs(cigar, ref_start)) if k <= q and q + k < read_len]  # fmt: skip
+    return [] if pairs and pairs[0][1] == pairs[-1][1] else pairs
+
+
+def lookup_map(cigar, ref_start, rc, read_len, k, first_event, search=1000):
+    """The map `map_span` describes, entry by entry."""
+    ref, read, first = aligned_blocks(cigar, ref_start)
+    lo, hi, _, _ = map_span(ref, read, first, rc, read_len, k, first_event, search)
+    out = []
+    for a in range(lo, hi):
+        b = int(np.searchsorted(first, a, side="right") - 1)
+        out.append((int(ref[b] + a - first[b]), base_event(read, first, b, a, rc, read_len, k, first_event, search)))
+    return out
+
+
+def bounding(cigar, ref_start, rc, read_len, k, first_event, ref_first, ref_last, search=1000):
+    ref, read, first = aligned_blocks(cigar, ref_start)
+    lo, hi, b_lo, ref_lo = map_span(ref, read, first, rc, read_len, k, first_event, search)
+    return events_bounding(ref, read, first, lo, hi, b_lo, ref_lo, ref_first, ref_last, b_lo, b_lo, rc, read_len, k,
+                           first_event, search)[:3]  # fmt: skip
 
 
 def test_kmer_first_event_ignores_a_repeated_event():
@@ -97,47 +131,67 @@ def identity_events(n_kmers):
 def test_event_map_forward_strand():
     k, read_len = 3, 20
     c = cig((CIGAR_S, 2), (CIGAR_M, 6), (CIGAR_D, 2), (CIGAR_I, 1), (CIGAR_M, 11))
-    ref, ev = event_reference_map(c, 50, False, read_len, k, identity_events(read_len - k + 1), 1000)
+    pairs = lookup_map(c, 50, False, read_len, k, identity_events(read_len - k + 1))
     # read positions 2..7 -> ref 50..55, then 9..19 -> ref 58..68; keep k <= pos < read_len - k
-    pairs = list(zip(ref.tolist(), ev.tolist()))
     assert pairs == [(51, 6), (52, 8), (53, 10), (54, 12), (55, 14)] + [(58 + i, 2 * (9 + i)) for i in range(8)]
 
 
 def test_event_map_reverse_strand_flips_kmer_index():
     k, read_len = 3, 20
-    c = cig((CIGAR_M, 20))
-    ref, ev = event_reference_map(c, 0, True, read_len, k, identity_events(read_len - k + 1), 1000)
-    assert ref.tolist() == list(range(3, 17))
-    assert ev.tolist() == [2 * (read_len - q - k) for q in range(3, 17)]  # descending events
+    pairs = lookup_map(cig((CIGAR_M, 20)), 0, True, read_len, k, identity_events(read_len - k + 1))
+    assert [r for r, _ in pairs] == list(range(3, 17))
+    assert [e for _, e in pairs] == [2 * (read_len - q - k) for q in range(3, 17)]  # descending events
 
 
 def test_event_map_degenerate_is_empty():
     first = np.full(18, -1)
     first[0] = 4
-    ref, ev = event_reference_map(cig((CIGAR_M, 20)), 0, False, 20, 3, first, 1000)
-    assert ref.shape == (0,) and ev.shape == (0,)
+    assert lookup_map(cig((CIGAR_M, 20)), 0, False, 20, 3, first) == []
 
 
 def test_events_bounding():
-    ref = np.array([10, 11, 14, 15, 20])
-    ev = np.array([1, 2, 3, 4, 5])
-    assert events_bounding(ref, ev, 11, 15)[:3] == (True, 2, 4)
-    assert events_bounding(ref, ev, 12, 16)[:3] == (True, 3, 5)  # inner start is covered by 11
-    assert events_bounding(ref, ev, 10, 20)[:3] == (True, 1, 5)
-    assert events_bounding(ref, ev, 9, 15)[0] is False  # nothing at or before the start
-    assert events_bounding(ref, ev, 11, 21)[0] is False  # nothing at or after the end
-    assert events_bounding(ref[:0], ev[:0], 0, 1)[0] is False
-    # a read's windows ask in ascending order, each from where the last one's entries were found
-    _, _, _, i, j = events_bounding(ref, ev, 11, 15)
-    assert (i, j) == (1, 3)
-    assert events_bounding(ref, ev, 12, 16, i, j) == events_bounding(ref, ev, 12, 16)
+    # map entries at reference 10, 11, 14, 15, 20 with events 1..5 (k = 1: read positions 1..5)
+    c = cig((CIGAR_S, 1), (CIGAR_M, 2), (CIGAR_D, 2), (CIGAR_M, 2), (CIGAR_D, 4), (CIGAR_M, 1), (CIGAR_S, 1))
+    args = (c, 10, False, 7, 1, np.arange(7))
+    assert lookup_map(*args) == [(10, 1), (11, 2), (14, 3), (15, 4), (20, 5)]
+    assert bounding(*args, 11, 15) == (True, 2, 4)
+    assert bounding(*args, 12, 16) == (True, 3, 5)  # inner start is covered by 11
+    assert bounding(*args, 10, 20) == (True, 1, 5)
+    assert bounding(*args, 9, 15)[0] is False  # nothing at or before the start
+    assert bounding(*args, 11, 21)[0] is False  # nothing at or after the end
+    assert bounding(c, 10, False, 7, 1, np.zeros(7, np.int64), 11, 15)[0] is False  # a degenerate map
 
 
-def test_events_per_base():
-    seq_off = np.array([0, 12, 20])
-    # read 0: 12 bases, k=3 -> 10 k-mers, events 3..18; read 1: no pairs
-    got = event_map(seq_off, np.array([0, 1, 9], np.int32), np.array([3, 7, 18], np.int32), np.array([0, 3, 3]), 3)
-    assert got.events_per_base.tolist() == [1.5, 0.0]
+def random_alignment(rng):
+    """A CIGAR of runs, indels and clips (none of N), its read length and a first event per k-mer with gaps."""
+    ops = [(CIGAR_S, int(rng.integers(0, 4)))]
+    for _ in range(int(rng.integers(1, 12))):
+        ops.append((int(rng.choice([CIGAR_M, CIGAR_M, CIGAR_D, CIGAR_I])), int(rng.integers(0, 9))))
+    ops.append((CIGAR_S, int(rng.integers(0, 4))))
+    c = cig(*ops)
+    read_len = int(sum(n for op, n in ops if op in (CIGAR_M, CIGAR_I, CIGAR_S)))
+    k = int(rng.integers(1, 4))
+    events = np.sort(rng.integers(0, 3 * read_len + 2, max(read_len - k + 1, 1)))
+    events[rng.random(events.shape[0]) < 0.3] = -1
+    return c, read_len, k, events
+
+
+def test_the_runs_lookup_is_the_base_by_base_map_on_random_alignments():
+    rng = np.random.default_rng(11)
+    for _ in range(400):
+        c, read_len, k, events = random_alignment(rng)
+        rc = bool(rng.integers(0, 2))
+        search = int(rng.choice([2, 1000]))
+        want = nanopolish_map(c, 100, rc, read_len, k, events, search)
+        assert lookup_map(c, 100, rc, read_len, k, events, search) == want
+        ref = [r for r, _ in want]
+        for v1 in range(95, 100 + read_len + 30, 3):
+            for v2 in (v1, v1 + 1, v1 + 7):
+                i = int(np.searchsorted(ref, v1))
+                j = int(np.searchsorted(ref, v2))
+                ok = i < len(ref) and j < len(ref) and (ref[i] == v1 or i > 0)
+                expected = (True, want[i][1], want[j][1]) if ok else (False, -1, -1)
+                assert bounding(c, 100, rc, read_len, k, events, v1, v2, search) == expected
 
 
 # ---------------------------------------------------------------- CpG sites
@@ -176,27 +230,36 @@ def test_a_span_holds_no_more_groups_than_its_slots():
     assert group_slots(np.array([0]), 10)[0] == 0
 
 
+def straight_read(n, events):
+    """A CIGAR, read length and first events whose map (k = 1) has entries at reference 1000 + i with event
+    events[i], for i < n: one soft-clipped base each side."""
+    return cig((CIGAR_S, 1), (CIGAR_M, n), (CIGAR_S, 1)), n + 2, np.concatenate([[-1], events, [-1]])
+
+
+def windows(sites, n, events, min_event_span=10):
+    c, read_len, first_event = straight_read(n, events)
+    return read_windows(sites, c, 1000, False, read_len, 1, first_event, 1000, 10, 200, min_event_span)
+
+
 def test_read_windows_applies_every_rule():
-    ref_start = 1000
     # 20: too close to the start; 40 and 50 merge; 100, 110, ..., 300 span 200 (kept);
     # 400, 410, ..., 590, 599, 601 span 201 (dropped); 700 alone
     chain = list(range(100, 301, 10))
     ref = place_cpgs(800, [20, 40, 50, *chain, *range(400, 591, 10), 599, 601, 700])
-    map_ref = ref_start + np.arange(800)
     sites = CPG.table()
     at = motif_sites(ref, 0, sites)
-    first, last, n_sites, e1, e2 = read_windows(at, ref_start, map_ref, np.arange(800) * 2, 10, 200, 10)
+    first, last, n_sites, e1, e2 = windows(at, 800, np.arange(800) * 2)
     assert first.tolist() == [40, 100, 700]
     assert last.tolist() == [50, 300, 700]
     assert n_sites.tolist() == [2, len(chain), 1]
     assert e1.tolist() == [60, 180, 1380] and e2.tolist() == [120, 620, 1420]
     at = motif_sites(place_cpgs(800, [21, 700]), 0, sites)
-    assert read_windows(at, ref_start, map_ref, np.arange(800), 10, 200, 10)[0].tolist() == [21, 700]
+    assert windows(at, 800, np.arange(800))[0].tolist() == [21, 700]
     # events too close together: a window of 21 bases over 21 // 3 events is not scored
-    assert read_windows(at, ref_start, map_ref, np.arange(800) // 3, 10, 200, 10)[0].tolist() == []
-    assert read_windows(at, ref_start, map_ref, np.arange(800) // 3, 10, 200, 5)[0].tolist() == [21, 700]
+    assert windows(at, 800, np.arange(800) // 3)[0].tolist() == []
+    assert windows(at, 800, np.arange(800) // 3, min_event_span=5)[0].tolist() == [21, 700]
     # the map must reach past the window end
-    assert read_windows(at, ref_start, map_ref[:710], np.arange(710), 10, 200, 10)[0].tolist() == [21]
+    assert windows(at, 710, np.arange(710))[0].tolist() == [21]
 
 
 # ---------------------------------------------------------------- profile HMM

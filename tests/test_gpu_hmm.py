@@ -118,6 +118,16 @@ def test_jobs_packed_to_batch_coordinates():
     assert launch_order(np.array([1, 0]), cells, False).tolist() == [1, 0]
 
 
+def test_launch_order_is_a_stable_sort_by_cost_descending():
+    rng = np.random.default_rng(3)
+    for n, top in ((0, 5), (1, 5), (500, 1), (500, 4), (3000, 5000), (3000, 2**40)):
+        cells = rng.integers(0, top, n + 7)
+        idx = rng.permutation(n + 7)[:n]
+        got = launch_order(idx, cells, True)
+        assert got.dtype == np.int32
+        assert got.tolist() == idx[np.argsort(-cells[idx], kind="stable")].tolist()
+
+
 def test_transitions_are_the_cpu_helpers():
     params = HmmParams().as_array()
     epb = np.array([1.7, 0.0, 2.3])

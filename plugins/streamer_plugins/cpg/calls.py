@@ -26,7 +26,7 @@ from streamer_plugins.cpg.hmm import HmmInputs, HmmJobs, score_jobs
 from streamer_plugins.cpg.hmm_model import (HmmParams, nanopolish_scaling, pack_model, pack_model64, pack_scalings,
                                              pack_scalings64)
 from streamer_plugins.cpg.logsum import LOGSUM_TABLE
-from streamer_plugins.cpg.lookup import CLOSEST_EVENT_SEARCH, event_reference_map, is_spliced
+from streamer_plugins.cpg.lookup import CLOSEST_EVENT_SEARCH, is_spliced
 from streamer_plugins.cpg.sites import (
     DISAMBIGUATE,
     MAX_SPAN,
@@ -84,8 +84,9 @@ def _plan_windows(
     ref_seq, ref_seq_off, ref_next, ref_start, rc, cigar, cigar_off, seq_off, b2e_start, kmer_off, status,
     slot_off, k, search, motif, min_separation, max_span, min_event_span,
 ):  # fmt: skip
-    """Fill each read's slots (as many as its span can hold groups: `group_slots`) with its kept windows;
-    returns the per-slot arrays, the number kept per read and a per-read planning outcome."""
+    """Each read's kept windows, found into its slots (as many as its span can hold groups: `group_slots`),
+    then one read after another: the batch's jobs (read, first, last, n_sites, e1, e2), the number kept per
+    read and a per-read planning outcome."""
     n = status.shape[0]
     total = slot_off[n]
     first = np.empty(total, np.int64)
@@ -109,9 +110,8 @@ def _plan_windows(
         if read_len < k:
             continue
         first_event = b2e_start[kmer_off[i] : kmer_off[i + 1]]
-        map_ref, map_event = event_reference_map(cig, ref_start[i], rc[i], read_len, k, first_event, search)
-        f, l, s, x1, x2 = read_windows(sites, ref_start[i], map_ref, map_event, min_separation, max_span,
-                                       min_event_span)  # fmt: skip
+        f, l, s, x1, x2 = read_windows(sites, cig, ref_start[i], rc[i], read_len, k, first_event, search,
+                                       min_separation, max_span, min_event_span)  # fmt: skip
         o = slot_off[i]
         m = f.shape[0]
         first[o : o + m] = f
@@ -120,7 +120,27 @@ def _plan_windows(
         e1[o : o + m] = x1
         e2[o : o + m] = x2
         kept[i] = m
-    return first, last, n_sites, e1, e2, kept, outcome
+    job_off = np.zeros(n + 1, np.int64)
+    for i in range(n):
+        job_off[i + 1] = job_off[i] + kept[i]
+    jobs = job_off[n]
+    read = np.empty(jobs, np.int64)
+    j_first = np.empty(jobs, np.int64)
+    j_last = np.empty(jobs, np.int64)
+    j_sites = np.empty(jobs, np.int64)
+    j_e1 = np.empty(jobs, np.int64)
+    j_e2 = np.empty(jobs, np.int64)
+    for i in numba.prange(n):
+        o = job_off[i]
+        s = slot_off[i]
+        for j in range(kept[i]):
+            read[o + j] = i
+            j_first[o + j] = first[s + j]
+            j_last[o + j] = last[s + j]
+            j_sites[o + j] = n_sites[s + j]
+            j_e1[o + j] = e1[s + j]
+            j_e2[o + j] = e2[s + j]
+    return read, j_first, j_last, j_sites, j_e1, j_e2, kept, outcome
 
 
 @dataclass
@@ -144,22 +164,12 @@ def _plan_jobs(batch: ReadBatch, events: EventMap, ref: np.ndarray, status: np.n
     n_slots = np.where(status == Skip.OK, group_slots(span, groups.min_separation), 0)
     slot_off = np.zeros(batch.n + 1, np.int64)
     np.cumsum(n_slots, out=slot_off[1:])
-    first, last, n_sites, e1, e2, kept, outcome = _plan_windows(
+    read, first, last, n_sites, e1, e2, kept, outcome = _plan_windows(
         ref, batch.ref_seq_off, ref_next, batch.ref_start, batch.rc, batch.cigar, batch.cigar_off, batch.seq_off,
         events.b2e_start, events.kmer_off, status, slot_off,
         k, groups.event_search, sites, groups.min_separation, groups.max_span, groups.min_event_span,
     )  # fmt: skip
-    take = np.arange(slot_off[-1]) - np.repeat(slot_off[:-1], n_slots) < np.repeat(kept, n_slots)
-    return _Jobs(
-        read=np.repeat(np.arange(batch.n, dtype=np.int64), kept),
-        first=first[take],
-        last=last[take],
-        n_sites=n_sites[take],
-        e1=e1[take],
-        e2=e2[take],
-        kept=kept,
-        spliced=outcome == _PLAN_SPLICED,
-    )
+    return _Jobs(read, first, last, n_sites, e1, e2, kept, outcome == _PLAN_SPLICED)
 
 
 def call_methylation(

@@ -19,7 +19,7 @@ import numba
 import numpy as np
 
 from streamer_plugins.cpg.hmm import site_at
-from streamer_plugins.cpg.lookup import events_bounding
+from streamer_plugins.cpg.lookup import aligned_blocks, events_bounding, map_span
 
 MIN_SEPARATION = 10
 MAX_SPAN = 200
@@ -96,14 +96,17 @@ def group_sites(sites, min_separation):
 
 
 @numba.njit(nogil=True, cache=True)
-def read_windows(sites, ref_start, map_ref, map_event, min_separation, max_span, min_event_span):
+def read_windows(sites, cigar, ref_start, rc, read_len, k, first_event, search, min_separation, max_span, min_event_span):
     """The groups of one read that get scored, in reference order.
 
     `sites` are the motif's sites in the read's aligned span starting at `ref_start` (`motif_sites`);
-    `map_ref`/`map_event` the read's event-to-reference map. Returns per kept group the
+    the CIGAR, strand, read length and `first_event` (the read's first event per k-mer) make its
+    event-to-reference map (`lookup.map_span`), which bounds each window. Returns per kept group the
     reference-span-local positions of its first and last site, its number of sites and the events
     bounding its window `[first - min_separation, last + min_separation]`.
     """
+    ref, read, run_first = aligned_blocks(cigar, ref_start)
+    lo, hi, b_lo, ref_lo = map_span(ref, read, run_first, rc, read_len, k, first_event, search)
     g_first, g_end = group_sites(sites, min_separation)
     n = g_first.shape[0]
     first = np.empty(n, np.int64)
@@ -112,15 +115,15 @@ def read_windows(sites, ref_start, map_ref, map_event, min_separation, max_span,
     ev_first = np.empty(n, np.int64)
     ev_last = np.empty(n, np.int64)
     kept = 0
-    at_first = at_last = 0  # where the last window's entries were found: the next look from there on
+    bi = bj = b_lo  # the runs where the last window's entries were found: the next look from there on
     for g in range(n):
         s_first = sites[g_first[g]]
         s_last = sites[g_end[g] - 1]
         if s_first - min_separation <= min_separation or s_last - s_first > max_span:
             continue
-        ok, e1, e2, at_first, at_last = events_bounding(
-            map_ref, map_event, ref_start + s_first - min_separation, ref_start + s_last + min_separation, at_first,
-            at_last,
+        ok, e1, e2, bi, bj = events_bounding(
+            ref, read, run_first, lo, hi, b_lo, ref_lo, ref_start + s_first - min_separation,
+            ref_start + s_last + min_separation, bi, bj, rc, read_len, k, first_event, search,
         )  # fmt: skip
         if not ok or abs(e2 - e1) <= min_event_span or e1 < 0 or e2 < 0:
             continue
