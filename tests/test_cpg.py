@@ -12,7 +12,8 @@ from streamer_plugins.cpg.calls import CALLS_HEADER, call_methylation, format_ca
 from streamer_plugins.cpg.hmm import profile_forward, score_windows, window_kmer_rank
 from streamer_plugins.cpg.hmm_model import HmmParams, block_transitions, pack_model, pack_scalings
 from streamer_plugins.cpg.logsum import LOGSUM_TABLE, flogsum
-from streamer_plugins.cpg.lookup import aligned_blocks, base_event, closest_event, events_bounding, is_spliced, map_span
+from streamer_plugins.cpg.lookup import (aligned_blocks, aligned_segments, base_event, closest_event, events_bounding,
+                                         is_spliced, map_span)
 from streamer.pipeline.postalign import event_map
 from streamer_plugins.cpg.sites import (DISAMBIGUATE, disambiguated, group_sites, group_slots, motif_sites,
                                        read_windows)
@@ -66,16 +67,23 @@ def test_logsum_agrees_with_logaddexp_within_table_precision():
 
 def test_aligned_blocks_walk_soft_clips_insertions_deletions_hard_clips():
     c = cig((CIGAR_H, 5), (CIGAR_S, 2), (CIGAR_M, 3), (CIGAR_I, 2), (CIGAR_M, 2), (CIGAR_D, 3), (CIGAR_M, 2), (CIGAR_S, 1))
-    ref, read, first = aligned_blocks(c, 100)
+    ref, read, first, segments = aligned_blocks(c, 100)
     assert ref.tolist() == [100, 103, 108] and first.tolist() == [0, 3, 5, 7]
     assert read.tolist() == [2, 7, 9]  # hard clips do not count, soft clips do
+    assert segments.tolist() == [0, 3]
     assert not is_spliced(c)
-    assert is_spliced(cig((CIGAR_M, 3), (CIGAR_N, 100), (CIGAR_M, 3)))
+    spliced = cig((CIGAR_M, 3), (CIGAR_N, 100), (CIGAR_M, 3), (CIGAR_D, 2), (CIGAR_M, 1))
+    assert is_spliced(spliced)
+    ref, _, first, segments = aligned_blocks(spliced, 0)
+    assert ref.tolist() == [0, 103, 108] and segments.tolist() == [0, 1, 3]
+    ref_pos, read_pos, seg_off = aligned_segments(spliced, 0)
+    assert ref_pos.tolist() == [0, 1, 2, 103, 104, 105, 108] and read_pos.tolist() == list(range(7))
+    assert seg_off.tolist() == [0, 3, 7]  # the N starts the second segment
 
 
 def aligned_pairs(cigar, ref_start):
     """(reference, read) position of every aligned base, walked base by base: what the runs stand for."""
-    ref, read, first = aligned_blocks(cigar, ref_start)
+    ref, read, first, _ = aligned_blocks(cigar, ref_start)
     runs = [(r + i, q + i) for r, q, n in zip(ref, read, np.diff(first)) for i in range(n)]
     return [r for r, _ in runs], [q for _, q in runs]
 
@@ -91,7 +99,7 @@ def nanopolish_map(cigar, ref_start, rc, read_len, k, first_event, search=1000):
 
 def lookup_map(cigar, ref_start, rc, read_len, k, first_event, search=1000):
     """The map `map_span` describes, entry by entry."""
-    ref, read, first = aligned_blocks(cigar, ref_start)
+    ref, read, first, _ = aligned_blocks(cigar, ref_start)
     lo, hi, _, _ = map_span(ref, read, first, rc, read_len, k, first_event, search)
     out = []
     for a in range(lo, hi):
@@ -101,7 +109,7 @@ def lookup_map(cigar, ref_start, rc, read_len, k, first_event, search=1000):
 
 
 def bounding(cigar, ref_start, rc, read_len, k, first_event, ref_first, ref_last, search=1000):
-    ref, read, first = aligned_blocks(cigar, ref_start)
+    ref, read, first, _ = aligned_blocks(cigar, ref_start)
     lo, hi, b_lo, ref_lo = map_span(ref, read, first, rc, read_len, k, first_event, search)
     return events_bounding(ref, read, first, lo, hi, b_lo, ref_lo, ref_first, ref_last, b_lo, b_lo, rc, read_len, k,
                            first_event, search)[:3]  # fmt: skip

@@ -120,27 +120,21 @@ def _plan_windows(
         e1[o : o + m] = x1
         e2[o : o + m] = x2
         kept[i] = m
-    job_off = np.zeros(n + 1, np.int64)
+    jobs = 0  # each read's windows moved down to follow the last read's: a job never moves up
     for i in range(n):
-        job_off[i + 1] = job_off[i] + kept[i]
-    jobs = job_off[n]
+        for at in range(slot_off[i], slot_off[i] + kept[i]):
+            first[jobs] = first[at]
+            last[jobs] = last[at]
+            n_sites[jobs] = n_sites[at]
+            e1[jobs] = e1[at]
+            e2[jobs] = e2[at]
+            jobs += 1
     read = np.empty(jobs, np.int64)
-    j_first = np.empty(jobs, np.int64)
-    j_last = np.empty(jobs, np.int64)
-    j_sites = np.empty(jobs, np.int64)
-    j_e1 = np.empty(jobs, np.int64)
-    j_e2 = np.empty(jobs, np.int64)
-    for i in numba.prange(n):
-        o = job_off[i]
-        s = slot_off[i]
-        for j in range(kept[i]):
-            read[o + j] = i
-            j_first[o + j] = first[s + j]
-            j_last[o + j] = last[s + j]
-            j_sites[o + j] = n_sites[s + j]
-            j_e1[o + j] = e1[s + j]
-            j_e2[o + j] = e2[s + j]
-    return read, j_first, j_last, j_sites, j_e1, j_e2, kept, outcome
+    jobs = 0
+    for i in range(n):
+        read[jobs : jobs + kept[i]] = i
+        jobs += kept[i]
+    return read, first[:jobs], last[:jobs], n_sites[:jobs], e1[:jobs], e2[:jobs], kept, outcome
 
 
 @dataclass

@@ -32,45 +32,23 @@ def is_spliced(cigar):
 
 @numba.njit(nogil=True, cache=True)
 def aligned_segments(cigar, ref_start):
-    """(reference, read) position of every M/=/X base and the segment of each: N starts a new one.
-
-    Read positions count soft clips and insertions, not hard clips, as in the BAM's SEQ.
-    """
-    n = 0
-    for i in range(cigar.shape[0]):
-        if cigar[i, 0] == CIGAR_M or cigar[i, 0] == CIGAR_EQ or cigar[i, 0] == CIGAR_X:
-            n += cigar[i, 1]
-    ref_pos = np.empty(n, np.int64)
-    read_pos = np.empty(n, np.int64)
-    seg_off = [0]
-    r = ref_start
-    q = 0
-    j = 0
-    for i in range(cigar.shape[0]):
-        op = cigar[i, 0]
-        length = cigar[i, 1]
-        if op == CIGAR_M or op == CIGAR_EQ or op == CIGAR_X:
-            for _ in range(length):
-                ref_pos[j] = r
-                read_pos[j] = q
-                j += 1
-                r += 1
-                q += 1
-        elif op == CIGAR_D:
-            r += length
-        elif op == CIGAR_N:
-            seg_off.append(j)
-            r += length
-        elif op == CIGAR_I or op == CIGAR_S:
-            q += length
-    seg_off.append(n)
-    return ref_pos, read_pos, np.array(seg_off, np.int64)
+    """(reference, read) position of every M/=/X base and where each segment's bases start (one entry more):
+    N starts a new segment. Read positions as `aligned_blocks`'."""
+    ref, read, first, segments = aligned_blocks(cigar, ref_start)
+    ref_pos = np.empty(first[-1], np.int64)
+    read_pos = np.empty(first[-1], np.int64)
+    for b in range(ref.shape[0]):
+        for t in range(first[b + 1] - first[b]):
+            ref_pos[first[b] + t] = ref[b] + t
+            read_pos[first[b] + t] = read[b] + t
+    return ref_pos, read_pos, first[segments]
 
 
 @numba.njit(nogil=True, cache=True)
 def aligned_blocks(cigar, ref_start):
     """The alignment's runs of M/=/X bases, in CIGAR order: each run's first reference position and
-    first read position, and (one entry more) the index of its first base among all the aligned bases.
+    first read position; (one entry more) the index of its first base among all the aligned bases; and
+    (one entry more) the first run of each segment, an N (a skipped region: an intron) starting a new one.
     Base a of run b is at reference ref[b] + a - first[b], read position read[b] + a - first[b].
 
     Read positions count soft clips and insertions, not hard clips, as in the BAM's SEQ. A read's
@@ -78,17 +56,23 @@ def aligned_blocks(cigar, ref_start):
     tenth as many runs as bases.
     """
     n = 0
+    n_segments = 1
     for i in range(cigar.shape[0]):
         op = cigar[i, 0]
         if op == CIGAR_M or op == CIGAR_EQ or op == CIGAR_X:
             n += 1
+        elif op == CIGAR_N:
+            n_segments += 1
     ref = np.empty(n, np.int64)
     read = np.empty(n, np.int64)
     first = np.empty(n + 1, np.int64)
+    segments = np.empty(n_segments + 1, np.int64)
+    segments[0] = 0
     r = ref_start
     q = 0
     a = 0
     b = 0
+    s = 1
     for i in range(cigar.shape[0]):
         op = cigar[i, 0]
         length = cigar[i, 1]
@@ -100,12 +84,17 @@ def aligned_blocks(cigar, ref_start):
             a += length
             r += length
             q += length
-        elif op == CIGAR_D or op == CIGAR_N:
+        elif op == CIGAR_N:
+            segments[s] = b
+            s += 1
+            r += length
+        elif op == CIGAR_D:
             r += length
         elif op == CIGAR_I or op == CIGAR_S:
             q += length
     first[n] = a
-    return ref, read, first
+    segments[n_segments] = n
+    return ref, read, first, segments
 
 
 @numba.njit(nogil=True, cache=True)

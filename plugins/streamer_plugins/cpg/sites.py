@@ -105,7 +105,7 @@ def read_windows(sites, cigar, ref_start, rc, read_len, k, first_event, search, 
     reference-span-local positions of its first and last site, its number of sites and the events
     bounding its window `[first - min_separation, last + min_separation]`.
     """
-    ref, read, run_first = aligned_blocks(cigar, ref_start)
+    ref, read, run_first, _ = aligned_blocks(cigar, ref_start)
     lo, hi, b_lo, ref_lo = map_span(ref, read, run_first, rc, read_len, k, first_event, search)
     g_first, g_end = group_sites(sites, min_separation)
     n = g_first.shape[0]
