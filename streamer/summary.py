@@ -114,15 +114,19 @@ class RunSummary:
         """
         stop = threading.Event()
 
+        def record(pids: list[int]) -> None:
+            each = [_pss(pid) for pid in pids]
+            self.peak_memory = max(self.peak_memory, sum(each))
+            timeline.count("memory MB", this_process=each[0] >> 20, other_processes=sum(each[1:]) >> 20)
+
         def sample() -> None:
             pids, n = tree_pids(), 0
             while not stop.wait(every):
                 n += 1
                 if n % tree_every == 0:
                     pids = tree_pids()
-                each = [_pss(pid) for pid in pids]
-                self.peak_memory = max(self.peak_memory, sum(each))
-                timeline.count("memory MB", this_process=each[0] >> 20, other_processes=sum(each[1:]) >> 20)
+                record(pids)
+            record(pids)  # at the end too: a run shorter than `every` still has its sample
 
         self.peak_memory = max(self.peak_memory, tree_pss())
         thread = threading.Thread(target=sample, name="memory-watch", daemon=True)

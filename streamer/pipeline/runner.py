@@ -222,8 +222,20 @@ class BatchDriver:
             self._stopped.set()
             self._changed.notify_all()
         self._assembling.put(_DONE)
+        self._wake()
         for t in self._threads:
             t.join()
+
+    def _wake(self) -> None:
+        """A stop told to the threads waiting on their queues now, not at their next look (0.1 s): where a queue is
+        full, its threads are not waiting on it."""
+        for q, n in ((self._fronting, self.front is not None), (self._computing, self.compute_threads),
+                     (self._finishing, self.finish is not None)):  # fmt: skip
+            for _ in range(n):
+                try:
+                    q.put_nowait(_DONE)
+                except queue.Full:
+                    break
 
     def _raise(self) -> None:
         if self._error is not None:
@@ -235,6 +247,7 @@ class BatchDriver:
                 self._error = exc
             self._stopped.set()
             self._changed.notify_all()
+        self._wake()
 
     def _assembler(self) -> None:
         try:
@@ -273,6 +286,8 @@ class BatchDriver:
                     item = self._fronting.get(timeout=0.1)
                 except queue.Empty:
                     continue
+                if item is _DONE:
+                    break
                 with timeline.span("front", batch=item[0]):
                     self.front(item[2])
                 self._hand_on(self._computing, item)
@@ -292,10 +307,13 @@ class BatchDriver:
             while not self._stopped.is_set():
                 t0 = time.perf_counter()
                 try:
-                    seq, job, assembled = self._computing.get(timeout=0.1)
+                    item = self._computing.get(timeout=0.1)
                 except queue.Empty:
                     idle += time.perf_counter() - t0
                     continue
+                if item is _DONE:
+                    break
+                seq, job, assembled = item
                 idle += time.perf_counter() - t0
                 with self._changed:
                     if self._halted:
@@ -326,9 +344,12 @@ class BatchDriver:
             self._numba_threads()  # the rows' formatting runs parallel regions too
             while not self._stopped.is_set():
                 try:
-                    seq, done = self._finishing.get(timeout=0.1)
+                    item = self._finishing.get(timeout=0.1)
                 except queue.Empty:
                     continue
+                if item is _DONE:
+                    break
+                seq, done = item
                 with timeline.span("finish", batch=seq):
                     self.finish(done)
                 self._done(seq, done)
