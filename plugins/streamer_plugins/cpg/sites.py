@@ -96,7 +96,8 @@ def group_sites(sites, min_separation):
 
 
 @numba.njit(nogil=True, cache=True)
-def read_windows(sites, cigar, ref_start, rc, read_len, k, first_event, search, min_separation, max_span, min_event_span):
+def read_windows(sites, cigar, ref_start, rc, read_len, k, first_event, search, min_separation, max_span,
+                 min_event_span):  # fmt: skip
     """The groups of one read that get scored, in reference order.
 
     `sites` are the motif's sites in the read's aligned span starting at `ref_start` (`motif_sites`);
