@@ -20,7 +20,7 @@ from typing import NoReturn
 import streamer
 import streamer.commands
 from streamer import registry
-from streamer.pipeline import cuda_start
+from streamer.pipeline import cuda_start, warmup
 from streamer.errors import ConfigError, StreamerError, UsageError, interrupted
 
 EXIT_CONFIG = 78  # EX_CONFIG from sysexits.h: systemd units do not restart on it
@@ -161,6 +161,8 @@ def _main(argv: list[str]) -> int:
         args._parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     configure_logging(args.verbose, args.quiet)
     args.compiling_kernels = compiling
+    if args.command in warmup.COMMANDS:
+        warmup.load_without_registries()
     if streamer.CACHE_DIR is not None:
         logging.getLogger("streamer").info("compiled kernels are cached in %s (the install folder is read-only)",
                                            streamer.CACHE_DIR)  # fmt: skip
@@ -180,15 +182,13 @@ def _main(argv: list[str]) -> int:
 def _first_run_notice(argv: list[str]) -> bool:
     """Before the commands are imported (numba, pod5: seconds on a busy machine), say that a
     pipeline's first run on this machine compiles its kernels; True when it does."""
-    from streamer.pipeline.warmup import COMMANDS, announce_compile
-
     command = _command_of(argv)
-    if command not in COMMANDS:
+    if command not in warmup.COMMANDS:
         return False
     front = argv[: argv.index(command)]
     configure_logging(sum(a.count("v") for a in front if a.startswith("-v") or a == "--verbose"),
                       "-q" in front or "--quiet" in front)
-    return announce_compile(logging.getLogger("streamer.pipeline.warmup"))
+    return warmup.announce_compile(logging.getLogger("streamer.pipeline.warmup"))
 
 
 def _fail(command: str, message: object, code: int) -> int:

@@ -75,3 +75,50 @@ def test_the_compile_time_is_told_as_measured_wherever_it_is_told():
     readme = " ".join(README.read_text().split())
     told = re.findall(r"compiles the kernels[^.]*?about ([^;,)]+)", readme)
     assert len(told) == 4 and set(told) == {f"{FIRST_COMPILE_S} s on 2 cores"}, told
+
+
+KERNEL = '''
+import numba
+import numpy as np
+
+@numba.njit(cache=True, nogil=True)
+def total(a):
+    out = np.empty(1, np.float64)  # an allocation: numba's runtime must be linked
+    out[0] = a.sum()
+    return out
+'''
+
+LOAD = '''
+import sys
+import numba
+import numpy as np
+from streamer.pipeline import warmup
+
+warmup.load_without_registries()
+import kernel
+
+assert kernel.total(np.arange(5.0))[0] == 10.0
+assert sum(kernel.total.stats.cache_hits.values()) == int(sys.argv[1])
+print("registries" if "numba.misc.gdb_hook" in sys.modules else "lean")
+
+@numba.njit
+def joined(s):  # a compile after the lean load refreshes the registries itself
+    return len(s + "ab")
+
+assert joined("xyz") == 5
+'''
+
+
+def test_a_cached_kernel_loads_without_the_compilers_registries_and_a_compile_after_it_works(tmp_path):
+    (tmp_path / "kernel.py").write_text(KERNEL)
+    (tmp_path / "load.py").write_text(LOAD)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(tmp_path)}
+
+    def load(hits: int) -> str:
+        run = subprocess.run([sys.executable, str(tmp_path / "load.py"), str(hits)], env=env, capture_output=True,
+                             text=True)  # fmt: skip
+        assert run.returncode == 0, run.stderr
+        return run.stdout.strip()
+
+    assert load(0) == "registries"  # compiled: the compiler loaded them
+    assert load(1) == "lean"  # loaded from the cache: nothing imported for it

@@ -1,17 +1,26 @@
-"""The kernels' first compile on a machine: whether numba's cache holds them, and the one line that
-tells a user why the first run waits.
+"""The kernels' first compile on a machine: whether numba's cache holds them, the one line that
+tells a user why the first run waits, and how every later run loads them.
 
 numba compiles every kernel for the CPU it runs on and caches the result (beside the sources, in
 `NUMBA_CACHE_DIR`, or in the user's cache folder for a read-only install); the first run on a
 machine, or after an upgrade, compiles for tens of seconds before the first batch. Commands
 announce it before they start, and report the time as start-up, not as the speed of a stage.
+
+Before it loads a cached kernel, numba refreshes the target's registries: it imports every typing
+and lowering implementation the compiler has (numba-cuda's half-precision types alone are thousands),
+though a loaded kernel is machine code that uses none of them. That is about a third of a second a
+target on a GPU box, the CPU's and the GPU's in turn, holding the GIL at the head of every run.
+`load_without_registries` lets a pipeline's command load its cached kernels without them; a compile
+still refreshes them first, as it always does (`numba.core.compiler.CompilerBase`).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 FIRST_COMPILE_S = 60  # measured 62 s on 2 cores (the CPU HMM's lanes take about 20 s of it); the README quotes it (tests/test_first_run.py holds it to this)
 COMMANDS = ("call", "eventalign", "run")  # the commands that build a pipeline, so compile on a first run
@@ -39,3 +48,50 @@ def announce_compile(log: logging.Logger) -> bool:
         return False
     log.info("compiling kernels for this machine (first run only, about %d s on 2 cores)", FIRST_COMPILE_S)
     return True
+
+
+def load_without_registries() -> None:
+    """Cached kernels of the CPU and, where numba-cuda has its own cache, the GPU, loaded without their
+    targets' registries from now on in this process (idempotent)."""
+    from numba.core import caching
+
+    _skip_refresh(caching.Cache)
+    try:
+        from numba.cuda.core import caching as cuda_caching  # numba-cuda's own cache, where it has one
+    except ImportError:
+        return
+    _skip_refresh(cuda_caching.Cache)
+
+
+def _skip_refresh(cache: type) -> None:
+    load = cache.load_overload
+    if getattr(load, "skips_refresh", False):
+        return
+
+    @functools.wraps(load)
+    def load_overload(self: Any, sig: Any, target_context: Any) -> Any:
+        # under numba's compiler lock, as every load and compile of a dispatcher is: no compile of this
+        # target runs meanwhile to find its refresh gone
+        _ready_to_link(target_context)
+        target_context.refresh = _nothing
+        try:
+            return load(self, sig, target_context)
+        finally:
+            del target_context.refresh
+
+    load_overload.skips_refresh = True  # type: ignore[attr-defined]
+    cache.load_overload = load_overload
+
+
+def _ready_to_link(target_context: Any) -> None:
+    """What a CPU kernel's machine code links against that the registries' refresh would have set up:
+    numba's runtime (its allocator's symbols), set up once."""
+    from numba.core.cpu import CPUContext
+    from numba.core.runtime import rtsys
+
+    if isinstance(target_context, CPUContext):
+        rtsys.initialize(target_context)
+
+
+def _nothing() -> None:
+    pass
