@@ -27,7 +27,7 @@ import numba
 import numpy as np
 
 from streamer.io.index import open_index
-from streamer.pipeline.batching import load_chunk
+from streamer.io.signal_chunks import load_chunk
 from streamer.pipeline.signal_pool import signal_readers
 
 

@@ -42,7 +42,7 @@ from streamer.io.pod5 import write_pod5
 from streamer.io.signal import iter_signal, read_signal, read_signals, signal_read_ids
 from streamer.io.signal_record import SignalRecord
 from streamer.io.slow5 import write_blow5
-from streamer.pipeline.batching import load_chunk
+from streamer.io.signal_chunks import load_chunk
 from streamer.pipeline.signal_pool import READS_PER_TASK, read_tasks
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from streamer.pipeline.batching import Pending, batch_inputs, load_signals, signal_requests
+from streamer.io.signal_chunks import load_signals
+from streamer.pipeline.batching import Pending, batch_inputs, signal_requests
 from streamer.errors import InputError, StreamerError
 from streamer.pipeline.runner import BatchDriver
 from streamer.pipeline.steps import Assembled, Done, Stages

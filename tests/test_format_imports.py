@@ -30,7 +30,7 @@ MAIN_PROCESS = """
 import sys
 from streamer.cli import build_parser
 from streamer.commands._inputs import pore_of_inputs, signal_index
-from streamer.pipeline.batching import load_chunk
+from streamer.io.signal_chunks import load_chunk
 from streamer.pipeline.signal_pool import read_tasks
 
 args = build_parser("call").parse_args(["call", "-r", sys.argv[1], "-b", sys.argv[2], "-g", sys.argv[3],
@@ -84,3 +84,13 @@ def test_the_readers_fork_server_preloads_the_runs_formats():
     assert reader_libraries({".fast5", ".FAST5"}) == ["h5py", "vbz_h5py_plugin"]
     assert reader_libraries([".blow5", ".slow5", ".txt"]) == ["pyslow5"]
     assert reader_libraries(SIGNAL_SUFFIXES) == ["h5py", "pod5", "pyslow5", "vbz_h5py_plugin"]
+
+
+def test_a_reader_process_imports_no_numba():
+    """What the readers' fork server preloads and a reader task runs (`streamer.io.signal_chunks`) stays
+    clear of numba, whose import alone held the first batch's reads back by half a second on a GPU box."""
+    code = ("import sys, streamer.pipeline.fork_server, streamer.pipeline.signal_pool, streamer.io.signal_chunks; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('numba', 'llvmlite')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "[]"

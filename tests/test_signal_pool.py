@@ -16,8 +16,8 @@ import pytest
 from conftest import ECOLI, REFERENCE
 from streamer.pipeline import planned
 from streamer.pipeline import signal_pool
-from streamer.pipeline.batching import (BatchLimits, assemble_batch, batch_inputs, chunk_records, load_chunk,
-                                        load_signals, plan_batches, signal_requests)
+from streamer.io.signal_chunks import chunk_records, load_chunk, load_signals
+from streamer.pipeline.batching import BatchLimits, assemble_batch, batch_inputs, plan_batches, signal_requests
 from streamer.pipeline.batch import pack
 from streamer.pipeline.gpu import CudaOptions
 from streamer.io.alignments import AlignmentRecord, AlignmentFilter, iter_alignments

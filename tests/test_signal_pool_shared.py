@@ -16,7 +16,7 @@ import pytest
 
 from conftest import ECOLI, REFERENCE, ROOT
 from streamer.pipeline import shared_samples, signal_pool
-from streamer.pipeline.batching import load_chunk
+from streamer.io.signal_chunks import load_chunk
 from streamer.io.signal import find_signal_files, signal_read_ids
 
 needs_shm = pytest.mark.skipif(not os.access(shared_samples.SHM, os.W_OK), reason="no writable /dev/shm")

@@ -21,7 +21,8 @@ from streamer.daemon.ledger import Ledger, Pick
 from streamer.io.reference import Reference
 from streamer.daemon.aligner import ReadAligner
 from streamer.pipeline.batch import ReadInput
-from streamer.pipeline.batching import Pending, SignalChunk, assemble_batch, batch_inputs, chunk_records
+from streamer.io.signal_chunks import SignalChunk, chunk_records
+from streamer.pipeline.batching import Pending, assemble_batch, batch_inputs
 from streamer.pipeline.steps import Assembled
 from streamer.pipeline.signal_pool import SignalBatch
 from streamer.skips import Skip, Skipped

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 from streamer.io.reference import Reference
 from streamer.pipeline import timeline
-from streamer.pipeline.batching import Pending, assemble_batch, load_chunk, signal_requests
+from streamer.io.signal_chunks import load_chunk
+from streamer.pipeline.batching import Pending, assemble_batch, signal_requests
 from streamer.pipeline.runner import BatchDriver, RunnerOptions
 from streamer.pipeline.steps import Assembled, Done, Stages
 from streamer.pipeline.signal_pool import READS_PER_TASK, read_tasks

@@ -1,7 +1,7 @@
 """Signal readers: a pool of processes or threads that load reads' samples ahead of the stages.
 
 `streamer call` hands each planned batch's reads to the pool in small tasks (`read_tasks`,
-`streamer.pipeline.batching.load_chunk`) several batches ahead; the daemon reads the next batch's
+`streamer.io.signal_chunks.load_chunk`) several batches ahead; the daemon reads the next batch's
 signal while a batch computes (`SignalReads`). Readers are processes unless the memory budget is
 small (`streamer.tuning.profiles.memory_plan`): h5py serialises every thread of a process on one
 lock, the POD5 reader holds the GIL for most of its work (on 16 cores, threads spent 44 s reading
@@ -37,7 +37,7 @@ from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
 from streamer.pipeline import shared_samples
-from streamer.pipeline.batching import SignalChunk, load_chunk
+from streamer.io.signal_chunks import SignalChunk, load_chunk
 from streamer.pipeline.shared_samples import SharedFiles
 from streamer.io.index import SignalIndex
 from streamer.io.signal import reader_libraries
@@ -177,7 +177,7 @@ def _fork_server(libraries: Iterable[str]) -> multiprocessing.context.ForkServer
     started with that warning off (its command line takes this process's `-W` options).
     """
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["streamer.pipeline.fork_server", "streamer.pipeline.batching", *libraries])
+    ctx.set_forkserver_preload(["streamer.pipeline.fork_server", "streamer.pipeline.signal_pool", *libraries])
     roots = []
     for name in _IMPORT_ROOTS:
         spec = importlib.util.find_spec(name)
