@@ -148,6 +148,22 @@ def test_malformed_model_is_one_clear_line(tmp_path):
     ]
 
 
+def test_the_trace_shows_when_the_readers_came_up_and_where_the_bam_was_parsed(tmp_path):
+    """With reader processes, what gates the first batch's reads is on the timeline too: the time until the
+    first reader was up, and each chunk of -b's records parsed in the parsing process."""
+    proc, out = call(tmp_path, ECOLI / "reads.fasta", ECOLI / "reads.bam", ECOLI / "fast5", REFERENCE,
+                     "--io-mode", "processes", "--trace", tmp_path / "trace.json")
+    assert proc.returncode == 0, proc.stderr
+    spans = [e for e in json.loads((tmp_path / "trace.json").read_text())["traceEvents"] if e["ph"] == "X"]
+    (up,) = [e for e in spans if e["name"] == "readers up"]
+    assert up["args"]["workers"] >= 1 and up["dur"] > 0 and up["tid"].endswith(" reader-start")
+    parsed = [e for e in spans if e["name"] == "parse"]
+    assert parsed and sum(e["args"]["records"] for e in parsed) == 9  # the fixture BAM's records, in one chunk
+    assert all(e["tid"].endswith(" parsing") and e["tid"].split()[0] != up["tid"].split()[0] for e in parsed)
+    first_read = min(e["ts"] for e in spans if e["name"] == "read")
+    assert min(e["ts"] for e in parsed) < first_read  # a batch is planned from its records before it is read
+
+
 def test_memory_budget_sizes_batches_not_output(tmp_path):
     """A small budget gives small batches and reader threads; the calls are byte for byte the same."""
     (tmp_path / "a").mkdir()

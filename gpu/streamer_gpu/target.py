@@ -13,7 +13,10 @@ from numba import config, cuda
 from numba.cuda.cudadrv.driver import CudaAPIError, LinkerError
 from numba.cuda.cudadrv.error import CudaSupportError
 
+from streamer.pipeline import warmup
 from streamer.pipeline.targets import IEEE_OPS, Target
+
+warmup.gpu_kernels_too()  # a pipeline's command loads the cached kernels without the compiler's registries
 
 SIMULATED = bool(config.ENABLE_CUDASIM)
 # a failed launch, copy, allocation (device out of memory included) or module load: the work goes to the CPU

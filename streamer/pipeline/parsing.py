@@ -14,8 +14,10 @@ do not, or the process stops, the calling thread parses, as before, with the sam
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -25,10 +27,10 @@ from contextlib import suppress
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 from streamer.io.alignments import AlignmentFilter, AlignmentRecord, iter_alignments
-from streamer.pipeline import shared_samples
+from streamer.pipeline import shared_samples, timeline
 from streamer.pipeline.shared_samples import SharedFiles
 from streamer.pipeline.signal_pool import ReaderProcesses
 from streamer.skips import Skipped
@@ -101,8 +103,10 @@ class ParseProcess:
             tasks = first.result()
             while (chunk := _taken_back(tasks.popleft().result())) is not None:
                 tasks.append(pool.submit(*ask))
-                taken += len(chunk)
-                yield from chunk
+                timeline.record("parse", chunk.started, chunk.started + chunk.seconds, where=chunk.worker,
+                                records=len(chunk.records))  # fmt: skip
+                taken += len(chunk.records)
+                yield from chunk.records
             return
         except BrokenProcessPool:
             self._lost()
@@ -186,8 +190,18 @@ class Parsed(Generic[T]):
 _OPEN: dict[str, Iterator[AlignmentRecord | Skipped] | None] = {}
 
 
-def _next_chunk(token: str, path: Path, filt: AlignmentFilter, n: int) -> list[AlignmentRecord | Skipped] | None:
+class _Chunk(NamedTuple):
+    """A parsing task's records, and when and where it parsed them (for `--trace`)."""
+
+    records: list[AlignmentRecord | Skipped]
+    started: float  # perf_counter: the system's monotonic clock, comparable across processes
+    seconds: float
+    worker: str
+
+
+def _next_chunk(token: str, path: Path, filt: AlignmentFilter, n: int) -> _Chunk | None:
     """The next `n` records of the file `token` goes through; None at its end (and after)."""
+    t0 = time.perf_counter()
     if token not in _OPEN:
         _OPEN[token] = iter_alignments(path, filt)
     it = _OPEN[token]
@@ -195,7 +209,7 @@ def _next_chunk(token: str, path: Path, filt: AlignmentFilter, n: int) -> list[A
     if not chunk:
         _OPEN[token] = None
         return None
-    return chunk
+    return _Chunk(chunk, t0, time.perf_counter() - t0, f"{os.getpid()} parsing")
 
 
 def _drop(token: str) -> None:

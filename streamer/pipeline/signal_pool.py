@@ -30,13 +30,14 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import (FIRST_COMPLETED, BrokenExecutor, Executor, Future, ProcessPoolExecutor,
+                                ThreadPoolExecutor, wait)
 from dataclasses import dataclass
 from functools import partial
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
-from streamer.pipeline import shared_samples
+from streamer.pipeline import shared_samples, timeline
 from streamer.io.signal_chunks import SignalChunk, load_chunk
 from streamer.pipeline.shared_samples import SharedFiles
 from streamer.io.index import SignalIndex
@@ -217,11 +218,16 @@ def _sigint_ignored() -> Iterator[None]:
 
 
 def _start_workers(pool: ProcessPoolExecutor, workers: int) -> None:
+    """The pool's readers started; under `--trace`, the time until the first is up ("readers up")."""
+    t0 = time.perf_counter()
     try:
-        for _ in range(workers):
-            pool.submit(os.getpid)
+        started = [pool.submit(os.getpid) for _ in range(workers)]
     except (RuntimeError, BrokenExecutor, OSError, EOFError) as exc:  # shut down already, or broken: a
         log.debug("signal readers not started: %s", exc)  # batch that needs them says so, or reads itself
+        return
+    if timeline.recording():
+        wait(started, return_when=FIRST_COMPLETED)
+        timeline.record("readers up", t0, time.perf_counter(), workers=workers)
 
 
 class SignalReads:

@@ -51,14 +51,24 @@ def announce_compile(log: logging.Logger) -> bool:
 
 
 def load_without_registries() -> None:
-    """Cached kernels of the CPU and, where numba-cuda has its own cache, the GPU, loaded without their
-    targets' registries from now on in this process (idempotent)."""
+    """This process's cached CPU kernels loaded without their target's registries from now on, and its
+    GPU kernels too once the GPU package loads (`gpu_kernels_too`); idempotent."""
     from numba.core import caching
 
     _skip_refresh(caching.Cache)
+
+
+def gpu_kernels_too() -> None:
+    """Where this process loads its CPU kernels without the registries, its GPU kernels too: numba-cuda's
+    own cache (where it has one), extended as the GPU package imports numba-cuda, not before (numba-cuda's
+    import is a third of a second on a GPU box, which the GPU probe's thread pays beside the plan)."""
+    from numba.core import caching
+
+    if not getattr(caching.Cache.load_overload, "skips_refresh", False):
+        return
     try:
-        from numba.cuda.core import caching as cuda_caching  # numba-cuda's own cache, where it has one
-    except ImportError:
+        from numba.cuda.core import caching as cuda_caching
+    except ImportError:  # a numba-cuda that loads through numba's own cache, or the simulator's
         return
     _skip_refresh(cuda_caching.Cache)
 

@@ -88,9 +88,9 @@ def probe_ahead(dev_id: int = 0) -> Future:
 
 
 def _start_numba() -> None:
-    """Load numba's CPU target now (its typing and lowering registries and what they import: most of a
-    second on a GPU box, paid by whichever kernel is dispatched first; the model parser's here), so that
-    it fills the wait for the GPU probe, whose driver calls let the GIL go."""
+    """Load numba's CPU target now (its code generator and runtime, paid by whichever kernel is dispatched
+    first: a tenth of a second on a GPU box; the model parser's here), so that it fills the wait for the
+    GPU probe, whose driver calls let the GIL go."""
     scan_lines(np.frombuffer(b"#k 1", np.uint8))
 
 
