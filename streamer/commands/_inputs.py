@@ -200,8 +200,9 @@ class Host:
 
 def readers_early(args: argparse.Namespace, suffixes: list[str]) -> None:
     """Where a GPU's start-up is coming (the driver has found the device), the readers' fork server is
-    started now, on a side thread: its imports (a second on a GPU box) go on beside the plan and the
-    GPU's start-up, so that the readers are up when the first batches go out (`streamer call`). Elsewhere,
+    started now, on a side thread: its imports (the formats' readers and numpy, `streamer.io.signal_chunks`) go
+    on beside the plan and the GPU's start-up, so that the readers are up when the first batches go out
+    (`streamer call`). Elsewhere,
     and where readers are threads or a budget under SMALL_BUDGET may make them so, it starts with them."""
     if reader_mode(args.io_mode) == "threads" or (
             args.memory_budget not in (None, "auto") and parse_size(args.memory_budget) < SMALL_BUDGET):

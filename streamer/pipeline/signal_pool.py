@@ -81,8 +81,8 @@ def reader_mode(mode: str = "auto") -> str:
 
 def start_fork_server(suffixes: Iterable[str]) -> None:
     """The readers' fork server started now, with the libraries of these formats: begun early, it imports
-    them while this process still starts up (a second on a GPU box), so that the readers are up by the
-    time the first batches are planned."""
+    them while this process still starts up, so that the readers are up by the time the first batches
+    are planned."""
     _fork_server(reader_libraries(suffixes))
 
 
