@@ -60,8 +60,9 @@ def load_without_registries() -> None:
 
 def gpu_kernels_too() -> None:
     """Where this process loads its CPU kernels without the registries, its GPU kernels too: numba-cuda's
-    own cache (where it has one), extended as the GPU package imports numba-cuda, not before (numba-cuda's
-    import is a third of a second on a GPU box, which the GPU probe's thread pays beside the plan)."""
+    own cache (where it has one), extended as the GPU package imports numba-cuda, not before: imported by the
+    CLI, numba-cuda held its imports 0.1-0.35 s longer on a GPU box, where the GPU probe's thread imports it
+    beside the plan (`benchmarks/RESULTS-cpu-half.md`)."""
     from numba.core import caching
 
     if not getattr(caching.Cache.load_overload, "skips_refresh", False):
