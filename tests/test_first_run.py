@@ -9,10 +9,12 @@ import re
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 from streamer import config
 from streamer.commands.run import _pore_pipeline
+from streamer.pipeline import warmup
 from streamer.pipeline.warmup import FIRST_COMPILE_S
 from streamer_plugins.outputs.sinks import CallRows
 
@@ -122,3 +124,46 @@ def test_a_cached_kernel_loads_without_the_compilers_registries_and_a_compile_af
 
     assert load(0) == "registries"  # compiled: the compiler loaded them
     assert load(1) == "lean"  # loaded from the cache: nothing imported for it
+
+
+class _Context:
+    """A target context as numba's cache sees it: `refresh` loads the registries (counted here)."""
+
+    def __init__(self):
+        self.refreshed = 0
+
+    def refresh(self):
+        self.refreshed += 1
+
+
+class _GpuCache:
+    """numba-cuda's own cache, as its `load_overload` goes: the context refreshed, then the kernel loaded."""
+
+    def load_overload(self, sig, target_context):
+        target_context.refresh()
+        return "kernel"
+
+
+def test_the_gpu_packages_kernels_load_lean_only_where_the_command_asked_for_it(monkeypatch):
+    from numba.core import caching
+
+    module = types.ModuleType("numba.cuda.core.caching")
+    module.Cache = _GpuCache
+    package = types.ModuleType("numba.cuda.core")
+    package.caching = module
+    monkeypatch.setitem(sys.modules, "numba.cuda.core", package)
+    monkeypatch.setitem(sys.modules, "numba.cuda.core.caching", module)
+    monkeypatch.setattr(caching.Cache, "load_overload", caching.Cache.load_overload)  # put back after the test
+    monkeypatch.setattr(_GpuCache, "load_overload", _GpuCache.load_overload)
+
+    warmup.gpu_kernels_too()  # no command asked: the GPU's cache is left as numba-cuda has it
+    context = _Context()
+    assert _GpuCache().load_overload(None, context) == "kernel" and context.refreshed == 1
+
+    warmup.load_without_registries()
+    warmup.gpu_kernels_too()
+    context = _Context()
+    assert _GpuCache().load_overload(None, context) == "kernel" and context.refreshed == 0
+    assert "refresh" not in vars(context)  # its own refresh back once the kernel is loaded
+    context.refresh()
+    assert context.refreshed == 1

@@ -81,6 +81,9 @@ def _skip_refresh(cache: type) -> None:
 
     @functools.wraps(load)
     def load_overload(self: Any, sig: Any, target_context: Any) -> Any:
+        own = getattr(target_context, "__dict__", None)
+        if own is None or "refresh" in own or not callable(getattr(target_context, "refresh", None)):
+            return load(self, sig, target_context)  # a context this does not know: numba's own way
         # under numba's compiler lock, as every load and compile of a dispatcher is: no compile of this
         # target runs meanwhile to find its refresh gone
         _ready_to_link(target_context)
