@@ -70,8 +70,8 @@ def load_chunk(wanted: Mapping[Path, list[str]]) -> SignalChunk:
     length = np.fromiter((len(r.raw) for r in recs), np.int64, len(recs))
     raw = np.concatenate([r.raw for r in recs]).astype(np.int16, copy=False) if recs else _NO_SAMPLES
     cal = np.array([(r.digitisation, r.offset, r.range, r.sample_rate) for r in recs], np.float64).reshape(-1, 4)
-    return SignalChunk(list(signals), np.cumsum(length) - length, length, cal, raw, errors, time.perf_counter() - t0, t0,
-                       f"{os.getpid()} {threading.current_thread().name}")
+    return SignalChunk(list(signals), np.cumsum(length) - length, length, cal, raw, errors,
+                       time.perf_counter() - t0, t0, f"{os.getpid()} {threading.current_thread().name}")
 
 
 def chunk_records(chunks: Iterable[SignalChunk], read_ids: Container[str] | None = None

@@ -3,8 +3,8 @@
 Batches are capped by K reads and B bases, counted over the records that go on, as f5c
 does. Every command goes through here: `streamer call` and `streamer eventalign` plan their
 batches from the BAM in file order without reading signal (`plan_batches`), so that reader
-workers can load it (`streamer.io.signal_chunks.load_chunk`, one task, handed back as columns); the daemon's batches come
-from its ledger. All of them join their `Pending` records with the loaded signal and the
+workers can load it (`streamer.io.signal_chunks.load_chunk`, one task, handed back as columns);
+the daemon's batches come from its ledger. All of them join their `Pending` records with the loaded signal and the
 reference in one place (`_join`: the records that go on, the others skipped with their reasons):
 `assemble_batch` packs them straight from the reader tasks' columns (`streamer call`,
 `eventalign`), `batch_inputs` makes `ReadInput`s of them, which the daemon keeps for its
