@@ -3,6 +3,7 @@ start-up, kept out of the stage times and the throughput."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -153,7 +154,8 @@ def test_the_gpu_packages_kernels_load_lean_only_where_the_command_asked_for_it(
     package.caching = module
     monkeypatch.setitem(sys.modules, "numba.cuda.core", package)
     monkeypatch.setitem(sys.modules, "numba.cuda.core.caching", module)
-    monkeypatch.setattr(caching.Cache, "load_overload", caching.Cache.load_overload)  # put back after the test
+    # numba's own load, as before a command asked (a `streamer call` run in this process asks for good); put back after
+    monkeypatch.setattr(caching.Cache, "load_overload", inspect.unwrap(caching.Cache.load_overload))
     monkeypatch.setattr(_GpuCache, "load_overload", _GpuCache.load_overload)
 
     warmup.gpu_kernels_too()  # no command asked: the GPU's cache is left as numba-cuda has it
