@@ -14,6 +14,7 @@ import importlib
 import logging
 import os
 import pkgutil
+import shutil
 import sys
 from typing import NoReturn
 
@@ -144,7 +145,17 @@ def console() -> NoReturn:
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
+    _remove_process_folder()
     os._exit(code)
+
+
+def _remove_process_folder() -> None:
+    """The temporary folder multiprocessing made for this process (the readers' fork server's socket), which
+    its exit handlers would have removed: without them each run would leave one in the system's temp folder."""
+    process = sys.modules.get("multiprocessing.process")
+    folder = process.current_process()._config.get("tempdir") if process is not None else None
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _main(argv: list[str]) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -15,8 +16,9 @@ import pysam
 from conftest import ECOLI, REFERENCE, SHARED, needs_shared
 
 
-def streamer(*args, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "streamer", *map(str, args)], capture_output=True, text=True, cwd=cwd)
+def streamer(*args, cwd=None, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "streamer", *map(str, args)], capture_output=True, text=True, cwd=cwd,
+                          env=env)
 
 
 def load_calls(path) -> dict[tuple, float]:
@@ -162,6 +164,20 @@ def test_the_trace_shows_when_the_readers_came_up_and_where_the_bam_was_parsed(t
     assert all(e["tid"].endswith(" parsing") and e["tid"].split()[0] != up["tid"].split()[0] for e in parsed)
     first_read = min(e["ts"] for e in spans if e["name"] == "read")
     assert min(e["ts"] for e in parsed) < first_read  # a batch is planned from its records before it is read
+
+
+def test_a_run_with_reader_processes_leaves_nothing_in_the_temp_folder(tmp_path):
+    """The readers' fork server keeps its socket in a folder of the system's temp folder, which the process's
+    quick exit would otherwise leave behind, one a run."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    shutil.copy(ECOLI / "reads.fasta", tmp_path / "reads.fasta")
+    proc = streamer("call", "-r", tmp_path / "reads.fasta", "-b", ECOLI / "reads.bam", "-g", REFERENCE, "--signal",
+                    ECOLI / "fast5", "-o", tmp_path / "meth.tsv", "-t", "2", "--io-mode", "processes",
+                    env={**os.environ, "TMPDIR": str(temp)})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "meth.tsv").read_text().count("\n") > 1
+    assert not [p.name for p in temp.iterdir() if p.name.startswith("pymp-")]
 
 
 def test_memory_budget_sizes_batches_not_output(tmp_path):
