@@ -164,6 +164,12 @@ def test_the_trace_shows_when_the_readers_came_up_and_where_the_bam_was_parsed(t
     assert all(e["tid"].endswith(" parsing") and e["tid"].split()[0] != up["tid"].split()[0] for e in parsed)
     first_read = min(e["ts"] for e in spans if e["name"] == "read")
     assert min(e["ts"] for e in parsed) < first_read  # a batch is planned from its records before it is read
+    hmm = [e for e in spans if e["name"] == "hmm"]  # the caller's stage: its jobs planned, then scored, inside it
+    assert hmm and all(0 <= e["args"]["cpu_ms"] <= e["dur"] / 1e3 + 1 for e in hmm)
+    for part in ("plan jobs", "score jobs"):
+        inner = [e for e in spans if e["name"] == part]
+        assert len(inner) == len(hmm)
+        assert all(any(h["ts"] <= e["ts"] and e["ts"] + e["dur"] <= h["ts"] + h["dur"] + 1 for h in hmm) for e in inner)
 
 
 def test_a_run_with_reader_processes_leaves_nothing_in_the_temp_folder(tmp_path):

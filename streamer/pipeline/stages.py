@@ -339,7 +339,7 @@ class Pipeline:
         for stage in self.stages:
             if not getattr(stage, "ahead", False):
                 break
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), timeline.thread_cpu()
             self._local.device = device
             try:
                 self._call(stage, batch)
@@ -347,7 +347,8 @@ class Pipeline:
                 self._local.device = None
             t1 = time.perf_counter()
             batch.ran[stage.name] = t1 - t0
-            timeline.record(stage.name, t0, t1, reads=batch.n, stats=batch.stats.get(stage.name))
+            timeline.record(stage.name, t0, t1, reads=batch.n, stats=batch.stats.get(stage.name),
+                            cpu=timeline.thread_cpu() - c0)  # fmt: skip
 
     def run_batch(self, batch: ReadBatch) -> BatchResult:
         self._wait_started()
@@ -363,7 +364,7 @@ class Pipeline:
             for stage in self.stages:
                 if stage.name in batch.ran:
                     continue
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), timeline.thread_cpu()
                 self._local.device = device
                 try:
                     self._call(stage, batch)
@@ -378,7 +379,8 @@ class Pipeline:
                     self._local.device = None
                 t1 = time.perf_counter()
                 timings[stage.name] = timings.get(stage.name, 0.0) + t1 - t0
-                timeline.record(stage.name, t0, t1, reads=batch.n, stats=batch.stats.get(stage.name))
+                timeline.record(stage.name, t0, t1, reads=batch.n, stats=batch.stats.get(stage.name),
+                                cpu=timeline.thread_cpu() - c0)  # fmt: skip
         abea = batch.stats.get("abea")
         if isinstance(abea, AbeaBatchStats):  # what the tuner judges its split by
             batch.stats["abea"] = replace(abea, t_batch=sum(timings.values()))

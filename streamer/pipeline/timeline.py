@@ -34,13 +34,18 @@ def recording() -> bool:
     return _events is not None
 
 
-def record(name: str, t0: float, t1: float, where: str | None = None, stats: object = None, **args: object) -> None:
+def record(name: str, t0: float, t1: float, where: str | None = None, stats: object = None, cpu: float | None = None,
+           **args: object) -> None:  # fmt: skip
     """A span from t0 to t1 (perf_counter seconds) on `where` (default: this process and thread); `stats`, a GPU
-    stage's measurements, adds their seconds by part (the `t_` fields: packing, copies, kernels)."""
+    stage's measurements, adds their seconds by part (the `t_` fields: packing, copies, kernels); `cpu`, the
+    recording thread's CPU seconds in it (`thread_cpu`), as `cpu_ms`: what the span did not spend waiting (for the
+    GIL, the GPU, or a parallel region's other threads, whose work is not the thread's)."""
     if _events is None:
         return
     fields = getattr(stats, "__dataclass_fields__", {})
     args |= {f: round(getattr(stats, f), 6) for f in fields if f.startswith("t_")}
+    if cpu is not None:
+        args["cpu_ms"] = round(cpu * 1e3, 3)
     event = {"name": name, "ph": "X", "ts": round(t0 * 1e6, 1), "dur": round((t1 - t0) * 1e6, 1),
              "pid": "streamer", "tid": where or f"{os.getpid()} {threading.current_thread().name}"}
     if args:
@@ -62,15 +67,20 @@ def count(name: str, **series: float) -> None:
 
 @contextmanager
 def span(name: str, **args: object) -> Iterator[None]:
-    """The time the `with` block takes, as a span on this thread."""
+    """The time the `with` block takes, as a span on this thread, with the thread's CPU seconds in it."""
     if _events is None:
         yield
         return
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), thread_cpu()
     try:
         yield
     finally:
-        record(name, t0, time.perf_counter(), **args)
+        record(name, t0, time.perf_counter(), cpu=thread_cpu() - c0, **args)
+
+
+def thread_cpu() -> float:
+    """The calling thread's CPU seconds so far (a span's `cpu`: its end's less its start's)."""
+    return time.thread_time()
 
 
 def write(path: Path) -> int:

@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 import numba
 import numpy as np
 
+from streamer.pipeline import timeline
 from streamer.pipeline.batch import ReadBatch
 from streamer.pipeline.postalign import EventMap, event_map
 from streamer_plugins import printf
@@ -215,14 +216,16 @@ def call_methylation(
     ref = disambiguated(batch.ref_seq)
 
     sites = motif.table()
-    jobs = _plan_jobs(batch, events, ref, status, k, sites, groups)
+    with timeline.span("plan jobs", reads=batch.n):
+        jobs = _plan_jobs(batch, events, ref, status, k, sites, groups)
     span_len = np.diff(batch.ref_seq_off)[jobs.read]
     sep = groups.min_separation
-    ll_u, ll_m = scorer(
-        HmmJobs(jobs.read, jobs.first - sep, np.minimum(jobs.last + sep + 1, span_len), jobs.e1, jobs.e2),
-        HmmInputs(ref, batch.ref_seq_off, batch.rc, batch.ev_mean, batch.ev_off, scalings, events_per_base, k, model,
-                  sites, motif.marks(), params.as_array(), LOGSUM_TABLE, nanopolish),
-    )  # fmt: skip
+    with timeline.span("score jobs", jobs=len(jobs.read)):
+        ll_u, ll_m = scorer(
+            HmmJobs(jobs.read, jobs.first - sep, np.minimum(jobs.last + sep + 1, span_len), jobs.e1, jobs.e2),
+            HmmInputs(ref, batch.ref_seq_off, batch.rc, batch.ev_mean, batch.ev_off, scalings, events_per_base, k,
+                      model, sites, motif.marks(), params.as_array(), LOGSUM_TABLE, nanopolish),
+        )  # fmt: skip
 
     for i in np.flatnonzero((batch.status == Skip.OK) & (jobs.kept == 0)):
         if status[i] != Skip.OK:
