@@ -10,8 +10,9 @@ machine (NUMBA_NUM_THREADS=1 gives the steadiest figures on a shared machine).
 
 `--copies N` makes the batch the reads N times over (7: about the 4 M bases of a GPU box's batch);
 `--threads T` times on T of numba's threads; `--beside-events` times the caller's planning kernel
-(`_plan_jobs`) alone and again while another thread detects events on the batch's signal without a
-pause, as a GPU box's front thread does beside its compute threads.
+(`_plan_jobs`, given the reads' sites) alone and again while another thread detects events on the batch's
+signal without a pause, as a GPU box's front thread does beside its compute threads, and the finding of the
+sites (`batch_sites`), which a GPU box's front thread does ahead.
 
     NUMBA_NUM_THREADS=1 python benchmarks/bench_calls_host.py [--repeat 21] [--fixture]
     python benchmarks/bench_calls_host.py --copies 7 --threads 16 --beside-events
@@ -39,6 +40,7 @@ from streamer_plugins.cpg import calls as calls_module  # noqa: E402
 from streamer_plugins.cpg.caller import CpgCaller  # noqa: E402
 from streamer_plugins.cpg.calls import call_methylation, format_calls  # noqa: E402
 from streamer_plugins.cpg.hmm import score_jobs  # noqa: E402
+from streamer_plugins.cpg.sites import batch_sites  # noqa: E402
 from streamer_plugins.outputs.bedmethyl import BedMethyl  # noqa: E402
 from streamer_plugins.outputs.methfreq import MethFreq  # noqa: E402
 
@@ -102,6 +104,9 @@ def main() -> int:
     }
     if a.beside_events:
         cases["the plan (`_plan_jobs`)"] = lambda: plan_jobs(*planned[0])
+        table = c.pipeline.options.motif.table()
+        cases["the reads' sites (`batch_sites`: on a GPU box, ahead on the front thread)"] = \
+            lambda: batch_sites(batch.ref_seq, batch.ref_seq_off, batch.ref_next, table)
     for name, fn in cases.items():
         t = timed(fn, a.repeat)
         report[name] = {**t, "us_per_call": round(t["min_s"] / n * 1e6, 3)}

@@ -15,10 +15,10 @@ from streamer_plugins.cpg.logsum import LOGSUM_TABLE, flogsum
 from streamer_plugins.cpg.lookup import (aligned_blocks, aligned_segments, base_event, closest_event, events_bounding,
                                          is_spliced, map_span)
 from streamer.pipeline.postalign import event_map
-from streamer_plugins.cpg.sites import (DISAMBIGUATE, disambiguated, group_sites, group_slots, motif_sites,
+from streamer_plugins.cpg.sites import (DISAMBIGUATE, batch_sites, disambiguated, group_sites, group_slots, motif_sites,
                                        read_windows)
 from streamer.pore.model import load_default_models
-from streamer.pore.motifs import CPG
+from streamer.pore.motifs import CPG, MOTIFS
 from streamer.skips import Skip
 
 F32 = np.float32
@@ -212,6 +212,25 @@ def test_sites_and_groups():
     sites = np.array([20, 30, 41, 300])
     first, end = group_sites(sites, 10)
     assert list(zip(first.tolist(), end.tolist())) == [(0, 2), (2, 3), (3, 4)]  # 10 apart merge, 11 do not
+
+
+def test_a_batch_s_sites_are_each_read_s_whatever_its_motif():
+    """`batch_sites`, which a GPU box's front thread runs ahead of ABEA, finds read by read what `motif_sites`
+    finds, on the disambiguated reference and with the base after each span (none where 0)."""
+    rng = np.random.default_rng(3)
+    spans = rng.integers(0, 400, 40)
+    off = np.concatenate([[0], np.cumsum(spans)])
+    ref_seq = np.frombuffer(b"ACGTNRYacgt", np.uint8)[rng.integers(0, 11, off[-1])]
+    after = np.frombuffer(b"\x00AGCgN", np.uint8)[rng.integers(0, 6, len(spans))]
+    for motif in MOTIFS.values():
+        table = motif.table()
+        found = batch_sites(ref_seq, off, after, table)
+        assert np.array_equal(found.ref, DISAMBIGUATE[ref_seq]) and found.off[-1] == len(found.at)
+        for i in range(len(spans)):
+            here = motif_sites(DISAMBIGUATE[ref_seq[off[i]:off[i + 1]]], DISAMBIGUATE[after[i]] if after[i] else 0,
+                               table)  # fmt: skip
+            assert found.at[found.off[i]:found.off[i + 1]].tolist() == here.tolist()
+        assert len(found.at) > 0
 
 
 def test_disambiguation_makes_iupac_cpgs():

@@ -118,7 +118,8 @@ def test_a_batch_s_measurements_carry_the_seconds_of_all_its_stages_for_the_tune
 
 def test_events_run_ahead_on_the_front_lanes_own_part():
     """With a GPU, `front` runs a batch's events on a lane of their own (the first GPU's, with its own
-    parts and lock), so they take no batch's lane; a batch not run ahead uses its lane's part."""
+    parts and lock), so they take no batch's lane, and the caller's motif sites; a batch not run ahead uses its
+    lane's part and finds its sites itself, to the same calls."""
     pipeline = Pipeline(PipelineOptions(threads=1, cuda=CudaOptions(disable=True)), [CpgCaller()])
     pipeline.pool = DevicePool([GpuDevice(d, FakeAbea(d, threading.Barrier(1), [])) for d in range(2)])
     used: list = []
@@ -129,8 +130,10 @@ def test_events_run_ahead_on_the_front_lanes_own_part():
     front.parts["events"] = FakeEvents("front", used)
     ahead = pack([pipeline._synthetic_read()])
     pipeline.front(ahead)
-    assert set(ahead.ran) == {"events", "scaling"} and used == ["front"]
+    assert set(ahead.ran) == {"events", "scaling", "hmm ahead"} and used == ["front"]
+    assert "hmm.sites" in ahead.products  # the caller's sites, found ahead of the batch's ABEA
     result = pipeline.run_batch(ahead)
+    assert "hmm.sites" not in result.products and "hmm ahead" in result.timings
     behind = pipeline.run_batch(pack([pipeline._synthetic_read()]))
     assert used == ["front", "lane 0"]
     assert np.array_equal(result.batch.ev_mean, behind.batch.ev_mean)
@@ -147,7 +150,7 @@ def test_before_its_start_a_pipeline_runs_the_ahead_stages_on_the_cpu_and_comput
     assert pipeline.warm_up_result is None
     early = pack([pipeline._synthetic_read()])
     pipeline.front(early)
-    assert set(early.ran) == {"events", "scaling"}
+    assert set(early.ran) == {"events", "scaling", "hmm ahead"}
     got: list = []
     computing = threading.Thread(target=lambda: got.append(pipeline.run_batch(early)))
     computing.start()
@@ -211,9 +214,10 @@ def test_batches_spread_over_n_devices_and_results_in_input_order(plans):
         for name in ("aln_off", "aln_kmer", "aln_event", "status", "ev_mean", "shift", "scale"):
             assert np.array_equal(getattr(a.batch, name), getattr(b.batch, name))
         assert a.products["calls"].llr.tobytes() == b.products["calls"].llr.tobytes()
-        # with GPUs, the events and scalings ran ahead on the driver's front thread, and are timed as stages
-        assert set(a.batch.ran) == {"events", "scaling"} and not b.batch.ran
-        assert set(a.timings) == set(b.timings)
+        # with GPUs, the events and scalings ran ahead on the driver's front thread, and are timed as stages, and
+        # so did the caller's finding of its sites
+        assert set(a.batch.ran) == {"events", "scaling", "hmm ahead"} and not b.batch.ran
+        assert set(a.timings) == set(b.timings) | {"hmm ahead"}
 
 
 def test_a_batch_lets_its_events_spread_go_after_the_scalings_where_no_sink_renders_them(plans):
@@ -230,7 +234,7 @@ def test_a_batch_lets_its_events_spread_go_after_the_scalings_where_no_sink_rend
                                 Stages(pipeline, keep_signal=keep, keep_events=keep))  # fmt: skip
         runs[keep] = got
     for kept, lean in zip(runs[True], runs[False]):
-        assert set(lean.batch.ran) == {"events", "scaling"}
+        assert set(lean.batch.ran) == {"events", "scaling", "hmm ahead"}
         for name in ("ev_start", "ev_length", "ev_stdv", "signal"):
             assert getattr(lean.batch, name).size == 0 < getattr(kept.batch, name).size
         for name in ("ev_mean", "aln_off", "aln_kmer", "aln_event", "status", "shift", "scale", "var"):

@@ -98,7 +98,9 @@ class Stage(Protocol):
     stage may also say `ahead`: True where it needs no lane of its batch's, so `Pipeline.front` may run
     it ahead on the pipeline's front lane (`Pipeline.front_device`, whose parts it opens too), or on the
     CPU before it is opened, while the pipeline starts (`Pipeline.start`); a stage without it never runs
-    ahead.
+    ahead. A later stage may have a `prepare(batch, pipeline)`: the part of its work that needs none of the
+    stages before it, run on the CPU after the leading stages wherever they run ahead; the stage itself then
+    takes what it left (or does that part itself where nothing ran ahead).
     """
 
     name: str  # its key in the batch's stage timings (and in `batch.products` for an analysis)
@@ -338,6 +340,7 @@ class Pipeline:
     def _ahead(self, batch: ReadBatch, device: GpuDevice | None) -> None:
         for stage in self.stages:
             if not getattr(stage, "ahead", False):
+                self._prepare(batch)
                 break
             t0, c0 = time.perf_counter(), timeline.thread_cpu()
             self._local.device = device
@@ -349,6 +352,19 @@ class Pipeline:
             batch.ran[stage.name] = t1 - t0
             timeline.record(stage.name, t0, t1, reads=batch.n, stats=batch.stats.get(stage.name),
                             cpu=timeline.thread_cpu() - c0)  # fmt: skip
+
+    def _prepare(self, batch: ReadBatch) -> None:
+        """The later stages' `prepare`s (`Stage`), each timed as `<stage> ahead`."""
+        for stage in self.stages:
+            prepare = getattr(stage, "prepare", None)
+            if prepare is None or getattr(stage, "ahead", False):
+                continue
+            name = f"{stage.name} ahead"
+            t0, c0 = time.perf_counter(), timeline.thread_cpu()
+            prepare(batch, self)
+            t1 = time.perf_counter()
+            batch.ran[name] = t1 - t0
+            timeline.record(name, t0, t1, reads=batch.n, cpu=timeline.thread_cpu() - c0)
 
     def run_batch(self, batch: ReadBatch) -> BatchResult:
         self._wait_started()

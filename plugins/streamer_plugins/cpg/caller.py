@@ -20,9 +20,11 @@ from streamer.pore.model import PoreModel, load_default_models
 from streamer_plugins.cpg.calls import MethCalls, call_methylation
 from streamer_plugins.cpg.hmm import HmmInputs, HmmJobs
 from streamer_plugins.cpg.hmm_gpu import open_gpu_hmm
+from streamer_plugins.cpg.sites import batch_sites
 from streamer_plugins.texts import Texts
 
 CALLS = "calls"  # its key in `batch.products`
+SITES = "hmm.sites"  # the reads' sites found ahead (`CpgCaller.prepare`), until the stage takes them
 
 
 class CpgCaller:
@@ -41,6 +43,13 @@ class CpgCaller:
         for device in pipeline.devices:
             device.parts[self.name] = open_gpu_hmm(replace(pipeline.options.cuda, dev_id=device.dev_id))
 
+    def prepare(self, batch: ReadBatch, pipeline: Pipeline) -> None:
+        """The reads' motif sites, which need the reference alone: found on the front thread, ahead of the batch's
+        ABEA, so that its compute thread only places them on the events (`Stage.prepare`)."""
+        if self.calls:
+            sites = pipeline.options.motif.table()
+            batch.products[SITES] = batch_sites(batch.ref_seq, batch.ref_seq_off, batch.ref_next, sites)
+
     def __call__(self, batch: ReadBatch, pipeline: Pipeline) -> None:
         if not self.calls:
             batch.products[CALLS] = no_calls()
@@ -51,10 +60,11 @@ class CpgCaller:
             log_var = np.log(post.exact[:, 2])
         args = (batch, pipeline.kmer_model, self.meth_model, post.event_map)
         motif = pipeline.options.motif
+        found = batch.products.pop(SITES, None)
         device = pipeline.device
         gpu = self.gpu if self.gpu is not None else device.parts.get(self.name) if device is not None else None
         if gpu is None:
-            batch.products[CALLS] = call_methylation(*args, motif=motif, log_var=log_var)
+            batch.products[CALLS] = call_methylation(*args, motif=motif, log_var=log_var, found=found)
             return
 
         def score_on_gpu(jobs: HmmJobs, inputs: HmmInputs):
@@ -63,7 +73,7 @@ class CpgCaller:
             batch.stats.setdefault(self.name, stats)
             return ll_u, ll_m
 
-        batch.products[CALLS] = call_methylation(*args, motif=motif, log_var=log_var, scorer=score_on_gpu)
+        batch.products[CALLS] = call_methylation(*args, motif=motif, log_var=log_var, scorer=score_on_gpu, found=found)
 
 
 def no_calls() -> MethCalls:

@@ -29,13 +29,12 @@ from streamer_plugins.cpg.hmm_model import (HmmParams, nanopolish_scaling, pack_
 from streamer_plugins.cpg.logsum import LOGSUM_TABLE
 from streamer_plugins.cpg.lookup import CLOSEST_EVENT_SEARCH, is_spliced
 from streamer_plugins.cpg.sites import (
-    DISAMBIGUATE,
     MAX_SPAN,
     MIN_EVENT_SPAN,
     MIN_SEPARATION,
-    disambiguated,
+    ReadSites,
+    batch_sites,
     group_slots,
-    motif_sites,
     read_windows,
 )
 from streamer_plugins.texts import Texts
@@ -82,8 +81,8 @@ class Grouping:
 
 @numba.njit(parallel=True, nogil=True, cache=True)
 def _plan_windows(
-    ref_seq, ref_seq_off, ref_next, ref_start, rc, cigar, cigar_off, seq_off, b2e_start, kmer_off, status,
-    slot_off, k, search, motif, min_separation, max_span, min_event_span,
+    site_at, site_off, ref_start, rc, cigar, cigar_off, seq_off, b2e_start, kmer_off, status,
+    slot_off, k, search, min_separation, max_span, min_event_span,
 ):  # fmt: skip
     """Each read's kept windows, found into its slots (as many as its span can hold groups: `group_slots`),
     then one read after another: the batch's jobs (read, first, last, n_sites, e1, e2), the number kept per
@@ -100,7 +99,7 @@ def _plan_windows(
     for i in numba.prange(n):
         if status[i] != 0:
             continue
-        sites = motif_sites(ref_seq[ref_seq_off[i] : ref_seq_off[i + 1]], ref_next[i], motif)
+        sites = site_at[site_off[i] : site_off[i + 1]]
         if sites.shape[0] == 0:
             continue
         cig = cigar[cigar_off[i] : cigar_off[i + 1]]
@@ -152,17 +151,16 @@ class _Jobs:
     spliced: np.ndarray  # per read: alignment skips reference
 
 
-def _plan_jobs(batch: ReadBatch, events: EventMap, ref: np.ndarray, status: np.ndarray, k: int, sites: np.ndarray,
+def _plan_jobs(batch: ReadBatch, events: EventMap, found: ReadSites, status: np.ndarray, k: int,
                groups: Grouping) -> _Jobs:  # fmt: skip
-    ref_next = np.where(batch.ref_next != 0, DISAMBIGUATE[batch.ref_next], 0).astype(np.uint8)
-    span = np.diff(batch.ref_seq_off) + (ref_next != 0)  # a read's reference bases and the one after them
+    span = np.diff(batch.ref_seq_off) + (found.ref_next != 0)  # a read's reference bases and the one after them
     n_slots = np.where(status == Skip.OK, group_slots(span, groups.min_separation), 0)
     slot_off = np.zeros(batch.n + 1, np.int64)
     np.cumsum(n_slots, out=slot_off[1:])
     read, first, last, n_sites, e1, e2, kept, outcome = _plan_windows(
-        ref, batch.ref_seq_off, ref_next, batch.ref_start, batch.rc, batch.cigar, batch.cigar_off, batch.seq_off,
+        found.at, found.off, batch.ref_start, batch.rc, batch.cigar, batch.cigar_off, batch.seq_off,
         events.b2e_start, events.kmer_off, status, slot_off,
-        k, groups.event_search, sites, groups.min_separation, groups.max_span, groups.min_event_span,
+        k, groups.event_search, groups.min_separation, groups.max_span, groups.min_event_span,
     )  # fmt: skip
     return _Jobs(read, first, last, n_sites, e1, e2, kept, outcome == _PLAN_SPLICED)
 
@@ -178,6 +176,7 @@ def call_methylation(
     params: HmmParams = HmmParams(),
     groups: Grouping = Grouping(),
     scorer: Callable[[HmmJobs, HmmInputs], tuple[np.ndarray, np.ndarray]] = score_jobs,
+    found: ReadSites | None = None,
 ) -> MethCalls:
     """Score every group of `motif` sites of every read with status 0, as nanopolish and f5c
     call-methylation do.
@@ -193,6 +192,7 @@ def call_methylation(
     models in double.
     Reads left with no call get status NO_CPG (SPLICED for N in the CIGAR). `scorer` scores the
     (read, window) jobs: `score_jobs` or a function with its signature and answers (the GPU's).
+    `found` is the reads' sites of `motif` where they were found ahead (`batch_sites`), else they are found now.
     """
     if kmer_model.alphabet != NUCLEOTIDE or meth_model.alphabet != METHYL_CPG or kmer_model.k != meth_model.k:
         raise ValueError("call_methylation needs a nucleotide model and a methylation (ACGMT) model of the same k")
@@ -213,11 +213,12 @@ def call_methylation(
     else:
         scalings = pack_scalings(batch.scale, batch.shift, batch.var, log_var)
         model = pack_model(meth_model.level_mean, meth_model.level_stdv)
-    ref = disambiguated(batch.ref_seq)
-
     sites = motif.table()
+    if found is None:
+        found = batch_sites(batch.ref_seq, batch.ref_seq_off, batch.ref_next, sites)
+    ref = found.ref
     with timeline.span("plan jobs", reads=batch.n):
-        jobs = _plan_jobs(batch, events, ref, status, k, sites, groups)
+        jobs = _plan_jobs(batch, events, found, status, k, groups)
     span_len = np.diff(batch.ref_seq_off)[jobs.read]
     sep = groups.min_separation
     with timeline.span("score jobs", jobs=len(jobs.read)):

@@ -15,6 +15,8 @@ per reference base divides by a negative length and never rejects anything; it i
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numba
 import numpy as np
 
@@ -66,6 +68,41 @@ def motif_sites(ref, after, sites):
             out[m] = i
             m += 1
     return out[:m]
+
+
+@dataclass(frozen=True)
+class ReadSites:
+    """Every read's motif sites, found before its events are (`batch_sites`): what the caller's plan needs of the
+    batch's reference alone, so that a pipeline's front thread finds it while a compute thread runs the batch
+    before. `ref` is the batch's reference disambiguated; read i's sites are `at[off[i]:off[i + 1]]`."""
+
+    ref: np.ndarray
+    ref_next: np.ndarray  # the base after each read's span, disambiguated (0: none)
+    at: np.ndarray
+    off: np.ndarray
+
+
+def batch_sites(ref_seq: np.ndarray, ref_seq_off: np.ndarray, ref_next: np.ndarray, sites: np.ndarray) -> ReadSites:
+    """`motif_sites` of every read of a batch (`sites`: `Motif.table`), whatever its status."""
+    ref = disambiguated(ref_seq)
+    after = np.where(ref_next != 0, DISAMBIGUATE[ref_next], 0).astype(np.uint8)
+    at, off = _batch_sites(ref, ref_seq_off, after, sites)
+    return ReadSites(ref, after, at, off)
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def _batch_sites(ref, ref_seq_off, after, sites):
+    """Counted read by read, then found again into the batch's array (no per-read array outlives its read)."""
+    n = after.shape[0]
+    off = np.zeros(n + 1, np.int64)
+    for i in numba.prange(n):
+        off[i + 1] = motif_sites(ref[ref_seq_off[i] : ref_seq_off[i + 1]], after[i], sites).shape[0]
+    for i in range(n):
+        off[i + 1] += off[i]
+    at = np.empty(off[n], np.int64)
+    for i in numba.prange(n):
+        at[off[i] : off[i + 1]] = motif_sites(ref[ref_seq_off[i] : ref_seq_off[i + 1]], after[i], sites)
+    return at, off
 
 
 def group_slots(span: np.ndarray, min_separation: int) -> np.ndarray:
