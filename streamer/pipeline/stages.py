@@ -8,6 +8,11 @@ caller, eventalign) come from plugins through `streamer.registry` and are handed
 and runs in parallel over reads; it reads the batch record's fields, writes its own, and
 sets the `Skip` code of the reads it fails, which later stages pass over. An analysis keeps
 what it made in `batch.products[its name]`.
+
+One module, past the size the others keep to, because what it holds is one thing: the stages' protocol, the
+core's four stages, and the `Pipeline` that runs them on a batch's lane, ahead on the front thread or in turn,
+with the GPU lanes it opens for them and the warm-up that proves each lane. Split, each part would import the
+others' private choices (which stage runs ahead, which lane a stage's part is on).
 """
 
 from __future__ import annotations
