@@ -343,33 +343,27 @@ class Pipeline:
             self._ahead(batch, front)
 
     def _ahead(self, batch: ReadBatch, device: GpuDevice | None) -> None:
+        """The leading `ahead` stages, then the later stages' `prepare`s (`Stage`, timed as `<stage> ahead`)."""
+        leading = 0
         for stage in self.stages:
             if not getattr(stage, "ahead", False):
-                self._prepare(batch)
                 break
-            t0, c0 = time.perf_counter(), timeline.thread_cpu()
+            leading += 1
             self._local.device = device
             try:
-                self._call(stage, batch)
+                self._ran_ahead(stage.name, batch, lambda: self._call(stage, batch))
             finally:
                 self._local.device = None
-            t1 = time.perf_counter()
-            batch.ran[stage.name] = t1 - t0
-            timeline.record(stage.name, t0, t1, reads=batch.n, stats=batch.stats.get(stage.name),
-                            cpu=timeline.thread_cpu() - c0)  # fmt: skip
+        for stage in self.stages[leading:]:
+            if (prepare := getattr(stage, "prepare", None)) is not None:
+                self._ran_ahead(f"{stage.name} ahead", batch, lambda: prepare(batch, self))
 
-    def _prepare(self, batch: ReadBatch) -> None:
-        """The later stages' `prepare`s (`Stage`), each timed as `<stage> ahead`."""
-        for stage in self.stages:
-            prepare = getattr(stage, "prepare", None)
-            if prepare is None or getattr(stage, "ahead", False):
-                continue
-            name = f"{stage.name} ahead"
-            t0, c0 = time.perf_counter(), timeline.thread_cpu()
-            prepare(batch, self)
-            t1 = time.perf_counter()
-            batch.ran[name] = t1 - t0
-            timeline.record(name, t0, t1, reads=batch.n, cpu=timeline.thread_cpu() - c0)
+    def _ran_ahead(self, name: str, batch: ReadBatch, run: Callable[[], None]) -> None:
+        t0, c0 = time.perf_counter(), timeline.thread_cpu()
+        run()
+        t1 = time.perf_counter()
+        batch.ran[name] = t1 - t0
+        timeline.record(name, t0, t1, reads=batch.n, stats=batch.stats.get(name), cpu=timeline.thread_cpu() - c0)
 
     def run_batch(self, batch: ReadBatch) -> BatchResult:
         self._wait_started()
