@@ -28,6 +28,10 @@ open in the ledger for the next start.
 Outputs are sinks opened from the configuration (`streamer.daemon.sink_set`): the rows of the
 row sinks (`meth.tsv`, `eventalign.tsv`) are appended to the journal with the commit; the others
 take each committed batch as records after it. summary.json is made in `streamer.daemon.report`.
+
+One module, past the size the others keep to, because it is the daemon's one place of I/O and order: every
+decision is already elsewhere (`policy`, `intake`, `batches`, `sink_set`, `report`), and what is left (the
+loop's steps and the order of append, commit and hand-off that makes a batch exactly-once) reads as one piece.
 It is over 450 lines because the lifecycle, the engine's loop and the batch transaction share the
 daemon's state (ledger, driver, flights, sinks): its decisions are already in `policy`.
 """
