@@ -4,8 +4,9 @@ The shared reads' signal (every read of the FAST5 files under --data), tiled --c
 memory as one batch (100 copies: about 600 M samples, the issue's 66 Mbases), is segmented by the
 CPU kernel (`streamer.pipeline.events.detect_events`, numba over -t threads) and by
 `streamer_gpu.events.CudaEvents`; the five event arrays are compared bit for bit, and each side is
-timed --repeat times after a warm-up (the GPU's split into copies in, kernels and copies back).
-Exits 1 when any event differs. Runs from a checkout without installing it:
+timed --repeat times after a warm-up (the GPU's split into copies in, kernels and copies back). The GPU
+is timed again making the means alone (`spread=False`: what a run that renders no event asks, its copies
+back a fifth of the bytes). Exits 1 when any event differs. Runs from a checkout without installing it:
 
     PYTHONPATH=$PWD:$PWD/gpu:$PWD/plugins python benchmarks/bench_gpu_events.py \\
         --data /work/shared/data/ecoli_2kb_region --copies 100 -t 16
@@ -75,9 +76,13 @@ def main() -> int:
 
     cpu_s, cpu_events = timed(lambda: detect_events(signal, off, DNA_PARAMS), args.repeat)
     gpu_s, (gpu_events, last) = timed(lambda: gpu.detect(signal, off, DNA_PARAMS), args.repeat)
+    lean_s, (lean_events, lean) = timed(lambda: gpu.detect(signal, off, DNA_PARAMS, spread=False), args.repeat)
     names = ("ev_off", "ev_start", "ev_length", "ev_mean", "ev_stdv")
     differ = [n for n, a, b in zip(names, cpu_events, gpu_events)
               if a.dtype != b.dtype or a.shape != b.shape or not np.array_equal(a.view(np.uint8), b.view(np.uint8))]  # fmt: skip
+    if not (np.array_equal(lean_events[0], cpu_events[0]) and np.array_equal(lean_events[3].view(np.uint32),
+                                                                              cpu_events[3].view(np.uint32))):
+        differ.append("ev_mean (means alone)")
     result = {
         "device": name,
         "reads": len(off) - 1,
@@ -87,6 +92,8 @@ def main() -> int:
         "cpu_s": cpu_s,
         "gpu_s": gpu_s,
         "gpu_split_s": {"h2d": last.t_h2d, "kernels": last.t_kernels, "d2h": last.t_d2h},
+        "gpu_means_only_s": lean_s,
+        "gpu_means_only_split_s": {"h2d": lean.t_h2d, "kernels": lean.t_kernels, "d2h": lean.t_d2h},
         "gpu_on_gpu": last.on_gpu,
         "gpu_fallback": last.fallback,
         "identical": not differ,
@@ -96,6 +103,8 @@ def main() -> int:
     print(f"CPU {best_cpu:.3f} s ({len(signal) / best_cpu / 1e6:.0f} M samples/s); GPU {best_gpu:.3f} s "
           f"({len(signal) / best_gpu / 1e6:.0f} M samples/s: h2d {last.t_h2d:.3f}, kernels {last.t_kernels:.3f}, "
           f"d2h {last.t_d2h:.3f}); {best_cpu / best_gpu:.1f}x")  # fmt: skip
+    print(f"GPU, the means alone: {min(lean_s):.3f} s (h2d {lean.t_h2d:.3f}, kernels {lean.t_kernels:.3f}, "
+          f"d2h {lean.t_d2h:.3f})")  # fmt: skip
     print("events identical" if not differ else f"EVENTS DIFFER in {', '.join(differ)}")
     if last.fallback:
         print(f"the GPU path fell back to the CPU: {last.fallback}")

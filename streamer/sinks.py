@@ -115,7 +115,7 @@ class Sink(Protocol):
     journal: str  # the file its rows go to in the daemon's journal ("" when it has none)
     replays: bool  # the daemon replays the committed calls through `on_batch` at start-up
     needs_signal: bool  # it renders from a batch's signal, which is otherwise let go once the events are in
-    needs_events: bool  # it renders from the events' starts, lengths and spreads, otherwise let go after the scalings
+    needs_events: bool  # it renders from the events' starts, lengths and spreads, otherwise not made
 
     def render(self, result: Result) -> str:
         """The batch's rows as text ("" when it has none); may run off the writing thread."""

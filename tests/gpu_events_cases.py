@@ -52,10 +52,11 @@ def same(a, b) -> bool:
     return all(x.dtype == y.dtype and np.array_equal(x.view(np.uint8), y.view(np.uint8)) for x, y in zip(a, b))
 
 
-def compare(gpu: CudaEvents, signals, params) -> dict:
+def compare(gpu: CudaEvents, signals, params, spread: bool = True) -> dict:
     signal, off = pack(signals)
-    got, stats = gpu.detect(signal, off, params)
-    return {"same": same(detect_events(signal, off, params), got), "n_events": int(got[0][-1]),
+    got, stats = gpu.detect(signal, off, params, spread)
+    want = detect_events(signal, off, params, spread)
+    return {"same": same(want, got) and [len(x) for x in want] == [len(x) for x in got], "n_events": int(got[0][-1]),
             "on_gpu": stats.on_gpu, "fallback": stats.fallback}  # fmt: skip
 
 
@@ -72,6 +73,7 @@ def main() -> None:
         "edges_rna": compare(gpu, edges, RNA_PARAMS),
         "edges_odd_windows": compare(gpu, edges, odd),
         "chunked": compare(chunked, fixture[:3] + edges, DNA_PARAMS),
+        "means_only": compare(chunked, fixture[:3] + edges, DNA_PARAMS, spread=False),
         "empty_batch": compare(gpu, [], DNA_PARAMS),
         "long_windows": compare(gpu, edges, EventParams(w1=3, w2=40)),
     }

@@ -88,9 +88,9 @@ class FakeEvents:
     def __init__(self, name: str, used: list):
         self.name, self.used = name, used
 
-    def detect(self, signal, signal_off, params):
+    def detect(self, signal, signal_off, params, spread=True):
         self.used.append(self.name)
-        return detect_events(signal, signal_off, params), None
+        return detect_events(signal, signal_off, params, spread), None
 
 
 class MeasuredAbea(FakeAbea):
@@ -220,9 +220,10 @@ def test_batches_spread_over_n_devices_and_results_in_input_order(plans):
         assert set(a.timings) == set(b.timings) | {"hmm ahead"}
 
 
-def test_a_batch_lets_its_events_spread_go_after_the_scalings_where_no_sink_renders_them(plans):
-    """`streamer call` keeps only the events' means once the scalings are made ahead (`keep_events=False`):
-    the stages after them give the same alignments and calls as with every field kept."""
+def test_a_batch_makes_only_its_events_means_where_no_sink_renders_the_rest(plans):
+    """`streamer call` makes only the events' means (`keep_events=False`: no starts, lengths or spreads) and
+    lets the signal go once they are made ahead: the scalings and the stages after them give the same
+    alignments and calls as with every field made and kept."""
     options = PipelineOptions(threads=1, cuda=CudaOptions(disable=True))
     runs = {}
     for keep in (True, False):

@@ -191,6 +191,21 @@ def test_reverse_events_turns_each_read_round_in_place():
     assert all(np.array_equal(got, want) for got, want in zip(arrays, events[1:]))
 
 
+def test_without_the_spread_the_means_alone_and_they_reverse_alone():
+    """A run that renders no event makes only the means (and the offsets): the same as with everything, the
+    starts, lengths and spreads empty of their types; direct RNA's reversal then turns the means alone."""
+    rng = np.random.default_rng(9)
+    pa = [rng.normal(90, 8, n).astype(np.float32) for n in (0, 40, 1, 2000, 777)]
+    signal, off = _pack(pa)
+    full = detect_events(signal, off, RNA_PARAMS)
+    means = detect_events(signal, off, RNA_PARAMS, spread=False)
+    assert np.array_equal(means[0], full[0]) and np.array_equal(means[3].view(np.uint32), full[3].view(np.uint32))
+    assert [(len(x), x.dtype) for x in means[1:3] + means[4:]] == [(0, x.dtype) for x in full[1:3] + full[4:]]
+    reverse_events(*means)
+    reverse_events(*full)
+    assert np.array_equal(means[3], full[3]) and all(len(x) == 0 for x in means[1:3] + means[4:])
+
+
 def _one_read_events(signal, signal_off, p):
     """The events as a GPU thread forms them, one read alone (`event_cells`' read_peaks and fill_read), on the CPU."""
     cells = event_cells(CPU)

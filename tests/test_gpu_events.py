@@ -29,7 +29,8 @@ def cases(request) -> dict:
     return run_cases(request.param, CASES)
 
 
-@pytest.mark.parametrize("name", ["fixture_dna", "fixture_rna", "edges_dna", "edges_rna", "edges_odd_windows", "chunked"])
+@pytest.mark.parametrize("name", ["fixture_dna", "fixture_rna", "edges_dna", "edges_rna", "edges_odd_windows", "chunked",
+                                  "means_only"])  # fmt: skip
 def test_gpu_events_identical_to_cpu(cases, name):
     case = cases[name]
     assert case == {"same": True, "n_events": case["n_events"], "on_gpu": True, "fallback": ""}

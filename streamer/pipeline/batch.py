@@ -76,6 +76,7 @@ class ReadBatch:
     numbers: np.ndarray  # int64: each record's `ReadInput.number`
     mapq: np.ndarray  # int64
     ref_next: np.ndarray  # uint8: `ReadInput.ref_next` in ASCII, 0 where there is none
+    event_spread: bool = True  # its events' starts, lengths and spreads are made: a sink renders them
     # filled by the stages
     ev_start: np.ndarray | None = None
     ev_length: np.ndarray | None = None

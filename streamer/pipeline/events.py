@@ -69,21 +69,29 @@ RNA_PARAMS = EventParams(w1=7, w2=14, threshold1=2.5, threshold2=9.0, peak_heigh
 
 
 def detect_events(
-    signal: np.ndarray, signal_off: np.ndarray, params: EventParams = DNA_PARAMS
+    signal: np.ndarray, signal_off: np.ndarray, params: EventParams = DNA_PARAMS, spread: bool = True
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Segment every read of a batch into events.
 
     `signal` is float32 pA of all reads concatenated, read i owning
     `signal[signal_off[i]:signal_off[i + 1]]`. Returns `(ev_off, ev_start, ev_length,
     ev_mean, ev_stdv)`: event arrays concatenated in read order, `ev_start` relative to
-    the read's first sample.
+    the read's first sample. Without `spread`, the means alone (`means_only`).
     """
     signal, signal_off = batch_signal(signal, signal_off)
     out = detect_events_kernel(
         signal, signal_off, params.w1, params.w2, params.threshold1, params.threshold2, params.peak_height
     )
     log.debug("events: %d reads, %d samples -> %d events", len(signal_off) - 1, len(signal), out[0][-1])
-    return out
+    return out if spread else means_only(out)
+
+
+def means_only(events: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+    """Events without their starts, lengths and spreads (empty arrays of their types): the scalings, ABEA,
+    recalibration and the HMM read the means alone, so a run that renders no event needs no more (and a
+    GPU copies back a fifth of the bytes)."""
+    ev_off, start, length, mean, stdv = events
+    return ev_off, np.empty(0, start.dtype), np.empty(0, length.dtype), mean, np.empty(0, stdv.dtype)
 
 
 def batch_signal(signal: np.ndarray, signal_off: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -304,15 +312,18 @@ def batch_fill(signal, signal_off, peaks, n_peaks, ev_off, ev_start, ev_length, 
 @numba.njit(nogil=True, cache=True, parallel=True)
 def reverse_events(ev_off, ev_start, ev_length, ev_mean, ev_stdv):
     """Each read's events turned round in place: direct RNA's signal runs 3'->5', and f5c aligns its events
-    5'->3' (each keeps its own samples: `ev_start` still counts from the read's first sample)."""
+    5'->3' (each keeps its own samples: `ev_start` still counts from the read's first sample). Starts,
+    lengths and spreads left out (`means_only`) stay empty."""
+    spread = ev_start.shape[0] == ev_mean.shape[0]
     for r in numba.prange(len(ev_off) - 1):
         a = ev_off[r]
         b = ev_off[r + 1] - 1
         while a < b:
-            ev_start[a], ev_start[b] = ev_start[b], ev_start[a]
-            ev_length[a], ev_length[b] = ev_length[b], ev_length[a]
+            if spread:
+                ev_start[a], ev_start[b] = ev_start[b], ev_start[a]
+                ev_length[a], ev_length[b] = ev_length[b], ev_length[a]
+                ev_stdv[a], ev_stdv[b] = ev_stdv[b], ev_stdv[a]
             ev_mean[a], ev_mean[b] = ev_mean[b], ev_mean[a]
-            ev_stdv[a], ev_stdv[b] = ev_stdv[b], ev_stdv[a]
             a += 1
             b -= 1
 

@@ -33,7 +33,8 @@ class GpuAbea(Protocol):
 class GpuEvents(Protocol):
     """Event detection on one device (`streamer_gpu.events.CudaEvents`) as the events stage uses it."""
 
-    def detect(self, signal: Any, signal_off: Any, params: Any) -> tuple[tuple[Any, ...], EventsBatchStats]:
+    def detect(self, signal: Any, signal_off: Any, params: Any,
+               spread: bool = True) -> tuple[tuple[Any, ...], EventsBatchStats]:  # fmt: skip
         """`streamer.pipeline.events.detect_events`' five arrays, plus the batch's measurements."""
 
 

@@ -144,10 +144,10 @@ class DetectEvents(_CoreStage):
         device, params = pipeline.device, pipeline.options.chemistry.events
         gpu: GpuEvents | None = device.parts.get(self.name) if device is not None else None
         if gpu is None:
-            events = detect_events(batch.signal, batch.signal_off, params)
+            events = detect_events(batch.signal, batch.signal_off, params, batch.event_spread)
         else:
             with device.lock:
-                events, batch.stats[self.name] = gpu.detect(batch.signal, batch.signal_off, params)
+                events, batch.stats[self.name] = gpu.detect(batch.signal, batch.signal_off, params, batch.event_spread)
         batch.ev_off, batch.ev_start, batch.ev_length, batch.ev_mean, batch.ev_stdv = events
 
 

@@ -55,8 +55,8 @@ BATCH_BYTES_PER_BASE = 130
 # kernels' modules beside what a CPU run holds.
 GPU_BATCH_BYTES_PER_BASE = 75
 GPU_PROCESS_BYTES = 650 << 20
-# a batch's events' starts (int64), lengths and spreads (float32), at about 1.75 events a base: let go after
-# the scalings where no sink renders them (`Sink.needs_events`)
+# a batch's events' starts (int64), lengths and spreads (float32), at about 1.75 events a base: not made
+# where no sink renders them (`Sink.needs_events`; the fit above measured them let go after the scalings)
 EVENT_BYTES_PER_BASE = 28
 # the daemon's basecalls waiting for their signal, per base (the sequence and its alignment records: 1.9
 # bytes measured), and the share of the budget they may take
