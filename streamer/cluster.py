@@ -113,10 +113,12 @@ def connect(address: str, threads: int) -> tuple[Any, int, Callable[[], None]]:
         client = Client(cluster)
 
         def close() -> None:
-            # the workers leave first: one that heartbeats to a scheduler already closing logs a traceback
+            # the workers' processes end first: one that heartbeats to a scheduler already closing logs a
+            # traceback. The scheduler forgets a worker before its process has ended (a busy machine showed
+            # it), the cluster only once its nanny has closed it.
             cluster.scale(0)
             deadline = time.monotonic() + 30
-            while client.scheduler_info()["workers"] and time.monotonic() < deadline:
+            while cluster.workers and time.monotonic() < deadline:
                 time.sleep(0.05)
             client.close()
             cluster.close()
