@@ -15,7 +15,8 @@ event. The longest read still sets a launch's time, but its sequential steps are
 priority asked for: `streamer_gpu.streams`). A batch's
 signal is copied to the device once, in chunks of at most `CHUNK_SAMPLES` samples so that device
 memory does not grow with the batch (`streamer_gpu.memory` counts it), and its events are copied
-back: scaling, the CPU's share of ABEA and recalibration all read them on the host. A CUDA error or
+back (their means alone where no sink renders the rest): scaling, the CPU's share of ABEA and
+recalibration all read them on the host. A CUDA error or
 device out-of-memory detects that batch's events on the CPU, logged and recorded, never lost.
 The two kernels take device arrays and scalars, ten each, as CUDA kernels must; `detect` takes the
 signal and `EventParams` and unpacks them once.
