@@ -220,6 +220,10 @@ def test_a_batch_where_every_read_fails_raises_and_without_isolation_the_first_f
 
 
 def test_a_failure_in_a_thread_is_raised_in_the_caller():
+    """Raised at the caller's next take; the batches it took before came in order, none from the failed one on.
+    (Which of the batches before the failure it took first depends on the threads' timing: a busy machine
+    finishes batch 2 after batch 3 fails.)"""
+
     def compute(n: int) -> Done:
         if n == 3:
             raise RuntimeError("disk on fire")
@@ -233,7 +237,7 @@ def test_a_failure_in_a_thread_is_raised_in_the_caller():
                 got.append(done.outcome.records_in)
     finally:
         driver.close()
-    assert got == [0, 1, 2]
+    assert got == [0, 1, 2][: len(got)]
 
 
 def test_the_front_step_lets_the_signal_go_once_the_events_are_in_unless_asked_to_keep_it():
